@@ -1,0 +1,1 @@
+//! vela-bookie: see ARCHITECTURE.md. Filled in by its own issue.

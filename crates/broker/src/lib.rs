@@ -1,0 +1,1 @@
+//! vela-broker: see ARCHITECTURE.md. Filled in by its own issue.

@@ -1,0 +1,1 @@
+//! vela-client: see ARCHITECTURE.md. Filled in by its own issue.

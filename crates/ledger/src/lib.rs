@@ -1,0 +1,1 @@
+//! vela-ledger: see ARCHITECTURE.md. Filled in by its own issue.

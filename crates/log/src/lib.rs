@@ -1,0 +1,1 @@
+//! vela-log: see ARCHITECTURE.md. Filled in by its own issue.

@@ -1,0 +1,1 @@
+//! vela-wire: see ARCHITECTURE.md. Filled in by its own issue.

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The one test command: README shows it, .ci/run calls it.
+#   ./test.sh          fast suite (what CI runs; must stay under 25 minutes on 2 cores)
+#   ./test.sh --full   adds the slow suites (more crash rounds, more seeds, longer soaks)
+# It installs what the tests need on a fresh machine (Debian packages, pip packages).
+set -euo pipefail
+cd "$(dirname "$0")"
+
+FULL=0
+for arg in "$@"; do
+  case "$arg" in
+    --full) FULL=1 ;;
+    *) echo "test.sh: unknown argument '$arg' (expected --full)" >&2; exit 2 ;;
+  esac
+done
+export VELA_TEST_FULL=$FULL
+
+step() { printf '\n=== %s ===\n' "$*"; }
+
+# --- what the tests need -------------------------------------------------------
+need_apt=()
+command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
+command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  step "installing Debian packages: ${need_apt[*]}"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+# etcd-client and pulsar (dev-dependency) run protoc from their build scripts.
+export PROTOC="${PROTOC:-$(command -v protoc)}"
+
+if ! python3 -c 'import pulsar' >/dev/null 2>&1; then
+  step "installing the official Python client (pulsar-client)"
+  python3 -m pip install --quiet --disable-pip-version-check pulsar-client
+fi
+
+# --- checks ---------------------------------------------------------------------
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
+step "cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
+step "cargo test (workspace)"
+set +e
+cargo test --workspace --quiet >/tmp/vela-cargo-test.out 2>&1
+rc=$?
+set -e
+grep -E '^(test result|running [0-9]+ tests? in|---- )' /tmp/vela-cargo-test.out || true
+if [ $rc -ne 0 ]; then
+  tail -n 80 /tmp/vela-cargo-test.out >&2
+  echo "cargo test failed (exit $rc); full output in /tmp/vela-cargo-test.out" >&2
+  exit 1
+fi
+
+# Root suites (real processes, official clients) are added under tests/ by their issues.
+for suite in tests/*.sh; do
+  [ -e "$suite" ] || continue
+  step "suite $suite"
+  bash "$suite"
+done
+
+total=$(grep -E '^test result:' /tmp/vela-cargo-test.out | awk '{p+=$4; f+=$6} END {print p" passed, "f" failed"}')
+echo
+echo "$total"
