@@ -1,1 +1,1 @@
-//! vela-meta: see ARCHITECTURE.md. Filled in by its own issue.
+//! vela-meta: see ARCHITECTURE.md. Filled in by issue 3.
