@@ -1,7 +1,44 @@
 //! The `vela` binary: command line, configuration and the wiring of the crates
 //! into processes (`standalone`, `bookie`, `broker`, `admin`, `perf`).
+//!
+//! Owns: argument parsing, logging setup, exit codes. Never: protocol or storage
+//! logic (that lives in the crates); a bad flag or config value is reported
+//! naming the field, and the process exits with status 2.
+
+mod bookie_cmd;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "vela", version, about = "A durable, replicated, Pulsar-compatible message broker")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a storage node (journal + ledger storage) serving the bookie protocol.
+    Bookie(bookie_cmd::BookieArgs),
+}
 
 fn main() {
-    eprintln!("vela: no commands yet");
-    std::process::exit(2);
+    let cli = Cli::parse();
+    init_logging();
+    let result = match cli.command {
+        Command::Bookie(args) => bookie_cmd::run(args),
+    };
+    if let Err(error) = result {
+        eprintln!("vela: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("VELA_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
 }
