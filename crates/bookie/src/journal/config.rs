@@ -1,0 +1,168 @@
+//! Journal configuration: the group-commit policy, durability choice, backend and
+//! the bounds. Owns validation of the numbers (a bad config is a typed error at
+//! `Journal::open`, never a panic later on the write path).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::error::JournalError;
+use super::format::{HEADER_BYTES, RECORD_HEADER_BYTES};
+
+/// Default bound on appends waiting for the journal thread. ~65 ms of adds at
+/// 250k adds/s: enough to ride out one slow fdatasync, small enough that a stuck
+/// disk turns into `QueueFull` (TOO_MANY_REQUESTS) instead of unbounded memory.
+pub const JOURNAL_QUEUE_DEPTH_MAX: usize = 16_384;
+
+/// Default write alignment: 4 KiB is the page size and the physical sector size of
+/// the SSDs we target, and the alignment O_DIRECT needs.
+pub const JOURNAL_ALIGNMENT_BYTES: usize = 4096;
+const _: () = assert!(JOURNAL_ALIGNMENT_BYTES.is_power_of_two());
+
+/// Largest payload one record may carry: Pulsar's default max message size is
+/// 5 MiB; a batch entry plus metadata stays below 8 MiB. Replay refuses to
+/// allocate for a length field above this bound.
+pub const JOURNAL_PAYLOAD_BYTES_MAX: usize = 8 << 20;
+
+/// How durable an acknowledged append is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalSync {
+    /// The append callback runs only after an `fdatasync` covering the record:
+    /// survives kill -9 of the bookie and power loss.
+    Fdatasync,
+    /// The callback runs right after the record is written to the OS (page cache
+    /// or, with O_DIRECT, the device queue) without a cache flush: survives kill -9
+    /// of the bookie, NOT a power loss or kernel crash. Only when the operator
+    /// explicitly chooses it.
+    Off,
+}
+
+/// Which file backend the journal writes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JournalBackendKind {
+    /// Buffered `pwrite` into the page cache + `fdatasync`.
+    Buffered,
+    /// `O_DIRECT` writes from aligned buffers (+ `fdatasync` for the device cache).
+    /// Needs `alignment_bytes` to be a multiple of 4096. If the filesystem refuses
+    /// O_DIRECT, `Journal::open` fails with `JournalError::DirectIoUnsupported`.
+    Direct,
+}
+
+/// Journal configuration. `JournalConfig::new(dir)` gives the defaults; fields
+/// are public so the bookie config can override each.
+#[derive(Debug, Clone)]
+pub struct JournalConfig {
+    /// Directory holding the journal files and the `LOCK` file.
+    pub dir: PathBuf,
+    /// Durability of acknowledged appends.
+    pub sync: JournalSync,
+    /// File backend.
+    pub backend: JournalBackendKind,
+    /// Longest time the first record of a group waits for more records before the
+    /// group is written (µs resolution). Only matters when `flush_when_queue_empty`
+    /// is off or the queue keeps refilling.
+    pub group_wait_max: Duration,
+    /// A group is written once it holds at least this many encoded bytes.
+    pub group_bytes_max: usize,
+    /// Write the group as soon as the queue is empty (lowest latency; under load
+    /// groups still grow while the previous group is being synced). On by default.
+    pub flush_when_queue_empty: bool,
+    /// Every write starts and ends on this boundary (power of two, 512..=1 MiB;
+    /// O_DIRECT needs a multiple of 4096).
+    pub alignment_bytes: usize,
+    /// A file is closed and the next one started once the next group would not fit
+    /// below this size.
+    pub file_bytes_max: u64,
+    /// Zero-filled space is added to the active file in chunks of this size, ahead
+    /// of the writer, by the preallocation thread.
+    pub prealloc_chunk_bytes: u64,
+    /// Bound on queued appends; when full `append` returns `QueueFull`.
+    pub queue_depth_max: usize,
+    /// Largest payload one record may carry (see `JOURNAL_PAYLOAD_BYTES_MAX`).
+    pub payload_bytes_max: usize,
+}
+
+impl JournalConfig {
+    /// Defaults: fdatasync, buffered backend, flush when the queue is empty,
+    /// 1 ms max group wait, 512 KiB groups, 4 KiB alignment, 512 MiB files,
+    /// 16 MiB preallocation chunks, `JOURNAL_QUEUE_DEPTH_MAX` queued appends.
+    pub fn new(dir: impl Into<PathBuf>) -> JournalConfig {
+        JournalConfig {
+            dir: dir.into(),
+            sync: JournalSync::Fdatasync,
+            backend: JournalBackendKind::Buffered,
+            group_wait_max: Duration::from_millis(1),
+            group_bytes_max: 512 << 10,
+            flush_when_queue_empty: true,
+            alignment_bytes: JOURNAL_ALIGNMENT_BYTES,
+            file_bytes_max: 512 << 20,
+            prealloc_chunk_bytes: 16 << 20,
+            queue_depth_max: JOURNAL_QUEUE_DEPTH_MAX,
+            payload_bytes_max: JOURNAL_PAYLOAD_BYTES_MAX,
+        }
+    }
+
+    /// Largest encoded group: a group stops gathering once it reaches
+    /// `group_bytes_max`, so it may exceed it by one record plus padding.
+    pub(crate) fn group_len_max(&self) -> u64 {
+        let record_max = (RECORD_HEADER_BYTES + 16 + self.payload_bytes_max) as u64;
+        self.group_bytes_max as u64 + record_max + 2 * self.alignment_bytes as u64
+    }
+
+    /// Where records start in a file (after the header block).
+    pub(crate) fn data_offset(&self) -> u64 {
+        HEADER_BYTES.max(self.alignment_bytes) as u64
+    }
+
+    /// Checks the relations the writer relies on.
+    pub(crate) fn validate(&self) -> Result<(), JournalError> {
+        let bad = |reason: String| Err(JournalError::InvalidConfig { reason });
+        let align = self.alignment_bytes;
+        if !align.is_power_of_two() || !(512..=(1 << 20)).contains(&align) {
+            return bad(format!(
+                "alignment_bytes {align} must be a power of two in 512..=1048576"
+            ));
+        }
+        if self.backend == JournalBackendKind::Direct && align % 4096 != 0 {
+            return bad(format!(
+                "the O_DIRECT backend needs alignment_bytes a multiple of 4096, got {align}"
+            ));
+        }
+        if self.group_bytes_max == 0 || self.group_bytes_max > (64 << 20) {
+            return bad(format!(
+                "group_bytes_max {} must be in 1..=64 MiB",
+                self.group_bytes_max
+            ));
+        }
+        if self.queue_depth_max == 0 {
+            return bad("queue_depth_max must be at least 1".to_string());
+        }
+        if self.payload_bytes_max == 0 || self.payload_bytes_max > (256 << 20) {
+            return bad(format!(
+                "payload_bytes_max {} must be in 1..=256 MiB",
+                self.payload_bytes_max
+            ));
+        }
+        if self.prealloc_chunk_bytes < align as u64 || self.prealloc_chunk_bytes % align as u64 != 0
+        {
+            return bad(format!(
+                "prealloc_chunk_bytes {} must be a non-zero multiple of alignment_bytes {align}",
+                self.prealloc_chunk_bytes
+            ));
+        }
+        // A file must hold its header, one largest group and the end record block.
+        let file_min = self.data_offset() + self.group_len_max() + align as u64;
+        if self.file_bytes_max < file_min {
+            return bad(format!(
+                "file_bytes_max {} must be at least {file_min} (header + largest group + end block)",
+                self.file_bytes_max
+            ));
+        }
+        if self.group_wait_max > Duration::from_secs(1) {
+            return bad(format!(
+                "group_wait_max {:?} must be at most 1 s",
+                self.group_wait_max
+            ));
+        }
+        Ok(())
+    }
+}

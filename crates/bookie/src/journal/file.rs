@@ -1,0 +1,273 @@
+//! The narrow I/O seam under the journal: `JournalFile` and its backends
+//! (buffered + fdatasync, O_DIRECT, and in tests a fault-injecting wrapper), plus
+//! `AlignedBuf` (aligned memory without unsafe code) and directory helpers.
+//!
+//! Never: decides what to write or when; interprets bytes.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use super::config::JournalBackendKind;
+use super::error::JournalError;
+
+/// One journal file as the journal threads see it. Offsets and lengths passed to
+/// `write_at` are multiples of the configured alignment, buffers aligned too.
+pub(crate) trait JournalFile: Send + Sync + std::fmt::Debug {
+    /// Writes all of `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Reads into `buf` from `offset`; returns the bytes read (short at EOF).
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize>;
+    /// `fdatasync`.
+    fn sync_data(&self) -> io::Result<()>;
+    /// Truncates or extends the file.
+    fn set_len(&self, len: u64) -> io::Result<()>;
+    /// Current file size.
+    fn len(&self) -> io::Result<u64>;
+    /// Path, for errors and logs.
+    fn path(&self) -> &Path;
+}
+
+/// Which backend opens files; tests add a fault-injecting one.
+#[derive(Debug, Clone)]
+pub(crate) enum Backend {
+    Kind(JournalBackendKind),
+    #[cfg(test)]
+    Faulty(Arc<faulty::FaultPlan>),
+}
+
+impl Backend {
+    /// Opens (or creates) `path` for the journal threads.
+    pub(crate) fn open(
+        &self,
+        path: &Path,
+        create: bool,
+    ) -> Result<Arc<dyn JournalFile>, JournalError> {
+        match self {
+            Backend::Kind(JournalBackendKind::Buffered) => {
+                Ok(Arc::new(PlainFile::open(path, create, false)?))
+            }
+            Backend::Kind(JournalBackendKind::Direct) => {
+                Ok(Arc::new(PlainFile::open(path, create, true)?))
+            }
+            #[cfg(test)]
+            Backend::Faulty(plan) => Ok(Arc::new(faulty::FaultyFile {
+                inner: PlainFile::open(path, create, false)?,
+                plan: plan.clone(),
+            })),
+        }
+    }
+
+    pub(crate) fn is_direct(&self) -> bool {
+        matches!(self, Backend::Kind(JournalBackendKind::Direct))
+    }
+}
+
+/// A file opened buffered or with O_DIRECT; both use pwrite/pread/fdatasync.
+#[derive(Debug)]
+pub(crate) struct PlainFile {
+    file: File,
+    path: PathBuf,
+}
+
+impl PlainFile {
+    fn open(path: &Path, create: bool, direct: bool) -> Result<PlainFile, JournalError> {
+        let mut options = OpenOptions::new();
+        options
+            .read(true)
+            .write(true)
+            .create(create)
+            .truncate(false);
+        if direct {
+            options.custom_flags(libc::O_DIRECT);
+        }
+        match options.open(path) {
+            Ok(file) => Ok(PlainFile {
+                file,
+                path: path.to_path_buf(),
+            }),
+            Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
+                Err(JournalError::DirectIoUnsupported {
+                    path: path.to_path_buf(),
+                    source: Arc::new(e),
+                })
+            }
+            Err(e) => Err(JournalError::io("open", path, e)),
+        }
+    }
+}
+
+impl JournalFile for PlainFile {
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+        self.file.write_all_at(buf, offset)
+    }
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+        let mut done = 0;
+        while done < buf.len() {
+            match self.file.read_at(&mut buf[done..], offset + done as u64) {
+                Ok(0) => break,
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(done)
+    }
+    fn sync_data(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+    fn set_len(&self, len: u64) -> io::Result<()> {
+        self.file.set_len(len)
+    }
+    fn len(&self) -> io::Result<u64> {
+        Ok(self.file.metadata()?.len())
+    }
+    fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Opens a file for reading only (replay reads through the page cache whatever
+/// the write backend; Linux keeps it coherent with O_DIRECT writes).
+pub(crate) fn open_read_only(path: &Path) -> Result<File, JournalError> {
+    File::open(path).map_err(|e| JournalError::io("open", path, e))
+}
+
+/// `fsync` on a directory, so created, renamed and removed names are durable.
+pub(crate) fn sync_dir(dir: &Path) -> Result<(), JournalError> {
+    let d = File::open(dir).map_err(|e| JournalError::io("open dir", dir, e))?;
+    d.sync_all()
+        .map_err(|e| JournalError::io("fsync dir", dir, e))
+}
+
+/// A byte buffer whose start is aligned to `alignment` (for O_DIRECT), built on
+/// a `Vec` with slack so no unsafe code is needed.
+#[derive(Debug)]
+pub(crate) struct AlignedBuf {
+    vec: Vec<u8>,
+    start: usize,
+    len: usize,
+    alignment: usize,
+}
+
+impl AlignedBuf {
+    /// A zeroed buffer of `len` bytes (`len` a multiple of `alignment`).
+    pub(crate) fn zeroed(len: usize, alignment: usize) -> AlignedBuf {
+        debug_assert!(alignment.is_power_of_two());
+        let vec = vec![0u8; len + alignment];
+        let start = vec.as_ptr().align_offset(alignment);
+        assert!(start < alignment);
+        AlignedBuf {
+            vec,
+            start,
+            len,
+            alignment,
+        }
+    }
+
+    /// Makes the buffer `len` bytes long, all zero (reallocates only to grow).
+    pub(crate) fn reset_zeroed(&mut self, len: usize) {
+        if self.start + len > self.vec.len() {
+            *self = AlignedBuf::zeroed(len.next_power_of_two(), self.alignment);
+        }
+        self.len = len;
+        let range = self.start..self.start + len;
+        self.vec[range].fill(0);
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        &self.vec[self.start..self.start + self.len]
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        &mut self.vec[self.start..self.start + self.len]
+    }
+
+    /// Allocated bytes (for memory accounting).
+    pub(crate) fn capacity(&self) -> usize {
+        self.vec.len()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod faulty {
+    //! A backend that logs every operation and can fail after N of them, to test
+    //! ordering (callbacks only after sync) and failure handling.
+
+    use std::io;
+    use std::path::Path;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::{JournalFile, PlainFile};
+
+    /// One logged operation.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    pub(crate) enum Op {
+        Write { offset: u64, len: usize },
+        Sync,
+        Callback { offset: u64 },
+    }
+
+    #[derive(Debug, Default)]
+    pub(crate) struct FaultPlan {
+        /// Once set, every write fails.
+        pub(crate) fail_writes: AtomicBool,
+        /// Once set, every sync fails.
+        pub(crate) fail_syncs: AtomicBool,
+        pub(crate) log: Mutex<Vec<Op>>,
+    }
+
+    impl FaultPlan {
+        pub(crate) fn push(&self, op: Op) {
+            if let Ok(mut log) = self.log.lock() {
+                log.push(op);
+            }
+        }
+
+        pub(crate) fn ops(&self) -> Vec<Op> {
+            self.log.lock().map(|l| l.clone()).unwrap_or_default()
+        }
+    }
+
+    #[derive(Debug)]
+    pub(crate) struct FaultyFile {
+        pub(crate) inner: PlainFile,
+        pub(crate) plan: std::sync::Arc<FaultPlan>,
+    }
+
+    impl JournalFile for FaultyFile {
+        fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()> {
+            if self.plan.fail_writes.load(Ordering::SeqCst) {
+                return Err(io::Error::other("injected write fault"));
+            }
+            self.plan.push(Op::Write {
+                offset,
+                len: buf.len(),
+            });
+            self.inner.write_at(buf, offset)
+        }
+        fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
+            self.inner.read_at(buf, offset)
+        }
+        fn sync_data(&self) -> io::Result<()> {
+            if self.plan.fail_syncs.load(Ordering::SeqCst) {
+                return Err(io::Error::other("injected sync fault"));
+            }
+            self.inner.sync_data()?;
+            self.plan.push(Op::Sync);
+            Ok(())
+        }
+        fn set_len(&self, len: u64) -> io::Result<()> {
+            self.inner.set_len(len)
+        }
+        fn len(&self) -> io::Result<u64> {
+            self.inner.len()
+        }
+        fn path(&self) -> &Path {
+            self.inner.path()
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Latency and size histograms per journal stage, recorded once per group by the
+//! thread that runs the stage (each thread owns one mutex, taken once per group),
+//! read by `Journal::stats`.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+/// Percentiles of one stage. Latencies in microseconds, sizes in their unit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StageSummary {
+    /// Samples recorded.
+    pub count: u64,
+    /// Median.
+    pub p50: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// 99.9th percentile.
+    pub p999: u64,
+    /// Largest sample.
+    pub max: u64,
+}
+
+/// A snapshot of the journal's stage histograms.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JournalStats {
+    /// µs the oldest record of each group waited in the queue before the writer
+    /// took it.
+    pub queue_wait_us: StageSummary,
+    /// µs per group write (pwrite of the aligned block).
+    pub write_us: StageSummary,
+    /// µs per fdatasync (one per batch of groups).
+    pub fdatasync_us: StageSummary,
+    /// µs from the oldest record's append to its callback, per group.
+    pub append_to_done_us: StageSummary,
+    /// Records per group.
+    pub group_entries: StageSummary,
+    /// Encoded bytes per group (padding included).
+    pub group_bytes: StageSummary,
+    /// Groups per fdatasync.
+    pub groups_per_sync: StageSummary,
+    /// Times the writer waited for preallocated space.
+    pub prealloc_waits: u64,
+}
+
+fn new_histogram() -> Histogram<u64> {
+    // 1 .. 1 hour in µs (or bytes up to 3.6 GB), 3 significant digits.
+    #[allow(clippy::unwrap_used)] // constant, valid bounds
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap()
+}
+
+fn summary(h: &Histogram<u64>) -> StageSummary {
+    if h.is_empty() {
+        return StageSummary::default();
+    }
+    StageSummary {
+        count: h.len(),
+        p50: h.value_at_quantile(0.50),
+        p99: h.value_at_quantile(0.99),
+        p999: h.value_at_quantile(0.999),
+        max: h.max(),
+    }
+}
+
+fn record(h: &mut Histogram<u64>, value: u64) {
+    // saturating_record clamps to the bounds instead of failing.
+    h.saturating_record(value.max(1));
+}
+
+pub(crate) fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+#[derive(Debug)]
+pub(crate) struct WriterHistograms {
+    queue_wait_us: Histogram<u64>,
+    write_us: Histogram<u64>,
+    group_entries: Histogram<u64>,
+    group_bytes: Histogram<u64>,
+    prealloc_waits: u64,
+}
+
+#[derive(Debug)]
+pub(crate) struct SyncHistograms {
+    fdatasync_us: Histogram<u64>,
+    append_to_done_us: Histogram<u64>,
+    groups_per_sync: Histogram<u64>,
+}
+
+/// Shared histogram state.
+#[derive(Debug)]
+pub(crate) struct StatsCell {
+    writer: Mutex<WriterHistograms>,
+    sync: Mutex<SyncHistograms>,
+}
+
+impl StatsCell {
+    pub(crate) fn new() -> StatsCell {
+        StatsCell {
+            writer: Mutex::new(WriterHistograms {
+                queue_wait_us: new_histogram(),
+                write_us: new_histogram(),
+                group_entries: new_histogram(),
+                group_bytes: new_histogram(),
+                prealloc_waits: 0,
+            }),
+            sync: Mutex::new(SyncHistograms {
+                fdatasync_us: new_histogram(),
+                append_to_done_us: new_histogram(),
+                groups_per_sync: new_histogram(),
+            }),
+        }
+    }
+
+    pub(crate) fn record_group(
+        &self,
+        queue_wait: Duration,
+        write: Duration,
+        entries: usize,
+        bytes: usize,
+    ) {
+        if let Ok(mut w) = self.writer.lock() {
+            record(&mut w.queue_wait_us, micros(queue_wait));
+            record(&mut w.write_us, micros(write));
+            record(&mut w.group_entries, entries as u64);
+            record(&mut w.group_bytes, bytes as u64);
+        }
+    }
+
+    pub(crate) fn record_prealloc_wait(&self) {
+        if let Ok(mut w) = self.writer.lock() {
+            w.prealloc_waits += 1;
+        }
+    }
+
+    pub(crate) fn record_sync(&self, fdatasync: Option<Duration>, groups: usize) {
+        if let Ok(mut s) = self.sync.lock() {
+            if let Some(d) = fdatasync {
+                record(&mut s.fdatasync_us, micros(d));
+            }
+            record(&mut s.groups_per_sync, groups as u64);
+        }
+    }
+
+    pub(crate) fn record_done(&self, oldest_append_to_done: Duration) {
+        if let Ok(mut s) = self.sync.lock() {
+            record(&mut s.append_to_done_us, micros(oldest_append_to_done));
+        }
+    }
+
+    pub(crate) fn snapshot(&self) -> JournalStats {
+        let mut out = JournalStats::default();
+        if let Ok(w) = self.writer.lock() {
+            out.queue_wait_us = summary(&w.queue_wait_us);
+            out.write_us = summary(&w.write_us);
+            out.group_entries = summary(&w.group_entries);
+            out.group_bytes = summary(&w.group_bytes);
+            out.prealloc_waits = w.prealloc_waits;
+        }
+        if let Ok(s) = self.sync.lock() {
+            out.fdatasync_us = summary(&s.fdatasync_us);
+            out.append_to_done_us = summary(&s.append_to_done_us);
+            out.groups_per_sync = summary(&s.groups_per_sync);
+        }
+        out
+    }
+}
