@@ -1,1 +1,44 @@
-//! vela-wire: see ARCHITECTURE.md. Filled in by its own issue.
+//! vela-wire: the Pulsar binary protocol codec.
+//!
+//! Owns: our own `proto/pulsar.proto` (compiled by prost into [`proto`]), the
+//! frame layout and its incremental decoder ([`FrameDecoder`]), CRC32C
+//! checksums, the encoders for simple, payload and MESSAGE frames, the batch
+//! format ([`batch`]) and the compression codecs ([`compression`]).
+//!
+//! Guarantees: bytes from a peer are input, never trusted. Every malformed
+//! frame is a typed [`WireError`] (no panic, no allocation sized by an
+//! unchecked length); decoding hands out `Bytes` slices of the read buffer and
+//! never copies payloads.
+//!
+//! Never does: I/O (no sockets, files or async), protocol state (which command
+//! is allowed when), or anything about topics, storage or dispatch.
+
+pub mod batch;
+pub mod command;
+pub mod compression;
+mod error;
+pub mod frame;
+pub mod metadata;
+
+/// Prost types generated from `proto/pulsar.proto` (package `pulsar.proto`).
+/// Sub-messages of `BaseCommand` are boxed; build a command with
+/// `BaseCommand::from(proto::CommandPing {})`, which sets `type` too.
+#[allow(
+    missing_docs,
+    clippy::all,
+    clippy::pedantic,
+    unreachable_pub,
+    missing_debug_implementations
+)]
+pub mod proto {
+    include!(concat!(env!("OUT_DIR"), "/pulsar.proto.rs"));
+}
+
+pub use error::WireError;
+pub use frame::{
+    Checksum, FRAME_HEADER_ROOM_BYTES, FRAME_SIZE_LIMIT_BYTES, FRAME_SIZE_MAX_DEFAULT_BYTES, Frame,
+    FrameDecoder, MESSAGE_SIZE_MAX_DEFAULT_BYTES, MessageFrameParts, PayloadSection,
+    build_stored_entry, decode_frame, encode_command, encode_message_frame, encode_message_header,
+    encode_payload_frame,
+};
+pub use metadata::MetadataSummary;

@@ -1,0 +1,1 @@
+//! Batches (to be written).

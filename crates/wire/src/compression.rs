@@ -1,0 +1,1 @@
+//! Compression (to be written).

@@ -1,0 +1,912 @@
+//! Pulsar frames: the incremental decoder and the encoders.
+//!
+//! ```text
+//! simple : [totalSize u32][commandSize u32][BaseCommand]
+//! payload: [totalSize u32][commandSize u32][BaseCommand]
+//!          [0x0e02 u16][brokerEntryMetadataSize u32][BrokerEntryMetadata]   optional, MESSAGE only
+//!          [0x0e01 u16][CRC32C u32]                                          optional (producers < v6 omit it)
+//!          [metadataSize u32][MessageMetadata][payload ... to the end of the frame]
+//! ```
+//! All integers are big-endian. totalSize counts every byte after itself. The
+//! CRC32C covers everything after the checksum field (metadataSize, metadata
+//! and payload). The *stored entry* is the bytes from the 0x0e01 magic to the
+//! end of the frame, kept verbatim by the broker and re-sent behind a MESSAGE
+//! command.
+//!
+//! Owns: frame layout, size limits, checksum verification. Guarantees: decode
+//! never copies payload bytes (everything is a `Bytes` slice of the frame),
+//! never allocates by an unchecked length, never panics on peer bytes. Never
+//! does I/O and never interprets payloads (see `batch`, `compression`).
+
+use std::sync::OnceLock;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use prost::Message;
+
+use crate::command;
+use crate::error::WireError;
+use crate::metadata::MetadataSummary;
+use crate::proto::{BaseCommand, BrokerEntryMetadata, MessageMetadata, base_command::Type};
+
+/// Pulsar's default `maxMessageSize` (5 MiB): the most metadata + payload a
+/// client may send in one frame, announced in CONNECTED.max_message_size.
+pub const MESSAGE_SIZE_MAX_DEFAULT_BYTES: usize = 5 * 1024 * 1024;
+
+/// Room for the command, magic, checksum and sizes on top of the message
+/// size: Pulsar's decoders accept maxMessageSize + 10 KiB.
+pub const FRAME_HEADER_ROOM_BYTES: usize = 10 * 1024;
+
+/// Default frame limit of [`FrameDecoder`]: 5 MiB + 10 KiB.
+pub const FRAME_SIZE_MAX_DEFAULT_BYTES: usize =
+    MESSAGE_SIZE_MAX_DEFAULT_BYTES + FRAME_HEADER_ROOM_BYTES;
+
+/// Hard ceiling for any configured frame limit. Keeps every length we accept
+/// far below the values whose first byte would be 0x0e (234+ MiB), so that a
+/// metadataSize can never be mistaken for a magic number, and bounds the
+/// buffer a single peer can make us hold.
+pub const FRAME_SIZE_LIMIT_BYTES: usize = 128 * 1024 * 1024;
+
+const _: () = assert!(FRAME_SIZE_MAX_DEFAULT_BYTES <= FRAME_SIZE_LIMIT_BYTES);
+const _: () = assert!(FRAME_SIZE_LIMIT_BYTES < 0x0e00_0000);
+
+/// Magic that introduces the CRC32C field.
+pub const MAGIC_CRC32C: u16 = 0x0e01;
+/// Magic that introduces broker entry metadata.
+pub const MAGIC_BROKER_ENTRY_METADATA: u16 = 0x0e02;
+
+/// Bytes of the totalSize field.
+const TOTAL_SIZE_BYTES: usize = 4;
+/// Bytes of the commandSize field.
+const COMMAND_SIZE_BYTES: usize = 4;
+/// Bytes of a magic number.
+const MAGIC_BYTES: usize = 2;
+/// Bytes of a magic + u32 (checksum or broker entry metadata size).
+const MAGIC_AND_U32_BYTES: usize = MAGIC_BYTES + 4;
+/// Bytes of the metadataSize field.
+const METADATA_SIZE_BYTES: usize = 4;
+
+/// One decoded frame.
+#[derive(Debug, Clone)]
+pub struct Frame {
+    /// The command; its `type` is a known [`Type`] and the matching
+    /// sub-message is present (checked by the decoder).
+    pub command: BaseCommand,
+    /// The message part of SEND and MESSAGE frames; `None` for every other command.
+    pub payload: Option<PayloadSection>,
+}
+
+impl Frame {
+    /// The command type. `None` only if `command.type` was changed to an
+    /// unknown value after decoding.
+    pub fn command_type(&self) -> Option<Type> {
+        command::command_type(&self.command)
+    }
+}
+
+/// Whether a payload section carried a checksum. A present but wrong checksum
+/// is never represented here: decoding fails with
+/// [`WireError::ChecksumMismatch`] instead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Checksum {
+    /// 0x0e01 + CRC32C present and verified; the value as sent.
+    Verified(u32),
+    /// No 0x0e01 (producers that negotiated protocol < v6).
+    Absent,
+}
+
+/// The message part of a payload frame, or a stored entry, as `Bytes` slices
+/// of the original buffer.
+#[derive(Debug, Clone)]
+pub struct PayloadSection {
+    broker_entry_metadata: Option<BrokerEntryMetadata>,
+    checksum: Checksum,
+    /// From the 0x0e01 magic (or from metadataSize when absent) to the end.
+    entry: Bytes,
+    metadata_bytes: Bytes,
+    payload: Bytes,
+    summary: MetadataSummary,
+    metadata: OnceLock<MessageMetadata>,
+}
+
+impl PayloadSection {
+    /// Parses the bytes that follow a command: optional 0x0e02 block,
+    /// optional 0x0e01 + CRC32C (verified), metadataSize, metadata, payload.
+    /// Also parses a stored entry. On a checksum mismatch the error carries
+    /// `command: None`; the frame decoder fills it in.
+    pub fn parse(section: Bytes) -> Result<PayloadSection, WireError> {
+        let mut offset = 0;
+        let mut broker_entry_metadata = None;
+        if peek_u16(&section, offset) == Some(MAGIC_BROKER_ENTRY_METADATA) {
+            let size = read_u32(&section, offset + MAGIC_BYTES, "broker entry metadata size")?;
+            offset += MAGIC_AND_U32_BYTES;
+            let available_bytes = section.len() - offset;
+            if size as usize > available_bytes {
+                return Err(WireError::BrokerEntryMetadataSizeOutOfBounds {
+                    size,
+                    available_bytes,
+                });
+            }
+            let end = offset + size as usize;
+            let decoded = BrokerEntryMetadata::decode(section.slice(offset..end))
+                .map_err(WireError::protobuf("BrokerEntryMetadata"))?;
+            broker_entry_metadata = Some(decoded);
+            offset = end;
+        }
+
+        let entry_start = offset;
+        let checksum = match peek_u16(&section, offset) {
+            Some(MAGIC_CRC32C) => {
+                let expected = read_u32(&section, offset + MAGIC_BYTES, "checksum")?;
+                offset += MAGIC_AND_U32_BYTES;
+                let computed = crc32c::crc32c(&section[offset..]);
+                if computed != expected {
+                    return Err(WireError::ChecksumMismatch {
+                        command: None,
+                        expected,
+                        computed,
+                    });
+                }
+                Checksum::Verified(expected)
+            }
+            Some(value) if value >> 8 == 0x0e => return Err(WireError::BadMagic { value }),
+            _ => Checksum::Absent,
+        };
+
+        let metadata_size = read_u32(&section, offset, "metadata size")?;
+        offset += METADATA_SIZE_BYTES;
+        let available_bytes = section.len() - offset;
+        if metadata_size as usize > available_bytes {
+            return Err(WireError::MetadataSizeOutOfBounds {
+                metadata_size,
+                available_bytes,
+            });
+        }
+        let metadata_end = offset + metadata_size as usize;
+        let metadata_bytes = section.slice(offset..metadata_end);
+        let summary = MetadataSummary::scan(&metadata_bytes)?;
+        Ok(PayloadSection {
+            broker_entry_metadata,
+            checksum,
+            entry: section.slice(entry_start..),
+            metadata_bytes,
+            payload: section.slice(metadata_end..),
+            summary,
+            metadata: OnceLock::new(),
+        })
+    }
+
+    /// The 0x0e02 block, if the frame had one.
+    pub fn broker_entry_metadata(&self) -> Option<&BrokerEntryMetadata> {
+        self.broker_entry_metadata.as_ref()
+    }
+
+    /// Whether a checksum was present (and then it was valid).
+    pub fn checksum(&self) -> Checksum {
+        self.checksum
+    }
+
+    /// The raw MessageMetadata bytes, exactly as sent.
+    pub fn metadata_bytes(&self) -> &Bytes {
+        &self.metadata_bytes
+    }
+
+    /// Metadata fields scanned at decode time, without allocation.
+    pub fn summary(&self) -> &MetadataSummary {
+        &self.summary
+    }
+
+    /// The fully decoded MessageMetadata, decoded on first call and cached.
+    pub fn metadata(&self) -> Result<&MessageMetadata, WireError> {
+        if let Some(metadata) = self.metadata.get() {
+            return Ok(metadata);
+        }
+        let decoded = MessageMetadata::decode(self.metadata_bytes.clone())
+            .map_err(WireError::protobuf("MessageMetadata"))?;
+        Ok(self.metadata.get_or_init(|| decoded))
+    }
+
+    /// The payload (possibly compressed, possibly a batch).
+    pub fn payload(&self) -> &Bytes {
+        &self.payload
+    }
+
+    /// The entry bytes as received: from 0x0e01 to the end of the frame when
+    /// the checksum was present, else from metadataSize to the end.
+    pub fn entry_verbatim(&self) -> &Bytes {
+        &self.entry
+    }
+
+    /// The entry to store: the verbatim bytes (no copy) when the frame had
+    /// 0x0e01 + CRC32C, else a canonical copy with the magic and a computed
+    /// CRC32C in front (the rare path for producers older than v6).
+    pub fn stored_entry(&self) -> Bytes {
+        match self.checksum {
+            Checksum::Verified(_) => self.entry.clone(),
+            Checksum::Absent => {
+                let mut buf = BytesMut::with_capacity(MAGIC_AND_U32_BYTES + self.entry.len());
+                buf.put_u16(MAGIC_CRC32C);
+                buf.put_u32(crc32c::crc32c(&self.entry));
+                buf.extend_from_slice(&self.entry);
+                buf.freeze()
+            }
+        }
+    }
+}
+
+/// Incremental decoder over a byte stream (one per connection).
+#[derive(Debug)]
+pub struct FrameDecoder {
+    max_frame_bytes: usize,
+    poisoned: bool,
+}
+
+impl Default for FrameDecoder {
+    fn default() -> Self {
+        FrameDecoder::new(FRAME_SIZE_MAX_DEFAULT_BYTES)
+    }
+}
+
+impl FrameDecoder {
+    /// A decoder that rejects frames longer than `max_frame_bytes` (counting
+    /// the totalSize field), clamped to [`FRAME_SIZE_LIMIT_BYTES`].
+    pub fn new(max_frame_bytes: usize) -> Self {
+        FrameDecoder {
+            max_frame_bytes: max_frame_bytes.min(FRAME_SIZE_LIMIT_BYTES),
+            poisoned: false,
+        }
+    }
+
+    /// The frame limit in force.
+    pub fn max_frame_bytes(&self) -> usize {
+        self.max_frame_bytes
+    }
+
+    /// Changes the limit (a client learns it from CONNECTED.max_message_size).
+    pub fn set_max_frame_bytes(&mut self, max_frame_bytes: usize) {
+        self.max_frame_bytes = max_frame_bytes.min(FRAME_SIZE_LIMIT_BYTES);
+    }
+
+    /// Decodes the next frame from the front of `buf`.
+    ///
+    /// `Ok(None)`: the frame is not complete yet; `buf` is untouched except
+    /// that its capacity may grow to hold the announced frame. `Ok(Some)`:
+    /// the frame has been split off `buf` (no copy). `Err`: see
+    /// [`WireError::is_stream_fatal`]; non-fatal errors have consumed the bad
+    /// frame.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Frame>, WireError> {
+        if self.poisoned {
+            return Err(WireError::Poisoned);
+        }
+        let Some(total_size) = peek_u32(buf, 0) else {
+            return Ok(None);
+        };
+        let frame_bytes = TOTAL_SIZE_BYTES as u64 + u64::from(total_size);
+        if frame_bytes > self.max_frame_bytes as u64 {
+            self.poisoned = true;
+            return Err(WireError::FrameTooLarge {
+                frame_bytes,
+                max_frame_bytes: self.max_frame_bytes,
+            });
+        }
+        if (total_size as usize) < COMMAND_SIZE_BYTES {
+            self.poisoned = true;
+            return Err(WireError::FrameTooSmall { total_size });
+        }
+        let frame_bytes = frame_bytes as usize; // <= max_frame_bytes
+        if buf.len() < frame_bytes {
+            // Bounded by max_frame_bytes, checked above.
+            buf.reserve(frame_bytes - buf.len());
+            return Ok(None);
+        }
+        let frame = buf.split_to(frame_bytes).freeze();
+        decode_frame_body(frame).map(Some)
+    }
+}
+
+/// Decodes one complete frame (starting with totalSize), e.g. a captured one.
+/// Trailing bytes after the frame or a short buffer are errors.
+pub fn decode_frame(frame: Bytes, max_frame_bytes: usize) -> Result<Frame, WireError> {
+    let mut buf = BytesMut::from(&frame[..]);
+    let mut decoder = FrameDecoder::new(max_frame_bytes);
+    match decoder.decode(&mut buf)? {
+        Some(decoded) if buf.is_empty() => Ok(decoded),
+        Some(_) => Err(WireError::Truncated {
+            field: "frame (trailing bytes after totalSize)",
+            needed_bytes: 0,
+            available_bytes: buf.len(),
+        }),
+        None => Err(WireError::Truncated {
+            field: "frame",
+            needed_bytes: peek_u32(&buf, 0)
+                .map_or(TOTAL_SIZE_BYTES, |size| size as usize + TOTAL_SIZE_BYTES),
+            available_bytes: buf.len(),
+        }),
+    }
+}
+
+/// Decodes a whole frame whose totalSize has been checked against `frame.len()`.
+fn decode_frame_body(frame: Bytes) -> Result<Frame, WireError> {
+    debug_assert!(frame.len() >= TOTAL_SIZE_BYTES + COMMAND_SIZE_BYTES);
+    let command_size = read_u32(&frame, TOTAL_SIZE_BYTES, "command size")?;
+    let command_start = TOTAL_SIZE_BYTES + COMMAND_SIZE_BYTES;
+    let available_bytes = frame.len() - command_start;
+    if command_size as usize > available_bytes {
+        return Err(WireError::CommandSizeOutOfBounds {
+            command_size,
+            available_bytes,
+        });
+    }
+    let command_end = command_start + command_size as usize;
+    let command = decode_command(frame.slice(command_start..command_end))?;
+    let command_type = checked_type(&command)?;
+
+    let carries_payload = matches!(command_type, Type::Send | Type::Message);
+    if command_end == frame.len() {
+        if carries_payload {
+            return Err(WireError::MissingPayload { command_type });
+        }
+        return Ok(Frame {
+            command,
+            payload: None,
+        });
+    }
+    if !carries_payload {
+        return Err(WireError::UnexpectedPayload { command_type });
+    }
+    match PayloadSection::parse(frame.slice(command_end..)) {
+        Ok(section) => Ok(Frame {
+            command,
+            payload: Some(section),
+        }),
+        Err(WireError::ChecksumMismatch {
+            command: None,
+            expected,
+            computed,
+        }) => Err(WireError::ChecksumMismatch {
+            command: Some(Box::new(command)),
+            expected,
+            computed,
+        }),
+        Err(error) => Err(error),
+    }
+}
+
+fn decode_command(bytes: Bytes) -> Result<BaseCommand, WireError> {
+    BaseCommand::decode(bytes).map_err(WireError::protobuf("BaseCommand"))
+}
+
+/// The command's type if it is known and its sub-message is present.
+fn checked_type(command: &BaseCommand) -> Result<Type, WireError> {
+    let Some(command_type) = command::command_type(command) else {
+        return Err(WireError::UnknownCommandType {
+            value: command.r#type,
+        });
+    };
+    if !command::has_body(command, command_type) {
+        return Err(WireError::MissingCommandBody { command_type });
+    }
+    Ok(command_type)
+}
+
+fn peek_u16(bytes: &[u8], offset: usize) -> Option<u16> {
+    let slice = bytes.get(offset..offset.checked_add(2)?)?;
+    Some(u16::from_be_bytes([slice[0], slice[1]]))
+}
+
+fn peek_u32(bytes: &[u8], offset: usize) -> Option<u32> {
+    let slice = bytes.get(offset..offset.checked_add(4)?)?;
+    Some(u32::from_be_bytes([slice[0], slice[1], slice[2], slice[3]]))
+}
+
+fn read_u32(bytes: &[u8], offset: usize, field: &'static str) -> Result<u32, WireError> {
+    peek_u32(bytes, offset).ok_or(WireError::Truncated {
+        field,
+        needed_bytes: 4,
+        available_bytes: bytes.len().saturating_sub(offset),
+    })
+}
+
+/// Converts a size we computed into a u32 length field. Our encoders are only
+/// given bounded data (a decoded frame, a command we built); a size beyond
+/// u32 would corrupt the stream, so it is a bug worth stopping for.
+fn size_u32(size: usize) -> u32 {
+    assert!(
+        size <= u32::MAX as usize,
+        "frame field of {size} bytes exceeds u32"
+    );
+    size as u32
+}
+
+/// Appends a simple frame `[totalSize][commandSize][command]` to `buf`.
+pub fn encode_command(command: &BaseCommand, buf: &mut BytesMut) {
+    let command_size = command.encoded_len();
+    buf.reserve(TOTAL_SIZE_BYTES + COMMAND_SIZE_BYTES + command_size);
+    buf.put_u32(size_u32(COMMAND_SIZE_BYTES + command_size));
+    buf.put_u32(size_u32(command_size));
+    command.encode_raw(buf);
+}
+
+/// Appends a payload frame (SEND, or MESSAGE in tests and clients) with
+/// 0x0e01 + CRC32C: `[totalSize][commandSize][command][0x0e01][crc][metadataSize][metadata][payload]`.
+pub fn encode_payload_frame(
+    command: &BaseCommand,
+    metadata: &MessageMetadata,
+    payload: &[u8],
+    buf: &mut BytesMut,
+) {
+    let metadata_size = metadata.encoded_len();
+    let command_size = command.encoded_len();
+    let entry_bytes = MAGIC_AND_U32_BYTES + METADATA_SIZE_BYTES + metadata_size + payload.len();
+    buf.reserve(TOTAL_SIZE_BYTES + COMMAND_SIZE_BYTES + command_size + entry_bytes);
+    buf.put_u32(size_u32(COMMAND_SIZE_BYTES + command_size + entry_bytes));
+    buf.put_u32(size_u32(command_size));
+    command.encode_raw(buf);
+    buf.put_u16(MAGIC_CRC32C);
+    let checksum_offset = buf.len();
+    buf.put_u32(0); // filled in below
+    let covered_start = buf.len();
+    buf.put_u32(size_u32(metadata_size));
+    metadata.encode_raw(buf);
+    buf.extend_from_slice(payload);
+    let checksum = crc32c::crc32c(&buf[covered_start..]);
+    buf[checksum_offset..covered_start].copy_from_slice(&checksum.to_be_bytes());
+}
+
+/// Builds a stored entry `[0x0e01][crc][metadataSize][metadata][payload]`
+/// from raw metadata bytes and a payload (one copy).
+pub fn build_stored_entry(metadata_bytes: &[u8], payload: &[u8]) -> Bytes {
+    let mut buf = BytesMut::with_capacity(
+        MAGIC_AND_U32_BYTES + METADATA_SIZE_BYTES + metadata_bytes.len() + payload.len(),
+    );
+    buf.put_u16(MAGIC_CRC32C);
+    buf.put_u32(0);
+    buf.put_u32(size_u32(metadata_bytes.len()));
+    buf.extend_from_slice(metadata_bytes);
+    buf.extend_from_slice(payload);
+    let checksum = crc32c::crc32c(&buf[MAGIC_AND_U32_BYTES..]);
+    buf[MAGIC_BYTES..MAGIC_AND_U32_BYTES].copy_from_slice(&checksum.to_be_bytes());
+    buf.freeze()
+}
+
+/// Appends the header of a MESSAGE frame whose stored entry (`entry_len`
+/// bytes, starting with 0x0e01) the caller sends right after, without copying
+/// it: `[totalSize][commandSize][command]` plus, when given, the 0x0e02 block
+/// (only for clients that set FeatureFlags.supports_broker_entry_metadata).
+pub fn encode_message_header(
+    command: &BaseCommand,
+    broker_entry_metadata: Option<&BrokerEntryMetadata>,
+    entry_len: usize,
+    buf: &mut BytesMut,
+) {
+    let command_size = command.encoded_len();
+    let broker_entry_metadata_size = broker_entry_metadata.map_or(0, Message::encoded_len);
+    let prefix_bytes =
+        broker_entry_metadata.map_or(0, |_| MAGIC_AND_U32_BYTES + broker_entry_metadata_size);
+    buf.reserve(TOTAL_SIZE_BYTES + COMMAND_SIZE_BYTES + command_size + prefix_bytes);
+    buf.put_u32(size_u32(
+        COMMAND_SIZE_BYTES + command_size + prefix_bytes + entry_len,
+    ));
+    buf.put_u32(size_u32(command_size));
+    command.encode_raw(buf);
+    if let Some(metadata) = broker_entry_metadata {
+        buf.put_u16(MAGIC_BROKER_ENTRY_METADATA);
+        buf.put_u32(size_u32(broker_entry_metadata_size));
+        metadata.encode_raw(buf);
+    }
+}
+
+/// Appends a whole MESSAGE frame, copying `entry` into `buf` (for callers
+/// that want one buffer; the dispatch path uses [`encode_message_header`]
+/// and chains the entry instead).
+pub fn encode_message_frame(
+    command: &BaseCommand,
+    broker_entry_metadata: Option<&BrokerEntryMetadata>,
+    entry: &[u8],
+    buf: &mut BytesMut,
+) {
+    debug_assert_eq!(
+        peek_u16(entry, 0),
+        Some(MAGIC_CRC32C),
+        "stored entries start with 0x0e01"
+    );
+    encode_message_header(command, broker_entry_metadata, entry.len(), buf);
+    buf.extend_from_slice(entry);
+}
+
+/// The header of a MESSAGE frame as its own `Bytes`, chained with the stored
+/// entry: write `header` then `entry` (e.g. `header.chain(entry)` or two
+/// iovecs) and the payload is never copied.
+#[derive(Debug, Clone)]
+pub struct MessageFrameParts {
+    /// `[totalSize][commandSize][command]` and the optional 0x0e02 block.
+    pub header: Bytes,
+    /// The stored entry, as given.
+    pub entry: Bytes,
+}
+
+impl MessageFrameParts {
+    /// Builds the header for `entry` (which starts with 0x0e01).
+    pub fn new(
+        command: &BaseCommand,
+        broker_entry_metadata: Option<&BrokerEntryMetadata>,
+        entry: Bytes,
+    ) -> Self {
+        debug_assert_eq!(
+            peek_u16(&entry, 0),
+            Some(MAGIC_CRC32C),
+            "stored entries start with 0x0e01"
+        );
+        let mut header = BytesMut::new();
+        encode_message_header(command, broker_entry_metadata, entry.len(), &mut header);
+        MessageFrameParts {
+            header: header.freeze(),
+            entry,
+        }
+    }
+
+    /// Total frame length in bytes.
+    pub fn len(&self) -> usize {
+        self.header.len() + self.entry.len()
+    }
+
+    /// Always false: a frame has at least a header.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The frame as one `Buf` (no copy).
+    pub fn into_buf(self) -> bytes::buf::Chain<Bytes, Bytes> {
+        self.header.chain(self.entry)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::proto::{CommandMessage, CommandPing, CommandPong, CommandSend, MessageIdData};
+
+    fn hex(text: &str) -> Vec<u8> {
+        let digits: Vec<u8> = text.bytes().filter(u8::is_ascii_hexdigit).collect();
+        digits
+            .chunks(2)
+            .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).unwrap(), 16).unwrap())
+            .collect()
+    }
+
+    /// pulsar-protocol.md section 1.
+    const PING_HEX: &str = "00 00 00 09 00 00 00 05 08 12 92 01 00";
+    const PONG_HEX: &str = "00 00 00 09 00 00 00 05 08 13 9a 01 00";
+    const SEND_HEX: &str = "00 00 00 24 00 00 00 08 08 06 32 04 08 01 10 00 0e 01 5b 4c 69 ac \
+                            00 00 00 0c 0a 01 70 10 00 18 80 d0 95 ff bc 31 68 69";
+
+    fn send_command() -> BaseCommand {
+        BaseCommand::from(CommandSend {
+            producer_id: 1,
+            sequence_id: 0,
+            ..Default::default()
+        })
+    }
+
+    fn send_metadata() -> MessageMetadata {
+        MessageMetadata {
+            producer_name: "p".into(),
+            sequence_id: 0,
+            publish_time: 1_700_000_000_000,
+            ..Default::default()
+        }
+    }
+
+    fn decode_all(bytes: &[u8]) -> Result<Option<Frame>, WireError> {
+        FrameDecoder::default().decode(&mut BytesMut::from(bytes))
+    }
+
+    #[test]
+    fn ping_and_pong_decode_and_encode_exactly() {
+        for (text, command) in [
+            (PING_HEX, BaseCommand::from(CommandPing {})),
+            (PONG_HEX, BaseCommand::from(CommandPong {})),
+        ] {
+            let bytes = hex(text);
+            let frame = decode_all(&bytes).unwrap().unwrap();
+            assert_eq!(frame.command, command);
+            assert!(frame.payload.is_none());
+            let mut encoded = BytesMut::new();
+            encode_command(&command, &mut encoded);
+            assert_eq!(&encoded[..], &bytes[..]);
+        }
+    }
+
+    #[test]
+    fn worked_send_decodes_and_encodes_exactly() {
+        let bytes = hex(SEND_HEX);
+        let frame = decode_all(&bytes).unwrap().unwrap();
+        assert_eq!(frame.command_type(), Some(Type::Send));
+        assert_eq!(frame.command, send_command());
+        let section = frame.payload.unwrap();
+        assert_eq!(section.checksum(), Checksum::Verified(0x5b4c_69ac));
+        assert_eq!(section.metadata().unwrap(), &send_metadata());
+        assert_eq!(&section.payload()[..], b"hi");
+        assert_eq!(section.summary().sequence_id, Some(0));
+        assert_eq!(section.summary().publish_time_ms, Some(1_700_000_000_000));
+        assert!(section.broker_entry_metadata().is_none());
+        // The stored entry starts at the magic and runs to the end.
+        assert_eq!(&section.entry_verbatim()[..], &bytes[16..]);
+        assert_eq!(section.stored_entry(), section.entry_verbatim());
+
+        let mut encoded = BytesMut::new();
+        encode_payload_frame(&send_command(), &send_metadata(), b"hi", &mut encoded);
+        assert_eq!(&encoded[..], &bytes[..]);
+    }
+
+    #[test]
+    fn two_frames_in_one_buffer_and_byte_by_byte() {
+        let mut stream = hex(PING_HEX);
+        stream.extend(hex(SEND_HEX));
+        stream.extend(hex(PONG_HEX));
+        let mut decoder = FrameDecoder::default();
+        let mut buf = BytesMut::new();
+        let mut types = Vec::new();
+        for byte in stream {
+            buf.put_u8(byte);
+            while let Some(frame) = decoder.decode(&mut buf).unwrap() {
+                types.push(frame.command_type().unwrap());
+            }
+        }
+        assert_eq!(types, [Type::Ping, Type::Send, Type::Pong]);
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn truncation_at_every_offset_waits_or_errors() {
+        let bytes = hex(SEND_HEX);
+        for cut in 0..bytes.len() {
+            // A stream cut short waits for more bytes.
+            assert!(decode_all(&bytes[..cut]).unwrap().is_none(), "cut at {cut}");
+        }
+        // A frame whose totalSize is shortened at every point: an error, never a panic.
+        for total_size in 4..(bytes.len() as u32 - 4) {
+            let mut frame = bytes[..4 + total_size as usize].to_vec();
+            frame[..4].copy_from_slice(&total_size.to_be_bytes());
+            assert!(decode_all(&frame).is_err(), "totalSize {total_size}");
+        }
+    }
+
+    #[test]
+    fn frame_too_large_is_detected_from_the_size_field() {
+        let mut decoder = FrameDecoder::new(1024);
+        let mut buf = BytesMut::from(&1025u32.to_be_bytes()[..]);
+        let error = decoder.decode(&mut buf).unwrap_err();
+        assert!(matches!(
+            error,
+            WireError::FrameTooLarge {
+                frame_bytes: 1029,
+                max_frame_bytes: 1024
+            }
+        ));
+        assert!(error.is_stream_fatal());
+        assert!(matches!(decoder.decode(&mut buf), Err(WireError::Poisoned)));
+        // u32::MAX never allocates.
+        let mut decoder = FrameDecoder::default();
+        let mut buf = BytesMut::from(&u32::MAX.to_be_bytes()[..]);
+        assert!(matches!(
+            decoder.decode(&mut buf),
+            Err(WireError::FrameTooLarge { .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_frames_get_typed_errors() {
+        let send = hex(SEND_HEX);
+        let set = |bytes: &[u8], offset: usize, value: &[u8]| {
+            let mut copy = bytes.to_vec();
+            copy[offset..offset + value.len()].copy_from_slice(value);
+            copy
+        };
+        // totalSize < 4
+        assert!(matches!(
+            decode_all(&[0, 0, 0, 2, 0, 0]),
+            Err(WireError::FrameTooSmall { total_size: 2 })
+        ));
+        // commandSize > what the frame holds
+        assert!(matches!(
+            decode_all(&set(&send, 4, &100u32.to_be_bytes())),
+            Err(WireError::CommandSizeOutOfBounds {
+                command_size: 100,
+                ..
+            })
+        ));
+        // metadataSize beyond the frame
+        assert!(matches!(
+            decode_all(&set(&send, 22, &100u32.to_be_bytes())),
+            Err(WireError::ChecksumMismatch { .. })
+        ));
+        // bad magic
+        assert!(matches!(
+            decode_all(&set(&send, 16, &[0x0e, 0x07])),
+            Err(WireError::BadMagic { value: 0x0e07 })
+        ));
+        // undecodable command
+        assert!(matches!(
+            decode_all(&set(&send, 8, &[0x08, 0xff])),
+            Err(WireError::Protobuf {
+                what: "BaseCommand",
+                ..
+            })
+        ));
+        // unknown type
+        let mut command = BytesMut::new();
+        encode_command(
+            &BaseCommand {
+                r#type: 99,
+                ..Default::default()
+            },
+            &mut command,
+        );
+        assert!(matches!(
+            decode_all(&command),
+            Err(WireError::UnknownCommandType { value: 99 })
+        ));
+        // type without its sub-message
+        let mut command = BytesMut::new();
+        encode_command(
+            &BaseCommand {
+                r#type: Type::Ping as i32,
+                ..Default::default()
+            },
+            &mut command,
+        );
+        assert!(matches!(
+            decode_all(&command),
+            Err(WireError::MissingCommandBody {
+                command_type: Type::Ping
+            })
+        ));
+        // SEND without payload
+        let mut command = BytesMut::new();
+        encode_command(&send_command(), &mut command);
+        assert!(matches!(
+            decode_all(&command),
+            Err(WireError::MissingPayload {
+                command_type: Type::Send
+            })
+        ));
+        // PING with a payload
+        let mut frame = BytesMut::new();
+        encode_payload_frame(
+            &BaseCommand::from(CommandPing {}),
+            &send_metadata(),
+            b"x",
+            &mut frame,
+        );
+        assert!(matches!(
+            decode_all(&frame),
+            Err(WireError::UnexpectedPayload {
+                command_type: Type::Ping
+            })
+        ));
+    }
+
+    #[test]
+    fn metadata_size_out_of_bounds_without_checksum() {
+        // An old producer's frame (no 0x0e01) with a lying metadataSize.
+        let mut frame = BytesMut::new();
+        let command = send_command();
+        let command_size = command.encoded_len();
+        frame.put_u32((4 + command_size + 4 + 2) as u32);
+        frame.put_u32(command_size as u32);
+        command.encode_raw(&mut frame);
+        frame.put_u32(50);
+        frame.put_slice(b"ab");
+        assert!(matches!(
+            decode_all(&frame),
+            Err(WireError::MetadataSizeOutOfBounds {
+                metadata_size: 50,
+                available_bytes: 2
+            })
+        ));
+    }
+
+    #[test]
+    fn checksum_mismatch_names_the_command_and_keeps_the_stream() {
+        let mut stream = hex(SEND_HEX);
+        let last = stream.len() - 1;
+        stream[last] ^= 0x01; // flip a payload bit
+        stream.extend(hex(PING_HEX));
+        let mut decoder = FrameDecoder::default();
+        let mut buf = BytesMut::from(&stream[..]);
+        match decoder.decode(&mut buf) {
+            Err(error @ WireError::ChecksumMismatch { .. }) => {
+                assert!(!error.is_stream_fatal());
+                let WireError::ChecksumMismatch {
+                    command: Some(command),
+                    expected,
+                    ..
+                } = error
+                else {
+                    panic!("no command in the error");
+                };
+                assert_eq!(expected, 0x5b4c_69ac);
+                let send = command.send.unwrap();
+                assert_eq!((send.producer_id, send.sequence_id), (1, 0));
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        let next = decoder.decode(&mut buf).unwrap().unwrap();
+        assert_eq!(next.command_type(), Some(Type::Ping));
+    }
+
+    #[test]
+    fn old_producer_frame_gets_a_canonical_stored_entry() {
+        let metadata = send_metadata().encode_to_vec();
+        let command = send_command();
+        let command_size = command.encoded_len();
+        let mut frame = BytesMut::new();
+        frame.put_u32((4 + command_size + 4 + metadata.len() + 2) as u32);
+        frame.put_u32(command_size as u32);
+        command.encode_raw(&mut frame);
+        frame.put_u32(metadata.len() as u32);
+        frame.put_slice(&metadata);
+        frame.put_slice(b"hi");
+        let section = decode_all(&frame).unwrap().unwrap().payload.unwrap();
+        assert_eq!(section.checksum(), Checksum::Absent);
+        let canonical = hex(SEND_HEX)[16..].to_vec();
+        assert_eq!(&section.stored_entry()[..], &canonical[..]);
+        assert_eq!(build_stored_entry(&metadata, b"hi"), canonical);
+    }
+
+    #[test]
+    fn message_frame_from_stored_entry_with_broker_entry_metadata() {
+        let entry = Bytes::from(hex(SEND_HEX)[16..].to_vec());
+        let command = BaseCommand::from(CommandMessage {
+            consumer_id: 3,
+            message_id: MessageIdData {
+                ledger_id: 10,
+                entry_id: 20,
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        for broker_entry_metadata in [
+            None,
+            Some(BrokerEntryMetadata {
+                broker_timestamp: Some(5),
+                index: Some(6),
+            }),
+        ] {
+            let parts =
+                MessageFrameParts::new(&command, broker_entry_metadata.as_ref(), entry.clone());
+            let mut joined = BytesMut::new();
+            encode_message_frame(
+                &command,
+                broker_entry_metadata.as_ref(),
+                &entry,
+                &mut joined,
+            );
+            assert_eq!(parts.len(), joined.len());
+            let mut chained = BytesMut::new();
+            chained.put(parts.into_buf());
+            assert_eq!(chained, joined);
+
+            let frame = decode_all(&joined).unwrap().unwrap();
+            assert_eq!(frame.command, command);
+            let section = frame.payload.unwrap();
+            assert_eq!(
+                section.broker_entry_metadata(),
+                broker_entry_metadata.as_ref()
+            );
+            assert_eq!(section.entry_verbatim(), &entry);
+            assert_eq!(&section.payload()[..], b"hi");
+        }
+    }
+
+    #[test]
+    fn command_size_of_a_boxed_base_command_stays_small() {
+        // Boxing keeps BaseCommand cheap to create and move (see build.rs).
+        assert!(
+            std::mem::size_of::<BaseCommand>() <= 512,
+            "{}",
+            std::mem::size_of::<BaseCommand>()
+        );
+    }
+}
