@@ -1,1 +1,718 @@
-//! Filled in by issue 10 (see ARCHITECTURE.md).
+//! Ledger storage: where entries live once the journal has made them durable.
+//!
+//! Owns one ledger dir: the write cache (`write_cache`), entry logs (`entry_log`),
+//! the index and per-ledger state in redb (`index`), the read cache
+//! (`read_cache`), the checkpoint file `lastMark`, the `LOCK` file, and garbage
+//! collection (`gc`). File names and byte layouts live in `format` only.
+//!
+//! Flow: `put_entry` inserts into the active write cache (memory only, no I/O,
+//! typed `WriteCacheFull` when the budget is used). The bookie's sync thread calls
+//! `checkpoint(mark)`: the cache halves swap, the flushed half is written sorted by
+//! (ledger, entry) to the active entry log with incremental write-back, the log is
+//! fdatasync'ed, the index records and ledger state are committed in one durable
+//! redb transaction, then `lastMark` is replaced atomically. Reads look in the
+//! active half, the flushing half, the read cache, then index + entry log.
+//!
+//! Durability contract (with the journal):
+//! - An entry is durable through the JOURNAL when its ADD is answered. Storage
+//!   makes it durable on its own only at the next flush; after a crash, entries
+//!   not flushed are simply absent and come back through journal replay from the
+//!   checkpointed mark, which re-puts them (`put_entry` is idempotent, and a flush
+//!   drops entries the index already holds).
+//! - Fenced flag, explicit LAC and deletion change memory at once and reach the
+//!   index database at the next flush/checkpoint; until then the journal's record
+//!   is what makes them durable. Callers must therefore call `set_fenced`,
+//!   `set_explicit_lac`, `delete_ledger` (like `put_entry`) BEFORE appending the
+//!   journal record: a checkpoint whose mark covers the record then also covers
+//!   the state change.
+//! - `checkpoint(mark)` persists `mark` only after everything put before the call
+//!   is in fdatasync'ed entry logs and a committed index, so journal files before
+//!   the mark may then be deleted.
+//!
+//! Threads: every method takes `&self` and may be called from any thread.
+//! `put_entry`, state setters and cache hits hold a mutex for a few map operations
+//! and never do I/O (safe on a tokio worker). `get_entry` misses do `pread`s and
+//! index reads: call them via `spawn_blocking`. `flush`, `checkpoint` and `gc` do
+//! heavy I/O and serialize on one flush lock: call them from a dedicated thread.
+//!
+//! Never: answers for the journal's durability, grows a cache past its budget,
+//! panics on bytes read back from disk, retries a failed fsync (storage turns
+//! `Broken` and the bookie must stop).
+
+mod config;
+mod entry_log;
+mod error;
+mod format;
+mod fs;
+mod gc;
+mod index;
+mod read_cache;
+mod stats;
+mod write_cache;
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::{Condvar, Mutex};
+
+pub use config::{ENTRY_PAYLOAD_BYTES_MAX, FailPoint, StorageConfig};
+pub use error::StorageError;
+pub use stats::{FlushStats, GcStats, StorageStats};
+
+use crate::JournalMark;
+use entry_log::{EntryLogWriter, LogReaders};
+use index::{Batch, Index, LedgerState, NewRecord};
+use read_cache::ReadCache;
+use write_cache::{CacheHalf, WriteCache, accounted_bytes};
+
+/// Ledger storage of one ledger dir. `Send + Sync`; share it in an `Arc`.
+#[derive(Debug)]
+pub struct LedgerStorage {
+    config: StorageConfig,
+    dir: PathBuf,
+    /// Holds the flock on `LOCK` for the storage's lifetime.
+    _lock: File,
+    state: Mutex<State>,
+    /// Signalled when a flush is wanted (threshold passed or cache full).
+    flush_wanted: Condvar,
+    /// The flusher: one flush, checkpoint or gc step at a time.
+    flusher: Mutex<Flusher>,
+    index: Index,
+    readers: LogReaders,
+    read_cache: Mutex<ReadCache>,
+    counters: Counters,
+}
+
+/// Everything puts and reads share, behind one short-held mutex.
+#[derive(Debug)]
+struct State {
+    cache: WriteCache,
+    /// Every ledger known here (present = exists), deleted ones as tombstones.
+    ledgers: HashMap<u64, LedgerState>,
+    /// Ledgers whose state changed since the last swap.
+    dirty: HashSet<u64>,
+    flush_requested: bool,
+    /// Set by a failed flush: the first failure, refusing all writes after it.
+    broken: Option<String>,
+}
+
+#[derive(Debug)]
+struct Flusher {
+    writer: EntryLogWriter,
+    next_log_id: u64,
+    mark: JournalMark,
+    /// Logs that failed compaction in this process; skipped by later passes.
+    compaction_skip: HashSet<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Counters {
+    write_cache_full: AtomicU64,
+    read_cache_hits: AtomicU64,
+    entry_log_reads: AtomicU64,
+    flushes: AtomicU64,
+    flushed_bytes: AtomicU64,
+}
+
+impl LedgerStorage {
+    /// Opens (creating if needed) the ledger dir; returns storage and the
+    /// checkpointed journal mark (`JournalMark::START` if none): journal replay
+    /// starts there. A new entry log is started on every open, so a torn tail of
+    /// the previous active log is never appended to (its unindexed bytes are
+    /// garbage for gc).
+    pub fn open(config: StorageConfig) -> Result<(LedgerStorage, JournalMark), StorageError> {
+        config.validate()?;
+        let dir = config.ledger_dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("create dir", &dir, e))?;
+        let lock = fs::lock_dir(&dir.join(format::LOCK_FILE_NAME))?;
+        let mark = read_last_mark(&dir)?;
+        let (index, loaded) = Index::open(&dir)?;
+
+        let mut max_id = loaded.next_log_id.checked_sub(1);
+        for id in loaded.log_ids.iter().copied().chain(list_log_ids(&dir)?) {
+            max_id = max_id.max(Some(id));
+        }
+        let active_id = max_id.map_or(1, |m| m + 1);
+        let writer = EntryLogWriter::create(
+            &dir,
+            active_id,
+            config.writeback_step_bytes,
+            config.entry_log_size_max_bytes,
+        )?;
+        let storage = LedgerStorage {
+            read_cache: Mutex::new(ReadCache::new(config.read_cache_bytes_max)),
+            readers: LogReaders::new(&dir),
+            state: Mutex::new(State {
+                cache: WriteCache::default(),
+                ledgers: loaded.ledgers.into_iter().collect(),
+                dirty: HashSet::new(),
+                flush_requested: false,
+                broken: None,
+            }),
+            flush_wanted: Condvar::new(),
+            flusher: Mutex::new(Flusher {
+                writer,
+                next_log_id: active_id + 1,
+                mark,
+                compaction_skip: HashSet::new(),
+            }),
+            index,
+            config,
+            dir,
+            _lock: lock,
+            counters: Counters::default(),
+        };
+        Ok((storage, mark))
+    }
+
+    /// The configuration storage was opened with.
+    pub fn config(&self) -> &StorageConfig {
+        &self.config
+    }
+
+    /// Stores an entry in the write cache. No I/O; durable only through the
+    /// journal until the next flush. Idempotent: re-putting a (ledger, entry) that
+    /// is cached keeps the first payload; one already flushed is dropped at the
+    /// next flush. Errors: `WriteCacheFull` (back-pressure; a flush is requested),
+    /// `EntryTooLarge`, `LedgerDeleted`, `Broken`.
+    pub fn put_entry(
+        &self,
+        ledger_id: u64,
+        entry_id: u64,
+        payload: Bytes,
+    ) -> Result<(), StorageError> {
+        if payload.len() > ENTRY_PAYLOAD_BYTES_MAX as usize {
+            return Err(StorageError::EntryTooLarge {
+                ledger_id,
+                entry_id,
+                payload_bytes: payload.len() as u64,
+                max_bytes: u64::from(ENTRY_PAYLOAD_BYTES_MAX),
+            });
+        }
+        let needed = accounted_bytes(&payload);
+        let mut st = self.state.lock();
+        if let Some(reason) = &st.broken {
+            return Err(StorageError::Broken(reason.clone()));
+        }
+        match st.ledgers.get(&ledger_id) {
+            Some(l) if l.deleted => return Err(StorageError::LedgerDeleted { ledger_id }),
+            Some(_) => {}
+            None => {
+                st.ledgers.insert(ledger_id, LedgerState::default());
+                st.dirty.insert(ledger_id);
+            }
+        }
+        if st.cache.contains(ledger_id, entry_id) {
+            return Ok(());
+        }
+        let used = st.cache.bytes();
+        if used + needed > self.config.write_cache_bytes_max {
+            self.counters
+                .write_cache_full
+                .fetch_add(1, Ordering::Relaxed);
+            self.request_flush(&mut st);
+            return Err(StorageError::WriteCacheFull {
+                used_bytes: used,
+                max_bytes: self.config.write_cache_bytes_max,
+                needed_bytes: needed,
+            });
+        }
+        st.cache.active.insert(ledger_id, entry_id, payload);
+        if st.cache.active.bytes() >= self.config.flush_threshold_bytes {
+            self.request_flush(&mut st);
+        }
+        Ok(())
+    }
+
+    fn request_flush(&self, st: &mut State) {
+        if !st.flush_requested {
+            st.flush_requested = true;
+            self.flush_wanted.notify_all();
+        }
+    }
+
+    /// Blocks the calling (sync) thread until a flush is wanted early (the active
+    /// cache passed `flush_threshold_bytes`, or a put found the cache full) or
+    /// `max_wait` passes. Returns whether a flush was requested. Typical loop:
+    /// `storage.wait_for_flush_trigger(cfg.flush_interval); let mark =
+    /// journal.last_synced_mark(); storage.checkpoint(mark)?;
+    /// journal.delete_files_before(mark);`
+    pub fn wait_for_flush_trigger(&self, max_wait: Duration) -> bool {
+        let deadline = Instant::now() + max_wait;
+        let mut st = self.state.lock();
+        while !st.flush_requested {
+            if self.flush_wanted.wait_until(&mut st, deadline).timed_out() {
+                break;
+            }
+        }
+        std::mem::take(&mut st.flush_requested)
+    }
+
+    /// Reads an entry: active cache, flushing cache, read cache, then index +
+    /// entry log (verifying CRC and ids; bad bytes are `Corruption`). May do disk
+    /// I/O: call from a blocking-allowed thread. `NoSuchLedger` for an unknown or
+    /// deleted ledger, `NoSuchEntry` for an absent entry of a known one.
+    pub fn get_entry(&self, ledger_id: u64, entry_id: u64) -> Result<Bytes, StorageError> {
+        let overlapping = {
+            let st = self.state.lock();
+            let Some(l) = st.ledgers.get(&ledger_id).filter(|l| !l.deleted) else {
+                return Err(StorageError::NoSuchLedger { ledger_id });
+            };
+            if let Some(b) = st.cache.get(ledger_id, entry_id) {
+                return Ok(b);
+            }
+            if l.indexed_last.is_none_or(|m| entry_id > m) {
+                return Err(StorageError::NoSuchEntry {
+                    ledger_id,
+                    entry_id,
+                });
+            }
+            l.overlapping
+        };
+        if let Some(b) = self.read_cache.lock().get(ledger_id, entry_id) {
+            self.counters
+                .read_cache_hits
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(b);
+        }
+        // A concurrent compaction may delete the log between the index lookup and
+        // the open: look up once more (the index then names the new log).
+        match self.read_from_log(ledger_id, entry_id, overlapping) {
+            Err(StorageError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                self.read_from_log(ledger_id, entry_id, overlapping)
+            }
+            r => r,
+        }
+    }
+
+    fn read_from_log(
+        &self,
+        ledger_id: u64,
+        entry_id: u64,
+        overlapping: bool,
+    ) -> Result<Bytes, StorageError> {
+        let Some((log_id, spans)) = self.index.find(
+            ledger_id,
+            entry_id,
+            overlapping,
+            self.config.read_ahead_bytes_max,
+        )?
+        else {
+            return Err(StorageError::NoSuchEntry {
+                ledger_id,
+                entry_id,
+            });
+        };
+        self.counters
+            .entry_log_reads
+            .fetch_add(1, Ordering::Relaxed);
+        let start = spans[0].offset;
+        let Some(last) = spans.last() else {
+            return Err(StorageError::NoSuchEntry {
+                ledger_id,
+                entry_id,
+            });
+        };
+        let end = last.offset + last.len;
+        debug_assert!(end - start <= self.config.read_ahead_bytes_max.max(spans[0].len));
+        let buf = self.readers.read(log_id, start, end - start)?;
+        let path = self.readers.path(log_id);
+        let mut cached = Vec::with_capacity(spans.len());
+        let mut wanted = None;
+        for (i, s) in spans.iter().enumerate() {
+            let rel = (s.offset - start) as usize;
+            let rec = buf.slice(rel..rel + s.len as usize);
+            match format::decode_record(&rec, ledger_id, s.entry_id, &path, s.offset) {
+                Ok(payload) => {
+                    if i == 0 {
+                        wanted = Some(payload.clone());
+                    }
+                    cached.push(((ledger_id, s.entry_id), payload));
+                }
+                // The wanted entry is bad: that is the caller's answer.
+                Err(e) if i == 0 => return Err(e),
+                // A bad read-ahead entry is reported when it is asked for.
+                Err(_) => break,
+            }
+        }
+        self.read_cache
+            .lock()
+            .insert_segment(buf.len() as u64, cached);
+        wanted.ok_or(StorageError::NoSuchEntry {
+            ledger_id,
+            entry_id,
+        })
+    }
+
+    /// Highest entry id stored for the ledger (cache or index), `None` if it has
+    /// none; `NoSuchLedger` if unknown or deleted.
+    pub fn last_entry_id(&self, ledger_id: u64) -> Result<Option<u64>, StorageError> {
+        let st = self.state.lock();
+        let Some(l) = st.ledgers.get(&ledger_id).filter(|l| !l.deleted) else {
+            return Err(StorageError::NoSuchLedger { ledger_id });
+        };
+        Ok(l.indexed_last.max(st.cache.last_entry_id(ledger_id)))
+    }
+
+    /// Whether the ledger exists here (has been put, fenced or given a LAC, and
+    /// not deleted).
+    pub fn ledger_exists(&self, ledger_id: u64) -> Result<bool, StorageError> {
+        Ok(self
+            .state
+            .lock()
+            .ledgers
+            .get(&ledger_id)
+            .is_some_and(|l| !l.deleted))
+    }
+
+    /// Fences the ledger (creating it if unknown, so a recovery fence reaches
+    /// bookies that never saw an entry). Returns whether it was already fenced.
+    /// In memory now, in the index at the next flush; the journal's FENCE record
+    /// (appended AFTER this call) is what makes it durable.
+    pub fn set_fenced(&self, ledger_id: u64) -> Result<bool, StorageError> {
+        self.update_ledger(ledger_id, |l| std::mem::replace(&mut l.fenced, true))
+    }
+
+    /// Whether the ledger is fenced (false for unknown ledgers).
+    pub fn is_fenced(&self, ledger_id: u64) -> Result<bool, StorageError> {
+        Ok(self
+            .state
+            .lock()
+            .ledgers
+            .get(&ledger_id)
+            .is_some_and(|l| l.fenced && !l.deleted))
+    }
+
+    /// Records an explicit LAC; it never moves back (the larger value is kept).
+    /// Durability as for `set_fenced`.
+    pub fn set_explicit_lac(&self, ledger_id: u64, lac: u64) -> Result<(), StorageError> {
+        self.update_ledger(ledger_id, |l| {
+            l.explicit_lac = l.explicit_lac.max(Some(lac))
+        })
+    }
+
+    /// The explicit LAC, if one was set. `NoSuchLedger` if unknown or deleted.
+    pub fn explicit_lac(&self, ledger_id: u64) -> Result<Option<u64>, StorageError> {
+        match self.state.lock().ledgers.get(&ledger_id) {
+            Some(l) if !l.deleted => Ok(l.explicit_lac),
+            _ => Err(StorageError::NoSuchLedger { ledger_id }),
+        }
+    }
+
+    /// Deletes the ledger: reads answer `NoSuchLedger` at once, cached entries are
+    /// dropped, the tombstone reaches the index at the next flush, and `gc()`
+    /// later removes its index records and frees log space. Idempotent; durability
+    /// as for `set_fenced`.
+    pub fn delete_ledger(&self, ledger_id: u64) -> Result<(), StorageError> {
+        let mut st = self.state.lock();
+        if let Some(reason) = &st.broken {
+            return Err(StorageError::Broken(reason.clone()));
+        }
+        let l = st.ledgers.entry(ledger_id).or_default();
+        if l.deleted {
+            return Ok(());
+        }
+        l.deleted = true;
+        st.dirty.insert(ledger_id);
+        st.cache.active.remove_ledger(ledger_id);
+        Ok(())
+    }
+
+    fn update_ledger<R>(
+        &self,
+        ledger_id: u64,
+        f: impl FnOnce(&mut LedgerState) -> R,
+    ) -> Result<R, StorageError> {
+        let mut st = self.state.lock();
+        if let Some(reason) = &st.broken {
+            return Err(StorageError::Broken(reason.clone()));
+        }
+        let existed = st.ledgers.contains_key(&ledger_id);
+        let l = st.ledgers.entry(ledger_id).or_default();
+        if l.deleted {
+            return Err(StorageError::LedgerDeleted { ledger_id });
+        }
+        let before = *l;
+        let r = f(l);
+        // A ledger first seen here must be persisted even if `f` changed nothing.
+        if *l != before || !existed {
+            st.dirty.insert(ledger_id);
+        }
+        Ok(r)
+    }
+
+    /// Flushes the write cache: entries put before the call end up in
+    /// fdatasync'ed entry logs with a committed index, ledger state changes in the
+    /// index. Any failure turns storage `Broken` (the bookie must stop).
+    pub fn flush(&self) -> Result<FlushStats, StorageError> {
+        let mut flusher = self.flusher.lock();
+        self.flush_locked(&mut flusher)
+    }
+
+    /// Flushes, then persists `mark` as the checkpoint (atomically: temp file,
+    /// fsync, rename over `lastMark`, fsync dir). Monotonic: a mark below the
+    /// current checkpoint flushes but leaves the checkpoint where it is. After
+    /// return the journal may delete files wholly before the checkpoint.
+    pub fn checkpoint(&self, mark: JournalMark) -> Result<FlushStats, StorageError> {
+        let mut flusher = self.flusher.lock();
+        let stats = self.flush_locked(&mut flusher)?;
+        if mark > flusher.mark {
+            if let Err(e) = fs::replace_atomically(
+                &self.dir,
+                format::LAST_MARK_FILE_NAME,
+                &format::encode_last_mark(mark),
+            ) {
+                self.set_broken(&e);
+                return Err(e);
+            }
+            flusher.mark = mark;
+        }
+        Ok(stats)
+    }
+
+    /// The last checkpointed mark.
+    pub fn checkpoint_mark(&self) -> JournalMark {
+        self.flusher.lock().mark
+    }
+
+    /// Counters and sizes; cheap (takes the state and read-cache mutexes briefly).
+    pub fn stats(&self) -> StorageStats {
+        let (active_bytes, active_entries, flushing_bytes) = {
+            let st = self.state.lock();
+            (
+                st.cache.active.bytes(),
+                st.cache.active.entry_count() as u64,
+                st.cache.flushing.as_ref().map_or(0, |f| f.bytes()),
+            )
+        };
+        let (active_log_id, checkpoint_mark) = match self.flusher.try_lock() {
+            Some(f) => (f.writer.log_id(), f.mark),
+            None => (0, JournalMark::START),
+        };
+        let c = &self.counters;
+        StorageStats {
+            write_cache_active_bytes: active_bytes,
+            write_cache_active_entries: active_entries,
+            write_cache_flushing_bytes: flushing_bytes,
+            write_cache_full_count: c.write_cache_full.load(Ordering::Relaxed),
+            read_cache_bytes: self.read_cache.lock().bytes(),
+            read_cache_hit_count: c.read_cache_hits.load(Ordering::Relaxed),
+            entry_log_read_count: c.entry_log_reads.load(Ordering::Relaxed),
+            flush_count: c.flushes.load(Ordering::Relaxed),
+            flushed_bytes_total: c.flushed_bytes.load(Ordering::Relaxed),
+            active_log_id,
+            checkpoint_mark,
+        }
+    }
+
+    fn set_broken(&self, e: &StorageError) {
+        let mut st = self.state.lock();
+        if st.broken.is_none() {
+            tracing::error!(error = %e, dir = %self.dir.display(), "ledger storage broken");
+            st.broken = Some(e.to_string());
+        }
+    }
+
+    fn flush_locked(&self, f: &mut Flusher) -> Result<FlushStats, StorageError> {
+        // Swap under the state lock; snapshot what the flush needs of each ledger.
+        let (half, dirty, snapshot) = {
+            let mut st = self.state.lock();
+            if let Some(reason) = &st.broken {
+                return Err(StorageError::Broken(reason.clone()));
+            }
+            st.flush_requested = false;
+            let dirty: Vec<u64> = st.dirty.drain().collect();
+            if st.cache.active.is_empty() && dirty.is_empty() {
+                return Ok(FlushStats::default());
+            }
+            let half = st.cache.swap();
+            let mut snapshot = HashMap::new();
+            for (&(l, _), _) in half.iter() {
+                if let std::collections::hash_map::Entry::Vacant(v) = snapshot.entry(l) {
+                    v.insert(st.ledgers.get(&l).copied().unwrap_or_default());
+                }
+            }
+            (half, dirty, snapshot)
+        };
+        match self.write_flush(f, &half, &dirty, &snapshot) {
+            Ok(stats) => {
+                self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .flushed_bytes
+                    .fetch_add(stats.bytes_written, Ordering::Relaxed);
+                Ok(stats)
+            }
+            Err(e) => {
+                // Keep the flushing half readable; refuse further writes.
+                self.set_broken(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// Writes one swapped half out and commits its index. See `flush`.
+    fn write_flush(
+        &self,
+        f: &mut Flusher,
+        half: &CacheHalf,
+        dirty: &[u64],
+        snapshot: &HashMap<u64, LedgerState>,
+    ) -> Result<FlushStats, StorageError> {
+        let mut stats = FlushStats::default();
+        let t0 = Instant::now();
+        let mut batch = Batch::default();
+        // Per ledger: (lowest, highest) entry id written by this flush.
+        let mut written: HashMap<u64, (u64, u64)> = HashMap::new();
+        let mut log_bytes: HashMap<(u64, u64), u64> = HashMap::new();
+        let mut current: Option<NewRecord> = None;
+        let mut logs_touched = vec![f.writer.log_id()];
+
+        for (&(ledger_id, entry_id), payload) in half.iter() {
+            let Some(l) = snapshot.get(&ledger_id) else {
+                continue;
+            };
+            if l.deleted {
+                continue;
+            }
+            // Journal replay (or a recovery re-add) can re-put flushed entries.
+            if l.indexed_last.is_some_and(|m| entry_id <= m)
+                && self.index.contains(ledger_id, entry_id, l.overlapping)?
+            {
+                stats.duplicate_count += 1;
+                continue;
+            }
+            let rec_bytes = format::record_bytes(payload.len());
+            if f.writer.is_full_for(rec_bytes) {
+                let old = self.rotate(f)?;
+                batch.set_log_sizes.push((old.0, old.1));
+                logs_touched.push(f.writer.log_id());
+            }
+            let log_id = f.writer.log_id();
+            let offset = f.writer.append(ledger_id, entry_id, payload)?;
+            let fits = current
+                .as_ref()
+                .is_some_and(|r| r.accepts(ledger_id, log_id, entry_id, offset, rec_bytes));
+            if !fits {
+                if let Some(r) = current.take() {
+                    batch.insert_records.push(r);
+                }
+                current = Some(NewRecord::new(ledger_id, entry_id, log_id, offset));
+            }
+            if let Some(r) = current.as_mut() {
+                r.push(entry_id, offset, rec_bytes);
+            }
+            *log_bytes.entry((log_id, ledger_id)).or_default() += rec_bytes;
+            let w = written.entry(ledger_id).or_insert((entry_id, entry_id));
+            w.0 = w.0.min(entry_id);
+            w.1 = w.1.max(entry_id);
+            stats.entry_count += 1;
+            stats.bytes_written += rec_bytes;
+        }
+        if let Some(r) = current.take() {
+            batch.insert_records.push(r);
+        }
+        f.writer.sync()?;
+        stats.log_write_duration = t0.elapsed();
+
+        if self.config.fail_point == Some(FailPoint::FlushBeforeIndexCommit) {
+            return Err(StorageError::Broken(
+                "fail point FlushBeforeIndexCommit".into(),
+            ));
+        }
+
+        // Ledger state: the current in-memory state of dirty and flushed ledgers,
+        // with what this flush adds to the index.
+        let t1 = Instant::now();
+        let new_states: Vec<(u64, LedgerState)> = {
+            let st = self.state.lock();
+            let ids: HashSet<u64> = dirty
+                .iter()
+                .copied()
+                .chain(written.keys().copied())
+                .collect();
+            ids.into_iter()
+                .map(|id| {
+                    let mut s = st.ledgers.get(&id).copied().unwrap_or_default();
+                    if let Some(&(lo, hi)) = written.get(&id) {
+                        s.overlapping |= s.indexed_last.is_some_and(|m| lo < m);
+                        s.indexed_last = s.indexed_last.max(Some(hi));
+                    }
+                    (id, s)
+                })
+                .collect()
+        };
+        stats.index_record_count = batch.insert_records.len() as u64;
+        batch.add_log_ledger_bytes = log_bytes
+            .iter()
+            .map(|(&(log, l), &b)| (log, l, b))
+            .collect();
+        batch
+            .set_log_sizes
+            .push((f.writer.log_id(), f.writer.size_bytes()));
+        batch.put_ledgers = new_states.clone();
+        batch.next_log_id = Some(f.next_log_id);
+        self.index.commit(&batch)?;
+        stats.index_commit_duration = t1.elapsed();
+
+        let mut st = self.state.lock();
+        for (id, s) in new_states {
+            if let Some(cur) = st.ledgers.get_mut(&id) {
+                cur.indexed_last = s.indexed_last;
+                cur.overlapping = s.overlapping;
+            }
+        }
+        st.cache.finish_flush();
+        Ok(stats)
+    }
+
+    /// Closes the active log (synced) and starts the next; returns (closed id, size).
+    fn rotate(&self, f: &mut Flusher) -> Result<(u64, u64), StorageError> {
+        let size = f.writer.size_bytes();
+        let id = f.next_log_id;
+        f.next_log_id += 1;
+        let old = f.writer.rotate(id)?;
+        Ok((old, size))
+    }
+}
+
+/// Reads `lastMark`; `START` if there is none.
+fn read_last_mark(dir: &std::path::Path) -> Result<JournalMark, StorageError> {
+    let path = dir.join(format::LAST_MARK_FILE_NAME);
+    match std::fs::read(&path) {
+        Ok(b) => format::decode_last_mark(&b, &path),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(JournalMark::START),
+        Err(e) => Err(StorageError::io("read", &path, e)),
+    }
+}
+
+/// Ids of the entry logs in `dir`, by file name.
+fn list_log_ids(dir: &std::path::Path) -> Result<Vec<u64>, StorageError> {
+    let mut ids = Vec::new();
+    for ent in std::fs::read_dir(dir).map_err(|e| StorageError::io("read dir", dir, e))? {
+        let ent = ent.map_err(|e| StorageError::io("read dir", dir, e))?;
+        if let Some(id) = ent
+            .file_name()
+            .to_str()
+            .and_then(format::parse_entry_log_file_name)
+        {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+const _: () = assert!(index::INDEX_RECORD_ENTRIES_MAX > 0);
+#[allow(dead_code)]
+fn _assert_send_sync() {
+    fn is<T: Send + Sync>() {}
+    is::<LedgerStorage>();
+    is::<Arc<LedgerStorage>>();
+}

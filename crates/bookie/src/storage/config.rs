@@ -1,0 +1,118 @@
+//! `StorageConfig`: the knobs of ledger storage, with defaults and validation.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::StorageError;
+
+/// Largest entry payload storage accepts. The bookie protocol caps a frame at
+/// 5 MiB (BookKeeper's `nettyMaxFrameSizeBytes`); the slack covers headers. Also
+/// the bound on any allocation sized by a length read back from an entry log.
+pub const ENTRY_PAYLOAD_BYTES_MAX: u32 = 5 * 1024 * 1024 + 64 * 1024;
+
+/// Configuration of one ledger dir's storage.
+#[derive(Debug, Clone)]
+pub struct StorageConfig {
+    /// Directory holding entry logs, the index database, `lastMark` and `LOCK`.
+    pub ledger_dir: PathBuf,
+    /// Memory budget of the write cache, both halves (active + being flushed)
+    /// together. When a put would pass it, `put_entry` returns `WriteCacheFull`.
+    pub write_cache_bytes_max: u64,
+    /// Memory budget of the read cache (FIFO segments, oldest dropped whole).
+    pub read_cache_bytes_max: u64,
+    /// Largest single read-ahead (one `pread`, one read-cache segment).
+    pub read_ahead_bytes_max: u64,
+    /// When the active write cache holds this many bytes, the sync thread is woken
+    /// (`wait_for_flush_trigger` returns) to flush early.
+    pub flush_threshold_bytes: u64,
+    /// The sync thread flushes at least this often (`wait_for_flush_trigger`'s
+    /// timeout when the caller passes it).
+    pub flush_interval: Duration,
+    /// An entry log is closed and a new one started past this size.
+    pub entry_log_size_max_bytes: u64,
+    /// Incremental write-back step: after this many bytes appended to an entry
+    /// log, the range is handed to the kernel (`sync_file_range` WRITE) and the
+    /// previous range is waited for, so a flush never leaves more than about two
+    /// steps of dirty page cache. `0` turns it off (one `fdatasync` at the end
+    /// only: the whole flush sits dirty until then — the benchmark's baseline).
+    pub writeback_step_bytes: u64,
+    /// `gc()` compacts a non-active entry log whose live bytes are below this
+    /// fraction of its size (0.0 = never compact, only delete fully dead logs).
+    pub compaction_live_fraction: f64,
+    /// Test-only fail point; `None` in production.
+    #[doc(hidden)]
+    pub fail_point: Option<FailPoint>,
+}
+
+/// Simulated crashes for tests: the flush stops at that point and storage turns
+/// `Broken`, as if the process died there.
+#[doc(hidden)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailPoint {
+    /// After the entry log is written and fdatasync'ed, before the index commit.
+    FlushBeforeIndexCommit,
+}
+
+impl StorageConfig {
+    /// Defaults for a ledger dir: 256 MiB write cache flushed at 64 MiB or every
+    /// 10 s, 64 MiB read cache, 1 GiB entry logs, 4 MiB write-back steps.
+    pub fn new(ledger_dir: impl Into<PathBuf>) -> StorageConfig {
+        StorageConfig {
+            ledger_dir: ledger_dir.into(),
+            write_cache_bytes_max: 256 * 1024 * 1024,
+            read_cache_bytes_max: 64 * 1024 * 1024,
+            read_ahead_bytes_max: 1024 * 1024,
+            flush_threshold_bytes: 64 * 1024 * 1024,
+            flush_interval: Duration::from_secs(10),
+            entry_log_size_max_bytes: 1024 * 1024 * 1024,
+            writeback_step_bytes: 4 * 1024 * 1024,
+            compaction_live_fraction: 0.2,
+            fail_point: None,
+        }
+    }
+
+    pub(crate) fn validate(&self) -> Result<(), StorageError> {
+        let bad = |m: String| Err(StorageError::BadConfig(m));
+        let entry_max = u64::from(ENTRY_PAYLOAD_BYTES_MAX);
+        if self.write_cache_bytes_max < 2 * entry_max {
+            return bad(format!(
+                "write_cache_bytes_max {} must hold at least two maximal entries ({})",
+                self.write_cache_bytes_max,
+                2 * entry_max
+            ));
+        }
+        if self.flush_threshold_bytes == 0
+            || self.flush_threshold_bytes > self.write_cache_bytes_max
+        {
+            return bad(format!(
+                "flush_threshold_bytes {} must be in 1..=write_cache_bytes_max ({})",
+                self.flush_threshold_bytes, self.write_cache_bytes_max
+            ));
+        }
+        if self.flush_interval.is_zero() {
+            return bad("flush_interval must be positive".into());
+        }
+        if self.entry_log_size_max_bytes < 2 * entry_max {
+            return bad(format!(
+                "entry_log_size_max_bytes {} must hold at least two maximal entries ({})",
+                self.entry_log_size_max_bytes,
+                2 * entry_max
+            ));
+        }
+        if self.read_ahead_bytes_max == 0
+            || self.read_ahead_bytes_max > self.read_cache_bytes_max.max(1)
+        {
+            return bad(format!(
+                "read_ahead_bytes_max {} must be in 1..=read_cache_bytes_max ({})",
+                self.read_ahead_bytes_max, self.read_cache_bytes_max
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.compaction_live_fraction) {
+            return bad(format!(
+                "compaction_live_fraction {} must be within 0.0..=1.0",
+                self.compaction_live_fraction
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,114 @@
+//! The read cache: entries read from entry logs (with read-ahead), in FIFO
+//! segments. One segment = one `pread` buffer and the entries sliced from it;
+//! when the byte budget (`read_cache_bytes_max`) is reached the oldest segment
+//! is dropped whole (BookKeeper's ring of segments). Segments account their
+//! whole buffer, so the bound is on real memory, not on payload sizes.
+//!
+//! Never: holds more than `read_cache_bytes_max` bytes of buffers, does I/O.
+
+use std::collections::{HashMap, VecDeque};
+
+use bytes::Bytes;
+
+#[derive(Debug)]
+struct Segment {
+    id: u64,
+    bytes: u64,
+    keys: Vec<(u64, u64)>,
+}
+
+/// FIFO-segment read cache. Lives behind a mutex in storage.
+#[derive(Debug)]
+pub(crate) struct ReadCache {
+    segments: VecDeque<Segment>,
+    map: HashMap<(u64, u64), (u64, Bytes)>,
+    bytes: u64,
+    bytes_max: u64,
+    next_segment_id: u64,
+}
+
+impl ReadCache {
+    pub(crate) fn new(bytes_max: u64) -> ReadCache {
+        ReadCache {
+            segments: VecDeque::new(),
+            map: HashMap::new(),
+            bytes: 0,
+            bytes_max,
+            next_segment_id: 0,
+        }
+    }
+
+    pub(crate) fn get(&self, ledger_id: u64, entry_id: u64) -> Option<Bytes> {
+        self.map.get(&(ledger_id, entry_id)).map(|(_, b)| b.clone())
+    }
+
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    /// Adds a segment of `buffer_bytes` holding `entries` (slices of that buffer),
+    /// dropping the oldest segments to make room. A segment larger than the whole
+    /// budget is not cached.
+    pub(crate) fn insert_segment(&mut self, buffer_bytes: u64, entries: Vec<((u64, u64), Bytes)>) {
+        if buffer_bytes > self.bytes_max || entries.is_empty() {
+            return;
+        }
+        while self.bytes + buffer_bytes > self.bytes_max {
+            let Some(old) = self.segments.pop_front() else {
+                break;
+            };
+            self.bytes -= old.bytes;
+            for k in old.keys {
+                if self.map.get(&k).is_some_and(|(seg, _)| *seg == old.id) {
+                    self.map.remove(&k);
+                }
+            }
+        }
+        let id = self.next_segment_id;
+        self.next_segment_id += 1;
+        let mut keys = Vec::with_capacity(entries.len());
+        for (k, b) in entries {
+            keys.push(k);
+            self.map.insert(k, (id, b));
+        }
+        self.segments.push_back(Segment {
+            id,
+            bytes: buffer_bytes,
+            keys,
+        });
+        self.bytes += buffer_bytes;
+        debug_assert!(self.bytes <= self.bytes_max);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oldest_segment_goes_first_and_bound_holds() {
+        let mut c = ReadCache::new(100);
+        let buf = Bytes::from(vec![7u8; 40]);
+        c.insert_segment(
+            40,
+            vec![((1, 0), buf.slice(0..20)), ((1, 1), buf.slice(20..40))],
+        );
+        c.insert_segment(40, vec![((1, 2), buf.slice(0..40))]);
+        assert_eq!(c.bytes(), 80);
+        c.insert_segment(
+            40,
+            vec![((1, 3), buf.slice(0..40)), ((1, 1), buf.slice(0..1))],
+        );
+        assert!(c.bytes() <= 100);
+        assert!(c.get(1, 0).is_none(), "oldest segment evicted");
+        assert_eq!(
+            c.get(1, 1).unwrap().len(),
+            1,
+            "re-inserted key survives its old segment"
+        );
+        assert!(c.get(1, 2).is_some());
+        c.insert_segment(1000, vec![((9, 9), buf.clone())]);
+        assert!(c.get(9, 9).is_none(), "oversized segment not cached");
+    }
+}
