@@ -1,1 +1,611 @@
-//! Filled in by issue 10 (see ARCHITECTURE.md).
+//! `Bookie`: one storage node's journal and ledger storage tied together behind
+//! the operations of the bookie protocol.
+//!
+//! Owns: the `Journal`, the `LedgerStorage`, the sync thread (checkpoints and
+//! gc), and the per-ledger known LAC. On open it replays the journal from the
+//! storage's checkpointed mark into storage before serving.
+//!
+//! Guarantees:
+//! - An ADD, fence, explicit LAC or delete is answered OK only after the
+//!   journal's fdatasync covers its record (unless the journal's sync is off).
+//! - Storage changes first, journal second (`put_entry` / `set_fenced` /
+//!   `set_explicit_lac` / `delete_ledger`, then `journal.append`), so a
+//!   checkpoint at mark M (taken from the journal, then flushed) covers every
+//!   record before M and journal files before M may be deleted.
+//! - Adds and fences of one ledger serialize on a stripe lock across "check
+//!   fenced, put, append": once a fencing read is answered, every add accepted
+//!   before it is durable and visible, and no normal add after it is accepted.
+//! - The known LAC of a ledger never moves back: it is the max of the LACs
+//!   carried by its entries and any explicit LAC (derived from the last stored
+//!   entry when not tracked in memory, e.g. after a restart).
+//!
+//! Never: blocks in `add`, `fence`, `write_lac` or `delete_ledger` (they only take
+//! short locks and enqueue: safe on a tokio worker); reads disk outside
+//! `read_entry` / `read_lac` (call those from a blocking-allowed thread); retries
+//! a failed sync (a failed checkpoint marks the bookie failed: see `failure`).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::entry::parse_header;
+use crate::journal::{Journal, JournalConfig, JournalError, JournalRecord, JournalStats};
+use crate::mark::JournalMark;
+use crate::protocol::{AddMode, LAST_ENTRY, Status};
+use crate::storage::{LedgerStorage, StorageConfig, StorageError, StorageStats};
+
+/// Stripes of the per-ledger lock (and LAC map): adds of different ledgers
+/// rarely contend; a power of two so the stripe is a mask of the ledger id's hash.
+const LEDGER_STRIPES: usize = 64;
+const _: () = assert!(LEDGER_STRIPES.is_power_of_two());
+/// Ledgers whose known LAC is tracked in memory, per stripe. 64 x 16_384 = 1M
+/// ledgers x ~40 bytes = ~40 MiB at most. When a stripe is full it is cleared:
+/// the LACs it held are derived again from storage when next asked for.
+const LAC_TRACKED_PER_STRIPE_MAX: usize = 16_384;
+/// The sync thread checks for a flush request or shutdown this often (storage's
+/// trigger wait has no way to be woken for shutdown).
+const SYNC_POLL_INTERVAL: Duration = Duration::from_millis(50);
+/// Default period of storage garbage collection.
+pub const GC_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
+
+/// How to open a `Bookie`.
+#[derive(Debug, Clone)]
+pub struct BookieConfig {
+    /// The journal: directory, sync policy, group commit, queue bound.
+    pub journal: JournalConfig,
+    /// Ledger storage: directory, cache sizes, flush interval and threshold.
+    pub storage: StorageConfig,
+    /// How often the sync thread runs storage gc.
+    pub gc_interval: Duration,
+}
+
+impl BookieConfig {
+    /// The journal's and storage's defaults on these directories.
+    pub fn new(journal_dir: impl Into<PathBuf>, ledger_dir: impl Into<PathBuf>) -> BookieConfig {
+        BookieConfig {
+            journal: JournalConfig::new(journal_dir),
+            storage: StorageConfig::new(ledger_dir),
+            gc_interval: GC_INTERVAL_DEFAULT,
+        }
+    }
+}
+
+/// Why a bookie did not open.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The journal refused to open or replay.
+    #[error("journal: {0}")]
+    Journal(#[from] JournalError),
+    /// Ledger storage refused to open, or failed the post-replay checkpoint.
+    #[error("ledger storage: {0}")]
+    Storage(#[from] StorageError),
+    /// The sync thread could not be started.
+    #[error("cannot start the sync thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// An entry read from storage, with the bookie's known LAC of its ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEntry {
+    /// Id of the entry (the actual one when `LAST_ENTRY` was asked).
+    pub entry_id: u64,
+    /// The packaged entry as stored.
+    pub entry: Bytes,
+    /// The known LAC of the ledger.
+    pub lac: Option<u64>,
+}
+
+/// Journal and storage figures.
+#[derive(Debug, Clone)]
+pub struct BookieStats {
+    /// Journal stage latencies and group sizes.
+    pub journal: JournalStats,
+    /// Storage caches, flushes and checkpoint.
+    pub storage: StorageStats,
+}
+
+/// A storage node. `Send + Sync`: share it in an `Arc`.
+#[derive(Debug)]
+pub struct Bookie {
+    journal: Arc<Journal>,
+    storage: Arc<LedgerStorage>,
+    stripes: Box<[Mutex<Stripe>]>,
+    sync: SyncThread,
+}
+
+#[derive(Debug, Default)]
+struct Stripe {
+    lacs: HashMap<u64, KnownLac>,
+}
+
+/// What the bookie knows of a ledger's LAC.
+#[derive(Debug, Default, Clone, Copy)]
+struct KnownLac {
+    /// Max LAC seen since tracking began.
+    lac: Option<u64>,
+    /// Whether `lac` includes what storage held when tracking began; if not,
+    /// the storage-derived LAC must be folded in before answering.
+    complete: bool,
+}
+
+#[derive(Debug)]
+struct SyncThread {
+    stop: Arc<AtomicBool>,
+    failure: Arc<Mutex<Option<String>>>,
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Bookie {
+    /// Opens storage, replays the journal from storage's checkpointed mark into
+    /// it (entries, fences, explicit LACs, deletions), checkpoints, and starts
+    /// the journal threads and the sync thread.
+    pub fn open(config: BookieConfig) -> Result<Bookie, OpenError> {
+        let (storage, from) = LedgerStorage::open(config.storage.clone())?;
+        let storage = Arc::new(storage);
+        let started = Instant::now();
+        let mut replayed_count = 0u64;
+        let journal = Journal::open(config.journal.clone(), from, |record, _mark| {
+            replayed_count += 1;
+            replay_record(&storage, record)
+        })?;
+        let journal = Arc::new(journal);
+        // Bound the next replay: everything replayed is now in storage.
+        let mark = journal.last_synced_mark();
+        storage.checkpoint(mark)?;
+        journal.delete_files_before(mark)?;
+        tracing::info!(
+            replayed_count,
+            from = ?from,
+            to = ?mark,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "bookie journal replayed"
+        );
+        let sync = SyncThread::start(journal.clone(), storage.clone(), &config)?;
+        let stripes = (0..LEDGER_STRIPES)
+            .map(|_| Mutex::new(Stripe::default()))
+            .collect();
+        Ok(Bookie {
+            journal,
+            storage,
+            stripes,
+            sync,
+        })
+    }
+
+    /// Stores a packaged entry and calls `done` once it is durable, with its
+    /// (ledger, entry) ids, or with why not: `BadRequest` (bad header),
+    /// `Fenced` (a normal add to a fenced ledger), `TooManyRequests` (journal
+    /// queue or write cache full), `NoSuchLedger` (deleted), `IoError`.
+    /// `done` runs exactly once: here on refusal, else on the journal's
+    /// force-write thread (keep it short). Never blocks.
+    pub fn add(
+        &self,
+        entry: Bytes,
+        mode: AddMode,
+        done: impl FnOnce(Result<(u64, u64), Status>) + Send + 'static,
+    ) {
+        let header = match parse_header(&entry) {
+            Ok(header) => header,
+            Err(error) => {
+                tracing::debug!(%error, "ADD with a bad entry header");
+                return done(Err(Status::BadRequest));
+            }
+        };
+        let (ledger_id, entry_id) = (header.ledger_id, header.entry_id);
+        let mut stripe = self.stripe(ledger_id);
+        if mode == AddMode::Normal {
+            match self.storage.is_fenced(ledger_id) {
+                Ok(false) => {}
+                Ok(true) => return done(Err(Status::Fenced)),
+                Err(error) => return done(Err(storage_status(&error))),
+            }
+        }
+        if let Err(error) = self.storage.put_entry(ledger_id, entry_id, entry.clone()) {
+            return done(Err(storage_status(&error)));
+        }
+        stripe.note_lac(ledger_id, header.last_add_confirmed);
+        let record = JournalRecord::Entry {
+            ledger_id,
+            entry_id,
+            payload: entry,
+        };
+        self.append(record, move |result| {
+            done(result.map(|()| (ledger_id, entry_id)))
+        });
+        drop(stripe);
+    }
+
+    /// Fences `ledger_id` (creating its state if this bookie never saw it) and
+    /// calls `done` once the fence is durable. After that no normal add to it
+    /// succeeds here, and every add accepted before is durable.
+    pub fn fence(&self, ledger_id: u64, done: impl FnOnce(Result<(), Status>) + Send + 'static) {
+        let stripe = self.stripe(ledger_id);
+        if let Err(error) = self.storage.set_fenced(ledger_id) {
+            return done(Err(storage_status(&error)));
+        }
+        // Journaled even when already fenced: an earlier fence's record may not
+        // be durable yet, and this answer must not come before it is.
+        self.append(JournalRecord::Fence { ledger_id }, done);
+        drop(stripe);
+    }
+
+    /// Stores an explicit LAC for `ledger_id`; `done` once durable.
+    pub fn write_lac(
+        &self,
+        ledger_id: u64,
+        lac: u64,
+        done: impl FnOnce(Result<(), Status>) + Send + 'static,
+    ) {
+        let mut stripe = self.stripe(ledger_id);
+        if let Err(error) = self.storage.set_explicit_lac(ledger_id, lac) {
+            return done(Err(storage_status(&error)));
+        }
+        stripe.note_lac(ledger_id, Some(lac));
+        self.append(JournalRecord::ExplicitLac { ledger_id, lac }, done);
+        drop(stripe);
+    }
+
+    /// Deletes `ledger_id` (idempotent); `done` once the deletion is durable.
+    pub fn delete_ledger(
+        &self,
+        ledger_id: u64,
+        done: impl FnOnce(Result<(), Status>) + Send + 'static,
+    ) {
+        let mut stripe = self.stripe(ledger_id);
+        if let Err(error) = self.storage.delete_ledger(ledger_id) {
+            return done(Err(storage_status(&error)));
+        }
+        stripe.lacs.remove(&ledger_id);
+        self.append(JournalRecord::LedgerDeleted { ledger_id }, done);
+        drop(stripe);
+    }
+
+    /// Reads entry `entry_id` (or, with `LAST_ENTRY`, the last stored one) of
+    /// `ledger_id`, with the ledger's known LAC. May read disk: call it from a
+    /// blocking-allowed thread.
+    pub fn read_entry(&self, ledger_id: u64, entry_id: u64) -> Result<StoredEntry, Status> {
+        let entry_id = if entry_id == LAST_ENTRY {
+            let last = self
+                .storage
+                .last_entry_id(ledger_id)
+                .map_err(|error| storage_status(&error))?;
+            last.ok_or(Status::NoSuchEntry)?
+        } else {
+            entry_id
+        };
+        let entry = self
+            .storage
+            .get_entry(ledger_id, entry_id)
+            .map_err(|error| storage_status(&error))?;
+        let lac = self.read_lac(ledger_id)?;
+        Ok(StoredEntry {
+            entry_id,
+            entry,
+            lac,
+        })
+    }
+
+    /// The known LAC of `ledger_id`: the max of the LACs in its entries and any
+    /// explicit LAC. `NoSuchLedger` if this bookie has nothing of it. May read
+    /// disk (the first time after a restart): call it from a blocking-allowed
+    /// thread.
+    pub fn read_lac(&self, ledger_id: u64) -> Result<Option<u64>, Status> {
+        if !self
+            .storage
+            .ledger_exists(ledger_id)
+            .map_err(|error| storage_status(&error))?
+        {
+            return Err(Status::NoSuchLedger);
+        }
+        if let Some(known) = self.stripe(ledger_id).lacs.get(&ledger_id)
+            && known.complete
+        {
+            return Ok(known.lac);
+        }
+        // Derive from storage (outside the lock: this may read disk). Adds that
+        // land meanwhile raise the tracked value, which is folded in below.
+        let derived = self.stored_lac(ledger_id)?;
+        let mut stripe = self.stripe(ledger_id);
+        stripe.make_room();
+        let known = stripe.lacs.entry(ledger_id).or_default();
+        known.lac = known.lac.max(derived);
+        known.complete = true;
+        Ok(known.lac)
+    }
+
+    /// LAC from storage alone: the LAC carried by the last stored entry (a
+    /// writer's LAC grows with its entry ids) and the explicit LAC.
+    fn stored_lac(&self, ledger_id: u64) -> Result<Option<u64>, Status> {
+        let explicit = match self.storage.explicit_lac(ledger_id) {
+            Ok(lac) => lac,
+            Err(error) => return Err(storage_status(&error)),
+        };
+        let last = self
+            .storage
+            .last_entry_id(ledger_id)
+            .map_err(|error| storage_status(&error))?;
+        let Some(last) = last else {
+            return Ok(explicit);
+        };
+        let carried = match self.storage.get_entry(ledger_id, last) {
+            Ok(entry) => match parse_header(&entry) {
+                Ok(header) => header.last_add_confirmed,
+                Err(error) => {
+                    tracing::warn!(ledger_id, entry_id = last, %error, "stored entry has a bad header");
+                    return Err(Status::IoError);
+                }
+            },
+            // Deleted meanwhile.
+            Err(StorageError::NoSuchLedger { .. }) => return Err(Status::NoSuchLedger),
+            Err(error) => return Err(storage_status(&error)),
+        };
+        Ok(carried.max(explicit))
+    }
+
+    /// The first fatal failure (a failed checkpoint, a broken journal), if any:
+    /// the process should stop serving and exit.
+    pub fn failure(&self) -> Option<String> {
+        self.sync
+            .failure
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
+    }
+
+    /// Journal and storage figures.
+    pub fn stats(&self) -> BookieStats {
+        BookieStats {
+            journal: self.journal.stats(),
+            storage: self.storage.stats(),
+        }
+    }
+
+    /// Stops the sync thread, syncs and closes the journal (pending appends
+    /// complete), and checkpoints storage at the journal's end so the next open
+    /// replays nothing. Idempotent; `Drop` does the same.
+    pub fn shutdown(&self) {
+        self.sync.stop();
+        if let Err(error) = self.journal.shutdown() {
+            tracing::error!(%error, "journal shutdown failed");
+            return;
+        }
+        let mark = self.journal.last_synced_mark();
+        match self.storage.checkpoint(mark) {
+            Ok(_) => {
+                if let Err(error) = self.journal.delete_files_before(mark) {
+                    tracing::warn!(%error, "cannot delete old journal files");
+                }
+            }
+            Err(error) => tracing::error!(%error, "final checkpoint failed"),
+        }
+    }
+
+    fn stripe(&self, ledger_id: u64) -> MutexGuard<'_, Stripe> {
+        // Fibonacci hashing spreads sequential ledger ids over the stripes.
+        let index =
+            (ledger_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize & (LEDGER_STRIPES - 1);
+        // The guarded state is a LAC cache: consistent after any panic.
+        self.stripes[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Appends to the journal; `done` gets the outcome exactly once.
+    fn append(
+        &self,
+        record: JournalRecord,
+        done: impl FnOnce(Result<(), Status>) + Send + 'static,
+    ) {
+        // The journal consumes its callback even when it refuses the record, so
+        // share `done` between the callback and the refusal path.
+        let slot = Arc::new(Mutex::new(Some(done)));
+        let from_journal = slot.clone();
+        let failure = self.sync.failure.clone();
+        let appended =
+            self.journal
+                .append(record, move |result: Result<JournalMark, JournalError>| {
+                    if let Err(error) = &result {
+                        note_journal_failure(&failure, error);
+                    }
+                    if let Some(done) = take(&from_journal) {
+                        done(result.map(|_| ()).map_err(|error| journal_status(&error)));
+                    }
+                });
+        if let Err(error) = appended {
+            note_journal_failure(&self.sync.failure, &error);
+            if let Some(done) = take(&slot) {
+                done(Err(journal_status(&error)));
+            }
+        }
+    }
+}
+
+/// Records a journal failure that stops the bookie (not back-pressure or a
+/// refused record).
+fn note_journal_failure(failure: &Mutex<Option<String>>, error: &JournalError) {
+    match error {
+        JournalError::QueueFull { .. }
+        | JournalError::RecordTooLarge { .. }
+        | JournalError::ShutDown => {}
+        _ => {
+            let mut failure = failure
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if failure.is_none() {
+                tracing::error!(%error, "journal failed: the bookie must restart");
+                *failure = Some(format!("journal failed: {error}"));
+            }
+        }
+    }
+}
+
+fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
+    slot.lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+        .take()
+}
+
+impl Drop for Bookie {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Stripe {
+    /// Raises the tracked LAC; starts tracking (incomplete) if new.
+    fn note_lac(&mut self, ledger_id: u64, lac: Option<u64>) {
+        if lac.is_none() && !self.lacs.contains_key(&ledger_id) {
+            return;
+        }
+        self.make_room();
+        let known = self.lacs.entry(ledger_id).or_default();
+        known.lac = known.lac.max(lac);
+    }
+
+    fn make_room(&mut self) {
+        if self.lacs.len() >= LAC_TRACKED_PER_STRIPE_MAX {
+            self.lacs.clear();
+        }
+    }
+}
+
+/// Applies one replayed journal record to storage. Records of deleted ledgers
+/// are skipped (the deletion came later in the journal or in a checkpoint).
+fn replay_record(storage: &LedgerStorage, record: JournalRecord) -> Result<(), StorageError> {
+    let result = match record {
+        JournalRecord::Entry {
+            ledger_id,
+            entry_id,
+            payload,
+        } => {
+            match storage.put_entry(ledger_id, entry_id, payload.clone()) {
+                Err(StorageError::WriteCacheFull { .. }) => {
+                    // Replay outruns the cache: flush (no checkpoint: the mark
+                    // stays, replaying again is idempotent) and put once more.
+                    storage.flush()?;
+                    storage.put_entry(ledger_id, entry_id, payload)
+                }
+                other => other,
+            }
+        }
+        JournalRecord::Fence { ledger_id } => storage.set_fenced(ledger_id).map(|_| ()),
+        JournalRecord::ExplicitLac { ledger_id, lac } => storage.set_explicit_lac(ledger_id, lac),
+        JournalRecord::LedgerDeleted { ledger_id } => storage.delete_ledger(ledger_id),
+    };
+    match result {
+        Err(StorageError::LedgerDeleted { .. }) => Ok(()),
+        other => other,
+    }
+}
+
+fn storage_status(error: &StorageError) -> Status {
+    match error {
+        StorageError::WriteCacheFull { .. } => Status::TooManyRequests,
+        StorageError::NoSuchLedger { .. } | StorageError::LedgerDeleted { .. } => {
+            Status::NoSuchLedger
+        }
+        StorageError::NoSuchEntry { .. } => Status::NoSuchEntry,
+        StorageError::EntryTooLarge { .. } => Status::BadRequest,
+        other => {
+            tracing::warn!(error = %other, "ledger storage error");
+            Status::IoError
+        }
+    }
+}
+
+fn journal_status(error: &JournalError) -> Status {
+    match error {
+        JournalError::QueueFull { .. } => Status::TooManyRequests,
+        JournalError::RecordTooLarge { .. } => Status::BadRequest,
+        JournalError::ShutDown => Status::ReadOnly,
+        _ => Status::IoError,
+    }
+}
+
+impl SyncThread {
+    fn start(
+        journal: Arc<Journal>,
+        storage: Arc<LedgerStorage>,
+        config: &BookieConfig,
+    ) -> Result<SyncThread, OpenError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let failure = Arc::new(Mutex::new(None));
+        let flush_interval = config.storage.flush_interval;
+        let gc_interval = config.gc_interval;
+        let handle = {
+            let stop = stop.clone();
+            let failure = failure.clone();
+            std::thread::Builder::new()
+                .name("bookie-sync".to_string())
+                .spawn(move || {
+                    if let Err(reason) = sync_loop(&journal, &storage, &stop, flush_interval, gc_interval) {
+                        tracing::error!(%reason, "bookie sync thread stopped: the bookie must restart");
+                        *failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(reason);
+                    }
+                })
+                .map_err(OpenError::Thread)?
+        };
+        Ok(SyncThread {
+            stop,
+            failure,
+            handle: Mutex::new(Some(handle)),
+        })
+    }
+
+    fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        let handle = self
+            .handle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
+        if let Some(handle) = handle
+            && handle.join().is_err()
+        {
+            tracing::error!("bookie sync thread panicked");
+        }
+    }
+}
+
+/// Checkpoints every `flush_interval`, or sooner when storage asks (write cache
+/// past its threshold or full), and runs gc every `gc_interval`. Returns the
+/// reason on a fatal failure.
+fn sync_loop(
+    journal: &Journal,
+    storage: &LedgerStorage,
+    stop: &AtomicBool,
+    flush_interval: Duration,
+    gc_interval: Duration,
+) -> Result<(), String> {
+    let mut last_checkpoint = Instant::now();
+    let mut last_gc = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        let requested = storage.wait_for_flush_trigger(SYNC_POLL_INTERVAL.min(flush_interval));
+        if !requested && last_checkpoint.elapsed() < flush_interval {
+            continue;
+        }
+        // Take the mark first: every record it covers was put into storage
+        // before it was appended, so the flush below includes it.
+        let mark = journal.last_synced_mark();
+        storage
+            .checkpoint(mark)
+            .map_err(|error| format!("checkpoint failed: {error}"))?;
+        if let Err(error) = journal.delete_files_before(mark) {
+            tracing::warn!(%error, "cannot delete old journal files");
+        }
+        last_checkpoint = Instant::now();
+        if last_gc.elapsed() >= gc_interval {
+            match storage.gc() {
+                Ok(stats) => tracing::debug!(?stats, "gc pass"),
+                Err(error) => tracing::warn!(%error, "gc pass failed"),
+            }
+            last_gc = Instant::now();
+        }
+    }
+    Ok(())
+}

@@ -1,1 +1,441 @@
-//! Filled in by issue 10 (see ARCHITECTURE.md).
+//! `Server`: the TCP server of the bookie protocol, over a `Bookie`.
+//!
+//! Owns: the listening socket and, per connection, a reader task (decodes
+//! frames, hands each request to the `Bookie`) and a writer task (writes every
+//! response queued since its last write in one `write`, TCP_NODELAY).
+//! Guarantees: ADDs are pipelined (the reader never waits for entry N's answer
+//! before reading N+1); a connection has at most `CONNECTION_IN_FLIGHT_MAX`
+//! requests between "read off the socket" and "answer written", and past that
+//! stops reading its socket (TCP back-pressure reaches the client); a malformed
+//! frame closes that connection only, with a log line; reads run on the
+//! blocking pool (`spawn_blocking`), at most `READS_IN_FLIGHT_MAX` at once.
+//! Never: blocks a tokio worker on disk I/O; holds a lock across an `.await`;
+//! interprets entries (that is the `Bookie`'s job).
+
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::BytesMut;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+
+use crate::bookie::Bookie;
+use crate::protocol::{
+    PROTOCOL_VERSION, ProtocolError, RawFrame, ReadMode, Request, RequestFrame, Response, Status,
+    decode_frame, encode_bad_version, encode_response,
+};
+
+/// Requests one connection may have in flight (read off the socket, not yet
+/// answered on it). 1024 pipelined 1 KiB adds cover a 256-deep producer with
+/// room to spare; reaching it makes the reader stop reading the socket until
+/// answers go out, so a client that floods or never reads its answers holds at
+/// most this many requests (and their answers) in memory.
+pub const CONNECTION_IN_FLIGHT_MAX: usize = 1024;
+/// Reads one connection may have in flight: a read answer can be 5 MiB, so
+/// this caps a connection's answer buffer for reads at 32 x 5 MiB.
+pub const CONNECTION_READS_IN_FLIGHT_MAX: usize = 32;
+/// Blocking reads (disk I/O on the blocking pool) in flight across the server:
+/// more than the disk can overlap usefully would only grow the blocking pool.
+pub const READS_IN_FLIGHT_MAX: usize = 64;
+/// Connections served at once; past it new connections wait in the listen
+/// backlog until one closes.
+pub const CONNECTIONS_MAX: usize = 4096;
+/// How long a connection the client half-closed waits for its pending
+/// answers (adds wait for an fdatasync: far below this unless the disk hangs).
+const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+/// Initial read buffer of a connection; grows up to one max frame.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+
+/// The bookie protocol server. `bind`, then `run` until a shutdown signal.
+#[derive(Debug)]
+pub struct Server {
+    listener: TcpListener,
+    local_addr: SocketAddr,
+    bookie: Arc<Bookie>,
+}
+
+impl Server {
+    /// Binds `addr` (port 0 picks a free port: see `local_addr`).
+    pub async fn bind(addr: SocketAddr, bookie: Arc<Bookie>) -> io::Result<Server> {
+        let listener = TcpListener::bind(addr).await?;
+        let local_addr = listener.local_addr()?;
+        Ok(Server {
+            listener,
+            local_addr,
+            bookie,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Accepts and serves connections until `shutdown` resolves, then closes
+    /// every connection (answers not yet written are dropped: their clients see
+    /// the connection close, so the outcome is "unknown", never a false OK).
+    /// The caller shuts the `Bookie` down afterwards.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
+        let limits = Arc::new(ServerLimits {
+            connections: Arc::new(Semaphore::new(CONNECTIONS_MAX)),
+            reads: Arc::new(Semaphore::new(READS_IN_FLIGHT_MAX)),
+        });
+        let mut connections = JoinSet::new();
+        tokio::pin!(shutdown);
+        loop {
+            let permit = tokio::select! {
+                () = &mut shutdown => break,
+                permit = limits.connections.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+            };
+            let accepted = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = self.listener.accept() => accepted,
+            };
+            // Reap finished connection tasks so the set stays bounded.
+            while connections.try_join_next().is_some() {}
+            match accepted {
+                Ok((socket, peer)) => {
+                    let bookie = self.bookie.clone();
+                    let limits = limits.clone();
+                    connections.spawn(async move {
+                        serve_connection(socket, peer, bookie, limits).await;
+                        drop(permit);
+                    });
+                }
+                Err(error) => {
+                    // EMFILE and friends: log and keep accepting (the failed
+                    // accept consumed nothing).
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            }
+        }
+        connections.shutdown().await;
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+struct ServerLimits {
+    connections: Arc<Semaphore>,
+    reads: Arc<Semaphore>,
+}
+
+/// What a connection's reader and the `Bookie`'s completions share with its
+/// writer.
+#[derive(Debug)]
+struct Connection {
+    peer: SocketAddr,
+    out: Mutex<Outbox>,
+    wake: Notify,
+}
+
+#[derive(Debug, Default)]
+struct Outbox {
+    closed: bool,
+    /// Encoded answers not yet written.
+    bytes: BytesMut,
+    /// In-flight permits of the answers in `bytes`: released once written, so
+    /// unwritten answers count against `CONNECTION_IN_FLIGHT_MAX`.
+    permits: Vec<InFlight>,
+}
+
+/// Holds a connection's in-flight slot (and, for reads, a read slot).
+#[derive(Debug)]
+struct InFlight {
+    _request: OwnedSemaphorePermit,
+    _read: Option<OwnedSemaphorePermit>,
+}
+
+impl Connection {
+    fn lock(&self) -> MutexGuard<'_, Outbox> {
+        // Every mutation under this lock is a single append or swap: a panic
+        // elsewhere cannot leave it half done.
+        self.out
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Queues the answer to `request_id`; the writer sends it at its next wake.
+    fn respond(&self, request_id: u64, response: &Response, in_flight: InFlight) {
+        {
+            let mut out = self.lock();
+            if out.closed {
+                return;
+            }
+            encode_response(request_id, response, &mut out.bytes);
+            out.permits.push(in_flight);
+        }
+        self.wake.notify_one();
+    }
+
+    fn close(&self) {
+        {
+            let mut out = self.lock();
+            out.closed = true;
+            out.bytes.clear();
+            out.permits.clear();
+        }
+        self.wake.notify_one();
+    }
+}
+
+async fn serve_connection(
+    socket: TcpStream,
+    peer: SocketAddr,
+    bookie: Arc<Bookie>,
+    limits: Arc<ServerLimits>,
+) {
+    if let Err(error) = socket.set_nodelay(true) {
+        tracing::warn!(%peer, %error, "cannot set TCP_NODELAY; closing the connection");
+        return;
+    }
+    tracing::debug!(%peer, "bookie connection opened");
+    let (read_half, write_half) = socket.into_split();
+    let connection = Arc::new(Connection {
+        peer,
+        out: Mutex::new(Outbox::default()),
+        wake: Notify::new(),
+    });
+    let writer = tokio::spawn(write_loop(connection.clone(), write_half));
+    let requests = Arc::new(Semaphore::new(CONNECTION_IN_FLIGHT_MAX));
+    match read_loop(&connection, read_half, &bookie, &limits, &requests).await {
+        Ok(()) => {
+            // The client half-closed: answer what is in flight (every slot back
+            // means every answer is written), then close.
+            tracing::debug!(%peer, "bookie connection closed by the client");
+            let all_slots = CONNECTION_IN_FLIGHT_MAX as u32;
+            let drained =
+                tokio::time::timeout(DRAIN_TIMEOUT, requests.acquire_many(all_slots)).await;
+            if drained.is_err() {
+                tracing::warn!(%peer, "answers still pending after {DRAIN_TIMEOUT:?}; closing anyway");
+            }
+        }
+        Err(ConnectionError::Io(error)) => {
+            tracing::debug!(%peer, %error, "bookie connection read failed")
+        }
+        Err(ConnectionError::Protocol(error)) => {
+            tracing::warn!(%peer, %error, "malformed frame from client; closing its connection");
+        }
+    }
+    connection.close();
+    let _ = writer.await;
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ConnectionError {
+    #[error(transparent)]
+    Io(#[from] io::Error),
+    #[error(transparent)]
+    Protocol(#[from] ProtocolError),
+}
+
+async fn read_loop(
+    connection: &Arc<Connection>,
+    mut socket: OwnedReadHalf,
+    bookie: &Arc<Bookie>,
+    limits: &Arc<ServerLimits>,
+    requests: &Arc<Semaphore>,
+) -> Result<(), ConnectionError> {
+    let reads = Arc::new(Semaphore::new(CONNECTION_READS_IN_FLIGHT_MAX));
+    let mut buf = BytesMut::with_capacity(READ_BUFFER_BYTES);
+    loop {
+        if socket.read_buf(&mut buf).await? == 0 {
+            return Ok(());
+        }
+        while let Some(raw) = decode_frame(&mut buf)? {
+            // Waiting here is the back-pressure: no more socket reads until
+            // answers are written.
+            let Ok(request_slot) = requests.clone().acquire_owned().await else {
+                return Ok(());
+            };
+            if connection.lock().closed {
+                return Ok(());
+            }
+            if raw.version != PROTOCOL_VERSION {
+                answer_bad_version(connection, &raw, request_slot)?;
+                continue;
+            }
+            let frame = raw.into_request()?;
+            let in_flight = InFlight {
+                _request: request_slot,
+                _read: None,
+            };
+            dispatch(connection, bookie, limits, &reads, frame, in_flight).await;
+        }
+    }
+}
+
+/// Answers a frame of another protocol version with BAD_VERSION; an op we do
+/// not know cannot be answered and closes the connection.
+fn answer_bad_version(
+    connection: &Connection,
+    raw: &RawFrame,
+    request_slot: OwnedSemaphorePermit,
+) -> Result<(), ConnectionError> {
+    {
+        let mut out = connection.lock();
+        if !encode_bad_version(raw, &mut out.bytes) {
+            return Err(ProtocolError::BadVersion {
+                version: raw.version,
+            }
+            .into());
+        }
+        out.permits.push(InFlight {
+            _request: request_slot,
+            _read: None,
+        });
+    }
+    connection.wake.notify_one();
+    Ok(())
+}
+
+/// Hands one request to the bookie. Adds, fences and LAC writes complete from
+/// the journal's force-write thread; reads run on the blocking pool.
+async fn dispatch(
+    connection: &Arc<Connection>,
+    bookie: &Arc<Bookie>,
+    limits: &Arc<ServerLimits>,
+    reads: &Arc<Semaphore>,
+    frame: RequestFrame,
+    mut in_flight: InFlight,
+) {
+    let request_id = frame.request_id;
+    let op = frame.request.op();
+    let connection = connection.clone();
+    let failed = move |status| Response::Failed { op, status };
+    match frame.request {
+        Request::Add { mode, entry } => bookie.add(entry, mode, move |result| {
+            let response = match result {
+                Ok((ledger_id, entry_id)) => Response::Add {
+                    ledger_id,
+                    entry_id,
+                },
+                Err(status) => failed(status),
+            };
+            connection.respond(request_id, &response, in_flight);
+        }),
+        Request::WriteLac { ledger_id, lac } => bookie.write_lac(ledger_id, lac, move |result| {
+            let response = match result {
+                Ok(()) => Response::WriteLac { ledger_id },
+                Err(status) => failed(status),
+            };
+            connection.respond(request_id, &response, in_flight);
+        }),
+        Request::DeleteLedger { ledger_id } => bookie.delete_ledger(ledger_id, move |result| {
+            let response = match result {
+                Ok(()) => Response::DeleteLedger { ledger_id },
+                Err(status) => failed(status),
+            };
+            connection.respond(request_id, &response, in_flight);
+        }),
+        Request::Read {
+            ledger_id,
+            entry_id,
+            mode,
+        } => {
+            let Ok(read_slot) = reads.clone().acquire_owned().await else {
+                return;
+            };
+            in_flight._read = Some(read_slot);
+            let bookie = bookie.clone();
+            let limits = limits.clone();
+            tokio::spawn(async move {
+                if mode == ReadMode::Fence
+                    && let Err(status) = fence(&bookie, ledger_id).await
+                {
+                    connection.respond(request_id, &failed(status), in_flight);
+                    return;
+                }
+                let response =
+                    match blocking_read(&limits, move || bookie.read_entry(ledger_id, entry_id))
+                        .await
+                    {
+                        Ok(read) => Response::Read {
+                            ledger_id,
+                            entry_id: read.entry_id,
+                            lac: read.lac,
+                            entry: read.entry,
+                        },
+                        Err(status) => failed(status),
+                    };
+                connection.respond(request_id, &response, in_flight);
+            });
+        }
+        Request::ReadLac { ledger_id } => {
+            let Ok(read_slot) = reads.clone().acquire_owned().await else {
+                return;
+            };
+            in_flight._read = Some(read_slot);
+            let bookie = bookie.clone();
+            let limits = limits.clone();
+            tokio::spawn(async move {
+                let response =
+                    match blocking_read(&limits, move || bookie.read_lac(ledger_id)).await {
+                        Ok(lac) => Response::ReadLac { ledger_id, lac },
+                        Err(status) => failed(status),
+                    };
+                connection.respond(request_id, &response, in_flight);
+            });
+        }
+    }
+}
+
+/// Fences `ledger_id` and waits until the fence is durable.
+async fn fence(bookie: &Bookie, ledger_id: u64) -> Result<(), Status> {
+    let (done, fenced) = tokio::sync::oneshot::channel();
+    bookie.fence(ledger_id, move |result| {
+        let _ = done.send(result);
+    });
+    fenced.await.unwrap_or(Err(Status::IoError))
+}
+
+/// Runs a storage read on the blocking pool, within `READS_IN_FLIGHT_MAX`.
+async fn blocking_read<T: Send + 'static>(
+    limits: &ServerLimits,
+    read: impl FnOnce() -> Result<T, Status> + Send + 'static,
+) -> Result<T, Status> {
+    let Ok(_slot) = limits.reads.clone().acquire_owned().await else {
+        return Err(Status::ReadOnly);
+    };
+    tokio::task::spawn_blocking(read)
+        .await
+        .unwrap_or(Err(Status::IoError))
+}
+
+async fn write_loop(connection: Arc<Connection>, mut socket: OwnedWriteHalf) {
+    let mut sending = BytesMut::new();
+    let mut written_permits = Vec::new();
+    loop {
+        let closed = {
+            let mut out = connection.lock();
+            std::mem::swap(&mut out.bytes, &mut sending);
+            std::mem::swap(&mut out.permits, &mut written_permits);
+            out.closed
+        };
+        if closed {
+            break;
+        }
+        if sending.is_empty() {
+            connection.wake.notified().await;
+            continue;
+        }
+        // One write for every answer queued since the last one.
+        if let Err(error) = socket.write_all(&sending).await {
+            tracing::debug!(peer = %connection.peer, %error, "bookie connection write failed");
+            connection.close();
+            break;
+        }
+        sending.clear();
+        written_permits.clear();
+    }
+    let _ = socket.shutdown().await;
+}
