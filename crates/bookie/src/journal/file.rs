@@ -25,6 +25,7 @@ pub(crate) trait JournalFile: Send + Sync + std::fmt::Debug {
     /// Truncates or extends the file.
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Current file size.
+    #[allow(dead_code)] // part of the seam; used by tests
     fn len(&self) -> io::Result<u64>;
     /// Path, for errors and logs.
     fn path(&self) -> &Path;
@@ -58,10 +59,6 @@ impl Backend {
                 plan: plan.clone(),
             })),
         }
-    }
-
-    pub(crate) fn is_direct(&self) -> bool {
-        matches!(self, Backend::Kind(JournalBackendKind::Direct))
     }
 }
 
@@ -183,11 +180,6 @@ impl AlignedBuf {
 
     pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
         &mut self.vec[self.start..self.start + self.len]
-    }
-
-    /// Allocated bytes (for memory accounting).
-    pub(crate) fn capacity(&self) -> usize {
-        self.vec.len()
     }
 }
 

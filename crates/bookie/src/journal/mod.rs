@@ -19,7 +19,12 @@ mod config;
 mod error;
 mod file;
 pub mod format;
+mod replay;
 mod stats;
+mod writer;
+
+#[cfg(test)]
+mod tests;
 
 pub use config::{
     JOURNAL_ALIGNMENT_BYTES, JOURNAL_PAYLOAD_BYTES_MAX, JOURNAL_QUEUE_DEPTH_MAX,
@@ -29,7 +34,17 @@ pub use error::JournalError;
 pub use format::JournalRecord;
 pub use stats::{JournalStats, StageSummary};
 
+use std::fs::File;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
 use crate::mark::JournalMark;
+use file::Backend;
+use stats::StatsCell;
+use writer::{Pending, QueueState, Shared, SpaceState};
 
 /// Called once per append with the mark just past the record (durable unless
 /// sync is off) or the error that lost it. Runs on the force-write thread: keep it
@@ -39,7 +54,10 @@ pub type AppendCallback = Box<dyn FnOnce(Result<JournalMark, JournalError>) + Se
 /// The write-ahead journal. `Send + Sync`: share it behind an `Arc`.
 #[derive(Debug)]
 pub struct Journal {
-    _private: (),
+    shared: Arc<Shared>,
+    threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Held (flock) for the journal's lifetime; dropping it releases the lock.
+    _lock: File,
 }
 
 impl Journal {
@@ -57,9 +75,79 @@ impl Journal {
         E: std::error::Error + Send + Sync + 'static,
         F: FnMut(JournalRecord, JournalMark) -> Result<(), E>,
     {
-        let _ = (config, from, on_record);
-        Err(JournalError::InvalidConfig {
-            reason: "not implemented yet".to_string(),
+        let backend = Backend::Kind(config.backend);
+        Journal::open_with_backend(config, backend, from, on_record)
+    }
+
+    pub(crate) fn open_with_backend<E, F>(
+        config: JournalConfig,
+        backend: Backend,
+        from: JournalMark,
+        mut on_record: F,
+    ) -> Result<Journal, JournalError>
+    where
+        E: std::error::Error + Send + Sync + 'static,
+        F: FnMut(JournalRecord, JournalMark) -> Result<(), E>,
+    {
+        config.validate()?;
+        let dir = config.dir.clone();
+        std::fs::create_dir_all(&dir).map_err(|e| JournalError::io("create_dir", &dir, e))?;
+        let lock = lock_dir(&dir)?;
+        let outcome = replay::replay(&config, &backend, from, &mut on_record)?;
+        let file_id = outcome.next_file_id;
+        let (file, allocated_end) = writer::prepare_file(&config, &backend, file_id)?;
+        writer::install_file(&dir, file_id)?;
+        let start_mark = JournalMark {
+            file_id,
+            offset: config.data_offset(),
+        };
+        let shared = Arc::new(Shared {
+            backend,
+            queue: Mutex::new(QueueState::default()),
+            queue_cv: Condvar::new(),
+            space: Mutex::new(SpaceState {
+                file_id,
+                file: file.clone(),
+                allocated_end,
+                writer_offset: config.data_offset(),
+                next: None,
+                stop: false,
+            }),
+            space_cv: Condvar::new(),
+            synced_mark: Mutex::new(outcome.end_mark.max(start_mark)),
+            broken: AtomicBool::new(false),
+            broken_reason: Mutex::new(None),
+            writer_file_id: AtomicU64::new(file_id),
+            stats: StatsCell::new(),
+            config,
+        });
+        let (to_force, from_writer) = std::sync::mpsc::sync_channel(writer::FORCE_WRITE_GROUPS_MAX);
+        let mut threads = Vec::with_capacity(3);
+        let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
+            std::thread::Builder::new()
+                .name(name.to_string())
+                .spawn(f)
+                .map_err(|e| JournalError::io("spawn thread", &dir, e))
+        };
+        let s = shared.clone();
+        threads.push(spawn(
+            "journal-force",
+            Box::new(move || writer::run_force_writer(s, from_writer)),
+        )?);
+        let s = shared.clone();
+        threads.push(spawn(
+            "journal-prealloc",
+            Box::new(move || writer::run_preallocator(s)),
+        )?);
+        let s = shared.clone();
+        threads.push(spawn(
+            "journal-writer",
+            Box::new(move || writer::run_writer(s, to_force, file_id, file)),
+        )?);
+        Ok(Journal {
+            shared,
+            threads: Mutex::new(threads),
+            _lock: lock,
         })
     }
 
@@ -71,32 +159,118 @@ impl Journal {
         record: JournalRecord,
         done: impl FnOnce(Result<JournalMark, JournalError>) + Send + 'static,
     ) -> Result<(), JournalError> {
-        let _ = (record, done);
-        Err(JournalError::ShutDown)
+        let config = &self.shared.config;
+        let payload_bytes = record.payload_len();
+        if payload_bytes > config.payload_bytes_max {
+            return Err(JournalError::RecordTooLarge {
+                payload_bytes,
+                payload_bytes_max: config.payload_bytes_max,
+            });
+        }
+        if self.shared.broken.load(Ordering::SeqCst) {
+            return Err(self.shared.broken_error());
+        }
+        let mut queue = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
+        if queue.closed {
+            return Err(JournalError::ShutDown);
+        }
+        if queue.items.len() >= config.queue_depth_max {
+            return Err(JournalError::QueueFull {
+                depth_max: config.queue_depth_max,
+            });
+        }
+        queue.items.push_back(Pending {
+            record,
+            done: Box::new(done),
+            enqueued: Instant::now(),
+        });
+        drop(queue);
+        self.shared.queue_cv.notify_one();
+        Ok(())
     }
 
     /// Every record ending at or before this mark is durable (written, when sync is
     /// off). A checkpoint passes it to ledger storage, then to `delete_files_before`.
     pub fn last_synced_mark(&self) -> JournalMark {
-        JournalMark::START
+        self.shared
+            .synced_mark
+            .lock()
+            .map(|m| *m)
+            .unwrap_or_else(|p| *p.into_inner())
     }
 
     /// Deletes the journal files whose id is below `mark.file_id` (never the file
     /// being written); returns how many were deleted.
     pub fn delete_files_before(&self, mark: JournalMark) -> Result<usize, JournalError> {
-        let _ = mark;
-        Ok(0)
+        let dir = &self.shared.config.dir;
+        let writer_file_id = self.shared.writer_file_id.load(Ordering::SeqCst);
+        let limit = mark.file_id.min(writer_file_id);
+        let mut deleted = 0;
+        for id in replay::list_file_ids(dir)? {
+            if id >= limit {
+                break;
+            }
+            let path = dir.join(format::file_name(id));
+            std::fs::remove_file(&path).map_err(|e| JournalError::io("remove", &path, e))?;
+            deleted += 1;
+        }
+        if deleted > 0 {
+            file::sync_dir(dir)?;
+        }
+        Ok(deleted)
     }
 
     /// Stage latency and group size percentiles.
     pub fn stats(&self) -> JournalStats {
-        JournalStats::default()
+        self.shared.stats.snapshot()
     }
 
     /// Writes and syncs everything queued, closes the file with an end record and
     /// joins the threads. Idempotent; later appends return `ShutDown`. `Drop` does
-    /// the same.
+    /// the same. Returns `Broken` if the journal failed earlier.
     pub fn shutdown(&self) -> Result<(), JournalError> {
+        {
+            let mut queue = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
+            queue.closed = true;
+        }
+        self.shared.queue_cv.notify_all();
+        let threads: Vec<JoinHandle<()>> = self
+            .threads
+            .lock()
+            .map(|mut t| t.drain(..).collect())
+            .unwrap_or_default();
+        for t in threads {
+            // A panicked journal thread already failed its waiters by dropping them.
+            let _ = t.join();
+        }
+        if self.shared.broken.load(Ordering::SeqCst) {
+            return Err(self.shared.broken_error());
+        }
         Ok(())
+    }
+}
+
+impl Drop for Journal {
+    fn drop(&mut self) {
+        let _ = self.shutdown();
+    }
+}
+
+/// Takes the directory lock (flock on `LOCK`, held by the returned file).
+fn lock_dir(dir: &Path) -> Result<File, JournalError> {
+    let path = dir.join(format::LOCK_FILE_NAME);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .map_err(|e| JournalError::io("open", &path, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(JournalError::Locked {
+            dir: dir.to_path_buf(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(JournalError::io("flock", &path, e)),
     }
 }

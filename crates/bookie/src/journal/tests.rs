@@ -1,0 +1,1 @@
+//! Unit tests of the journal threads (fault-injecting backend).

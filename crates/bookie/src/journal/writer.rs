@@ -1,0 +1,653 @@
+//! The journal's threads: writer, force-write and preallocator, and the state
+//! they share.
+//!
+//! Owns: the append queue, group commit, the aligned group buffer, rotation,
+//! the synced mark, and the broken flag.
+//!
+//! Access rules: only the writer writes records and advances the write offset;
+//! only the force-write thread calls fdatasync for groups, advances `synced_mark`
+//! and runs callbacks (so callbacks run in append order); only the preallocator
+//! zero-fills space and creates the next file, publishing `SpaceState` under its
+//! mutex. Any I/O failure marks the journal broken; from then on every queued
+//! or new append fails, and nothing is retried.
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::AppendCallback;
+use super::config::{JournalConfig, JournalSync};
+use super::error::JournalError;
+use super::file::{AlignedBuf, Backend, JournalFile, sync_dir};
+use super::format::{self, FileHeader, JournalRecord, NEXT_FILE_NAME};
+use super::stats::StatsCell;
+use crate::mark::JournalMark;
+
+/// Groups written but not yet synced that the writer may hand over before it
+/// blocks. Bounds the memory of waiters in flight (the append queue bounds the
+/// rest); 64 groups is far more than one fdatasync ever covers in practice.
+pub(crate) const FORCE_WRITE_GROUPS_MAX: usize = 64;
+
+/// Zero-fill writes are issued in pieces of this size so the preallocator
+/// never holds a large buffer.
+const ZERO_WRITE_BYTES: usize = 1 << 20;
+
+/// One queued append.
+pub(crate) struct Pending {
+    pub(crate) record: JournalRecord,
+    pub(crate) done: AppendCallback,
+    pub(crate) enqueued: Instant,
+}
+
+impl std::fmt::Debug for Pending {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("record", &self.record)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct QueueState {
+    pub(crate) items: VecDeque<Pending>,
+    pub(crate) closed: bool,
+}
+
+/// Space the preallocator has made ready for the writer.
+#[derive(Debug)]
+pub(crate) struct SpaceState {
+    /// The writer's current file id and how far it is zero-filled.
+    pub(crate) file_id: u64,
+    pub(crate) file: Arc<dyn JournalFile>,
+    pub(crate) allocated_end: u64,
+    /// Where the writer has written up to (published once per group).
+    pub(crate) writer_offset: u64,
+    /// The next file, header synced, first chunk zero-filled, still named
+    /// `NEXT_FILE_NAME`.
+    pub(crate) next: Option<(Arc<dyn JournalFile>, u64)>,
+    pub(crate) stop: bool,
+}
+
+/// State shared by the handle and the threads.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) config: JournalConfig,
+    pub(crate) backend: Backend,
+    pub(crate) queue: Mutex<QueueState>,
+    pub(crate) queue_cv: Condvar,
+    pub(crate) space: Mutex<SpaceState>,
+    pub(crate) space_cv: Condvar,
+    /// Written only by the force-write thread.
+    pub(crate) synced_mark: Mutex<JournalMark>,
+    pub(crate) broken: AtomicBool,
+    pub(crate) broken_reason: Mutex<Option<String>>,
+    /// Id of the file the writer appends to (files below may be deleted).
+    pub(crate) writer_file_id: AtomicU64,
+    pub(crate) stats: StatsCell,
+}
+
+impl Shared {
+    /// Marks the journal broken (first reason wins) and wakes every waiter.
+    pub(crate) fn fail(&self, error: &JournalError) {
+        if let Ok(mut reason) = self.broken_reason.lock() {
+            if reason.is_none() {
+                tracing::error!(%error, "journal: fatal I/O failure, the journal accepts no more appends");
+                *reason = Some(error.to_string());
+            }
+        }
+        self.broken.store(true, Ordering::SeqCst);
+        self.queue_cv.notify_all();
+        self.space_cv.notify_all();
+    }
+
+    pub(crate) fn broken_error(&self) -> JournalError {
+        let reason = self
+            .broken_reason
+            .lock()
+            .ok()
+            .and_then(|r| r.clone())
+            .unwrap_or_else(|| "unknown".to_string());
+        JournalError::Broken { reason }
+    }
+
+    fn is_broken(&self) -> bool {
+        self.broken.load(Ordering::SeqCst)
+    }
+
+    fn lock_space(&self) -> MutexGuard<'_, SpaceState> {
+        self.space.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_queue(&self) -> MutexGuard<'_, QueueState> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// What the writer hands the force-write thread.
+pub(crate) enum ForceItem {
+    /// A group written to `file`, ending at `end_mark`.
+    Written {
+        file: Arc<dyn JournalFile>,
+        end_mark: JournalMark,
+        waiters: Vec<(AppendCallback, JournalMark)>,
+        oldest_enqueued: Option<Instant>,
+    },
+    /// Appends that failed (the journal is broken): fail them in order.
+    Failed {
+        waiters: Vec<AppendCallback>,
+        error: JournalError,
+    },
+    /// No more items: exit after this.
+    Stop,
+}
+
+// ---------------------------------------------------------------------------
+// Files.
+// ---------------------------------------------------------------------------
+
+/// Creates `NEXT_FILE_NAME` for `file_id`: header block, `chunk_bytes` of
+/// zeros after it, synced. Returns the file and its allocated end.
+pub(crate) fn prepare_file(
+    config: &JournalConfig,
+    backend: &Backend,
+    file_id: u64,
+) -> Result<(Arc<dyn JournalFile>, u64), JournalError> {
+    let path = config.dir.join(NEXT_FILE_NAME);
+    if path.exists() {
+        std::fs::remove_file(&path).map_err(|e| JournalError::io("remove", &path, e))?;
+    }
+    let file = backend.open(&path, true)?;
+    let data_offset = config.data_offset();
+    let mut header = AlignedBuf::zeroed(data_offset as usize, config.alignment_bytes);
+    format::encode_header(
+        FileHeader {
+            file_id,
+            data_offset: data_offset as u32,
+        },
+        header.as_mut_slice(),
+    );
+    file.write_at(header.as_slice(), 0)
+        .map_err(|e| JournalError::io("pwrite", &path, e))?;
+    let end = (data_offset + config.prealloc_chunk_bytes).min(file_cap(config));
+    zero_fill(config, file.as_ref(), data_offset, end)?;
+    file.sync_data()
+        .map_err(|e| JournalError::io("fdatasync", &path, e))?;
+    Ok((file, end))
+}
+
+/// Gives the prepared next file its numbered name, durably.
+pub(crate) fn install_file(dir: &Path, file_id: u64) -> Result<PathBuf, JournalError> {
+    let from = dir.join(NEXT_FILE_NAME);
+    let to = dir.join(format::file_name(file_id));
+    std::fs::rename(&from, &to).map_err(|e| JournalError::io("rename", &to, e))?;
+    sync_dir(dir)?;
+    Ok(to)
+}
+
+fn zero_fill(
+    config: &JournalConfig,
+    file: &dyn JournalFile,
+    from: u64,
+    to: u64,
+) -> Result<(), JournalError> {
+    let piece = ZERO_WRITE_BYTES.max(config.alignment_bytes);
+    let zeros = AlignedBuf::zeroed(piece, config.alignment_bytes);
+    let mut at = from;
+    while at < to {
+        let n = (to - at).min(piece as u64) as usize;
+        file.write_at(&zeros.as_slice()[..n], at)
+            .map_err(|e| JournalError::io("pwrite zeros", file.path(), e))?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+/// Files never grow past this: the size limit rounded up to the alignment.
+fn file_cap(config: &JournalConfig) -> u64 {
+    let align = config.alignment_bytes as u64;
+    config.file_bytes_max.div_ceil(align) * align
+}
+
+// ---------------------------------------------------------------------------
+// Preallocator thread.
+// ---------------------------------------------------------------------------
+
+/// Keeps at least two chunks of zero-filled space ahead of the writer in the
+/// current file (up to its cap), and the next file ready once the current one is
+/// fully allocated. Each chunk is synced right away, so the extent and size
+/// changes are committed by this thread and not by a group's fdatasync.
+pub(crate) fn run_preallocator(shared: Arc<Shared>) {
+    let config = &shared.config;
+    let chunk = config.prealloc_chunk_bytes;
+    let cap = file_cap(config);
+    loop {
+        enum Work {
+            Extend(Arc<dyn JournalFile>, u64, u64),
+            Next(u64),
+        }
+        let work = {
+            let mut space = shared.lock_space();
+            loop {
+                if space.stop || shared.is_broken() {
+                    return;
+                }
+                if space.allocated_end < cap
+                    && space.allocated_end < space.writer_offset + 2 * chunk
+                {
+                    let to = (space.allocated_end + chunk).min(cap);
+                    break Work::Extend(space.file.clone(), space.allocated_end, to);
+                }
+                if space.next.is_none() && space.allocated_end >= cap {
+                    break Work::Next(space.file_id + 1);
+                }
+                space = shared
+                    .space_cv
+                    .wait(space)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        match work {
+            Work::Extend(file, from, to) => {
+                let result = zero_fill(config, file.as_ref(), from, to).and_then(|()| {
+                    file.sync_data()
+                        .map_err(|e| JournalError::io("fdatasync", file.path(), e))
+                });
+                match result {
+                    Ok(()) => {
+                        let mut space = shared.lock_space();
+                        if Arc::ptr_eq(&space.file, &file) {
+                            space.allocated_end = space.allocated_end.max(to);
+                        }
+                        shared.space_cv.notify_all();
+                    }
+                    Err(e) => {
+                        shared.fail(&e);
+                        return;
+                    }
+                }
+            }
+            Work::Next(file_id) => match prepare_file(config, &shared.backend, file_id) {
+                Ok((file, end)) => {
+                    let mut space = shared.lock_space();
+                    space.next = Some((file, end));
+                    shared.space_cv.notify_all();
+                }
+                Err(e) => {
+                    shared.fail(&e);
+                    return;
+                }
+            },
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Writer thread.
+// ---------------------------------------------------------------------------
+
+/// The writer's own state.
+struct Writer {
+    shared: Arc<Shared>,
+    to_force: SyncSender<ForceItem>,
+    file_id: u64,
+    file: Arc<dyn JournalFile>,
+    offset: u64,
+    buf: AlignedBuf,
+}
+
+pub(crate) fn run_writer(
+    shared: Arc<Shared>,
+    to_force: SyncSender<ForceItem>,
+    file_id: u64,
+    file: Arc<dyn JournalFile>,
+) {
+    let offset = shared.config.data_offset();
+    let alignment = shared.config.alignment_bytes;
+    let mut writer = Writer {
+        shared,
+        to_force,
+        file_id,
+        file,
+        offset,
+        buf: AlignedBuf::zeroed(alignment.max(64 << 10), alignment),
+    };
+    while let Some(group) = writer.gather() {
+        writer.write_group(group);
+    }
+    writer.close();
+}
+
+impl Writer {
+    /// Takes the next group from the queue, per the policy: at least one record;
+    /// more while they are queued, until `group_bytes_max`; when the queue runs
+    /// empty, flush at once (`flush_when_queue_empty`) or wait for more until the
+    /// oldest record has waited `group_wait_max`. `None` when closed and drained.
+    fn gather(&mut self) -> Option<Vec<Pending>> {
+        let config = &self.shared.config;
+        let mut queue = self.shared.lock_queue();
+        while queue.items.is_empty() {
+            if queue.closed {
+                return None;
+            }
+            queue = self
+                .shared
+                .queue_cv
+                .wait(queue)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        let mut group = Vec::new();
+        let mut bytes = 0usize;
+        let deadline = queue
+            .items
+            .front()
+            .map(|p| p.enqueued + config.group_wait_max);
+        loop {
+            while let Some(p) = queue.items.pop_front() {
+                bytes += p.record.encoded_len();
+                group.push(p);
+                if bytes >= config.group_bytes_max {
+                    return Some(group);
+                }
+            }
+            if config.flush_when_queue_empty || queue.closed {
+                return Some(group);
+            }
+            let now = Instant::now();
+            let Some(deadline) = deadline.filter(|d| *d > now) else {
+                return Some(group);
+            };
+            let (q, _) = self
+                .shared
+                .queue_cv
+                .wait_timeout(queue, deadline - now)
+                .unwrap_or_else(|p| p.into_inner());
+            queue = q;
+        }
+    }
+
+    fn send(&self, item: ForceItem) {
+        // The force-write thread only exits after `Stop`, which the writer sends
+        // last; a send error means it panicked, and then waiters are dropped.
+        let _ = self.to_force.send(item);
+    }
+
+    fn fail_group(&self, group: Vec<Pending>, error: JournalError) {
+        self.send(ForceItem::Failed {
+            waiters: group.into_iter().map(|p| p.done).collect(),
+            error,
+        });
+    }
+
+    fn write_group(&mut self, group: Vec<Pending>) {
+        if self.shared.is_broken() {
+            let error = self.shared.broken_error();
+            self.fail_group(group, error);
+            return;
+        }
+        let taken = Instant::now();
+        let oldest = group.first().map(|p| p.enqueued);
+        let align = self.shared.config.alignment_bytes as u64;
+        let records_len: usize = group.iter().map(|p| p.record.encoded_len()).sum();
+        let padding = format::padding_len(self.offset + records_len as u64, align);
+        let total = records_len + padding;
+        debug_assert!(total as u64 <= self.shared.config.group_len_max());
+        // Keep one block free at the end of every file for its FileEnd record.
+        if self.offset + total as u64 + align > file_cap(&self.shared.config) {
+            if let Err(e) = self.rotate() {
+                self.shared.fail(&e);
+                self.fail_group(group, e);
+                return;
+            }
+        }
+        if let Err(e) = self.wait_for_space(self.offset + total as u64) {
+            self.fail_group(group, e);
+            return;
+        }
+        // Encode.
+        self.buf.reset_zeroed(total);
+        let out = self.buf.as_mut_slice();
+        let mut at = 0usize;
+        let mut waiters = Vec::with_capacity(group.len());
+        for p in group {
+            let len = format::encode_record(&p.record, self.file_id, &mut out[at..]);
+            at += len;
+            let mark = JournalMark {
+                file_id: self.file_id,
+                offset: self.offset + at as u64,
+            };
+            waiters.push((p.done, mark));
+        }
+        if padding > 0 {
+            format::encode_padding(padding, self.file_id, &mut out[at..]);
+        }
+        debug_assert!((self.offset + total as u64) % align == 0);
+        let started = Instant::now();
+        if let Err(e) = self.file.write_at(self.buf.as_slice(), self.offset) {
+            let e = JournalError::io("pwrite", self.file.path(), e);
+            self.shared.fail(&e);
+            self.send(ForceItem::Failed {
+                waiters: waiters.into_iter().map(|(done, _)| done).collect(),
+                error: e,
+            });
+            return;
+        }
+        let write_time = started.elapsed();
+        let entries = waiters.len();
+        self.offset += total as u64;
+        self.publish_offset();
+        self.send(ForceItem::Written {
+            file: self.file.clone(),
+            end_mark: JournalMark {
+                file_id: self.file_id,
+                offset: self.offset,
+            },
+            waiters,
+            oldest_enqueued: oldest,
+        });
+        let queue_wait = oldest
+            .map(|t| taken.saturating_duration_since(t))
+            .unwrap_or_default();
+        self.shared
+            .stats
+            .record_group(queue_wait, write_time, entries, total);
+    }
+
+    fn publish_offset(&self) {
+        let chunk = self.shared.config.prealloc_chunk_bytes;
+        let mut space = self.shared.lock_space();
+        space.writer_offset = self.offset;
+        if space.allocated_end < self.offset + 2 * chunk {
+            self.shared.space_cv.notify_all();
+        }
+    }
+
+    /// Blocks until the preallocator has zero-filled up to `end`.
+    fn wait_for_space(&self, end: u64) -> Result<(), JournalError> {
+        let mut space = self.shared.lock_space();
+        let mut waited = false;
+        while space.allocated_end < end {
+            if self.shared.is_broken() {
+                return Err(self.shared.broken_error());
+            }
+            if !waited {
+                waited = true;
+                self.shared.stats.record_prealloc_wait();
+            }
+            self.shared.space_cv.notify_all();
+            space = self
+                .shared
+                .space_cv
+                .wait(space)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        Ok(())
+    }
+
+    /// Writes a FileEnd record at the current offset, trims the file there and
+    /// syncs it (so an older file always ends with a durable FileEnd).
+    fn end_file(&mut self) -> Result<JournalMark, JournalError> {
+        let align = self.shared.config.alignment_bytes;
+        self.buf.reset_zeroed(align);
+        format::encode_file_end(self.file_id, self.buf.as_mut_slice());
+        let path = self.file.path().to_path_buf();
+        self.file
+            .write_at(self.buf.as_slice(), self.offset)
+            .map_err(|e| JournalError::io("pwrite", &path, e))?;
+        let end = self.offset + align as u64;
+        self.file
+            .set_len(end)
+            .map_err(|e| JournalError::io("ftruncate", &path, e))?;
+        self.file
+            .sync_data()
+            .map_err(|e| JournalError::io("fdatasync", &path, e))?;
+        Ok(JournalMark {
+            file_id: self.file_id,
+            offset: self.offset,
+        })
+    }
+
+    /// Closes the current file and switches to the next one.
+    fn rotate(&mut self) -> Result<(), JournalError> {
+        self.end_file()?;
+        let (file, allocated_end) = {
+            let mut space = self.shared.lock_space();
+            loop {
+                if self.shared.is_broken() {
+                    return Err(self.shared.broken_error());
+                }
+                if let Some(next) = space.next.take() {
+                    break next;
+                }
+                self.shared.space_cv.notify_all();
+                space = self
+                    .shared
+                    .space_cv
+                    .wait(space)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let next_id = self.file_id + 1;
+        install_file(&self.shared.config.dir, next_id)?;
+        self.file_id = next_id;
+        self.file = file.clone();
+        self.offset = self.shared.config.data_offset();
+        self.shared.writer_file_id.store(next_id, Ordering::SeqCst);
+        let mut space = self.shared.lock_space();
+        space.file_id = next_id;
+        space.file = file;
+        space.allocated_end = allocated_end;
+        space.writer_offset = self.offset;
+        self.shared.space_cv.notify_all();
+        Ok(())
+    }
+
+    /// Shutdown: end the file, let the force-write thread finish, stop.
+    fn close(mut self) {
+        if !self.shared.is_broken() {
+            match self.end_file() {
+                Ok(mark) => self.send(ForceItem::Written {
+                    file: self.file.clone(),
+                    end_mark: mark,
+                    waiters: Vec::new(),
+                    oldest_enqueued: None,
+                }),
+                Err(e) => self.shared.fail(&e),
+            }
+        }
+        self.send(ForceItem::Stop);
+        let mut space = self.shared.lock_space();
+        space.stop = true;
+        self.shared.space_cv.notify_all();
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Force-write thread.
+// ---------------------------------------------------------------------------
+
+/// Takes every group handed over since its last pass, does one fdatasync per
+/// file among them (one in the steady state), then completes their waiters in
+/// order and advances the synced mark.
+pub(crate) fn run_force_writer(shared: Arc<Shared>, from_writer: Receiver<ForceItem>) {
+    let sync_on = shared.config.sync == JournalSync::Fdatasync;
+    let mut batch: Vec<ForceItem> = Vec::with_capacity(FORCE_WRITE_GROUPS_MAX);
+    loop {
+        let Ok(first) = from_writer.recv() else {
+            return;
+        };
+        batch.push(first);
+        while let Ok(item) = from_writer.try_recv() {
+            batch.push(item);
+        }
+        let mut stop = false;
+        // Sync each distinct file of the written groups, oldest first.
+        let mut sync_error: Option<JournalError> = None;
+        let mut sync_time: Option<Duration> = None;
+        let mut groups = 0usize;
+        if sync_on && !shared.is_broken() {
+            let mut last: Option<&Arc<dyn JournalFile>> = None;
+            for item in &batch {
+                if let ForceItem::Written { file, .. } = item {
+                    groups += 1;
+                    if last.is_some_and(|l| Arc::ptr_eq(l, file)) {
+                        continue;
+                    }
+                    let started = Instant::now();
+                    if let Err(e) = file.sync_data() {
+                        let e = JournalError::io("fdatasync", file.path(), e);
+                        shared.fail(&e);
+                        sync_error = Some(e);
+                        break;
+                    }
+                    *sync_time.get_or_insert(Duration::ZERO) += started.elapsed();
+                    last = Some(file);
+                }
+            }
+        }
+        if sync_error.is_none() && !shared.is_broken() {
+            let end = batch.iter().rev().find_map(|item| match item {
+                ForceItem::Written { end_mark, .. } => Some(*end_mark),
+                _ => None,
+            });
+            if let Some(end) = end {
+                if let Ok(mut synced) = shared.synced_mark.lock() {
+                    *synced = (*synced).max(end);
+                }
+            }
+        }
+        shared.stats.record_sync(sync_time, groups);
+        let failure = sync_error.or_else(|| shared.is_broken().then(|| shared.broken_error()));
+        let now = Instant::now();
+        for item in batch.drain(..) {
+            match item {
+                ForceItem::Written {
+                    waiters,
+                    oldest_enqueued,
+                    ..
+                } => {
+                    for (done, mark) in waiters {
+                        match &failure {
+                            None => done(Ok(mark)),
+                            Some(e) => done(Err(e.clone())),
+                        }
+                    }
+                    if let Some(t) = oldest_enqueued.filter(|_| failure.is_none()) {
+                        shared.stats.record_done(now.saturating_duration_since(t));
+                    }
+                }
+                ForceItem::Failed { waiters, error } => {
+                    for done in waiters {
+                        done(Err(error.clone()));
+                    }
+                }
+                ForceItem::Stop => stop = true,
+            }
+        }
+        if stop {
+            return;
+        }
+    }
+}

@@ -1,0 +1,490 @@
+//! Journal behaviour a bookie relies on: replay returns exactly what was acked,
+//! in order; a torn tail is cut at any byte and the journal goes on; corruption
+//! in an older file refuses to start; rotation, deletion, back-pressure, locking.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use vela_bookie::JournalMark;
+use vela_bookie::journal::{
+    Journal, JournalBackendKind, JournalConfig, JournalError, JournalRecord,
+};
+
+/// Small files and chunks so tests rotate and preallocate often.
+fn config(dir: &Path) -> JournalConfig {
+    let mut c = JournalConfig::new(dir);
+    c.payload_bytes_max = 16 << 10;
+    c.group_bytes_max = 16 << 10;
+    c.file_bytes_max = 256 << 10;
+    c.prealloc_chunk_bytes = 64 << 10;
+    c
+}
+
+#[derive(Debug)]
+struct Never;
+impl std::fmt::Display for Never {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("never")
+    }
+}
+impl std::error::Error for Never {}
+
+/// The one helper that opens a journal: returns it and what replay handed back.
+fn open(
+    cfg: &JournalConfig,
+    from: JournalMark,
+) -> Result<(Journal, Vec<(JournalRecord, JournalMark)>), JournalError> {
+    let mut seen = Vec::new();
+    let journal = Journal::open(cfg.clone(), from, |record, mark| {
+        seen.push((record, mark));
+        Ok::<(), Never>(())
+    })?;
+    Ok((journal, seen))
+}
+
+/// Appends every record and waits for all callbacks; returns their marks.
+fn append_all(journal: &Journal, records: &[JournalRecord]) -> Vec<JournalMark> {
+    let (tx, rx) = mpsc::channel();
+    for (i, r) in records.iter().enumerate() {
+        let tx = tx.clone();
+        journal
+            .append(r.clone(), move |res| tx.send((i, res)).unwrap())
+            .unwrap();
+    }
+    drop(tx);
+    let mut marks = vec![JournalMark::START; records.len()];
+    let mut last = None;
+    for _ in 0..records.len() {
+        let (i, res) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+        // Callbacks run in append order.
+        assert!(
+            last.is_none_or(|l| l + 1 == i),
+            "callback order {last:?} then {i}"
+        );
+        last = Some(i);
+        marks[i] = res.unwrap();
+    }
+    assert!(marks.windows(2).all(|w| w[0] < w[1]), "marks increase");
+    marks
+}
+
+fn entry(ledger_id: u64, entry_id: u64, payload_bytes: usize) -> JournalRecord {
+    let payload: Vec<u8> = (0..payload_bytes)
+        .map(|i| (i as u64 * 31 + entry_id) as u8)
+        .collect();
+    JournalRecord::Entry {
+        ledger_id,
+        entry_id,
+        payload: Bytes::from(payload),
+    }
+}
+
+fn mixed_records(count: u64) -> Vec<JournalRecord> {
+    (0..count)
+        .map(|i| match i % 7 {
+            3 => JournalRecord::Fence { ledger_id: i },
+            4 => JournalRecord::ExplicitLac {
+                ledger_id: 2,
+                lac: i,
+            },
+            5 => JournalRecord::LedgerDeleted { ledger_id: i + 100 },
+            _ => entry(i % 3, i, (i as usize * 97) % 3000),
+        })
+        .collect()
+}
+
+fn records_of(seen: &[(JournalRecord, JournalMark)]) -> Vec<JournalRecord> {
+    seen.iter().map(|(r, _)| r.clone()).collect()
+}
+
+fn journal_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "jnl"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn replay_after_reopen_returns_exactly_the_appended_records_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let records = mixed_records(300);
+    let (journal, seen) = open(&cfg, JournalMark::START).unwrap();
+    assert!(seen.is_empty());
+    let marks = append_all(&journal, &records);
+    assert!(journal.last_synced_mark() >= *marks.last().unwrap());
+    journal.shutdown().unwrap();
+    drop(journal);
+
+    let (journal, seen) = open(&cfg, JournalMark::START).unwrap();
+    assert_eq!(records_of(&seen), records);
+    let seen_marks: Vec<JournalMark> = seen.iter().map(|(_, m)| *m).collect();
+    assert_eq!(
+        seen_marks, marks,
+        "replay reports the marks the callbacks got"
+    );
+    // A second generation of appends after the first replay.
+    let more = mixed_records(50);
+    append_all(&journal, &more);
+    drop(journal);
+    let (_journal, seen) = open(&cfg, JournalMark::START).unwrap();
+    let mut all = records.clone();
+    all.extend(more);
+    assert_eq!(records_of(&seen), all);
+}
+
+#[test]
+fn replay_from_a_mark_skips_what_it_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let records = mixed_records(400);
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let marks = append_all(&journal, &records);
+    drop(journal);
+    assert!(
+        marks.last().unwrap().file_id > marks[0].file_id,
+        "the test spans several files"
+    );
+    for cut in [0usize, 1, 150, 250, 399] {
+        let (_journal, seen) = open(&cfg, marks[cut]).unwrap();
+        assert_eq!(
+            records_of(&seen),
+            records[cut + 1..].to_vec(),
+            "from mark of record {cut}"
+        );
+    }
+}
+
+#[test]
+fn rotation_spreads_records_over_files_and_delete_files_before_removes_old_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let records: Vec<JournalRecord> = (0..600).map(|i| entry(1, i, 2000)).collect();
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let marks = append_all(&journal, &records);
+    let files = journal_files(dir.path());
+    assert!(
+        files.len() >= 4,
+        "1.2 MB over 256 KiB files rotates: {files:?}"
+    );
+    for f in &files {
+        assert!(std::fs::metadata(f).unwrap().len() <= cfg.file_bytes_max + 4096);
+    }
+    // A checkpoint at record 300: files before its file go, the rest stay.
+    let checkpoint = marks[300];
+    let deleted = journal.delete_files_before(checkpoint).unwrap();
+    assert_eq!(deleted as u64, checkpoint.file_id - marks[0].file_id);
+    // Never deletes the file being written, whatever the mark says.
+    journal
+        .delete_files_before(JournalMark {
+            file_id: u64::MAX,
+            offset: 0,
+        })
+        .unwrap();
+    let after = append_all(&journal, &[entry(9, 9, 10)]);
+    drop(journal);
+    assert!(!journal_files(dir.path()).is_empty());
+    let (_journal, seen) = open(&cfg, after[0]).unwrap();
+    assert!(seen.is_empty());
+}
+
+#[test]
+fn replay_after_checkpoint_deletion_starts_at_the_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let records: Vec<JournalRecord> = (0..400).map(|i| entry(1, i, 2000)).collect();
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let marks = append_all(&journal, &records);
+    let checkpoint = marks[250];
+    journal.delete_files_before(checkpoint).unwrap();
+    drop(journal);
+    let (_journal, seen) = open(&cfg, checkpoint).unwrap();
+    assert_eq!(records_of(&seen), records[251..].to_vec());
+}
+
+#[test]
+fn a_missing_mark_file_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    append_all(&journal, &mixed_records(5));
+    drop(journal);
+    let err = open(
+        &cfg,
+        JournalMark {
+            file_id: 77,
+            offset: 0,
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, JournalError::Corruption { .. }), "{err}");
+}
+
+#[test]
+fn torn_tail_cut_at_every_offset_of_the_last_record_replays_the_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let records = vec![
+        entry(1, 0, 40),
+        JournalRecord::Fence { ledger_id: 1 },
+        entry(1, 1, 60),
+    ];
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let marks = append_all(&journal, &records);
+    drop(journal);
+    let file = journal_files(dir.path()).pop().unwrap();
+    let pristine = std::fs::read(&file).unwrap();
+    let last_start = marks[1].offset;
+    let last_end = marks[2].offset;
+    for cut in last_start..last_end {
+        for zero_fill in [false, true] {
+            // Restore the directory to "just the crashed file".
+            for f in journal_files(dir.path()) {
+                std::fs::remove_file(f).unwrap();
+            }
+            let mut bytes = pristine.clone();
+            if zero_fill {
+                bytes[cut as usize..].fill(0);
+            } else {
+                bytes.truncate(cut as usize);
+            }
+            std::fs::write(&file, &bytes).unwrap();
+
+            let (journal, seen) = open(&cfg, JournalMark::START).unwrap();
+            assert_eq!(
+                records_of(&seen),
+                records[..2].to_vec(),
+                "cut {cut} zero {zero_fill}"
+            );
+            if cut % 17 == 0 {
+                // After the repair, appends continue and replay sees both.
+                let more = vec![entry(2, 0, 30), entry(2, 1, 3)];
+                append_all(&journal, &more);
+                drop(journal);
+                let (_j, seen) = open(&cfg, JournalMark::START).unwrap();
+                let mut want = records[..2].to_vec();
+                want.extend(more);
+                assert_eq!(records_of(&seen), want, "cut {cut}: after appends");
+            }
+        }
+    }
+}
+
+/// Returns the byte range of `mark`'s record given the previous record's mark.
+fn flip_byte(path: &Path, at: u64) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at as usize] ^= 0x10;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[test]
+fn flipped_bit_in_the_newest_file_tail_is_truncated() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let records = mixed_records(20);
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let marks = append_all(&journal, &records);
+    drop(journal);
+    let file = journal_files(dir.path()).pop().unwrap();
+    // Flip a byte inside the payload of the last record.
+    flip_byte(&file, marks[19].offset - 2);
+    let (_journal, seen) = open(&cfg, JournalMark::START).unwrap();
+    assert_eq!(records_of(&seen), records[..19].to_vec());
+}
+
+#[test]
+fn flipped_bit_in_an_older_file_refuses_to_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let records: Vec<JournalRecord> = (0..300).map(|i| entry(1, i, 1500)).collect();
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let marks = append_all(&journal, &records);
+    drop(journal);
+    assert!(marks[299].file_id > marks[0].file_id + 1);
+    // Record 10 is in the first file, followed by valid records.
+    assert_eq!(marks[10].file_id, marks[0].file_id);
+    let first = dir.path().join(format!("{:016}.jnl", marks[0].file_id));
+    flip_byte(&first, marks[10].offset - 100);
+    let err = open(&cfg, JournalMark::START).unwrap_err();
+    match &err {
+        JournalError::Corruption { path, offset, .. } => {
+            assert_eq!(path, &first);
+            assert_eq!(*offset, marks[9].offset);
+        }
+        other => panic!("expected corruption, got {other}"),
+    }
+    // A replay that starts after the bad record does not need that file.
+    let (_journal, seen) = open(
+        &cfg,
+        marks[marks
+            .iter()
+            .position(|m| m.file_id > marks[0].file_id)
+            .unwrap()],
+    )
+    .unwrap();
+    assert!(!seen.is_empty());
+}
+
+#[test]
+fn bad_magic_is_a_typed_error_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    append_all(&journal, &mixed_records(3));
+    drop(journal);
+    let file = journal_files(dir.path()).pop().unwrap();
+    flip_byte(&file, 1);
+    let err = open(&cfg, JournalMark::START).unwrap_err();
+    match err {
+        JournalError::BadHeader { path, reason } => {
+            assert_eq!(path, file);
+            assert!(reason.contains("magic"), "{reason}");
+        }
+        other => panic!("expected BadHeader, got {other}"),
+    }
+}
+
+#[test]
+fn a_second_journal_on_the_same_dir_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let err = open(&cfg, JournalMark::START).unwrap_err();
+    assert!(matches!(err, JournalError::Locked { .. }), "{err}");
+    drop(journal);
+    open(&cfg, JournalMark::START).unwrap();
+}
+
+#[test]
+fn a_full_queue_answers_queue_full_and_every_accepted_append_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.queue_depth_max = 8;
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    // The first callback blocks the force-write thread until released.
+    let (release_tx, release_rx) = mpsc::channel::<()>();
+    let (done_tx, done_rx) = mpsc::channel();
+    let tx = done_tx.clone();
+    journal
+        .append(entry(1, 0, 10), move |res| {
+            release_rx.recv().unwrap();
+            tx.send(res.is_ok()).unwrap();
+        })
+        .unwrap();
+    let mut accepted = 1;
+    let mut full = None;
+    for i in 1..100_000u64 {
+        let tx = done_tx.clone();
+        match journal.append(entry(1, i, 10), move |res| tx.send(res.is_ok()).unwrap()) {
+            Ok(()) => accepted += 1,
+            Err(e) => {
+                full = Some(e);
+                break;
+            }
+        }
+    }
+    let full = full.expect("the queue must fill while the force-write thread is stuck");
+    assert!(
+        matches!(full, JournalError::QueueFull { depth_max: 8 }),
+        "{full}"
+    );
+    release_tx.send(()).unwrap();
+    for _ in 0..accepted {
+        assert!(done_rx.recv_timeout(Duration::from_secs(20)).unwrap());
+    }
+    // Room again.
+    append_all(&journal, &[entry(2, 0, 1)]);
+}
+
+#[test]
+fn appends_after_shutdown_are_refused_and_oversized_records_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let err = journal
+        .append(entry(1, 0, cfg.payload_bytes_max + 1), |_| {})
+        .unwrap_err();
+    assert!(matches!(err, JournalError::RecordTooLarge { .. }));
+    journal.shutdown().unwrap();
+    journal.shutdown().unwrap();
+    let err = journal.append(entry(1, 0, 1), |_| {}).unwrap_err();
+    assert!(matches!(err, JournalError::ShutDown));
+}
+
+#[test]
+fn group_wait_policy_without_flush_when_empty_still_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.flush_when_queue_empty = false;
+    cfg.group_wait_max = Duration::from_micros(300);
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let records = mixed_records(100);
+    append_all(&journal, &records);
+    let stats = journal.stats();
+    assert!(stats.group_entries.count > 0 && stats.fdatasync_us.count > 0);
+    drop(journal);
+    let (_j, seen) = open(&cfg, JournalMark::START).unwrap();
+    assert_eq!(records_of(&seen), records);
+}
+
+#[test]
+fn direct_io_backend_round_trip() {
+    // /tmp and /work are ext4 here; tmpfs would refuse O_DIRECT.
+    let base = std::env::var("VELA_TEST_DIR")
+        .unwrap_or_else(|_| std::env::temp_dir().display().to_string());
+    let dir = tempfile::tempdir_in(base).unwrap();
+    let mut cfg = config(dir.path());
+    cfg.backend = JournalBackendKind::Direct;
+    let (journal, _) = match open(&cfg, JournalMark::START) {
+        Ok(j) => j,
+        Err(JournalError::DirectIoUnsupported { path, source }) => {
+            println!(
+                "note: O_DIRECT refused on {} ({source}); skipping",
+                path.display()
+            );
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let records = mixed_records(200);
+    append_all(&journal, &records);
+    drop(journal);
+    let (_j, seen) = open(&cfg, JournalMark::START).unwrap();
+    assert_eq!(records_of(&seen), records);
+}
+
+#[test]
+fn sync_off_acks_and_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.sync = vela_bookie::journal::JournalSync::Off;
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let records = mixed_records(50);
+    append_all(&journal, &records);
+    drop(journal);
+    let (_j, seen) = open(&cfg, JournalMark::START).unwrap();
+    assert_eq!(records_of(&seen), records);
+}
+
+#[test]
+fn bad_config_is_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.alignment_bytes = 3000;
+    assert!(matches!(
+        open(&cfg, JournalMark::START),
+        Err(JournalError::InvalidConfig { .. })
+    ));
+    let mut cfg = config(dir.path());
+    cfg.file_bytes_max = 8192;
+    assert!(matches!(
+        open(&cfg, JournalMark::START),
+        Err(JournalError::InvalidConfig { .. })
+    ));
+}
