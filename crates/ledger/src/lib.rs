@@ -1,1 +1,46 @@
-//! vela-ledger: see ARCHITECTURE.md. Filled in by its own issue.
+//! vela-ledger: the ledger client.
+//!
+//! A ledger is an append-only sequence of entries striped over an ensemble of
+//! bookies. This crate owns everything a ledger's writer and readers do:
+//! - `metadata`: the stored ledger metadata (quorum, segments, state, end) and
+//!   its format; every update is a CAS on the metadata store's version;
+//! - `placement`: which bookies hold an ensemble (random, rack-aware);
+//! - `writer`: `LedgerWriter`: pipelined striped quorum writes, ordered acks,
+//!   the LAC, ensemble changes, close;
+//! - `reader`: `LedgerReader`: reads with fail-over, LAC reads;
+//! - `recovery`: fencing and closing a ledger another writer may still hold;
+//! - `transport`: the `BookieTransport` seam, with `sim::SimCluster` (in-memory
+//!   bookies with fault injection) and `bookie_client::BookieClientTransport`
+//!   (real bookies over `vela_bookie::client::BookieClient`).
+//!
+//! Guarantees: an add is acknowledged only when Qa bookies of its write set made
+//! it durable and every earlier add was acknowledged; once `open_with_recovery`
+//! returns, the ledger is closed at a point that includes every acknowledged
+//! entry, and the writer it fenced gets nothing more acknowledged.
+//! Never: knows of topics or Pulsar, stores payloads in the metadata store,
+//! implements consensus (the metadata store's CAS decides races), or holds a
+//! lock across an `.await`.
+
+mod client;
+mod entry;
+mod error;
+mod placement;
+mod reader;
+mod recovery;
+mod store;
+mod writer;
+
+pub mod metadata;
+pub mod sim;
+pub mod transport;
+pub mod types;
+
+pub use client::{LedgerClient, LedgerConfig};
+pub use entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};
+pub use error::LedgerError;
+pub use metadata::{LedgerMetadata, LedgerState};
+pub use placement::{BookieCandidate, choose as choose_bookies};
+pub use reader::LedgerReader;
+pub use transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
+pub use types::{BookieId, EntryId, LedgerId, Quorum, QuorumError};
+pub use writer::{LedgerWriter, PENDING_ADDS_MAX, PENDING_BYTES_MAX, PendingAdd};

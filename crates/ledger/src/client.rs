@@ -1,0 +1,205 @@
+//! `LedgerClient`: creates, opens, recovers and deletes ledgers.
+//!
+//! Owns: the shared context of every writer and reader (`ClientCore`: the
+//! metadata store, the bookie transport, the configuration and the placement
+//! RNG) and the ledger lifecycle entry points.
+//! Never: holds ledger state itself (writers and readers do), or a lock across
+//! an `.await`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use parking_lot::Mutex;
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use tokio::task::JoinSet;
+use vela_meta::MetadataStore;
+
+use crate::error::LedgerError;
+use crate::metadata::{LedgerMetadata, PROPERTIES_MAX};
+use crate::placement;
+use crate::reader::LedgerReader;
+use crate::recovery;
+use crate::store;
+use crate::transport::{BookieError, BookieTransport};
+use crate::types::{BookieId, LedgerId, Quorum};
+use crate::writer::{LedgerWriter, PENDING_ADDS_MAX, PENDING_BYTES_MAX};
+
+/// Tunables of a ledger client.
+#[derive(Debug, Clone)]
+pub struct LedgerConfig {
+    /// An add not acknowledged by a bookie within this is treated as that
+    /// bookie's failure (ensemble change). BookKeeper's default.
+    pub add_timeout: Duration,
+    /// A read (or LAC read, or fence) not answered within this counts as an
+    /// unknown answer: readers fail over, recovery retries.
+    pub read_timeout: Duration,
+    /// Adds in flight per writer before `submit` waits.
+    pub pending_adds_max: usize,
+    /// Payload bytes in flight per writer before `submit` waits (clamped to
+    /// `ENTRY_PAYLOAD_BYTES_MAX..=PENDING_BYTES_MAX`).
+    pub pending_bytes_max: usize,
+    /// Rounds recovery spends on bookies that do not answer (fencing, reads of
+    /// an entry of unknown state, re-writes) before `RecoveryIncomplete`.
+    pub recovery_attempts_max: u32,
+    /// Pause between those rounds.
+    pub recovery_retry_delay: Duration,
+    /// Seed of the placement RNG (`None`: from the OS). Tests pass one so a run
+    /// replays.
+    pub placement_seed: Option<u64>,
+}
+
+impl Default for LedgerConfig {
+    fn default() -> LedgerConfig {
+        LedgerConfig {
+            add_timeout: Duration::from_secs(5),
+            read_timeout: Duration::from_secs(5),
+            pending_adds_max: PENDING_ADDS_MAX,
+            pending_bytes_max: PENDING_BYTES_MAX,
+            recovery_attempts_max: 10,
+            recovery_retry_delay: Duration::from_millis(500),
+            placement_seed: None,
+        }
+    }
+}
+
+/// What writers, readers and recovery share.
+#[derive(Debug)]
+pub(crate) struct ClientCore {
+    pub(crate) store: Arc<dyn MetadataStore>,
+    pub(crate) transport: Arc<dyn BookieTransport>,
+    pub(crate) config: LedgerConfig,
+    pub(crate) rng: Mutex<StdRng>,
+}
+
+/// Entry point of the ledger client. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct LedgerClient {
+    core: Arc<ClientCore>,
+}
+
+impl LedgerClient {
+    /// A client over `store` (ledger metadata, bookie registry, id allocation)
+    /// reaching bookies through `transport`.
+    pub fn new(
+        store: Arc<dyn MetadataStore>,
+        transport: Arc<dyn BookieTransport>,
+        config: LedgerConfig,
+    ) -> LedgerClient {
+        let rng = match config.placement_seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_os_rng(),
+        };
+        LedgerClient {
+            core: Arc::new(ClientCore {
+                store,
+                transport,
+                config,
+                rng: Mutex::new(rng),
+            }),
+        }
+    }
+
+    /// Creates an OPEN ledger on E available bookies (random, spread across
+    /// racks when bookies carry rack labels) and returns its writer.
+    pub async fn create(
+        &self,
+        quorum: Quorum,
+        properties: BTreeMap<String, String>,
+    ) -> Result<LedgerWriter, LedgerError> {
+        if properties.len() > PROPERTIES_MAX {
+            return Err(LedgerError::TooManyProperties {
+                count: properties.len(),
+            });
+        }
+        let candidates = store::available_bookies(&self.core.store).await?;
+        let ensemble = {
+            let mut rng = self.core.rng.lock();
+            placement::choose(&candidates, &[], &[], quorum.ensemble_size(), &mut *rng)?
+        };
+        let ctime_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let metadata = LedgerMetadata::new_open(quorum, ensemble, ctime_ms, properties);
+        // An id is never handed out twice, so the create cannot collide unless
+        // the store lost the allocator's state; a few tries ride that out.
+        for _ in 0..CREATE_ATTEMPTS_MAX {
+            let ledger_id = store::allocate_ledger_id(&self.core.store).await?;
+            if let Some(version) = store::create(&self.core.store, ledger_id, &metadata).await? {
+                tracing::debug!(ledger = %ledger_id, ensemble = ?metadata.ensembles, "ledger created");
+                let versioned = store::Versioned { metadata, version };
+                return Ok(LedgerWriter::start(self.core.clone(), ledger_id, versioned));
+            }
+            tracing::warn!(ledger = %ledger_id, "allocated ledger id already has metadata");
+        }
+        Err(LedgerError::Internal(
+            "ledger ids keep colliding with existing ledgers".into(),
+        ))
+    }
+
+    /// The ledger's current metadata.
+    pub async fn metadata(&self, ledger_id: LedgerId) -> Result<LedgerMetadata, LedgerError> {
+        Ok(store::read(&self.core.store, ledger_id).await?.metadata)
+    }
+
+    /// Opens a ledger for reading without disturbing its writer: a closed
+    /// ledger up to its last entry, an open one up to the LAC its bookies know.
+    pub async fn open_for_read(&self, ledger_id: LedgerId) -> Result<LedgerReader, LedgerError> {
+        let metadata = store::read(&self.core.store, ledger_id).await?.metadata;
+        let mut reader = LedgerReader::new(self.core.clone(), ledger_id, metadata);
+        if !reader.is_closed() {
+            reader.read_lac().await?;
+        }
+        Ok(reader)
+    }
+
+    /// Opens a ledger that another writer may still hold: fences it, decides
+    /// where it ends (every entry that writer got acknowledged is kept), closes
+    /// it, and returns a reader of the closed ledger. A CLOSED ledger is opened
+    /// as is.
+    pub async fn open_with_recovery(
+        &self,
+        ledger_id: LedgerId,
+    ) -> Result<LedgerReader, LedgerError> {
+        let metadata = recovery::recover(&self.core, ledger_id).await?;
+        Ok(LedgerReader::new(self.core.clone(), ledger_id, metadata))
+    }
+
+    /// Deletes the ledger on every bookie that ever held a segment of it, then
+    /// its metadata. Deleting a ledger that does not exist succeeds.
+    pub async fn delete(&self, ledger_id: LedgerId) -> Result<(), LedgerError> {
+        let metadata = match store::read(&self.core.store, ledger_id).await {
+            Ok(versioned) => versioned.metadata,
+            Err(LedgerError::NoSuchLedger(_)) => return Ok(()),
+            Err(e) => return Err(e),
+        };
+        let timeout = self.core.config.read_timeout;
+        let mut requests = JoinSet::new();
+        for bookie in metadata.all_bookies() {
+            let request = self.core.transport.delete_ledger(&bookie, ledger_id);
+            requests.spawn(async move {
+                let result = tokio::time::timeout(timeout, request)
+                    .await
+                    .unwrap_or(Err(BookieError::Timeout));
+                (bookie, result)
+            });
+        }
+        let mut failed: Vec<(BookieId, BookieError)> = Vec::new();
+        while let Some(joined) = requests.join_next().await {
+            let (bookie, result) = joined.map_err(|e| LedgerError::Internal(e.to_string()))?;
+            match result {
+                Ok(()) | Err(BookieError::NoSuchLedger) => {}
+                Err(error) => failed.push((bookie, error)),
+            }
+        }
+        if !failed.is_empty() {
+            failed.sort_by(|a, b| a.0.cmp(&b.0));
+            return Err(LedgerError::DeleteIncomplete { ledger_id, failed });
+        }
+        store::delete(&self.core.store, ledger_id).await
+    }
+}
+
+/// Ids tried by one `create` before giving up (see there).
+const CREATE_ATTEMPTS_MAX: u32 = 4;

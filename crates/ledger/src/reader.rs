@@ -1,0 +1,170 @@
+//! `LedgerReader`: reads entries of a ledger.
+//!
+//! Owns: the read path: the write set's bookies in order, failing over on an
+//! error, a timeout or a corrupt answer; every entry returned passed its CRC32C
+//! and id check. Also the LAC read of an open ledger.
+//! Never: reads past the readable end (the LAC of an open ledger, the last entry
+//! of a closed one), fences, or writes.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::task::JoinSet;
+
+use crate::client::ClientCore;
+use crate::entry::unpackage;
+use crate::error::LedgerError;
+use crate::metadata::{LedgerMetadata, LedgerState};
+use crate::transport::{BookieError, ReadMode};
+use crate::types::{BookieId, EntryId, LedgerId};
+
+/// A reader of one ledger.
+#[derive(Debug)]
+pub struct LedgerReader {
+    core: Arc<ClientCore>,
+    ledger_id: LedgerId,
+    metadata: LedgerMetadata,
+    /// Last entry that may be read: the last entry of a closed ledger, else the
+    /// highest LAC seen. Only moves forward.
+    last_readable: Option<EntryId>,
+}
+
+impl LedgerReader {
+    pub(crate) fn new(
+        core: Arc<ClientCore>,
+        ledger_id: LedgerId,
+        metadata: LedgerMetadata,
+    ) -> LedgerReader {
+        let last_readable = match metadata.state {
+            LedgerState::Closed => metadata.last_entry,
+            LedgerState::Open | LedgerState::InRecovery => None,
+        };
+        LedgerReader {
+            core,
+            ledger_id,
+            metadata,
+            last_readable,
+        }
+    }
+
+    /// The ledger read.
+    pub fn ledger_id(&self) -> LedgerId {
+        self.ledger_id
+    }
+
+    /// The metadata as of opening (or the last `read_lac` that found it closed).
+    pub fn metadata(&self) -> &LedgerMetadata {
+        &self.metadata
+    }
+
+    /// Whether the ledger is closed (its end is final).
+    pub fn is_closed(&self) -> bool {
+        self.metadata.state == LedgerState::Closed
+    }
+
+    /// Last entry that may be read now (`None`: none yet).
+    pub fn last_readable(&self) -> Option<EntryId> {
+        self.last_readable
+    }
+
+    /// Reads entry `entry_id` and returns its payload.
+    pub async fn read(&self, entry_id: EntryId) -> Result<Bytes, LedgerError> {
+        if self.last_readable.is_none_or(|last| entry_id > last) {
+            return Err(LedgerError::BeyondLastConfirmed {
+                ledger_id: self.ledger_id,
+                entry_id,
+                last: self.last_readable,
+            });
+        }
+        let (_, payload) = read_entry(&self.core, self.ledger_id, &self.metadata, entry_id).await?;
+        Ok(payload)
+    }
+
+    /// Refreshes the readable end: a closed ledger's last entry, or the highest
+    /// LAC the last ensemble's bookies know. Returns it.
+    pub async fn read_lac(&mut self) -> Result<Option<EntryId>, LedgerError> {
+        if self.is_closed() {
+            return Ok(self.last_readable);
+        }
+        let fresh = crate::store::read(&self.core.store, self.ledger_id)
+            .await?
+            .metadata;
+        if fresh.state == LedgerState::Closed {
+            self.last_readable = fresh.last_entry;
+            self.metadata = fresh;
+            return Ok(self.last_readable);
+        }
+        self.metadata = fresh;
+        let (_, ensemble) = self.metadata.last_ensemble();
+        let timeout = self.core.config.read_timeout;
+        let mut requests = JoinSet::new();
+        for bookie in ensemble {
+            let request = self
+                .core
+                .transport
+                .read_lac(bookie, self.ledger_id, ReadMode::Normal);
+            let bookie = bookie.clone();
+            requests.spawn(async move {
+                let answer = tokio::time::timeout(timeout, request)
+                    .await
+                    .unwrap_or(Err(BookieError::Timeout));
+                (bookie, answer)
+            });
+        }
+        let mut answered = false;
+        let mut errors = Vec::new();
+        while let Some(joined) = requests.join_next().await {
+            match joined.map_err(|e| LedgerError::Internal(e.to_string()))? {
+                (_, Ok(lac)) => {
+                    answered = true;
+                    self.last_readable = self.last_readable.max(lac);
+                }
+                (_, Err(e)) if e.is_no_entry() => answered = true,
+                (bookie, Err(e)) => errors.push((bookie, e)),
+            }
+        }
+        if !answered {
+            errors.sort_by(|a, b| a.0.cmp(&b.0));
+            return Err(LedgerError::LacUnavailable {
+                ledger_id: self.ledger_id,
+                errors,
+            });
+        }
+        Ok(self.last_readable)
+    }
+}
+
+/// Reads one entry from its write set, in order, failing over; returns the
+/// packaged bytes and the payload.
+pub(crate) async fn read_entry(
+    core: &ClientCore,
+    ledger_id: LedgerId,
+    metadata: &LedgerMetadata,
+    entry_id: EntryId,
+) -> Result<(crate::entry::EntryHeader, Bytes), LedgerError> {
+    let mut errors: Vec<(BookieId, BookieError)> = Vec::new();
+    let mut corrupt: Option<LedgerError> = None;
+    for bookie in metadata.write_set(entry_id) {
+        let request = core
+            .transport
+            .read(&bookie, ledger_id, entry_id, ReadMode::Normal);
+        let answer = tokio::time::timeout(core.config.read_timeout, request)
+            .await
+            .unwrap_or(Err(BookieError::Timeout));
+        match answer {
+            Ok(packaged) => match unpackage(&packaged, ledger_id, entry_id) {
+                Ok(found) => return Ok(found),
+                Err(error) => {
+                    tracing::warn!(ledger = %ledger_id, entry = %entry_id, %bookie, %error, "corrupt entry");
+                    corrupt = Some(LedgerError::Corrupt { bookie, error });
+                }
+            },
+            Err(error) => errors.push((bookie, error)),
+        }
+    }
+    Err(corrupt.unwrap_or(LedgerError::EntryUnavailable {
+        ledger_id,
+        entry_id,
+        errors,
+    }))
+}

@@ -1,0 +1,568 @@
+//! The writer of one open ledger.
+//!
+//! Owns: entry ids, packaging (with the LAC piggybacked), striped parallel sends
+//! to each entry's write set, ordered completion, the LAC, ensemble changes and
+//! the close. One task (the writer task) owns all of this state; `LedgerWriter`
+//! only queues commands to it.
+//!
+//! Guarantees: ids are sequential in `submit` order; an add completes `Ok` only
+//! when Qa distinct bookies of its write set (as recorded in the metadata) acked
+//! it and every earlier add completed `Ok`; the LAC only moves forward; a pending
+//! add ends with a typed error, never silently; after a `Fenced` answer nothing
+//! more is acknowledged.
+//! Never: sends entry N+1 only after N completes (adds are pipelined), holds more
+//! than `pending_adds_max` adds or `pending_bytes_max` payload bytes (`submit`
+//! waits), or changes the metadata of a ledger that is not OPEN.
+
+use std::collections::{BTreeSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::client::ClientCore;
+use crate::entry::{ENTRY_PAYLOAD_BYTES_MAX, package};
+use crate::error::LedgerError;
+use crate::metadata::{ENSEMBLES_MAX, LedgerMetadata, LedgerState};
+use crate::placement;
+use crate::store::{self, CasError};
+use crate::transport::{AddMode, BookieError};
+use crate::types::{BookieId, EntryId, LedgerId, Quorum, entry_after};
+
+/// Default bound on adds in flight per ledger. At ~200k entries/s and a 2 ms
+/// quorum round trip about 400 are in flight; 4096 absorbs a slow bookie for a
+/// few ms more. When reached, `submit` waits (back-pressure to the producer).
+pub const PENDING_ADDS_MAX: usize = 4096;
+
+/// Default bound on payload bytes in flight per ledger: 64 MiB, a few hundred ms
+/// of a 1 Gbit/s link. When reached, `submit` waits.
+pub const PENDING_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+const _: () = assert!(ENTRY_PAYLOAD_BYTES_MAX <= PENDING_BYTES_MAX);
+const _: () = assert!(PENDING_BYTES_MAX <= u32::MAX as usize);
+
+/// CAS attempts for one ensemble change or close before giving up
+/// (`MetadataContention`). Only the writer changes an OPEN ledger, so a conflict
+/// means a recoverer or an unknown-outcome write; a few re-reads settle it.
+const METADATA_CAS_ATTEMPTS_MAX: u32 = 16;
+
+/// Published by the writer task for `LedgerWriter::last_add_confirmed`.
+const LAC_NONE: u64 = u64::MAX;
+
+enum Command {
+    Add {
+        payload: Bytes,
+        reply: oneshot::Sender<Result<EntryId, LedgerError>>,
+        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    },
+    Close {
+        reply: oneshot::Sender<Result<LedgerMetadata, LedgerError>>,
+    },
+}
+
+/// The writer of an open ledger. Dropping it without `close` abandons the
+/// ledger (as a crash would): pending adds end with `WriterGone`, and a later
+/// `open_with_recovery` decides where the ledger ends.
+#[derive(Debug)]
+pub struct LedgerWriter {
+    ledger_id: LedgerId,
+    quorum: Quorum,
+    commands: mpsc::Sender<Command>,
+    count_budget: Arc<Semaphore>,
+    bytes_budget: Arc<Semaphore>,
+    lac: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl std::fmt::Debug for Command {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Command::Add { payload, .. } => write!(f, "Add({} bytes)", payload.len()),
+            Command::Close { .. } => f.write_str("Close"),
+        }
+    }
+}
+
+/// An add that was queued; resolves to its entry id once acknowledged.
+#[derive(Debug)]
+pub struct PendingAdd {
+    ledger_id: LedgerId,
+    reply: oneshot::Receiver<Result<EntryId, LedgerError>>,
+}
+
+impl Future for PendingAdd {
+    type Output = Result<EntryId, LedgerError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let ledger_id = self.ledger_id;
+        Pin::new(&mut self.reply)
+            .poll(cx)
+            .map(|r| r.unwrap_or(Err(LedgerError::WriterGone(ledger_id))))
+    }
+}
+
+impl LedgerWriter {
+    pub(crate) fn start(
+        core: Arc<ClientCore>,
+        ledger_id: LedgerId,
+        versioned: store::Versioned,
+    ) -> LedgerWriter {
+        let metadata = versioned.metadata;
+        assert_eq!(metadata.state, LedgerState::Open);
+        assert!(metadata.last_entry.is_none());
+        let quorum = metadata.quorum;
+        let pending_adds_max = core.config.pending_adds_max.max(1);
+        let pending_bytes_max = core
+            .config
+            .pending_bytes_max
+            .clamp(ENTRY_PAYLOAD_BYTES_MAX, PENDING_BYTES_MAX);
+        let (commands, receiver) = mpsc::channel(pending_adds_max + 1);
+        let lac = Arc::new(AtomicU64::new(LAC_NONE));
+        // A fresh ledger starts empty; a writer is only ever given a new ledger.
+        let ensemble = metadata.last_ensemble().1.to_vec();
+        let task_state = WriterTask {
+            core,
+            ledger_id,
+            quorum,
+            metadata,
+            version: versioned.version,
+            ensemble,
+            next_entry: EntryId(0),
+            lac: None,
+            length_bytes: 0,
+            pending: VecDeque::new(),
+            inflight: JoinSet::new(),
+            failed_indices: BTreeSet::new(),
+            broken: None,
+            published_lac: lac.clone(),
+        };
+        let task = tokio::spawn(task_state.run(receiver));
+        LedgerWriter {
+            ledger_id,
+            quorum,
+            commands,
+            count_budget: Arc::new(Semaphore::new(pending_adds_max)),
+            bytes_budget: Arc::new(Semaphore::new(pending_bytes_max)),
+            lac,
+            task,
+        }
+    }
+
+    /// The ledger written.
+    pub fn ledger_id(&self) -> LedgerId {
+        self.ledger_id
+    }
+
+    /// E, Qw, Qa of the ledger.
+    pub fn quorum(&self) -> Quorum {
+        self.quorum
+    }
+
+    /// The last entry acknowledged (all entries up to it are acknowledged).
+    pub fn last_add_confirmed(&self) -> Option<EntryId> {
+        match self.lac.load(Ordering::Acquire) {
+            LAC_NONE => None,
+            lac => Some(EntryId(lac)),
+        }
+    }
+
+    /// Queues an add: waits while the writer is at its pending bound, then
+    /// returns the handle that resolves once the entry is acknowledged. Entry ids
+    /// follow the order in which `submit` calls return.
+    pub async fn submit(&self, payload: Bytes) -> Result<PendingAdd, LedgerError> {
+        if payload.len() > ENTRY_PAYLOAD_BYTES_MAX {
+            return Err(LedgerError::PayloadTooLarge {
+                len_bytes: payload.len(),
+                max_bytes: ENTRY_PAYLOAD_BYTES_MAX,
+            });
+        }
+        let gone = |_| LedgerError::WriterGone(self.ledger_id);
+        let count = self
+            .count_budget
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(gone)?;
+        // Fits u32: checked against ENTRY_PAYLOAD_BYTES_MAX above.
+        let bytes = self
+            .bytes_budget
+            .clone()
+            .acquire_many_owned(payload.len() as u32)
+            .await
+            .map_err(gone)?;
+        let (reply, receiver) = oneshot::channel();
+        let command = Command::Add {
+            payload,
+            reply,
+            permits: (count, bytes),
+        };
+        // The channel holds more than the count budget, so this never waits long.
+        self.commands
+            .send(command)
+            .await
+            .map_err(|_| LedgerError::WriterGone(self.ledger_id))?;
+        Ok(PendingAdd {
+            ledger_id: self.ledger_id,
+            reply: receiver,
+        })
+    }
+
+    /// Adds one entry and waits until it is acknowledged.
+    pub async fn add(&self, payload: Bytes) -> Result<EntryId, LedgerError> {
+        self.submit(payload).await?.await
+    }
+
+    /// Waits for every pending add, then closes the ledger (CAS to CLOSED with the
+    /// last entry and length). Returns the closed metadata.
+    pub async fn close(self) -> Result<LedgerMetadata, LedgerError> {
+        let (reply, receiver) = oneshot::channel();
+        self.commands
+            .send(Command::Close { reply })
+            .await
+            .map_err(|_| LedgerError::WriterGone(self.ledger_id))?;
+        receiver
+            .await
+            .unwrap_or(Err(LedgerError::WriterGone(self.ledger_id)))
+    }
+}
+
+impl Drop for LedgerWriter {
+    fn drop(&mut self) {
+        // Abandon: the writer task stops at once, as if the process had crashed.
+        self.task.abort();
+    }
+}
+
+/// One add not yet acknowledged.
+struct PendingEntry {
+    entry_id: EntryId,
+    packaged: Bytes,
+    /// Ensemble indices (bit i = index i) that acked.
+    acked: u64,
+    reply: oneshot::Sender<Result<EntryId, LedgerError>>,
+    _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+}
+
+/// A bookie's answer to one add.
+struct Response {
+    entry_id: EntryId,
+    index: usize,
+    bookie: BookieId,
+    result: Result<(), BookieError>,
+}
+
+struct WriterTask {
+    core: Arc<ClientCore>,
+    ledger_id: LedgerId,
+    quorum: Quorum,
+    metadata: LedgerMetadata,
+    version: vela_meta::Version,
+    /// The last segment's bookies (what new and resent adds go to).
+    ensemble: Vec<BookieId>,
+    next_entry: EntryId,
+    lac: Option<EntryId>,
+    /// Ledger length including the last submitted entry.
+    length_bytes: u64,
+    /// Adds after the LAC, in entry order.
+    pending: VecDeque<PendingEntry>,
+    /// Requests in flight; bounded by pending adds x Qw, plus stale requests to
+    /// replaced bookies, each ended by the add timeout.
+    inflight: JoinSet<Response>,
+    /// Ensemble indices that failed and await replacement.
+    failed_indices: BTreeSet<usize>,
+    /// The first fatal failure; once set no add is sent or acknowledged.
+    broken: Option<LedgerError>,
+    published_lac: Arc<AtomicU64>,
+}
+
+impl WriterTask {
+    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+        let mut close: Option<oneshot::Sender<Result<LedgerMetadata, LedgerError>>> = None;
+        loop {
+            if close.is_some() && self.pending.is_empty() {
+                let result = self.close().await;
+                if let Some(reply) = close.take() {
+                    let _ = reply.send(result);
+                }
+                return;
+            }
+            tokio::select! {
+                biased;
+                Some(joined) = self.inflight.join_next(), if !self.inflight.is_empty() => {
+                    // A join error means a request task panicked (aborts happen only
+                    // once the writer has failed): its add would never finish, so
+                    // the writer fails rather than stall.
+                    match joined {
+                        Ok(response) => self.on_response(response),
+                        Err(e) => self.fail(LedgerError::Internal(format!("add task failed: {e}"))),
+                    }
+                }
+                command = commands.recv(), if close.is_none() => match command {
+                    // The writer was dropped: abandon.
+                    None => return,
+                    Some(Command::Add { payload, reply, permits }) => self.on_add(payload, reply, permits),
+                    Some(Command::Close { reply }) => close = Some(reply),
+                },
+                else => {
+                    // Closing with adds pending and nothing in flight: every
+                    // pending add has a request in flight or a failed index, so
+                    // this is a bug; fail rather than hang.
+                    debug_assert!(false, "writer stalled with {} pending adds", self.pending.len());
+                    self.fail(LedgerError::Internal("writer stalled while closing".into()));
+                }
+            }
+            if self.broken.is_none() && !self.failed_indices.is_empty() {
+                if let Err(e) = self.change_ensemble().await {
+                    self.fail(e);
+                }
+            }
+            self.deliver();
+        }
+    }
+
+    fn on_add(
+        &mut self,
+        payload: Bytes,
+        reply: oneshot::Sender<Result<EntryId, LedgerError>>,
+        permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    ) {
+        if let Some(reason) = &self.broken {
+            let _ = reply.send(Err(LedgerError::WriterFailed {
+                ledger_id: self.ledger_id,
+                reason: Arc::new(reason.clone()),
+            }));
+            return;
+        }
+        let entry_id = self.next_entry;
+        self.next_entry = entry_id.next();
+        self.length_bytes += payload.len() as u64;
+        let packaged = package(
+            self.ledger_id,
+            entry_id,
+            self.lac,
+            self.length_bytes,
+            &payload,
+        );
+        for index in self.quorum.write_set(entry_id) {
+            self.send(entry_id, index, packaged.clone());
+        }
+        self.pending.push_back(PendingEntry {
+            entry_id,
+            packaged,
+            acked: 0,
+            reply,
+            _permits: permits,
+        });
+    }
+
+    fn send(&mut self, entry_id: EntryId, index: usize, packaged: Bytes) {
+        let bookie = self.ensemble[index].clone();
+        let request =
+            self.core
+                .transport
+                .add(&bookie, self.ledger_id, entry_id, packaged, AddMode::Normal);
+        let timeout = self.core.config.add_timeout;
+        self.inflight.spawn(async move {
+            let result = match tokio::time::timeout(timeout, request).await {
+                Ok(result) => result,
+                Err(_) => Err(BookieError::Timeout),
+            };
+            Response {
+                entry_id,
+                index,
+                bookie,
+                result,
+            }
+        });
+    }
+
+    fn on_response(&mut self, response: Response) {
+        if self.broken.is_some() {
+            return;
+        }
+        if self.ensemble[response.index] != response.bookie {
+            // Answer from a bookie replaced since: the metadata no longer lists
+            // it for this entry, so its ack cannot count.
+            return;
+        }
+        match response.result {
+            Ok(()) => {
+                let Some(front) = self.pending.front() else {
+                    return;
+                };
+                let Some(offset) = response.entry_id.0.checked_sub(front.entry_id.0) else {
+                    // Already acknowledged.
+                    return;
+                };
+                if let Some(pending) = self.pending.get_mut(offset as usize) {
+                    debug_assert_eq!(pending.entry_id, response.entry_id);
+                    pending.acked |= 1 << response.index;
+                }
+            }
+            Err(BookieError::Fenced) => self.fail(LedgerError::Fenced(self.ledger_id)),
+            Err(error) => {
+                tracing::warn!(
+                    ledger = %self.ledger_id, entry = %response.entry_id, bookie = %response.bookie,
+                    %error, "add failed; replacing bookie"
+                );
+                self.failed_indices.insert(response.index);
+            }
+        }
+    }
+
+    /// Acknowledges adds in order while the head has Qa acks.
+    fn deliver(&mut self) {
+        while let Some(front) = self.pending.front() {
+            if (front.acked.count_ones() as usize) < self.quorum.ack_quorum() {
+                break;
+            }
+            let Some(done) = self.pending.pop_front() else {
+                break;
+            };
+            debug_assert_eq!(done.entry_id, entry_after(self.lac));
+            self.lac = Some(done.entry_id);
+            self.published_lac.store(done.entry_id.0, Ordering::Release);
+            let _ = done.reply.send(Ok(done.entry_id));
+        }
+    }
+
+    /// Fails every pending add and every later one with `error`.
+    fn fail(&mut self, error: LedgerError) {
+        if self.broken.is_some() {
+            return;
+        }
+        tracing::warn!(ledger = %self.ledger_id, %error, pending = self.pending.len(), "writer failed");
+        for pending in self.pending.drain(..) {
+            let _ = pending.reply.send(Err(error.clone()));
+        }
+        self.failed_indices.clear();
+        self.inflight.abort_all();
+        self.broken = Some(error);
+    }
+
+    /// Replaces the failed bookies, records the new segment (CAS), and resends
+    /// the pending adds they held.
+    async fn change_ensemble(&mut self) -> Result<(), LedgerError> {
+        let failed: Vec<usize> = std::mem::take(&mut self.failed_indices)
+            .into_iter()
+            .collect();
+        let failed_bookies: Vec<BookieId> =
+            failed.iter().map(|&i| self.ensemble[i].clone()).collect();
+        let keep: Vec<BookieId> = (0..self.ensemble.len())
+            .filter(|i| !failed.contains(i))
+            .map(|i| self.ensemble[i].clone())
+            .collect();
+        let candidates = store::available_bookies(&self.core.store).await?;
+        let picks = {
+            let mut rng = self.core.rng.lock();
+            placement::choose(&candidates, &keep, &failed_bookies, failed.len(), &mut *rng)?
+        };
+        let mut ensemble = self.ensemble.clone();
+        for (&index, pick) in failed.iter().zip(picks) {
+            ensemble[index] = pick;
+        }
+        let first_entry = entry_after(self.lac);
+        self.record_segment(first_entry, &ensemble).await?;
+        tracing::info!(
+            ledger = %self.ledger_id, first_entry = %first_entry,
+            replaced = ?failed_bookies, ensemble = ?ensemble, "ensemble changed"
+        );
+        self.ensemble = ensemble;
+        let mut resend = Vec::new();
+        for pending in &mut self.pending {
+            for &index in &failed {
+                if self.quorum.stores(pending.entry_id, index) {
+                    pending.acked &= !(1u64 << index);
+                    resend.push((pending.entry_id, index, pending.packaged.clone()));
+                }
+            }
+        }
+        for (entry_id, index, packaged) in resend {
+            self.send(entry_id, index, packaged);
+        }
+        Ok(())
+    }
+
+    async fn record_segment(
+        &mut self,
+        first_entry: EntryId,
+        ensemble: &[BookieId],
+    ) -> Result<(), LedgerError> {
+        for _ in 0..METADATA_CAS_ATTEMPTS_MAX {
+            let mut metadata = self.metadata.clone();
+            let (last_first, _) = metadata.last_ensemble();
+            if last_first != first_entry && metadata.ensembles.len() >= ENSEMBLES_MAX {
+                return Err(LedgerError::TooManyEnsembleChanges(self.ledger_id));
+            }
+            metadata.set_last_ensemble(first_entry, ensemble.to_vec());
+            match store::cas(&self.core.store, self.ledger_id, &metadata, self.version).await {
+                Ok(version) => {
+                    self.metadata = metadata;
+                    self.version = version;
+                    return Ok(());
+                }
+                Err(CasError::Failed(e)) => return Err(e),
+                Err(CasError::BadVersion) => self.reread_open().await?,
+            }
+        }
+        Err(LedgerError::MetadataContention(self.ledger_id))
+    }
+
+    /// After a CAS conflict: reload, and stop unless the ledger is still OPEN.
+    async fn reread_open(&mut self) -> Result<(), LedgerError> {
+        let fresh = store::read(&self.core.store, self.ledger_id).await?;
+        match fresh.metadata.state {
+            LedgerState::Open => {
+                self.metadata = fresh.metadata;
+                self.version = fresh.version;
+                Ok(())
+            }
+            LedgerState::InRecovery => Err(LedgerError::Fenced(self.ledger_id)),
+            LedgerState::Closed => Err(LedgerError::LedgerClosed(self.ledger_id)),
+        }
+    }
+
+    async fn close(&mut self) -> Result<LedgerMetadata, LedgerError> {
+        if let Some(reason) = &self.broken {
+            return Err(LedgerError::WriterFailed {
+                ledger_id: self.ledger_id,
+                reason: Arc::new(reason.clone()),
+            });
+        }
+        debug_assert!(self.pending.is_empty());
+        for _ in 0..METADATA_CAS_ATTEMPTS_MAX {
+            let mut metadata = self.metadata.clone();
+            metadata.state = LedgerState::Closed;
+            metadata.last_entry = self.lac;
+            metadata.length_bytes = self.length_bytes;
+            match store::cas(&self.core.store, self.ledger_id, &metadata, self.version).await {
+                Ok(_) => return Ok(metadata),
+                Err(CasError::Failed(e)) => return Err(e),
+                Err(CasError::BadVersion) => {
+                    let fresh = store::read(&self.core.store, self.ledger_id).await?;
+                    match fresh.metadata.state {
+                        LedgerState::Open => {
+                            self.metadata = fresh.metadata;
+                            self.version = fresh.version;
+                        }
+                        // Closed by a recoverer exactly where we stand (or by an
+                        // earlier attempt of ours whose answer was lost): done.
+                        LedgerState::Closed
+                            if fresh.metadata.last_entry == self.lac
+                                && fresh.metadata.length_bytes == self.length_bytes =>
+                        {
+                            return Ok(fresh.metadata);
+                        }
+                        _ => return Err(LedgerError::Fenced(self.ledger_id)),
+                    }
+                }
+            }
+        }
+        Err(LedgerError::MetadataContention(self.ledger_id))
+    }
+}
