@@ -191,7 +191,7 @@ pub(crate) mod faulty {
     use std::io;
     use std::path::Path;
     use std::sync::Mutex;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
     use super::{JournalFile, PlainFile};
 
@@ -199,7 +199,8 @@ pub(crate) mod faulty {
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub(crate) enum Op {
         Write { offset: u64, len: usize },
-        Sync,
+        SyncStart { id: u64 },
+        SyncEnd { id: u64 },
         Callback { offset: u64 },
     }
 
@@ -209,6 +210,7 @@ pub(crate) mod faulty {
         pub(crate) fail_writes: AtomicBool,
         /// Once set, every sync fails.
         pub(crate) fail_syncs: AtomicBool,
+        pub(crate) sync_ids: AtomicU64,
         pub(crate) log: Mutex<Vec<Op>>,
     }
 
@@ -235,11 +237,12 @@ pub(crate) mod faulty {
             if self.plan.fail_writes.load(Ordering::SeqCst) {
                 return Err(io::Error::other("injected write fault"));
             }
+            self.inner.write_at(buf, offset)?;
             self.plan.push(Op::Write {
                 offset,
                 len: buf.len(),
             });
-            self.inner.write_at(buf, offset)
+            Ok(())
         }
         fn read_at(&self, buf: &mut [u8], offset: u64) -> io::Result<usize> {
             self.inner.read_at(buf, offset)
@@ -248,8 +251,10 @@ pub(crate) mod faulty {
             if self.plan.fail_syncs.load(Ordering::SeqCst) {
                 return Err(io::Error::other("injected sync fault"));
             }
+            let id = self.plan.sync_ids.fetch_add(1, Ordering::SeqCst);
+            self.plan.push(Op::SyncStart { id });
             self.inner.sync_data()?;
-            self.plan.push(Op::Sync);
+            self.plan.push(Op::SyncEnd { id });
             Ok(())
         }
         fn set_len(&self, len: u64) -> io::Result<()> {
