@@ -1,0 +1,144 @@
+//! Unique ids from a CAS-allocated counter (ledger ids).
+//!
+//! Owns: the counter record at a key (default [`LEDGER_ID_KEY`]): the decimal
+//! ASCII of the next id no allocator has reserved (human-readable in
+//! `etcdctl get`). An [`IdAllocator`] reserves a range of `range_len` ids with
+//! one CAS (`ExpectedVersion::Is` / `Absent`) and hands them out locally, so one
+//! store write serves `range_len` ids. Ids are unique across every allocator of
+//! every process on the same key; they increase within one allocator, but not
+//! across allocators, and the unused rest of a range is lost when its process
+//! stops (gaps are normal). The first id is 1: 0 is never handed out, so callers
+//! may use it as "none".
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::sync::Mutex;
+
+use crate::error::MetaError;
+use crate::key::validate_key;
+use crate::store::{ExpectedVersion, MetadataStore};
+
+/// Where ledger ids are allocated.
+pub const LEDGER_ID_KEY: &str = "/ledgers/idgen";
+
+/// Ids reserved per CAS by default: with ~1-10 ms per durable CAS, one range
+/// covers a burst of 1000 ledger creations.
+pub const ID_RANGE_LEN_DEFAULT: u64 = 1000;
+
+/// CAS attempts before `reserve` gives up with `Contention`. Each failure means
+/// another allocator succeeded, so 64 in a row is pathological.
+const ID_CAS_ATTEMPTS_MAX: u32 = 64;
+
+/// The first id of a fresh counter.
+const ID_FIRST: u64 = 1;
+
+/// Longest counter record: `u64::MAX` has 20 decimal digits.
+const COUNTER_BYTES_MAX: usize = 20;
+
+/// Hands out unique ids reserved in ranges from a counter key.
+#[derive(Debug)]
+pub struct IdAllocator {
+    store: Arc<dyn MetadataStore>,
+    key: String,
+    range_len: u64,
+    /// Ids reserved and not yet handed out. The async mutex makes concurrent
+    /// callers share one refill instead of each reserving a range.
+    reserved: Mutex<Range<u64>>,
+}
+
+impl IdAllocator {
+    /// An allocator on counter `key`, reserving `range_len` (>= 1) ids at a time.
+    pub fn new(store: Arc<dyn MetadataStore>, key: &str, range_len: u64) -> Result<Self, MetaError> {
+        validate_key(key)?;
+        if range_len == 0 {
+            return Err(MetaError::InvalidArgument {
+                reason: "an id range must hold at least one id",
+            });
+        }
+        Ok(Self {
+            store,
+            key: key.to_owned(),
+            range_len,
+            reserved: Mutex::new(0..0),
+        })
+    }
+
+    /// The ledger id allocator: [`LEDGER_ID_KEY`], [`ID_RANGE_LEN_DEFAULT`].
+    pub fn for_ledgers(store: Arc<dyn MetadataStore>) -> Self {
+        Self {
+            store,
+            key: LEDGER_ID_KEY.to_owned(),
+            range_len: ID_RANGE_LEN_DEFAULT,
+            reserved: Mutex::new(0..0),
+        }
+    }
+
+    /// The next unique id.
+    pub async fn next_id(&self) -> Result<u64, MetaError> {
+        let mut reserved = self.reserved.lock().await;
+        if reserved.is_empty() {
+            *reserved = self.reserve().await?;
+        }
+        let id = reserved.start;
+        reserved.start += 1;
+        debug_assert!(id >= ID_FIRST);
+        Ok(id)
+    }
+
+    /// Reserves the next range with a CAS on the counter.
+    async fn reserve(&self) -> Result<Range<u64>, MetaError> {
+        for _ in 0..ID_CAS_ATTEMPTS_MAX {
+            let (start, expected) = match self.store.get(&self.key).await? {
+                None => (ID_FIRST, ExpectedVersion::Absent),
+                Some((value, version)) => (decode_counter(&self.key, &value)?, ExpectedVersion::Is(version)),
+            };
+            let end = start
+                .checked_add(self.range_len)
+                .ok_or_else(|| MetaError::IdsExhausted { key: self.key.clone() })?;
+            let value = Bytes::from(end.to_string());
+            match self.store.put(&self.key, value, expected).await {
+                Ok(_) => return Ok(start..end),
+                Err(MetaError::BadVersion { .. } | MetaError::Exists { .. } | MetaError::NotFound { .. }) => {
+                    continue;
+                }
+                Err(other) => return Err(other),
+            }
+        }
+        Err(MetaError::Contention {
+            key: self.key.clone(),
+            attempts: ID_CAS_ATTEMPTS_MAX,
+        })
+    }
+}
+
+fn decode_counter(key: &str, value: &[u8]) -> Result<u64, MetaError> {
+    let corrupt = || MetaError::Corruption {
+        key: key.to_owned(),
+        reason: format!("id counter is not a decimal u64 >= {ID_FIRST}"),
+    };
+    if value.is_empty() || value.len() > COUNTER_BYTES_MAX || !value.iter().all(u8::is_ascii_digit) {
+        return Err(corrupt());
+    }
+    let text = std::str::from_utf8(value).map_err(|_| corrupt())?;
+    match text.parse::<u64>() {
+        Ok(next) if next >= ID_FIRST => Ok(next),
+        _ => Err(corrupt()),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_decoding() {
+        assert_eq!(decode_counter("/k", b"1001").unwrap(), 1001);
+        assert_eq!(decode_counter("/k", b"18446744073709551615").unwrap(), u64::MAX);
+        for bad in [&b""[..], b"0", b"-1", b"12a", b" 1", b"18446744073709551616", b"000000000000000000001"] {
+            assert!(matches!(decode_counter("/k", bad), Err(MetaError::Corruption { .. })), "{bad:?}");
+        }
+    }
+}
