@@ -201,7 +201,21 @@ impl LogReaders {
             return Ok(Arc::clone(f));
         }
         let path = self.path(log_id);
-        let f = Arc::new(File::open(&path).map_err(|e| StorageError::io("open", &path, e))?);
+        let file = File::open(&path).map_err(|e| StorageError::io("open", &path, e))?;
+        // Check the header once per open: a file that is not the log the index
+        // names is corruption, not data.
+        let mut header = [0u8; format::ENTRY_LOG_HEADER_BYTES as usize];
+        file.read_exact_at(&mut header, 0)
+            .map_err(|e| StorageError::corruption(&path, 0, format!("cannot read header: {e}")))?;
+        let named = format::decode_entry_log_header(&header, &path)?;
+        if named != log_id {
+            return Err(StorageError::corruption(
+                &path,
+                0,
+                format!("header names log {named}"),
+            ));
+        }
+        let f = Arc::new(file);
         let mut files = self.files.lock();
         if files.len() >= LOG_READERS_OPEN_MAX
             && let Some(k) = files.keys().next().copied()

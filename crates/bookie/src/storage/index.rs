@@ -116,10 +116,6 @@ impl NewRecord {
         self.end_offset = offset + record_bytes;
     }
 
-    pub(crate) fn bytes(&self) -> u64 {
-        self.end_offset - self.base_offset
-    }
-
     pub(crate) fn encode(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(RECORD_FIXED_BYTES + 8 * self.pairs.len());
         v.push(RECORD_VERSION);
@@ -223,7 +219,7 @@ impl<'a> RecordView<'a> {
         } else {
             self.end_delta
         };
-        let len = u64::from(end).checked_sub(u64::from(o)).unwrap_or(0);
+        let len = u64::from(end).saturating_sub(u64::from(o));
         if len < RECORD_HEADER_BYTES
             || len > RECORD_HEADER_BYTES + u64::from(ENTRY_PAYLOAD_BYTES_MAX)
         {
@@ -238,14 +234,6 @@ impl<'a> RecordView<'a> {
             offset: self.base_offset + u64::from(o),
             len,
         })
-    }
-
-    /// Whole byte span of the record in its log.
-    pub(crate) fn byte_range(&self) -> (u64, u64) {
-        (
-            self.base_offset,
-            self.base_offset + u64::from(self.end_delta),
-        )
     }
 }
 
@@ -313,6 +301,16 @@ impl LedgerState {
             purged: f & 32 != 0,
         })
     }
+}
+
+/// One committed entry log as gc sees it.
+#[derive(Debug)]
+pub(crate) struct LogUsage {
+    pub(crate) log_id: u64,
+    /// Bytes committed to it (the file may be longer: unindexed garbage).
+    pub(crate) committed_bytes: u64,
+    /// (ledger_id, bytes) of every ledger with records in it.
+    pub(crate) ledger_bytes: Vec<(u64, u64)>,
 }
 
 /// Everything read from the database at open.
@@ -478,9 +476,8 @@ impl Index {
         Ok(self.find(ledger_id, entry_id, overlapping, 0)?.is_some())
     }
 
-    /// Per-ledger bytes of every committed log: (log_id, committed size,
-    /// [(ledger_id, bytes)]).
-    pub(crate) fn log_usage(&self) -> Result<Vec<(u64, u64, Vec<(u64, u64)>)>, StorageError> {
+    /// Per-ledger bytes of every committed log.
+    pub(crate) fn log_usage(&self) -> Result<Vec<LogUsage>, StorageError> {
         let txn = self.db.begin_read()?;
         let logs = txn.open_table(LOGS)?;
         let ll = txn.open_table(LOG_LEDGERS)?;
@@ -493,7 +490,11 @@ impl Index {
                 let (rk, rv) = row?;
                 per_ledger.push((rk.value().1, rv.value()));
             }
-            out.push((log_id, v.value(), per_ledger));
+            out.push(LogUsage {
+                log_id,
+                committed_bytes: v.value(),
+                ledger_bytes: per_ledger,
+            });
         }
         Ok(out)
     }
@@ -551,7 +552,6 @@ mod tests {
             }
         );
         assert_eq!(v.span(3, 10, p).unwrap().len, 44);
-        assert_eq!(v.byte_range(), (512, off));
         assert!(RecordView::decode(&enc[..enc.len() - 1], p).is_err());
     }
 
