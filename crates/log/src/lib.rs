@@ -1,1 +1,36 @@
-//! vela-log: see ARCHITECTURE.md. Filled in by its own issue.
+//! vela-log: a topic's managed log. A log is an ordered list of ledgers (kept in
+//! the metadata store) that together hold the topic's entries; it appends through
+//! one open ledger at a time, rolls over to a new ledger by entries, bytes or age,
+//! recovers on load by opening the last ledger with recovery (which fences any
+//! previous owner), keeps durable cursors (subscriptions), trims fully consumed
+//! ledgers and caches the tail so consumers at the tail never wait on a bookie.
+//!
+//! Owns: the ledger list and cursor metadata of each log; the tail cache.
+//! Never: parses Pulsar frames or metadata (entries are opaque bytes); acknowledges
+//! an append before the ledger acknowledged it at Qa; grows a queue or cache
+//! without a bound.
+//!
+//! API contract (used by `vela-broker`):
+//! - [`ManagedLog::open`] loads (or creates) the log named e.g.
+//!   `public/default/persistent/my-topic`.
+//! - [`ManagedLog::append`] is called by the topic's single writer in order; the
+//!   returned futures complete in append order with the entry's [`Position`].
+//! - [`ManagedLog::read`] returns entries from a position on (tail cache first).
+//! - [`ManagedLog::open_cursor`] gives a durable [`Cursor`] (a subscription's
+//!   acknowledgement state).
+
+mod position;
+
+pub use position::Position;
+pub mod backend;
+mod cursor;
+mod error;
+mod format;
+mod log;
+pub mod memory;
+mod store;
+
+pub use backend::{LedgerBackend, LedgerBackendError, Persistence, RecoveredLedger};
+pub use cursor::{Cursor, CursorStart};
+pub use error::LogError;
+pub use log::{AppendFuture, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog};

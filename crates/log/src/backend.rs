@@ -1,0 +1,129 @@
+//! The log's view of ledgers: a narrow seam so the same log runs on the real
+//! ledger client (`vela-ledger`, replicated on bookies) or on in-memory ledgers
+//! (tests of this crate and of the broker).
+//!
+//! Contract every backend keeps:
+//! - `LedgerAppender::add` calls are ordered: entry ids follow the call order,
+//!   and the `done` callbacks run in entry order, each only once the entry is
+//!   durable (acknowledged by Qa bookies for the replicated backend).
+//! - After `recover`, the ledger is closed and no previous writer can add to it.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+/// A boxed, sendable future (the seam is object safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Called once per add, in entry order, with the entry id or the failure.
+pub type AddCallback = Box<dyn FnOnce(Result<u64, LedgerBackendError>) + Send>;
+
+/// Replication of new ledgers: ensemble size, write quorum, ack quorum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Persistence {
+    /// Bookies a ledger is striped over (E).
+    pub ensemble: u8,
+    /// Copies of each entry (Qw).
+    pub write_quorum: u8,
+    /// Copies acknowledged before an add completes (Qa).
+    pub ack_quorum: u8,
+}
+
+impl Persistence {
+    /// One copy on one bookie: the standalone default with one bookie.
+    pub const SINGLE: Persistence = Persistence {
+        ensemble: 1,
+        write_quorum: 1,
+        ack_quorum: 1,
+    };
+
+    /// Checks `1 <= Qa <= Qw <= E`.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.ack_quorum >= 1
+            && self.ack_quorum <= self.write_quorum
+            && self.write_quorum <= self.ensemble
+        {
+            Ok(())
+        } else {
+            Err(format!(
+                "persistence needs 1 <= ack quorum ({}) <= write quorum ({}) <= ensemble ({})",
+                self.ack_quorum, self.write_quorum, self.ensemble
+            ))
+        }
+    }
+}
+
+/// What a ledger looked like once recovered (fenced and closed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecoveredLedger {
+    /// Last entry id, `None` when the ledger holds no entry.
+    pub last_entry_id: Option<u64>,
+    /// Sum of the entries' payload sizes.
+    pub size_bytes: u64,
+}
+
+/// Failures the log sees from its ledgers.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LedgerBackendError {
+    /// The ledger does not exist (deleted, or never created).
+    #[error("ledger {0} does not exist")]
+    NoSuchLedger(u64),
+    /// The entry is not (or no longer) readable.
+    #[error("entry {entry_id} of ledger {ledger_id} does not exist")]
+    NoSuchEntry {
+        /// Ledger asked for.
+        ledger_id: u64,
+        /// Entry asked for.
+        entry_id: u64,
+    },
+    /// Another writer recovered the ledger: this writer may add nothing more.
+    #[error("ledger {0} was fenced by another writer")]
+    Fenced(u64),
+    /// The ledger is closed to adds.
+    #[error("ledger {0} is closed")]
+    Closed(u64),
+    /// Anything else (not enough bookies, metadata failure, I/O), with context.
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Creates, recovers, reads and deletes ledgers.
+pub trait LedgerBackend: Send + Sync + fmt::Debug {
+    /// Creates an open ledger with this replication, tagged with the log's name.
+    fn create(
+        &self,
+        persistence: Persistence,
+        log_name: &str,
+    ) -> BoxFuture<'_, Result<Arc<dyn LedgerAppender>, LedgerBackendError>>;
+
+    /// Opens a ledger with recovery: fences any writer, closes it at the last
+    /// entry that could have been acknowledged.
+    fn recover(&self, ledger_id: u64)
+    -> BoxFuture<'_, Result<RecoveredLedger, LedgerBackendError>>;
+
+    /// Reads entries `first..=last`. The caller guarantees they were confirmed.
+    fn read(
+        &self,
+        ledger_id: u64,
+        first_entry_id: u64,
+        last_entry_id: u64,
+    ) -> BoxFuture<'_, Result<Vec<Bytes>, LedgerBackendError>>;
+
+    /// Deletes a ledger and its entries everywhere.
+    fn delete(&self, ledger_id: u64) -> BoxFuture<'_, Result<(), LedgerBackendError>>;
+}
+
+/// The writer of one open ledger.
+pub trait LedgerAppender: Send + Sync + fmt::Debug {
+    /// Id of the ledger written.
+    fn ledger_id(&self) -> u64;
+
+    /// Issues an add. Adds are ordered by call order; `done` runs in entry order.
+    fn add(&self, data: Bytes, done: AddCallback);
+
+    /// Waits for pending adds, then closes the ledger at its last entry.
+    fn close(&self) -> BoxFuture<'static, Result<(), LedgerBackendError>>;
+}

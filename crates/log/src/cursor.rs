@@ -1,0 +1,385 @@
+//! `Cursor`: a durable subscription's acknowledgement state on a log: the
+//! mark-delete position (everything at or before it is acknowledged), the
+//! individually acknowledged entries above it, and partial acks of batch entries.
+//!
+//! Persistence: changes are written to the metadata store by a background task,
+//! at most once per `cursor_persist_interval`, and on `flush`/log close. After a
+//! crash a subscription resumes from the last persisted state: acks of the last
+//! interval may be redelivered (at-least-once), nothing acknowledged-and-
+//! persisted is redelivered, nothing unacknowledged is skipped.
+//!
+//! Never: decides what to dispatch (that is the broker's), holds payloads.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::Position;
+use crate::error::LogError;
+use crate::format::{self, AckedRange, BatchAck, CursorInfo};
+use crate::log::Shared;
+use crate::store::{Store, Version};
+
+/// Where a new cursor starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CursorStart {
+    /// Before the oldest entry held: everything is backlog.
+    Earliest,
+    /// After the newest confirmed entry: only later entries are backlog.
+    Latest,
+}
+
+#[derive(Debug, Default)]
+struct CursorState {
+    mark_delete: Option<Position>,
+    acked: BTreeSet<Position>,
+    batch_acks: BTreeMap<Position, Vec<u64>>,
+    version: Option<Version>,
+    changes: u64,
+    persisted_changes: u64,
+    deleted: bool,
+}
+
+/// A durable cursor. Shared behind an `Arc`; all methods are cheap except
+/// `flush`, `reset` and `delete`, which write metadata.
+pub struct Cursor {
+    name: String,
+    key: String,
+    log: Weak<Shared>,
+    store: Store,
+    acked_entries_max: usize,
+    persisted_ranges_max: usize,
+    persist_interval: Duration,
+    state: Mutex<CursorState>,
+    persist_wakeup: Arc<Notify>,
+    persist_lock: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for Cursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cursor")
+            .field("name", &self.name)
+            .field("mark_delete", &self.state.lock().mark_delete)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Cursor {
+    pub(crate) async fn open(
+        log: &Arc<Shared>,
+        name: &str,
+        start: CursorStart,
+    ) -> Result<Arc<Cursor>, LogError> {
+        let key = format::cursor_key(&log.name, name);
+        let mut state = CursorState::default();
+        match log.env.store.get_json::<CursorInfo>(&key).await? {
+            Some((info, version)) => {
+                state.mark_delete = info.mark_delete_position();
+                for range in &info.acked_ranges {
+                    // Bounded by what was persisted (cursor_persisted_ranges_max
+                    // ranges); each range may span many entries, so cap the total.
+                    for entry_id in range.first_entry_id..=range.last_entry_id {
+                        if state.acked.len() >= log.config.cursor_acked_entries_max {
+                            break;
+                        }
+                        state.acked.insert(Position::new(range.ledger_id, entry_id));
+                    }
+                }
+                for batch in info.batch_acks {
+                    state.batch_acks.insert(
+                        Position::new(batch.ledger_id, batch.entry_id),
+                        batch.ack_set,
+                    );
+                }
+                state.version = Some(version);
+            }
+            None => {
+                state.mark_delete = match start {
+                    CursorStart::Earliest => log.previous_position(log.first_position_or_next()),
+                    CursorStart::Latest => log.last_confirmed(),
+                };
+                let info = snapshot(&state, log.config.cursor_persisted_ranges_max);
+                match log.env.store.create_json(&key, &info).await {
+                    Ok(version) => state.version = Some(version),
+                    Err(LogError::Fenced(_)) => {
+                        // Created concurrently: load what won.
+                        if let Some((info, version)) =
+                            log.env.store.get_json::<CursorInfo>(&key).await?
+                        {
+                            state.mark_delete = info.mark_delete_position();
+                            state.version = Some(version);
+                        }
+                    }
+                    Err(other) => return Err(other),
+                }
+            }
+        }
+        let cursor = Arc::new(Cursor {
+            name: name.to_string(),
+            key,
+            log: Arc::downgrade(log),
+            store: log.env.store.clone(),
+            acked_entries_max: log.config.cursor_acked_entries_max,
+            persisted_ranges_max: log.config.cursor_persisted_ranges_max,
+            persist_interval: log.config.cursor_persist_interval,
+            state: Mutex::new(state),
+            persist_wakeup: Arc::new(Notify::new()),
+            persist_lock: tokio::sync::Mutex::new(()),
+        });
+        tokio::spawn(persist_loop(
+            Arc::downgrade(&cursor),
+            Arc::clone(&cursor.persist_wakeup),
+            cursor.persist_interval,
+        ));
+        Ok(cursor)
+    }
+
+    /// The cursor's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Everything at or before this position is acknowledged (`None`: nothing).
+    pub fn mark_delete_position(&self) -> Option<Position> {
+        self.state.lock().mark_delete
+    }
+
+    /// True if the whole entry at `position` is acknowledged.
+    pub fn is_acked(&self, position: Position) -> bool {
+        let state = self.state.lock();
+        Some(position) <= state.mark_delete || state.acked.contains(&position)
+    }
+
+    /// Unacknowledged bits of a partially acknowledged batch entry (bit set =
+    /// message not yet acknowledged), `None` when no partial ack is recorded.
+    pub fn batch_ack_state(&self, position: Position) -> Option<Vec<u64>> {
+        self.state.lock().batch_acks.get(&position).cloned()
+    }
+
+    /// Acknowledges whole entries individually.
+    pub fn ack(&self, positions: &[Position]) -> Result<(), LogError> {
+        let log = self.log.upgrade();
+        {
+            let mut state = self.state.lock();
+            for &position in positions {
+                if Some(position) <= state.mark_delete {
+                    continue;
+                }
+                if state.acked.len() >= self.acked_entries_max && !state.acked.contains(&position) {
+                    return Err(LogError::TooManyAckHoles(self.name.clone()));
+                }
+                state.acked.insert(position);
+                state.batch_acks.remove(&position);
+            }
+            if let Some(log) = &log {
+                advance_mark_delete(&mut state, log);
+            }
+            state.changes += 1;
+        }
+        self.persist_wakeup.notify_one();
+        Ok(())
+    }
+
+    /// Acknowledges everything up to and including `position`.
+    pub fn ack_cumulative(&self, position: Position) -> Result<(), LogError> {
+        let log = self.log.upgrade();
+        {
+            let mut state = self.state.lock();
+            if Some(position) > state.mark_delete {
+                state.mark_delete = Some(position);
+                state.acked = state
+                    .acked
+                    .split_off(&Position::new(position.ledger_id, position.entry_id + 1));
+                state.batch_acks = state
+                    .batch_acks
+                    .split_off(&Position::new(position.ledger_id, position.entry_id + 1));
+                if let Some(log) = &log {
+                    advance_mark_delete(&mut state, log);
+                }
+                state.changes += 1;
+            }
+        }
+        self.persist_wakeup.notify_one();
+        Ok(())
+    }
+
+    /// Records a partial ack of a batch entry: `ack_set` has a bit set for each
+    /// message still unacknowledged. When no bit remains set the entry is acked.
+    pub fn ack_batch_indexes(&self, position: Position, ack_set: &[u64]) -> Result<(), LogError> {
+        let merged = {
+            let mut state = self.state.lock();
+            if Some(position) <= state.mark_delete || state.acked.contains(&position) {
+                return Ok(());
+            }
+            let merged: Vec<u64> = match state.batch_acks.get(&position) {
+                Some(existing) => existing
+                    .iter()
+                    .zip(ack_set.iter().chain(std::iter::repeat(&0)))
+                    .map(|(a, b)| a & b)
+                    .collect(),
+                None => ack_set.to_vec(),
+            };
+            if merged.iter().any(|word| *word != 0) {
+                state.batch_acks.insert(position, merged.clone());
+                state.changes += 1;
+            }
+            merged
+        };
+        if merged.iter().all(|word| *word == 0) {
+            return self.ack(&[position]);
+        }
+        self.persist_wakeup.notify_one();
+        Ok(())
+    }
+
+    /// Entries after the mark-delete position up to the last confirmed one that
+    /// are not individually acknowledged.
+    pub fn backlog_entries(&self) -> u64 {
+        let Some(log) = self.log.upgrade() else {
+            return 0;
+        };
+        let Some(last) = log.last_confirmed() else {
+            return 0;
+        };
+        let state = self.state.lock();
+        let total = log.entries_between(state.mark_delete, last);
+        total.saturating_sub(state.acked.len() as u64)
+    }
+
+    /// Moves the cursor so that `position` is the next unacknowledged entry
+    /// (seek): everything before it counts as acknowledged, everything from it
+    /// on as not. Persisted before returning.
+    pub async fn reset(&self, position: Position) -> Result<(), LogError> {
+        let previous = self
+            .log
+            .upgrade()
+            .and_then(|log| log.previous_position(position));
+        {
+            let mut state = self.state.lock();
+            state.mark_delete = previous;
+            state.acked.clear();
+            state.batch_acks.clear();
+            state.changes += 1;
+        }
+        self.flush().await
+    }
+
+    /// Writes the state now if it changed since the last write.
+    pub async fn flush(&self) -> Result<(), LogError> {
+        let _persisting = self.persist_lock.lock().await;
+        let (info, version, changes) = {
+            let state = self.state.lock();
+            if state.deleted || state.changes == state.persisted_changes {
+                return Ok(());
+            }
+            (
+                snapshot(&state, self.persisted_ranges_max),
+                state.version,
+                state.changes,
+            )
+        };
+        let new_version = match version {
+            Some(version) => self.store.update_json(&self.key, &info, version).await?,
+            None => self.store.create_json(&self.key, &info).await?,
+        };
+        let mut state = self.state.lock();
+        state.version = Some(new_version);
+        state.persisted_changes = state.persisted_changes.max(changes);
+        Ok(())
+    }
+
+    pub(crate) async fn delete(&self) -> Result<(), LogError> {
+        let _persisting = self.persist_lock.lock().await;
+        self.state.lock().deleted = true;
+        self.persist_wakeup.notify_one();
+        self.store.delete(&self.key).await
+    }
+}
+
+/// Moves the mark-delete position over individually acknowledged entries that
+/// now follow it directly.
+fn advance_mark_delete(state: &mut CursorState, log: &Shared) {
+    loop {
+        let next = match state.mark_delete {
+            Some(mark) => log.next_position(mark),
+            None => log.first_position_or_next(),
+        };
+        if state.acked.first() == Some(&next) {
+            state.acked.pop_first();
+            state.mark_delete = Some(next);
+        } else if state.mark_delete.is_none()
+            && state.acked.first().is_some_and(|first| *first < next)
+        {
+            // Acks of entries that precede the log's first entry (trimmed).
+            state.acked.pop_first();
+        } else {
+            break;
+        }
+    }
+}
+
+fn snapshot(state: &CursorState, ranges_max: usize) -> CursorInfo {
+    let mut acked_ranges: Vec<AckedRange> = Vec::new();
+    for position in &state.acked {
+        match acked_ranges.last_mut() {
+            Some(range)
+                if range.ledger_id == position.ledger_id
+                    && range.last_entry_id + 1 == position.entry_id =>
+            {
+                range.last_entry_id = position.entry_id;
+            }
+            _ => {
+                if acked_ranges.len() == ranges_max {
+                    break;
+                }
+                acked_ranges.push(AckedRange {
+                    ledger_id: position.ledger_id,
+                    first_entry_id: position.entry_id,
+                    last_entry_id: position.entry_id,
+                });
+            }
+        }
+    }
+    CursorInfo {
+        version: format::FORMAT_VERSION,
+        mark_delete: state.mark_delete.map(|p| (p.ledger_id, p.entry_id)),
+        acked_ranges,
+        batch_acks: state
+            .batch_acks
+            .iter()
+            .take(ranges_max)
+            .map(|(position, ack_set)| BatchAck {
+                ledger_id: position.ledger_id,
+                entry_id: position.entry_id,
+                ack_set: ack_set.clone(),
+            })
+            .collect(),
+    }
+}
+
+async fn persist_loop(cursor: Weak<Cursor>, wakeup: Arc<Notify>, interval: Duration) {
+    loop {
+        wakeup.notified().await;
+        // Coalesce the changes of one interval into one write.
+        tokio::time::sleep(interval).await;
+        let Some(cursor) = cursor.upgrade() else {
+            return;
+        };
+        if cursor.state.lock().deleted {
+            return;
+        }
+        if let Err(error) = cursor.flush().await {
+            tracing::warn!(cursor = cursor.name, %error, "could not persist the cursor; will retry on the next change");
+        }
+    }
+}
+
+impl Drop for Cursor {
+    fn drop(&mut self) {
+        // Let the persist task see the cursor is gone and end.
+        self.persist_wakeup.notify_one();
+    }
+}

@@ -1,0 +1,31 @@
+//! `LogError`: what the log's callers see.
+
+use crate::backend::LedgerBackendError;
+
+/// Failures of a managed log or cursor.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum LogError {
+    /// A ledger operation failed.
+    #[error("ledger: {0}")]
+    Ledger(#[from] LedgerBackendError),
+    /// The metadata store failed or held something unreadable.
+    #[error("metadata: {0}")]
+    Metadata(String),
+    /// Someone else changed the log's metadata: another broker owns it now.
+    #[error("log {0} was taken over by another owner")]
+    Fenced(String),
+    /// The log is closed (topic unloaded or deleted).
+    #[error("log {0} is closed")]
+    Closed(String),
+    /// Appends waiting for a new ledger exceed their byte bound.
+    #[error("log {0}: too many appends waiting for a ledger rollover")]
+    Overloaded(String),
+    /// A cursor keeps too many individually acknowledged entries.
+    #[error(
+        "cursor {0}: too many individually acknowledged entries above the mark-delete position"
+    )]
+    TooManyAckHoles(String),
+    /// Bad configuration.
+    #[error("config: {0}")]
+    Config(String),
+}

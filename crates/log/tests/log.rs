@@ -1,0 +1,267 @@
+//! Managed log behaviour on in-memory metadata and ledgers: ordering, rollover,
+//! reopen with recovery (fencing the previous owner), cursors and trimming.
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use vela_log::memory::{MemoryBackend, MemoryLedgers};
+use vela_log::{CursorStart, LogConfig, LogEnv, LogError, ManagedLog, Position};
+
+fn env_with_ledgers() -> (LogEnv, Arc<MemoryLedgers>) {
+    let ledgers = MemoryLedgers::new();
+    let env = LogEnv::new(
+        Arc::new(vela_meta::MemoryStore::new()),
+        Arc::new(MemoryBackend(Arc::clone(&ledgers))),
+    );
+    (env, ledgers)
+}
+
+fn small_ledgers() -> LogConfig {
+    LogConfig {
+        ledger_entries_max: 3,
+        cursor_persist_interval: Duration::from_millis(1),
+        ..LogConfig::default()
+    }
+}
+
+fn entry(i: u64) -> Bytes {
+    Bytes::from(format!("entry-{i}"))
+}
+
+async fn append_all(log: &ManagedLog, range: std::ops::Range<u64>) -> Vec<Position> {
+    let futures: Vec<_> = range.map(|i| log.append(entry(i))).collect();
+    let mut positions = Vec::new();
+    for future in futures {
+        positions.push(future.await.unwrap());
+    }
+    positions
+}
+
+async fn read_all(log: &ManagedLog) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut from = log.first_position().unwrap_or(Position::new(0, 0));
+    loop {
+        let batch = log.read(from, 4, 1 << 20).await.unwrap();
+        let Some(last) = batch.last() else { break };
+        from = log.next_position(last.position);
+        out.extend(batch.into_iter().map(|e| e.data));
+    }
+    out
+}
+
+#[tokio::test]
+async fn appends_complete_in_order_and_read_back_across_rollovers() {
+    let (env, _) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/a", small_ledgers())
+        .await
+        .unwrap();
+    // A subscription keeps the entries from being trimmed as consumed.
+    log.open_cursor("keep", CursorStart::Earliest)
+        .await
+        .unwrap();
+    let positions = append_all(&log, 0..10).await;
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{positions:?}");
+    // Rollover every 3 entries: at least 4 ledgers were used.
+    let ledgers: std::collections::BTreeSet<u64> = positions.iter().map(|p| p.ledger_id).collect();
+    assert!(ledgers.len() >= 4, "{positions:?}");
+    assert_eq!(log.last_confirmed(), positions.last().copied());
+    let read = read_all(&log).await;
+    assert_eq!(read, (0..10).map(entry).collect::<Vec<_>>());
+    assert_eq!(log.stats().entries, 10);
+}
+
+#[tokio::test]
+async fn reopen_recovers_entries_and_fences_the_previous_owner() {
+    let (env, _) = env_with_ledgers();
+    let first = ManagedLog::open(&env, "t/ns/persistent/b", small_ledgers())
+        .await
+        .unwrap();
+    first
+        .open_cursor("keep", CursorStart::Earliest)
+        .await
+        .unwrap();
+    append_all(&first, 0..5).await;
+    // A second owner loads the same log: recovery fences the first one's ledger.
+    let second = ManagedLog::open(&env, "t/ns/persistent/b", small_ledgers())
+        .await
+        .unwrap();
+    let late = first.append(entry(99)).await;
+    assert!(
+        late.is_err(),
+        "the deposed owner must not get an append acknowledged: {late:?}"
+    );
+    assert_eq!(
+        read_all(&second).await,
+        (0..5).map(entry).collect::<Vec<_>>()
+    );
+    append_all(&second, 5..8).await;
+    assert_eq!(
+        read_all(&second).await,
+        (0..8).map(entry).collect::<Vec<_>>()
+    );
+    second.close().await.unwrap();
+    let third = ManagedLog::open(&env, "t/ns/persistent/b", small_ledgers())
+        .await
+        .unwrap();
+    assert_eq!(
+        read_all(&third).await,
+        (0..8).map(entry).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
+async fn closed_log_refuses_appends() {
+    let (env, _) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/c", LogConfig::default())
+        .await
+        .unwrap();
+    log.close().await.unwrap();
+    assert!(matches!(
+        log.append(entry(0)).await,
+        Err(LogError::Closed(_))
+    ));
+}
+
+#[tokio::test]
+async fn cursor_acks_advance_mark_delete_and_survive_reopen() {
+    let (env, _) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/d", small_ledgers())
+        .await
+        .unwrap();
+    let cursor = log.open_cursor("sub", CursorStart::Earliest).await.unwrap();
+    let p = append_all(&log, 0..7).await;
+    assert_eq!(cursor.backlog_entries(), 7);
+    cursor.ack(&[p[1], p[2], p[4]]).unwrap();
+    assert_eq!(cursor.mark_delete_position(), None);
+    assert!(cursor.is_acked(p[4]) && !cursor.is_acked(p[3]));
+    assert_eq!(cursor.backlog_entries(), 4);
+    cursor.ack(&[p[0]]).unwrap();
+    assert_eq!(cursor.mark_delete_position(), Some(p[2]));
+    cursor.ack(&[p[3]]).unwrap();
+    // p[4] was acked already; the mark moves over it across the ledger boundary.
+    assert_eq!(cursor.mark_delete_position(), Some(p[4]));
+    cursor.ack_batch_indexes(p[5], &[0b110]).unwrap();
+    assert_eq!(cursor.batch_ack_state(p[5]), Some(vec![0b110]));
+    cursor.ack_batch_indexes(p[5], &[0b011]).unwrap();
+    assert_eq!(cursor.batch_ack_state(p[5]), Some(vec![0b010]));
+    cursor.flush().await.unwrap();
+    log.close().await.unwrap();
+    drop(log);
+
+    let log = ManagedLog::open(&env, "t/ns/persistent/d", small_ledgers())
+        .await
+        .unwrap();
+    assert_eq!(log.cursor_names(), vec!["sub".to_string()]);
+    let cursor = log.cursor("sub").unwrap();
+    assert_eq!(cursor.mark_delete_position(), Some(p[4]));
+    assert_eq!(cursor.batch_ack_state(p[5]), Some(vec![0b010]));
+    assert_eq!(cursor.backlog_entries(), 2);
+    cursor.ack_cumulative(p[6]).unwrap();
+    assert_eq!(cursor.backlog_entries(), 0);
+}
+
+#[tokio::test]
+async fn latest_cursor_skips_existing_entries_and_reset_rewinds() {
+    let (env, _) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/e", small_ledgers())
+        .await
+        .unwrap();
+    log.open_cursor("keep", CursorStart::Earliest)
+        .await
+        .unwrap();
+    let p = append_all(&log, 0..4).await;
+    let cursor = log.open_cursor("late", CursorStart::Latest).await.unwrap();
+    assert_eq!(cursor.backlog_entries(), 0);
+    append_all(&log, 4..6).await;
+    assert_eq!(cursor.backlog_entries(), 2);
+    cursor.reset(p[1]).await.unwrap();
+    assert_eq!(cursor.mark_delete_position(), Some(p[0]));
+    assert_eq!(cursor.backlog_entries(), 5);
+    cursor.reset(p[0]).await.unwrap();
+    assert_eq!(cursor.mark_delete_position(), None);
+}
+
+#[tokio::test]
+async fn consumed_ledgers_are_trimmed_and_unconsumed_ones_kept() {
+    let (env, ledgers) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/f", small_ledgers())
+        .await
+        .unwrap();
+    let cursor = log.open_cursor("sub", CursorStart::Earliest).await.unwrap();
+    let p = append_all(&log, 0..9).await;
+    log.trim().await;
+    assert_eq!(
+        read_all(&log).await.len(),
+        9,
+        "nothing consumed yet: nothing trimmed"
+    );
+    cursor.ack_cumulative(p[5]).unwrap();
+    log.trim().await;
+    let kept = log.ledger_ids();
+    assert!(
+        !kept.contains(&p[0].ledger_id) && !kept.contains(&p[3].ledger_id),
+        "{kept:?}"
+    );
+    assert!(kept.contains(&p[6].ledger_id));
+    assert!(
+        !ledgers.ledger_ids().contains(&p[0].ledger_id),
+        "trimmed ledgers are deleted"
+    );
+    assert_eq!(read_all(&log).await, (6..9).map(entry).collect::<Vec<_>>());
+    assert_eq!(cursor.backlog_entries(), 3);
+}
+
+#[tokio::test]
+async fn without_subscriptions_rolled_ledgers_count_as_consumed() {
+    // Pulsar's behaviour with no retention: no durable cursor, nothing to keep.
+    let (env, ledgers) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/i", small_ledgers())
+        .await
+        .unwrap();
+    let p = append_all(&log, 0..7).await;
+    log.trim().await;
+    assert!(!ledgers.ledger_ids().contains(&p[0].ledger_id));
+    assert_eq!(log.last_confirmed(), Some(p[6]));
+}
+
+#[tokio::test]
+async fn waiters_wake_on_new_entries() {
+    let (env, _) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/g", LogConfig::default())
+        .await
+        .unwrap();
+    let waiter = {
+        let log = Arc::clone(&log);
+        tokio::spawn(async move { log.wait_for_new_entries(None).await })
+    };
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(!waiter.is_finished());
+    log.append(entry(0)).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn deleting_a_log_removes_its_ledgers_and_metadata() {
+    let (env, ledgers) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/h", small_ledgers())
+        .await
+        .unwrap();
+    log.open_cursor("s", CursorStart::Earliest).await.unwrap();
+    append_all(&log, 0..5).await;
+    log.delete().await.unwrap();
+    assert!(
+        ledgers.ledger_ids().is_empty(),
+        "{:?}",
+        ledgers.ledger_ids()
+    );
+    let fresh = ManagedLog::open(&env, "t/ns/persistent/h", small_ledgers())
+        .await
+        .unwrap();
+    assert_eq!(fresh.last_confirmed(), None);
+    assert!(fresh.cursor_names().is_empty());
+}
