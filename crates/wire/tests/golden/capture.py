@@ -18,6 +18,13 @@ Stdlib only (the protobuf replies are hand-encoded below). Regenerate with:
 
 (needs `python3 -m pip install pulsar-client`; rerunning changes publish_time and
 CRCs, so commit the .bin files and MANIFEST.txt together).
+
+Observed with pulsar-client 3.13.0 (C++ client 4.2.0): CONNECT says protocol v20
+with FeatureFlags {1, 2}; the client compresses whenever a codec is set, even when
+the output is larger (a 19-byte message becomes 21 bytes of LZ4); a batch's
+MessageMetadata takes partition_key from its first message, and each
+SingleMessageMetadata carries its own sequence_id; SEND sets num_messages only for
+batches and never highest_sequence_id.
 """
 
 import os
