@@ -1,1 +1,159 @@
-//! vela-broker: see ARCHITECTURE.md. Filled in by its own issue.
+//! vela-broker: the Pulsar binary-protocol server. Official Pulsar clients
+//! (Java, C++/Python, Go, pulsar-rs) connect to it unchanged.
+//!
+//! Owns: the TCP listener and connections (`connection`), the topics being
+//! served (`service`, `topic`), subscriptions and dispatch (`subscription`,
+//! `key_shared`), tenants/namespaces/partitioned metadata (`admin`), schemas
+//! (`schema`) and topic names (`topic_name`).
+//! Never: stores entries itself (`vela-log` does), unpacks a client's batch on
+//! the write path, or lets one bad client affect another connection.
+//!
+//! Write path: connection reader → `Topic::publish` (issues
+//! `ManagedLog::append` under a short lock, so entries keep SEND order) → the
+//! producer's receipt task awaits the append and answers SEND_RECEIPT in order.
+//! Read path: one task per subscription reads the log in bounded batches and
+//! sends MESSAGE frames (header + the stored entry, never copied) through each
+//! consumer connection's outbound queue.
+
+pub mod admin;
+mod codec;
+pub mod config;
+mod connection;
+mod error;
+pub mod key_shared;
+pub mod schema;
+mod service;
+mod subscription;
+mod topic;
+pub mod topic_name;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use vela_log::LogEnv;
+use vela_meta::MetadataStore;
+
+pub use admin::{Admin, AdminError, NamespacePolicies};
+pub use config::{BrokerConfig, ConnectionLimits, PersistenceConfig};
+pub use error::{BrokerError, ServiceError};
+pub use topic_name::{NamespaceName, TopicName};
+
+use service::Service;
+
+/// Connections served at once. Each costs two tasks and a 64 KiB buffer;
+/// 10k connections is ~1 GiB of buffers at worst. When reached: new TCP
+/// connections are accepted and closed at once (logged).
+pub const CONNECTIONS_MAX: usize = 10_000;
+
+/// The broker entry point.
+#[derive(Debug)]
+pub struct Broker;
+
+impl Broker {
+    /// Binds the Pulsar listener, creates `public` and `public/default` when
+    /// absent, and starts serving.
+    pub async fn start(
+        config: BrokerConfig,
+        meta: Arc<dyn MetadataStore>,
+        log_env: LogEnv,
+    ) -> Result<BrokerHandle, BrokerError> {
+        let listener = TcpListener::bind(config.pulsar_addr).await?;
+        let local = listener.local_addr()?;
+        let advertised_url = format!("pulsar://{}:{}", config.advertised_host, local.port());
+        let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
+        service.admin.ensure_defaults().await?;
+        let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&service), shutdown_rx));
+        tracing::info!(addr = %local, url = %service.advertised_url, "broker listening");
+        Ok(BrokerHandle {
+            pulsar_addr: local,
+            service,
+            shutdown_tx,
+            accept,
+        })
+    }
+}
+
+/// A running broker.
+#[derive(Debug)]
+pub struct BrokerHandle {
+    pulsar_addr: SocketAddr,
+    service: Arc<Service>,
+    shutdown_tx: watch::Sender<bool>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl BrokerHandle {
+    /// Address the Pulsar listener is bound to.
+    pub fn pulsar_addr(&self) -> SocketAddr {
+        self.pulsar_addr
+    }
+
+    /// The URL clients are sent to by lookups (`pulsar://host:port`).
+    pub fn service_url(&self) -> &str {
+        &self.service.advertised_url
+    }
+
+    /// Tenants, namespaces and partitioned-topic metadata.
+    pub fn admin(&self) -> &Admin {
+        &self.service.admin
+    }
+
+    /// Creates a partitioned topic with `partitions` partitions.
+    pub async fn create_partitioned_topic(
+        &self,
+        topic: &str,
+        partitions: u32,
+    ) -> Result<(), BrokerError> {
+        let name = TopicName::parse(topic)?;
+        self.service
+            .admin
+            .create_partitioned_topic(&name, partitions)
+            .await?;
+        Ok(())
+    }
+
+    /// Stops accepting, closes every connection, then closes every topic's log.
+    pub async fn shutdown(self) -> Result<(), BrokerError> {
+        let _ = self.shutdown_tx.send(true);
+        let _ = self.accept.await;
+        let errors = self.service.close_topics().await;
+        match errors.into_iter().next() {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    service: Arc<Service>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    if connections.len() >= CONNECTIONS_MAX {
+                        tracing::warn!(%peer, "CONNECTIONS_MAX reached: connection refused");
+                        drop(stream);
+                        continue;
+                    }
+                    connections.spawn(connection::serve(Arc::clone(&service), stream, peer, shutdown.clone()));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                }
+            },
+        }
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+}

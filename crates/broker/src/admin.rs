@@ -1,0 +1,424 @@
+//! Tenants, namespaces (with policies), partitioned-topic metadata and the
+//! registry of created topics, kept in the metadata store.
+//!
+//! Owns the key layout under `/admin`:
+//! - `/admin/tenants/{tenant}` → `{}` (tenant info, JSON)
+//! - `/admin/namespaces/{tenant}/{namespace}` → [`NamespacePolicies`] JSON
+//! - `/admin/partitioned-topics/{tenant}/{namespace}/{domain}/{local}` → `{"partitions":N}`
+//! - `/admin/topics/{tenant}/{namespace}/{domain}/{local}` → `{}` (a non-partitioned
+//!   topic or a partition that exists)
+//!
+//! Local names are percent-encoded in keys so any topic name makes a valid key.
+//! Never: opens logs or talks to clients; the broker's service decides when
+//! to call these.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
+
+use crate::config::PersistenceConfig;
+use crate::topic_name::{NamespaceName, TopicName};
+
+/// Most partitions a partitioned topic may have (Pulsar's
+/// `maxNumPartitionsPerPartitionedTopic` is unlimited by default; a bound keeps
+/// one request from creating millions of logs).
+pub const PARTITIONS_MAX: u32 = 10_000;
+
+/// Failures of admin operations.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The metadata store failed.
+    #[error("metadata store: {0}")]
+    Meta(#[from] MetaError),
+    /// A stored record does not parse.
+    #[error("corrupt metadata at {key}: {reason}")]
+    Corrupt {
+        /// Key of the record.
+        key: String,
+        /// Parser message.
+        reason: String,
+    },
+    /// The thing to create exists already.
+    #[error("{0} already exists")]
+    Exists(String),
+    /// The namespace or tenant is absent.
+    #[error("{0} does not exist")]
+    NotFound(String),
+    /// A request argument is invalid.
+    #[error("invalid: {0}")]
+    Invalid(String),
+}
+
+/// A namespace's policies (subset of Pulsar's `Policies`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespacePolicies {
+    /// Replication of the namespace's topics: (E, Qw, Qa); `None` = broker default.
+    #[serde(default)]
+    pub persistence: Option<(u8, u8, u8)>,
+    /// Producer deduplication by (producer name, sequence id).
+    #[serde(default)]
+    pub deduplication_enabled: Option<bool>,
+}
+
+impl NamespacePolicies {
+    /// The persistence to use, falling back to `default`.
+    pub fn persistence_or(&self, default: PersistenceConfig) -> PersistenceConfig {
+        match self.persistence {
+            Some((ensemble, write_quorum, ack_quorum)) => PersistenceConfig {
+                ensemble,
+                write_quorum,
+                ack_quorum,
+            },
+            None => default,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct PartitionedMetadata {
+    partitions: u32,
+}
+
+/// Percent-encodes a name segment for use in a metadata key.
+pub fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Inverse of [`encode_segment`] (lenient: bad escapes are kept as is).
+pub fn decode_segment(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(value) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(value);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn tenant_key(tenant: &str) -> String {
+    format!("/admin/tenants/{}", encode_segment(tenant))
+}
+
+fn namespace_key(ns: &NamespaceName) -> String {
+    format!(
+        "/admin/namespaces/{}/{}",
+        encode_segment(&ns.tenant),
+        encode_segment(&ns.namespace)
+    )
+}
+
+fn namespace_dir(kind: &str, ns: &NamespaceName) -> String {
+    format!(
+        "/admin/{kind}/{}/{}",
+        encode_segment(&ns.tenant),
+        encode_segment(&ns.namespace)
+    )
+}
+
+fn topic_key(kind: &str, topic: &TopicName) -> String {
+    format!(
+        "{}/{}/{}",
+        namespace_dir(kind, &topic.namespace),
+        topic.domain.as_str(),
+        encode_segment(&topic.local)
+    )
+}
+
+/// Admin operations over the metadata store.
+#[derive(Debug, Clone)]
+pub struct Admin {
+    meta: Arc<dyn MetadataStore>,
+}
+
+impl Admin {
+    /// Admin over `meta`.
+    pub fn new(meta: Arc<dyn MetadataStore>) -> Admin {
+        Admin { meta }
+    }
+
+    /// Creates `public` and `public/default` when absent (startup).
+    pub async fn ensure_defaults(&self) -> Result<(), AdminError> {
+        match self.create_tenant("public").await {
+            Ok(()) | Err(AdminError::Exists(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let ns = NamespaceName {
+            tenant: "public".into(),
+            namespace: "default".into(),
+        };
+        match self
+            .create_namespace(&ns, NamespacePolicies::default())
+            .await
+        {
+            Ok(()) | Err(AdminError::Exists(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Creates a tenant.
+    pub async fn create_tenant(&self, tenant: &str) -> Result<(), AdminError> {
+        let key = tenant_key(tenant);
+        match self
+            .meta
+            .put(&key, Bytes::from_static(b"{}"), ExpectedVersion::Absent)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(MetaError::Exists { .. }) => Err(AdminError::Exists(format!("tenant {tenant}"))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// True if the tenant exists.
+    pub async fn tenant_exists(&self, tenant: &str) -> Result<bool, AdminError> {
+        Ok(self.meta.get(&tenant_key(tenant)).await?.is_some())
+    }
+
+    /// Tenants, sorted.
+    pub async fn tenants(&self) -> Result<Vec<String>, AdminError> {
+        let names = self.meta.children("/admin/tenants").await?;
+        Ok(names.iter().map(|n| decode_segment(n)).collect())
+    }
+
+    /// Creates a namespace in an existing tenant.
+    pub async fn create_namespace(
+        &self,
+        ns: &NamespaceName,
+        policies: NamespacePolicies,
+    ) -> Result<(), AdminError> {
+        if !self.tenant_exists(&ns.tenant).await? {
+            return Err(AdminError::NotFound(format!("tenant {}", ns.tenant)));
+        }
+        let value =
+            serde_json::to_vec(&policies).map_err(|e| AdminError::Invalid(e.to_string()))?;
+        match self
+            .meta
+            .put(
+                &namespace_key(ns),
+                Bytes::from(value),
+                ExpectedVersion::Absent,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(MetaError::Exists { .. }) => Err(AdminError::Exists(format!("namespace {ns}"))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Namespaces of a tenant, as `tenant/ns`.
+    pub async fn namespaces(&self, tenant: &str) -> Result<Vec<String>, AdminError> {
+        let dir = format!("/admin/namespaces/{}", encode_segment(tenant));
+        let names = self.meta.children(&dir).await?;
+        Ok(names
+            .iter()
+            .map(|n| format!("{tenant}/{}", decode_segment(n)))
+            .collect())
+    }
+
+    /// The namespace's policies, or `None` when it does not exist.
+    pub async fn namespace_policies(
+        &self,
+        ns: &NamespaceName,
+    ) -> Result<Option<NamespacePolicies>, AdminError> {
+        let key = namespace_key(ns);
+        let Some((value, _)) = self.meta.get(&key).await? else {
+            return Ok(None);
+        };
+        let policies = serde_json::from_slice(&value).map_err(|e| AdminError::Corrupt {
+            key,
+            reason: e.to_string(),
+        })?;
+        Ok(Some(policies))
+    }
+
+    /// Replaces a namespace's policies.
+    pub async fn set_namespace_policies(
+        &self,
+        ns: &NamespaceName,
+        policies: &NamespacePolicies,
+    ) -> Result<(), AdminError> {
+        let key = namespace_key(ns);
+        if self.meta.get(&key).await?.is_none() {
+            return Err(AdminError::NotFound(format!("namespace {ns}")));
+        }
+        let value = serde_json::to_vec(policies).map_err(|e| AdminError::Invalid(e.to_string()))?;
+        self.meta
+            .put(&key, Bytes::from(value), ExpectedVersion::Any)
+            .await?;
+        Ok(())
+    }
+
+    /// Partitions of `topic` (a base name): `Some(n)` for a partitioned topic.
+    pub async fn partitions(&self, topic: &TopicName) -> Result<Option<u32>, AdminError> {
+        let key = topic_key("partitioned-topics", &topic.base());
+        let Some((value, _)) = self.meta.get(&key).await? else {
+            return Ok(None);
+        };
+        let meta: PartitionedMetadata =
+            serde_json::from_slice(&value).map_err(|e| AdminError::Corrupt {
+                key,
+                reason: e.to_string(),
+            })?;
+        Ok(Some(meta.partitions))
+    }
+
+    /// Creates partitioned-topic metadata with `partitions` partitions.
+    pub async fn create_partitioned_topic(
+        &self,
+        topic: &TopicName,
+        partitions: u32,
+    ) -> Result<(), AdminError> {
+        if topic.partition.is_some() {
+            return Err(AdminError::Invalid(format!(
+                "{topic} is a partition name, not a base topic"
+            )));
+        }
+        if partitions == 0 || partitions > PARTITIONS_MAX {
+            return Err(AdminError::Invalid(format!(
+                "partitions must be in 1..={PARTITIONS_MAX}, got {partitions}"
+            )));
+        }
+        if self.namespace_policies(&topic.namespace).await?.is_none() {
+            return Err(AdminError::NotFound(format!(
+                "namespace {}",
+                topic.namespace
+            )));
+        }
+        if self.topic_exists(topic).await? {
+            return Err(AdminError::Exists(format!("non-partitioned topic {topic}")));
+        }
+        let value = serde_json::to_vec(&PartitionedMetadata { partitions })
+            .map_err(|e| AdminError::Invalid(e.to_string()))?;
+        match self
+            .meta
+            .put(
+                &topic_key("partitioned-topics", topic),
+                Bytes::from(value),
+                ExpectedVersion::Absent,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(MetaError::Exists { .. }) => Err(AdminError::Exists(format!("topic {topic}"))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Records that a (non-partitioned or partition) topic exists.
+    pub async fn register_topic(&self, topic: &TopicName) -> Result<(), AdminError> {
+        match self
+            .meta
+            .put(
+                &topic_key("topics", topic),
+                Bytes::from_static(b"{}"),
+                ExpectedVersion::Absent,
+            )
+            .await
+        {
+            Ok(_) | Err(MetaError::Exists { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// True if the (non-partitioned or partition) topic was created.
+    pub async fn topic_exists(&self, topic: &TopicName) -> Result<bool, AdminError> {
+        Ok(self.meta.get(&topic_key("topics", topic)).await?.is_some())
+    }
+
+    /// Full names of the namespace's persistent topics: every created topic
+    /// plus every partition of every partitioned topic, sorted.
+    pub async fn topics_of_namespace(&self, ns: &NamespaceName) -> Result<Vec<String>, AdminError> {
+        let mut out = Vec::new();
+        let domain = "persistent";
+        let dir = format!("{}/{domain}", namespace_dir("topics", ns));
+        for local in self.meta.children(&dir).await? {
+            out.push(format!("{domain}://{ns}/{}", decode_segment(&local)));
+        }
+        let dir = format!("{}/{domain}", namespace_dir("partitioned-topics", ns));
+        for local in self.meta.children(&dir).await? {
+            let local = decode_segment(&local);
+            let base = TopicName::parse(&format!("{domain}://{ns}/{local}"))
+                .map_err(|e| AdminError::Invalid(e.to_string()))?;
+            if let Some(n) = self.partitions(&base).await? {
+                for i in 0..n {
+                    out.push(base.partition(i).to_string());
+                }
+            }
+        }
+        out.sort();
+        out.dedup();
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn segments_round_trip() {
+        for s in ["plain", "a.b", "..", "with space", "ü/x", "%41"] {
+            let encoded = encode_segment(s);
+            assert!(!encoded.contains('/') && encoded != "." && encoded != "..");
+            assert_eq!(decode_segment(&encoded), s);
+        }
+    }
+
+    #[tokio::test]
+    async fn partitioned_metadata_and_topic_listing() {
+        let admin = Admin::new(Arc::new(vela_meta::MemoryStore::new()));
+        admin.ensure_defaults().await.unwrap();
+        admin.ensure_defaults().await.unwrap();
+        let topic = TopicName::parse("p").unwrap();
+        assert_eq!(admin.partitions(&topic).await.unwrap(), None);
+        admin.create_partitioned_topic(&topic, 3).await.unwrap();
+        assert!(matches!(
+            admin.create_partitioned_topic(&topic, 3).await,
+            Err(AdminError::Exists(_))
+        ));
+        assert_eq!(
+            admin.partitions(&topic.partition(1)).await.unwrap(),
+            Some(3)
+        );
+        admin
+            .register_topic(&TopicName::parse("plain").unwrap())
+            .await
+            .unwrap();
+        let ns = NamespaceName::parse("public/default").unwrap();
+        assert_eq!(
+            admin.topics_of_namespace(&ns).await.unwrap(),
+            vec![
+                "persistent://public/default/p-partition-0",
+                "persistent://public/default/p-partition-1",
+                "persistent://public/default/p-partition-2",
+                "persistent://public/default/plain",
+            ]
+        );
+        let missing = TopicName::parse("nope/ns/x").unwrap();
+        assert!(matches!(
+            admin.create_partitioned_topic(&missing, 2).await,
+            Err(AdminError::NotFound(_))
+        ));
+    }
+}

@@ -1,0 +1,136 @@
+//! The broker's narrow seam onto `vela-wire`: frames in, frames out, and the
+//! few facts the broker reads from a stored entry's metadata.
+//!
+//! Owns: the shape of an inbound frame as the connection sees it ([`Inbound`])
+//! and of an outbound frame ([`Outbound`], a list of `Bytes` written with one
+//! vectored write, so a stored entry is never copied into a MESSAGE frame).
+//! Never: does I/O, or rewrites the bytes of a stored entry.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::Message as _;
+use vela_wire::proto::{self, BaseCommand};
+
+/// Why an inbound frame could not be used.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum FrameError {
+    /// The frame is unusable (too large, malformed, unknown command): the
+    /// connection closes.
+    #[error(transparent)]
+    Wire(vela_wire::WireError),
+    /// The CRC32C of a SEND does not match; the frame was consumed and the
+    /// stream is still in sync.
+    #[error("checksum mismatch")]
+    ChecksumMismatch {
+        /// The command of the bad frame.
+        command: Box<BaseCommand>,
+    },
+}
+
+/// One decoded frame from a client.
+#[derive(Debug)]
+pub(crate) struct Inbound {
+    /// The command.
+    pub(crate) command: BaseCommand,
+    /// For SEND: the stored entry (0x0e01, CRC32C, metadataSize, metadata,
+    /// payload), a zero-copy slice of the read buffer when the client sent a
+    /// checksum.
+    pub(crate) entry: Option<Bytes>,
+    /// Size of the whole frame in bytes (including the 4-byte length).
+    pub(crate) frame_bytes: usize,
+}
+
+/// Incremental frame decoder over a connection's read buffer (wire's
+/// `FrameDecoder`).
+#[derive(Debug)]
+pub(crate) struct Decoder {
+    inner: vela_wire::FrameDecoder,
+}
+
+impl Decoder {
+    /// A decoder refusing frames larger than `max_frame_bytes`.
+    pub(crate) fn new(max_frame_bytes: usize) -> Decoder {
+        Decoder {
+            inner: vela_wire::FrameDecoder::new(max_frame_bytes),
+        }
+    }
+
+    /// Decodes the next whole frame from `buf`, or `Ok(None)` when more bytes
+    /// are needed.
+    pub(crate) fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Inbound>, FrameError> {
+        let before = buf.len();
+        match self.inner.decode(buf) {
+            Ok(Some(frame)) => {
+                let frame_bytes = before - buf.len();
+                Ok(Some(Inbound {
+                    command: frame.command,
+                    entry: frame.payload.map(|p| p.stored_entry()),
+                    frame_bytes,
+                }))
+            }
+            Ok(None) => Ok(None),
+            Err(vela_wire::WireError::ChecksumMismatch {
+                command: Some(command),
+                ..
+            }) => Err(FrameError::ChecksumMismatch { command }),
+            Err(e) => Err(FrameError::Wire(e)),
+        }
+    }
+}
+
+/// An outbound frame: one or two buffers (header, then a stored entry).
+#[derive(Debug, Clone)]
+pub(crate) enum Outbound {
+    /// A simple command frame.
+    Simple(Bytes),
+    /// A MESSAGE: `[totalSize][cmdSize][CommandMessage]` then the stored entry.
+    Message {
+        /// Size prefix and command.
+        header: Bytes,
+        /// The stored entry, shared with the log's tail cache.
+        entry: Bytes,
+    },
+}
+
+/// Encodes a simple command frame.
+pub(crate) fn encode_command(command: impl Into<BaseCommand>) -> Outbound {
+    let command: BaseCommand = command.into();
+    let command_size = command.encoded_len();
+    let mut buf = BytesMut::with_capacity(8 + command_size);
+    buf.put_u32((4 + command_size) as u32);
+    buf.put_u32(command_size as u32);
+    // Encoding into a buffer with enough capacity cannot fail.
+    let _ = command.encode(&mut buf);
+    Outbound::Simple(buf.freeze())
+}
+
+/// Encodes a MESSAGE frame around a stored entry without copying the entry.
+pub(crate) fn encode_message(message: proto::CommandMessage, entry: Bytes) -> Outbound {
+    let command: BaseCommand = message.into();
+    let command_size = command.encoded_len();
+    let mut header = BytesMut::with_capacity(8 + command_size);
+    header.put_u32((4 + command_size + entry.len()) as u32);
+    header.put_u32(command_size as u32);
+    let _ = command.encode(&mut header);
+    Outbound::Message {
+        header: header.freeze(),
+        entry,
+    }
+}
+
+/// Decodes the MessageMetadata of a stored entry (`None` if malformed; the
+/// entry was checked when it was received, so this means a bug or a bad disk).
+pub(crate) fn entry_metadata(entry: &Bytes) -> Option<proto::MessageMetadata> {
+    if entry.len() < 10 {
+        return None;
+    }
+    let size = u32::from_be_bytes([entry[6], entry[7], entry[8], entry[9]]) as usize;
+    if size > entry.len() - 10 {
+        return None;
+    }
+    proto::MessageMetadata::decode(entry.slice(10..10 + size)).ok()
+}
+
+/// Bytes of metadata + payload in a stored entry (what max_message_size limits).
+pub(crate) fn entry_message_bytes(entry: &Bytes) -> usize {
+    entry.len().saturating_sub(6 + 4)
+}

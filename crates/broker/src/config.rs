@@ -1,0 +1,135 @@
+//! Broker configuration and the named limits that bound every connection.
+//!
+//! Owns: [`BrokerConfig`] (what `vela standalone` and tests set) and
+//! [`ConnectionLimits`] (per-connection bounds with the reason for each
+//! default). Never: reads files or the environment; the binary does that.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Protocol version this broker speaks (ProtocolVersion v21). CONNECTED carries
+/// `min(client, PROTOCOL_VERSION_MAX)`.
+pub const PROTOCOL_VERSION_MAX: i32 = 21;
+
+/// Largest message (metadata + payload) accepted, in bytes: the Java broker's
+/// `maxMessageSize` default (5 MiB), sent in CONNECTED.max_message_size.
+pub const MAX_MESSAGE_SIZE_BYTES: usize = 5 * 1024 * 1024;
+
+/// Frames may exceed the message limit by this much (command + headers), as in
+/// the Java broker's frame decoder (`maxMessageSize + 10 KiB`).
+pub const FRAME_PADDING_BYTES: usize = 10 * 1024;
+
+/// Server version string sent in CONNECTED.
+pub const SERVER_VERSION: &str = concat!("Vela ", env!("CARGO_PKG_VERSION"));
+
+/// Cluster name used in generated producer names (`standalone-0-N`).
+pub const CLUSTER_NAME: &str = "standalone";
+
+/// Per-connection bounds. Every field is a limit with a stated behaviour when
+/// reached.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Producers open on one connection. Java/C++ clients open one per topic
+    /// partition; 10k covers a partitioned topic of thousands of partitions.
+    /// When reached: PRODUCER gets ERROR(NotAllowedError).
+    pub producers_max: usize,
+    /// Consumers open on one connection (same reasoning as producers).
+    /// When reached: SUBSCRIBE gets ERROR(NotAllowedError).
+    pub consumers_max: usize,
+    /// SENDs accepted but not yet answered by a receipt, per connection. Java's
+    /// default producer queue is 1000 messages per producer; 10k lets ten busy
+    /// producers pipeline fully. When reached: the connection stops reading
+    /// until receipts drain (TCP back-pressure on the client).
+    pub pending_sends_max: usize,
+    /// Bytes of SEND frames accepted but not yet answered, per connection. 64 MiB
+    /// is ~12 maximum-size messages or ~64k 1 KiB messages: enough to keep the
+    /// log pipeline full. When reached: reads pause as for `pending_sends_max`.
+    pub pending_send_bytes_max: usize,
+    /// Frames queued for the socket writer. Each reply and MESSAGE is one
+    /// frame; 4096 frames is ~4 full receiver queues of a consumer. When full:
+    /// the producer of the frame (reader, dispatcher) waits.
+    pub outbound_frames_max: usize,
+    /// Frames written per writer wake-up before yielding (one vectored write
+    /// per wake-up; the budget keeps one busy connection from starving others).
+    pub frames_per_wakeup_max: usize,
+    /// Frames decoded per read wake-up before yielding to the runtime.
+    pub inbound_frames_per_wakeup_max: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            producers_max: 10_000,
+            consumers_max: 10_000,
+            pending_sends_max: 10_000,
+            pending_send_bytes_max: 64 * 1024 * 1024,
+            outbound_frames_max: 4096,
+            frames_per_wakeup_max: 256,
+            inbound_frames_per_wakeup_max: 256,
+        }
+    }
+}
+
+/// Replication of new ledgers: (ensemble, write quorum, ack quorum).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PersistenceConfig {
+    /// Bookies a ledger is striped over (E).
+    pub ensemble: u8,
+    /// Copies of each entry (Qw).
+    pub write_quorum: u8,
+    /// Copies acknowledged before an add completes (Qa).
+    pub ack_quorum: u8,
+}
+
+impl Default for PersistenceConfig {
+    fn default() -> Self {
+        PersistenceConfig {
+            ensemble: 1,
+            write_quorum: 1,
+            ack_quorum: 1,
+        }
+    }
+}
+
+/// Everything the broker needs to start.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    /// Address the Pulsar protocol listener binds (port 0 picks a free port).
+    pub pulsar_addr: SocketAddr,
+    /// Host put into lookup answers (`pulsar://HOST:PORT`); never 0.0.0.0.
+    pub advertised_host: String,
+    /// Interval between keep-alive PINGs; a connection silent for two intervals
+    /// (one unanswered PING) is closed. Pulsar's default is 30 s.
+    pub keepalive: Duration,
+    /// Time a client has to complete CONNECT after the TCP accept.
+    pub handshake_timeout: Duration,
+    /// Per-connection bounds.
+    pub limits: ConnectionLimits,
+    /// Create topics on first use (Pulsar's `allowAutoTopicCreation`, default on).
+    pub auto_create_topics: bool,
+    /// Replication used when a namespace sets none.
+    pub default_persistence: PersistenceConfig,
+    /// Largest message accepted (metadata + payload), sent in CONNECTED.
+    pub max_message_size_bytes: usize,
+}
+
+impl BrokerConfig {
+    /// Defaults for a broker on `pulsar_addr` advertising `127.0.0.1`.
+    pub fn new(pulsar_addr: SocketAddr) -> BrokerConfig {
+        BrokerConfig {
+            pulsar_addr,
+            advertised_host: "127.0.0.1".to_string(),
+            keepalive: Duration::from_secs(30),
+            handshake_timeout: Duration::from_secs(30),
+            limits: ConnectionLimits::default(),
+            auto_create_topics: true,
+            default_persistence: PersistenceConfig::default(),
+            max_message_size_bytes: MAX_MESSAGE_SIZE_BYTES,
+        }
+    }
+
+    /// Largest frame accepted from a client.
+    pub fn max_frame_bytes(&self) -> usize {
+        self.max_message_size_bytes + FRAME_PADDING_BYTES
+    }
+}

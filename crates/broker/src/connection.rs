@@ -1,0 +1,1316 @@
+//! One client connection: the handshake, keep-alive, command dispatch, the
+//! producers and consumers opened on it, and the socket writer.
+//!
+//! Tasks per connection: the reader (this module's `Connection::run`, which
+//! handles commands in arrival order), the writer (`write_loop`: one vectored
+//! write per wake-up of up to `frames_per_wakeup_max` frames) and one receipt
+//! task per producer (answers SENDs strictly in SEND order).
+//!
+//! Bounds: producers and consumers per connection; pending SENDs and pending
+//! SEND bytes (semaphores: when exhausted the reader stops reading, which
+//! pushes back on the client through TCP); the outbound queue.
+//! Failure policy: a bad frame, a command before CONNECT, a SEND for an
+//! unknown producer or an unsupported command closes this connection only,
+//! with a log line; a CRC mismatch on SEND answers SEND_ERROR(ChecksumError).
+//! Never: blocks a tokio worker, or writes to the socket outside the writer.
+
+use std::collections::HashMap;
+use std::io::IoSlice;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Buf, Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::OwnedWriteHalf;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
+use vela_log::{AppendFuture, Position};
+use vela_wire::proto::{
+    self, BaseCommand, MessageIdData, ServerError,
+    base_command::Type,
+    command_lookup_topic_response::LookupType,
+    command_partitioned_topic_metadata_response::LookupType as MetadataResult,
+    command_subscribe::{InitialPosition, SubType},
+};
+
+use crate::codec::{self, Decoder, FrameError, Inbound, Outbound};
+use crate::config::{PROTOCOL_VERSION_MAX, SERVER_VERSION};
+use crate::error::ServiceError;
+use crate::schema;
+use crate::service::Service;
+use crate::subscription::{ConnEvent, ConsumerInfo, SeekTarget, SubCommand, SubscriptionHandle};
+use crate::topic::{DedupCheck, ProducerReg, SubscribeRequest, Topic};
+use crate::topic_name::{NamespaceName, TopicName};
+
+/// Read buffer size: one read syscall takes up to this much.
+const READ_BUFFER_BYTES: usize = 64 * 1024;
+/// iovecs per `writev` (Linux IOV_MAX is 1024).
+const IOVECS_PER_WRITE_MAX: usize = 1024;
+/// Time the writer gets to flush queued frames after the reader stopped.
+const WRITER_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Why a connection closes (for the log line).
+#[derive(Debug)]
+struct Close(String);
+
+enum ReceiptJob {
+    Send {
+        sequence_id: u64,
+        highest_sequence_id: u64,
+        append: AppendFuture,
+        _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    },
+    Duplicate {
+        sequence_id: u64,
+        highest_sequence_id: u64,
+        _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    },
+    Error {
+        sequence_id: u64,
+        code: ServerError,
+        message: String,
+    },
+    Close {
+        request_id: u64,
+    },
+}
+
+struct ConnProducer {
+    topic: Arc<Topic>,
+    name: String,
+    jobs: mpsc::Sender<ReceiptJob>,
+}
+
+struct ConnConsumer {
+    topic: Arc<Topic>,
+    sub: SubscriptionHandle,
+}
+
+/// Serves one accepted TCP connection until it closes or the broker stops.
+pub(crate) async fn serve(
+    service: Arc<Service>,
+    stream: TcpStream,
+    peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "set_nodelay failed");
+    }
+    let limits = service.config.limits.clone();
+    let (read_half, write_half) = stream.into_split();
+    let (out, out_rx) = mpsc::channel(limits.outbound_frames_max);
+    let writer = tokio::spawn(write_loop(write_half, out_rx, limits.frames_per_wakeup_max));
+    // Events: at most one per producer and consumer of this connection
+    // outstanding in practice; sized to never fill in normal operation.
+    let (events_tx, events_rx) = mpsc::channel(2 * (limits.producers_max + limits.consumers_max));
+    let id = service.next_conn_id();
+    let mut connection = Connection {
+        id,
+        peer,
+        out,
+        events_tx,
+        events_rx,
+        connected: false,
+        protocol_version: 0,
+        client_version: String::new(),
+        producers: HashMap::new(),
+        consumers: HashMap::new(),
+        pending_sends: Arc::new(Semaphore::new(limits.pending_sends_max)),
+        pending_bytes: Arc::new(Semaphore::new(limits.pending_send_bytes_max)),
+        service,
+    };
+    let reason = connection.run(read_half, shutdown).await;
+    tracing::info!(conn = id, %peer, reason = %reason.0, "connection closed");
+    connection.cleanup().await;
+    drop(connection);
+    let mut writer = writer;
+    if tokio::time::timeout(WRITER_DRAIN_TIMEOUT, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
+}
+
+struct Connection {
+    service: Arc<Service>,
+    id: u64,
+    peer: SocketAddr,
+    out: mpsc::Sender<Outbound>,
+    events_tx: mpsc::Sender<ConnEvent>,
+    events_rx: mpsc::Receiver<ConnEvent>,
+    connected: bool,
+    protocol_version: i32,
+    client_version: String,
+    producers: HashMap<u64, ConnProducer>,
+    consumers: HashMap<u64, ConnConsumer>,
+    pending_sends: Arc<Semaphore>,
+    pending_bytes: Arc<Semaphore>,
+}
+
+impl Connection {
+    async fn run(
+        &mut self,
+        mut read_half: tokio::net::tcp::OwnedReadHalf,
+        mut shutdown: watch::Receiver<bool>,
+    ) -> Close {
+        let config = &self.service.config;
+        let keepalive = config.keepalive;
+        let handshake_timeout = config.handshake_timeout;
+        let frames_per_wakeup = config.limits.inbound_frames_per_wakeup_max.max(1);
+        let mut decoder = Decoder::new(config.max_frame_bytes());
+        let mut buf = BytesMut::with_capacity(READ_BUFFER_BYTES);
+        let started = Instant::now();
+        let mut ping_outstanding = false;
+        let mut ticker =
+            tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
+        let handshake_deadline = tokio::time::sleep(handshake_timeout);
+        tokio::pin!(handshake_deadline);
+        loop {
+            tokio::select! {
+                biased;
+                _ = shutdown.changed() => return Close("broker shutting down".into()),
+                Some(event) = self.events_rx.recv() => self.on_event(event),
+                _ = &mut handshake_deadline, if !self.connected => {
+                    return Close(format!("no CONNECT within {:?}", started.elapsed()));
+                }
+                _ = ticker.tick() => {
+                    if ping_outstanding {
+                        return Close("keep-alive timeout: no frame since the last PING".into());
+                    }
+                    if self.connected && self.protocol_version >= 1 {
+                        ping_outstanding = true;
+                        if self.send(proto::CommandPing {}).await.is_err() {
+                            return Close("writer gone".into());
+                        }
+                    }
+                }
+                read = read_half.read_buf(&mut buf) => {
+                    match read {
+                        Ok(0) => return Close("peer closed the connection".into()),
+                        Ok(_) => ping_outstanding = false,
+                        Err(e) => return Close(format!("read error: {e}")),
+                    }
+                    let mut handled = 0;
+                    loop {
+                        let frame = match decoder.decode(&mut buf) {
+                            Ok(Some(frame)) => frame,
+                            Ok(None) => break,
+                            Err(FrameError::ChecksumMismatch { command }) => {
+                                if let Err(close) = self.on_checksum_mismatch(*command).await {
+                                    return close;
+                                }
+                                continue;
+                            }
+                            Err(e) => return Close(format!("bad frame: {e}")),
+                        };
+                        if let Err(close) = self.handle(frame).await {
+                            return close;
+                        }
+                        handled += 1;
+                        if handled % frames_per_wakeup == 0 {
+                            tokio::task::yield_now().await;
+                        }
+                    }
+                    if buf.capacity() - buf.len() < 1024 {
+                        buf.reserve(READ_BUFFER_BYTES);
+                    }
+                }
+            }
+        }
+    }
+
+    fn on_event(&mut self, event: ConnEvent) {
+        match event {
+            ConnEvent::ConsumerClosed(consumer_id) => {
+                self.consumers.remove(&consumer_id);
+            }
+            ConnEvent::ProducerClosed(producer_id) => {
+                // The topic already registered the successor; dropping the
+                // job sender lets the receipt task finish what is in flight.
+                self.producers.remove(&producer_id);
+            }
+        }
+    }
+
+    fn drain_events(&mut self) {
+        while let Ok(event) = self.events_rx.try_recv() {
+            self.on_event(event);
+        }
+    }
+
+    async fn send(&self, command: impl Into<BaseCommand>) -> Result<(), Close> {
+        self.out
+            .send(codec::encode_command(command))
+            .await
+            .map_err(|_| Close("writer gone".into()))
+    }
+
+    async fn send_error(&self, request_id: u64, error: ServiceError) -> Result<(), Close> {
+        tracing::debug!(conn = self.id, request_id, error = %error, "request failed");
+        self.send(proto::CommandError {
+            request_id,
+            error: error.code as i32,
+            message: error.message,
+        })
+        .await
+    }
+
+    async fn send_success(&self, request_id: u64) -> Result<(), Close> {
+        self.send(proto::CommandSuccess {
+            request_id,
+            schema: None,
+        })
+        .await
+    }
+
+    async fn handle(&mut self, frame: Inbound) -> Result<(), Close> {
+        let Inbound {
+            command,
+            entry,
+            frame_bytes,
+        } = frame;
+        let Ok(kind) = Type::try_from(command.r#type) else {
+            return Err(Close(format!("unknown command type {}", command.r#type)));
+        };
+        if !self.connected && kind != Type::Connect {
+            return Err(Close(format!("{kind:?} before CONNECT")));
+        }
+        match kind {
+            Type::Connect => self.on_connect(command.connect.map(|b| *b)).await,
+            Type::Ping => self.send(proto::CommandPong {}).await,
+            Type::Pong | Type::AuthResponse => Ok(()),
+            Type::PartitionedMetadata => match command.partition_metadata {
+                Some(body) => self.on_partitioned_metadata(*body).await,
+                None => Err(missing(kind)),
+            },
+            Type::Lookup => match command.lookup_topic {
+                Some(body) => self.on_lookup(*body).await,
+                None => Err(missing(kind)),
+            },
+            Type::GetTopicsOfNamespace => match command.get_topics_of_namespace {
+                Some(body) => self.on_topics_of_namespace(*body).await,
+                None => Err(missing(kind)),
+            },
+            Type::Producer => match command.producer {
+                Some(body) => self.on_producer(*body).await,
+                None => Err(missing(kind)),
+            },
+            Type::Send => match (command.send, entry) {
+                (Some(body), Some(entry)) => self.on_send(*body, entry, frame_bytes).await,
+                _ => Err(Close("SEND without body or payload".into())),
+            },
+            Type::CloseProducer => match command.close_producer {
+                Some(body) => self.on_close_producer(*body).await,
+                None => Err(missing(kind)),
+            },
+            Type::Subscribe => match command.subscribe {
+                Some(body) => self.on_subscribe(*body).await,
+                None => Err(missing(kind)),
+            },
+            Type::Flow => match command.flow {
+                Some(body) => {
+                    let permits = body.message_permits;
+                    self.to_subscription(body.consumer_id, |key| SubCommand::Flow { key, permits })
+                        .await
+                }
+                None => Err(missing(kind)),
+            },
+            Type::Ack => match command.ack {
+                Some(body) => {
+                    let ack_type = proto::command_ack::AckType::try_from(body.ack_type)
+                        .unwrap_or(proto::command_ack::AckType::Individual);
+                    let ids = body.message_id;
+                    let request_id = body.request_id;
+                    self.to_subscription(body.consumer_id, |key| SubCommand::Ack {
+                        key,
+                        ack_type,
+                        ids,
+                        request_id,
+                    })
+                    .await
+                }
+                None => Err(missing(kind)),
+            },
+            Type::RedeliverUnacknowledgedMessages => {
+                match command.redeliver_unacknowledged_messages {
+                    Some(body) => {
+                        let ids = body.message_ids;
+                        self.to_subscription(body.consumer_id, |key| SubCommand::Redeliver {
+                            key,
+                            ids,
+                        })
+                        .await
+                    }
+                    None => Err(missing(kind)),
+                }
+            }
+            Type::CloseConsumer => match command.close_consumer {
+                Some(body) => {
+                    self.on_close_consumer(body.consumer_id, body.request_id)
+                        .await
+                }
+                None => Err(missing(kind)),
+            },
+            Type::Unsubscribe => match command.unsubscribe {
+                Some(body) => self.on_unsubscribe(*body).await,
+                None => Err(missing(kind)),
+            },
+            Type::Seek => match command.seek {
+                Some(body) => self.on_seek(*body).await,
+                None => Err(missing(kind)),
+            },
+            Type::GetLastMessageId => match command.get_last_message_id {
+                Some(body) => {
+                    self.on_get_last_message_id(body.consumer_id, body.request_id)
+                        .await
+                }
+                None => Err(missing(kind)),
+            },
+            Type::ConsumerStats => match command.consumer_stats {
+                Some(body) => {
+                    self.on_consumer_stats(body.consumer_id, body.request_id)
+                        .await
+                }
+                None => Err(missing(kind)),
+            },
+            Type::GetSchema => match command.get_schema {
+                Some(body) => self.on_get_schema(*body).await,
+                None => Err(missing(kind)),
+            },
+            Type::GetOrCreateSchema => match command.get_or_create_schema {
+                Some(body) => self.on_get_or_create_schema(*body).await,
+                None => Err(missing(kind)),
+            },
+            other => Err(Close(format!("unsupported command {other:?}"))),
+        }
+    }
+
+    async fn on_connect(&mut self, body: Option<proto::CommandConnect>) -> Result<(), Close> {
+        let Some(connect) = body else {
+            return Err(missing(Type::Connect));
+        };
+        if self.connected {
+            return Err(Close("second CONNECT".into()));
+        }
+        self.protocol_version = connect
+            .protocol_version
+            .unwrap_or(0)
+            .clamp(0, PROTOCOL_VERSION_MAX);
+        self.client_version = connect.client_version.chars().take(128).collect();
+        self.connected = true;
+        tracing::info!(
+            conn = self.id,
+            peer = %self.peer,
+            client = %self.client_version,
+            protocol_version = self.protocol_version,
+            "connected"
+        );
+        self.send(proto::CommandConnected {
+            server_version: SERVER_VERSION.to_string(),
+            protocol_version: Some(self.protocol_version),
+            max_message_size: Some(self.service.config.max_message_size_bytes as i32),
+            feature_flags: Some(proto::FeatureFlags {
+                supports_get_partitioned_metadata_without_auto_creation: Some(true),
+                ..proto::FeatureFlags::default()
+            }),
+        })
+        .await
+    }
+
+    async fn on_partitioned_metadata(
+        &mut self,
+        body: proto::CommandPartitionedTopicMetadata,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let result = async {
+            let topic = TopicName::parse(&body.topic)?;
+            let partitions = self.service.partitions_of(&topic).await?;
+            let auto_create = body.metadata_auto_creation_enabled.unwrap_or(true);
+            if partitions == 0 && !auto_create && !self.service.admin.topic_exists(&topic).await? {
+                return Err(ServiceError::new(
+                    ServerError::TopicNotFound,
+                    format!("Topic {topic} does not exist"),
+                ));
+            }
+            Ok::<u32, ServiceError>(partitions)
+        }
+        .await;
+        let response = match result {
+            Ok(partitions) => proto::CommandPartitionedTopicMetadataResponse {
+                partitions: Some(partitions),
+                request_id,
+                response: Some(MetadataResult::Success as i32),
+                error: None,
+                message: None,
+            },
+            Err(e) => proto::CommandPartitionedTopicMetadataResponse {
+                partitions: Some(0),
+                request_id,
+                response: Some(MetadataResult::Failed as i32),
+                error: Some(e.code as i32),
+                message: Some(e.message),
+            },
+        };
+        self.send(response).await
+    }
+
+    async fn on_lookup(&mut self, body: proto::CommandLookupTopic) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let result = async {
+            let topic = TopicName::parse(&body.topic)?;
+            if self
+                .service
+                .admin
+                .namespace_policies(&topic.namespace)
+                .await?
+                .is_none()
+            {
+                return Err(ServiceError::new(
+                    ServerError::TopicNotFound,
+                    format!("Namespace {} does not exist", topic.namespace),
+                ));
+            }
+            Ok::<(), ServiceError>(())
+        }
+        .await;
+        let response = match result {
+            Ok(()) => proto::CommandLookupTopicResponse {
+                broker_service_url: Some(self.service.advertised_url.clone()),
+                broker_service_url_tls: None,
+                response: Some(LookupType::Connect as i32),
+                request_id,
+                authoritative: Some(true),
+                error: None,
+                message: None,
+                proxy_through_service_url: Some(false),
+            },
+            Err(e) => proto::CommandLookupTopicResponse {
+                broker_service_url: None,
+                broker_service_url_tls: None,
+                response: Some(LookupType::Failed as i32),
+                request_id,
+                authoritative: Some(false),
+                error: Some(e.code as i32),
+                message: Some(e.message),
+                proxy_through_service_url: Some(false),
+            },
+        };
+        self.send(response).await
+    }
+
+    async fn on_topics_of_namespace(
+        &mut self,
+        body: proto::CommandGetTopicsOfNamespace,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let result = async {
+            let ns = NamespaceName::parse(&body.namespace)?;
+            let mode = body.mode.unwrap_or(0);
+            if mode == proto::command_get_topics_of_namespace::Mode::NonPersistent as i32 {
+                return Ok(Vec::new());
+            }
+            Ok::<_, ServiceError>(self.service.admin.topics_of_namespace(&ns).await?)
+        }
+        .await;
+        match result {
+            Ok(topics) => {
+                self.send(proto::CommandGetTopicsOfNamespaceResponse {
+                    request_id,
+                    topics,
+                    filtered: Some(false),
+                    topics_hash: None,
+                    changed: Some(true),
+                })
+                .await
+            }
+            Err(e) => self.send_error(request_id, e).await,
+        }
+    }
+
+    async fn on_producer(&mut self, body: proto::CommandProducer) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let producer_id = body.producer_id;
+        if let Some(existing) = self.producers.get(&producer_id) {
+            // A retry of a PRODUCER that already succeeded on this connection.
+            if existing.topic.full_name
+                == TopicName::parse(&body.topic)
+                    .map(|t| t.to_string())
+                    .unwrap_or_default()
+            {
+                let name = existing.name.clone();
+                let last_sequence_id = existing.topic.last_sequence_id(&name);
+                return self
+                    .send(proto::CommandProducerSuccess {
+                        request_id,
+                        producer_name: name,
+                        last_sequence_id: Some(last_sequence_id),
+                        schema_version: None,
+                        topic_epoch: None,
+                        producer_ready: Some(true),
+                    })
+                    .await;
+            }
+            return self
+                .send_error(
+                    request_id,
+                    ServiceError::new(
+                        ServerError::ProducerBusy,
+                        "producer id already in use on this connection",
+                    ),
+                )
+                .await;
+        }
+        if self.producers.len() >= self.service.config.limits.producers_max {
+            return self
+                .send_error(
+                    request_id,
+                    ServiceError::new(
+                        ServerError::NotAllowedError,
+                        "producers_max reached on this connection",
+                    ),
+                )
+                .await;
+        }
+        match self.create_producer(&body).await {
+            Ok(success) => self.send(success).await,
+            Err(e) => {
+                tracing::info!(conn = self.id, topic = %body.topic, error = %e, "PRODUCER refused");
+                self.send_error(request_id, e).await
+            }
+        }
+    }
+
+    async fn create_producer(
+        &mut self,
+        body: &proto::CommandProducer,
+    ) -> Result<proto::CommandProducerSuccess, ServiceError> {
+        let topic_name = TopicName::parse(&body.topic)?;
+        let topic = self.service.topic(&topic_name, true).await?;
+        let schema_version = match &body.schema {
+            Some(s) if !schema::is_empty_schema(s) => {
+                Some(self.service.schemas.get_or_create(&topic_name, s).await?)
+            }
+            _ => None,
+        };
+        let name = match body.producer_name.as_deref() {
+            Some(name) if !name.is_empty() => name.to_string(),
+            _ => self.service.next_producer_name(),
+        };
+        let access_mode = body
+            .producer_access_mode
+            .and_then(|m| proto::ProducerAccessMode::try_from(m).ok())
+            .unwrap_or(proto::ProducerAccessMode::Shared);
+        let reg = ProducerReg {
+            conn_id: self.id,
+            producer_id: body.producer_id,
+            epoch: body.epoch.unwrap_or(0),
+            exclusive: false,
+            out: self.out.clone(),
+            events: self.events_tx.clone(),
+        };
+        topic.add_producer(&name, reg, access_mode)?;
+        let (jobs, jobs_rx) =
+            mpsc::channel(self.service.config.limits.pending_sends_max.max(1) + 1);
+        tokio::spawn(receipt_loop(body.producer_id, jobs_rx, self.out.clone()));
+        let exclusive = access_mode != proto::ProducerAccessMode::Shared;
+        let last_sequence_id = topic.last_sequence_id(&name);
+        tracing::debug!(conn = self.id, topic = %topic.full_name, producer = %name, "producer created");
+        self.producers.insert(
+            body.producer_id,
+            ConnProducer {
+                topic,
+                name: name.clone(),
+                jobs,
+            },
+        );
+        Ok(proto::CommandProducerSuccess {
+            request_id: body.request_id,
+            producer_name: name,
+            last_sequence_id: Some(last_sequence_id),
+            schema_version: schema_version.map(schema::encode_version),
+            topic_epoch: exclusive.then_some(0),
+            producer_ready: Some(true),
+        })
+    }
+
+    async fn on_send(
+        &mut self,
+        body: proto::CommandSend,
+        entry: Bytes,
+        frame_bytes: usize,
+    ) -> Result<(), Close> {
+        let Some(producer) = self.producers.get(&body.producer_id) else {
+            return Err(Close(format!(
+                "SEND for unknown producer id {}",
+                body.producer_id
+            )));
+        };
+        let jobs = producer.jobs.clone();
+        let sequence_id = body.sequence_id;
+        let highest_sequence_id = body.highest_sequence_id.unwrap_or(0);
+        let max = self.service.config.max_message_size_bytes;
+        if codec::entry_message_bytes(&entry) > max {
+            tracing::info!(
+                conn = self.id,
+                bytes = entry.len(),
+                "SEND above max_message_size refused"
+            );
+            let job = ReceiptJob::Error {
+                sequence_id,
+                code: ServerError::NotAllowedError,
+                message: "Exceed maximum message size".into(),
+            };
+            let _ = jobs.send(job).await;
+            return Ok(());
+        }
+        // Back-pressure: wait (not reading) until earlier sends drain.
+        let bytes_limit = self.service.config.limits.pending_send_bytes_max;
+        let bytes = u32::try_from(frame_bytes.min(bytes_limit)).unwrap_or(u32::MAX);
+        let (Ok(send_permit), Ok(bytes_permit)) = (
+            Arc::clone(&self.pending_sends).acquire_owned().await,
+            Arc::clone(&self.pending_bytes)
+                .acquire_many_owned(bytes)
+                .await,
+        ) else {
+            return Err(Close("pending-send semaphores closed".into()));
+        };
+        let Some(producer) = self.producers.get(&body.producer_id) else {
+            return Ok(());
+        };
+        let job = match producer.topic.dedup_check(
+            &producer.name,
+            sequence_id as i64,
+            highest_sequence_id as i64,
+        ) {
+            DedupCheck::Duplicate => ReceiptJob::Duplicate {
+                sequence_id,
+                highest_sequence_id,
+                _permits: (send_permit, bytes_permit),
+            },
+            DedupCheck::Fresh => ReceiptJob::Send {
+                sequence_id,
+                highest_sequence_id,
+                append: producer.topic.publish(entry),
+                _permits: (send_permit, bytes_permit),
+            },
+        };
+        let _ = jobs.send(job).await;
+        Ok(())
+    }
+
+    async fn on_checksum_mismatch(&mut self, command: BaseCommand) -> Result<(), Close> {
+        let Some(send) = command.send else {
+            return Err(Close("checksum mismatch on a non-SEND frame".into()));
+        };
+        tracing::warn!(
+            conn = self.id,
+            producer_id = send.producer_id,
+            sequence_id = send.sequence_id,
+            "SEND checksum mismatch"
+        );
+        let Some(producer) = self.producers.get(&send.producer_id) else {
+            return Err(Close(format!(
+                "SEND for unknown producer id {}",
+                send.producer_id
+            )));
+        };
+        let job = ReceiptJob::Error {
+            sequence_id: send.sequence_id,
+            code: ServerError::ChecksumError,
+            message: "Checksum failed on the broker".into(),
+        };
+        let _ = producer.jobs.send(job).await;
+        Ok(())
+    }
+
+    async fn on_close_producer(&mut self, body: proto::CommandCloseProducer) -> Result<(), Close> {
+        match self.producers.remove(&body.producer_id) {
+            Some(producer) => {
+                producer
+                    .topic
+                    .remove_producer(&producer.name, self.id, body.producer_id);
+                // SUCCESS goes out after every receipt in flight.
+                let _ = producer
+                    .jobs
+                    .send(ReceiptJob::Close {
+                        request_id: body.request_id,
+                    })
+                    .await;
+                Ok(())
+            }
+            None => self.send_success(body.request_id).await,
+        }
+    }
+
+    async fn on_subscribe(&mut self, body: proto::CommandSubscribe) -> Result<(), Close> {
+        let request_id = body.request_id;
+        self.drain_events();
+        if let Some(existing) = self.consumers.get(&body.consumer_id) {
+            if existing.sub.name == body.subscription
+                && TopicName::parse(&body.topic)
+                    .is_ok_and(|t| t.to_string() == existing.topic.full_name)
+            {
+                return self.send_success(request_id).await;
+            }
+            return self
+                .send_error(
+                    request_id,
+                    ServiceError::new(
+                        ServerError::ConsumerBusy,
+                        "consumer id already in use on this connection",
+                    ),
+                )
+                .await;
+        }
+        if self.consumers.len() >= self.service.config.limits.consumers_max {
+            return self
+                .send_error(
+                    request_id,
+                    ServiceError::new(
+                        ServerError::NotAllowedError,
+                        "consumers_max reached on this connection",
+                    ),
+                )
+                .await;
+        }
+        match self.create_consumer(&body).await {
+            Ok(()) => self.send_success(request_id).await,
+            Err(e) => {
+                tracing::info!(conn = self.id, topic = %body.topic, subscription = %body.subscription, error = %e, "SUBSCRIBE refused");
+                self.send_error(request_id, e).await
+            }
+        }
+    }
+
+    async fn create_consumer(
+        &mut self,
+        body: &proto::CommandSubscribe,
+    ) -> Result<(), ServiceError> {
+        let topic_name = TopicName::parse(&body.topic)?;
+        if body.subscription.is_empty() {
+            return Err(ServiceError::new(
+                ServerError::NotAllowedError,
+                "empty subscription name",
+            ));
+        }
+        let topic = self
+            .service
+            .topic(&topic_name, body.force_topic_creation.unwrap_or(true))
+            .await?;
+        if let Some(s) = &body.schema
+            && !schema::is_empty_schema(s)
+        {
+            self.service.schemas.get_or_create(&topic_name, s).await?;
+        }
+        let sub_type = SubType::try_from(body.sub_type).map_err(|_| {
+            ServiceError::new(ServerError::NotAllowedError, "unknown subscription type")
+        })?;
+        let durable = body.durable.unwrap_or(true);
+        let reader_start = if durable {
+            None
+        } else {
+            reader_start(&topic, body.start_message_id.as_ref())
+        };
+        let (sticky, sticky_ranges) = match &body.key_shared_meta {
+            Some(meta) if meta.key_shared_mode == proto::KeySharedMode::Sticky as i32 => {
+                let ranges: Vec<(i32, i32)> =
+                    meta.hash_ranges.iter().map(|r| (r.start, r.end)).collect();
+                (true, Some(ranges))
+            }
+            _ => (false, None),
+        };
+        let request = SubscribeRequest {
+            subscription: body.subscription.clone(),
+            sub_type,
+            durable,
+            initial_earliest: body.initial_position == Some(InitialPosition::Earliest as i32),
+            reader_start,
+            sticky,
+        };
+        let info = ConsumerInfo {
+            conn_id: self.id,
+            consumer_id: body.consumer_id,
+            name: body.consumer_name.clone().unwrap_or_default(),
+            priority_level: body.priority_level.unwrap_or(0),
+            out: self.out.clone(),
+            events: self.events_tx.clone(),
+            protocol_version: self.protocol_version,
+            sticky_ranges,
+            address: self.peer.to_string(),
+        };
+        let sub = topic.subscribe(&request, info).await?;
+        tracing::debug!(conn = self.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");
+        self.consumers
+            .insert(body.consumer_id, ConnConsumer { topic, sub });
+        Ok(())
+    }
+
+    async fn to_subscription(
+        &mut self,
+        consumer_id: u64,
+        make: impl FnOnce((u64, u64)) -> SubCommand,
+    ) -> Result<(), Close> {
+        let Some(consumer) = self.consumers.get(&consumer_id) else {
+            tracing::debug!(
+                conn = self.id,
+                consumer_id,
+                "command for an unknown consumer ignored"
+            );
+            return Ok(());
+        };
+        let _ = consumer.sub.tx.send(make((self.id, consumer_id))).await;
+        Ok(())
+    }
+
+    async fn on_close_consumer(&mut self, consumer_id: u64, request_id: u64) -> Result<(), Close> {
+        if let Some(consumer) = self.consumers.remove(&consumer_id) {
+            let (reply, done) = oneshot::channel();
+            let command = SubCommand::Remove {
+                key: (self.id, consumer_id),
+                reply: Some(reply),
+            };
+            if consumer.sub.tx.send(command).await.is_ok() {
+                let _ = done.await;
+            }
+        }
+        self.send_success(request_id).await
+    }
+
+    async fn on_unsubscribe(&mut self, body: proto::CommandUnsubscribe) -> Result<(), Close> {
+        let Some(consumer) = self.consumers.get(&body.consumer_id) else {
+            return self
+                .send_error(
+                    body.request_id,
+                    ServiceError::new(ServerError::ConsumerNotFound, "unknown consumer"),
+                )
+                .await;
+        };
+        let (reply, answer) = oneshot::channel();
+        let command = SubCommand::Unsubscribe {
+            key: (self.id, body.consumer_id),
+            force: body.force.unwrap_or(false),
+            reply,
+        };
+        let result = match consumer.sub.tx.send(command).await {
+            Ok(()) => answer.await.unwrap_or_else(|_| Ok(())),
+            Err(_) => Ok(()),
+        };
+        match result {
+            Ok(()) => {
+                self.consumers.remove(&body.consumer_id);
+                self.send_success(body.request_id).await
+            }
+            Err(e) => self.send_error(body.request_id, e).await,
+        }
+    }
+
+    async fn on_seek(&mut self, body: proto::CommandSeek) -> Result<(), Close> {
+        let Some(consumer) = self.consumers.get(&body.consumer_id) else {
+            return self
+                .send_error(
+                    body.request_id,
+                    ServiceError::new(ServerError::ConsumerNotFound, "unknown consumer"),
+                )
+                .await;
+        };
+        let target = match (&body.message_id, body.message_publish_time) {
+            (Some(id), _) => SeekTarget::MessageId {
+                ledger_id: id.ledger_id,
+                entry_id: id.entry_id,
+            },
+            (None, Some(time_ms)) => SeekTarget::PublishTime(time_ms),
+            (None, None) => {
+                return self
+                    .send_error(
+                        body.request_id,
+                        ServiceError::new(ServerError::NotAllowedError, "SEEK without a target"),
+                    )
+                    .await;
+            }
+        };
+        let (reply, answer) = oneshot::channel();
+        let result = match consumer
+            .sub
+            .tx
+            .send(SubCommand::Seek { target, reply })
+            .await
+        {
+            Ok(()) => answer.await.unwrap_or_else(|_| {
+                Err(ServiceError::new(
+                    ServerError::ServiceNotReady,
+                    "subscription closed",
+                ))
+            }),
+            Err(_) => Err(ServiceError::new(
+                ServerError::ServiceNotReady,
+                "subscription closed",
+            )),
+        };
+        self.drain_events();
+        match result {
+            Ok(()) => self.send_success(body.request_id).await,
+            Err(e) => self.send_error(body.request_id, e).await,
+        }
+    }
+
+    async fn on_get_last_message_id(
+        &mut self,
+        consumer_id: u64,
+        request_id: u64,
+    ) -> Result<(), Close> {
+        let Some(consumer) = self.consumers.get(&consumer_id) else {
+            return self
+                .send_error(
+                    request_id,
+                    ServiceError::new(ServerError::ConsumerNotFound, "unknown consumer"),
+                )
+                .await;
+        };
+        let topic = Arc::clone(&consumer.topic);
+        let partition = topic.name.partition_index();
+        let (reply, answer) = oneshot::channel();
+        let mark_delete = match consumer.sub.tx.send(SubCommand::MarkDelete { reply }).await {
+            Ok(()) => answer.await.ok().flatten(),
+            Err(_) => None,
+        };
+        let last_message_id = match topic.log.last_confirmed() {
+            Some(last) => {
+                let batch_index = match topic.log.read(last, 1, usize::MAX).await {
+                    Ok(entries) => entries
+                        .first()
+                        .filter(|e| e.position == last)
+                        .and_then(|e| codec::entry_metadata(&e.data))
+                        .and_then(|m| m.num_messages_in_batch)
+                        .map(|n| n - 1),
+                    Err(_) => None,
+                };
+                MessageIdData {
+                    ledger_id: last.ledger_id,
+                    entry_id: last.entry_id,
+                    partition: Some(partition),
+                    batch_index,
+                    ..MessageIdData::default()
+                }
+            }
+            None => MessageIdData {
+                ledger_id: u64::MAX,
+                entry_id: u64::MAX,
+                partition: Some(partition),
+                ..MessageIdData::default()
+            },
+        };
+        self.send(proto::CommandGetLastMessageIdResponse {
+            last_message_id,
+            request_id,
+            consumer_mark_delete_position: mark_delete.map(|p: Position| MessageIdData {
+                ledger_id: p.ledger_id,
+                entry_id: p.entry_id,
+                partition: Some(partition),
+                ..MessageIdData::default()
+            }),
+        })
+        .await
+    }
+
+    async fn on_consumer_stats(&mut self, consumer_id: u64, request_id: u64) -> Result<(), Close> {
+        let snapshot = match self.consumers.get(&consumer_id) {
+            Some(consumer) => {
+                let (reply, answer) = oneshot::channel();
+                let key = (self.id, consumer_id);
+                match consumer.sub.tx.send(SubCommand::Stats { key, reply }).await {
+                    Ok(()) => answer.await.ok().flatten(),
+                    Err(_) => None,
+                }
+            }
+            None => None,
+        };
+        let response = match snapshot {
+            Some(s) => proto::CommandConsumerStatsResponse {
+                request_id,
+                consumer_name: Some(s.name),
+                available_permits: Some(s.available_permits.clamp(0, u64::MAX as i64) as u64),
+                unacked_messages: Some(s.unacked_messages),
+                blocked_consumer_on_unacked_msgs: Some(false),
+                address: Some(s.address),
+                msg_backlog: Some(s.backlog),
+                msg_rate_out: Some(0.0),
+                msg_throughput_out: Some(0.0),
+                msg_rate_redeliver: Some(0.0),
+                msg_rate_expired: Some(0.0),
+                message_ack_rate: Some(0.0),
+                ..proto::CommandConsumerStatsResponse::default()
+            },
+            None => proto::CommandConsumerStatsResponse {
+                request_id,
+                error_code: Some(ServerError::ConsumerNotFound as i32),
+                error_message: Some("unknown consumer".into()),
+                ..proto::CommandConsumerStatsResponse::default()
+            },
+        };
+        self.send(response).await
+    }
+
+    async fn on_get_schema(&mut self, body: proto::CommandGetSchema) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let result = async {
+            let topic = TopicName::parse(&body.topic)?;
+            let version = body
+                .schema_version
+                .as_deref()
+                .and_then(schema::decode_version);
+            self.service.schemas.get(&topic, version).await
+        }
+        .await;
+        let response = match result {
+            Ok(Some((version, schema))) => proto::CommandGetSchemaResponse {
+                request_id,
+                error_code: None,
+                error_message: None,
+                schema: Some(schema),
+                schema_version: Some(schema::encode_version(version)),
+            },
+            Ok(None) => proto::CommandGetSchemaResponse {
+                request_id,
+                error_code: Some(ServerError::TopicNotFound as i32),
+                error_message: Some("Topic not found or no-schema".into()),
+                schema: None,
+                schema_version: None,
+            },
+            Err(e) => proto::CommandGetSchemaResponse {
+                request_id,
+                error_code: Some(e.code as i32),
+                error_message: Some(e.message),
+                schema: None,
+                schema_version: None,
+            },
+        };
+        self.send(response).await
+    }
+
+    async fn on_get_or_create_schema(
+        &mut self,
+        body: proto::CommandGetOrCreateSchema,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let result = async {
+            let topic = TopicName::parse(&body.topic)?;
+            self.service
+                .schemas
+                .get_or_create(&topic, &body.schema)
+                .await
+        }
+        .await;
+        let response = match result {
+            Ok(version) => proto::CommandGetOrCreateSchemaResponse {
+                request_id,
+                error_code: None,
+                error_message: None,
+                schema_version: Some(schema::encode_version(version)),
+            },
+            Err(e) => proto::CommandGetOrCreateSchemaResponse {
+                request_id,
+                error_code: Some(e.code as i32),
+                error_message: Some(e.message),
+                schema_version: None,
+            },
+        };
+        self.send(response).await
+    }
+
+    /// Detaches every producer and consumer of this connection.
+    async fn cleanup(&mut self) {
+        for (producer_id, producer) in self.producers.drain() {
+            producer
+                .topic
+                .remove_producer(&producer.name, self.id, producer_id);
+        }
+        let consumers: Vec<(u64, ConnConsumer)> = self.consumers.drain().collect();
+        for (consumer_id, consumer) in consumers {
+            let command = SubCommand::Remove {
+                key: (self.id, consumer_id),
+                reply: None,
+            };
+            let _ = consumer.sub.tx.send(command).await;
+        }
+    }
+}
+
+fn missing(kind: Type) -> Close {
+    Close(format!("{kind:?} without its sub-message"))
+}
+
+/// Reader start: the first position to deliver. Earliest (−1,−1) → the head;
+/// latest or absent → `None` (after the last entry); a batch id (batch_index ≥
+/// 0) → that entry again (the client skips what it had); otherwise the entry
+/// after the id (the Java broker's non-durable cursor rules).
+fn reader_start(topic: &Topic, start: Option<&MessageIdData>) -> Option<Position> {
+    let id = start?;
+    if id.ledger_id == u64::MAX && id.entry_id == u64::MAX {
+        return Some(Position::new(0, 0));
+    }
+    if id.ledger_id == i64::MAX as u64 && id.entry_id == i64::MAX as u64 {
+        return None;
+    }
+    let position = Position::new(id.ledger_id, id.entry_id);
+    if id.batch_index.is_some_and(|i| i >= 0) {
+        return Some(position);
+    }
+    Some(topic.log.next_position(position))
+}
+
+async fn receipt_loop(
+    producer_id: u64,
+    mut jobs: mpsc::Receiver<ReceiptJob>,
+    out: mpsc::Sender<Outbound>,
+) {
+    while let Some(job) = jobs.recv().await {
+        let frame = match job {
+            ReceiptJob::Send {
+                sequence_id,
+                highest_sequence_id,
+                append,
+                _permits,
+            } => match append.await {
+                Ok(position) => receipt(
+                    producer_id,
+                    sequence_id,
+                    highest_sequence_id,
+                    position.ledger_id,
+                    position.entry_id,
+                ),
+                Err(e) => {
+                    tracing::warn!(producer_id, sequence_id, error = %e, "append failed");
+                    codec::encode_command(proto::CommandSendError {
+                        producer_id,
+                        sequence_id,
+                        error: ServiceError::from(e).code as i32,
+                        message: "persistence failure".into(),
+                    })
+                }
+            },
+            ReceiptJob::Duplicate {
+                sequence_id,
+                highest_sequence_id,
+                _permits,
+            } => receipt(
+                producer_id,
+                sequence_id,
+                highest_sequence_id,
+                u64::MAX,
+                u64::MAX,
+            ),
+            ReceiptJob::Error {
+                sequence_id,
+                code,
+                message,
+            } => codec::encode_command(proto::CommandSendError {
+                producer_id,
+                sequence_id,
+                error: code as i32,
+                message,
+            }),
+            ReceiptJob::Close { request_id } => {
+                let _ = out
+                    .send(codec::encode_command(proto::CommandSuccess {
+                        request_id,
+                        schema: None,
+                    }))
+                    .await;
+                return;
+            }
+        };
+        if out.send(frame).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn receipt(
+    producer_id: u64,
+    sequence_id: u64,
+    highest_sequence_id: u64,
+    ledger_id: u64,
+    entry_id: u64,
+) -> Outbound {
+    codec::encode_command(proto::CommandSendReceipt {
+        producer_id,
+        sequence_id,
+        message_id: Some(MessageIdData {
+            ledger_id,
+            entry_id,
+            ..MessageIdData::default()
+        }),
+        highest_sequence_id: Some(highest_sequence_id),
+    })
+}
+
+async fn write_loop(
+    mut writer: OwnedWriteHalf,
+    mut frames: mpsc::Receiver<Outbound>,
+    frames_per_wakeup: usize,
+) {
+    let budget = frames_per_wakeup.max(1);
+    let mut batch: Vec<Bytes> = Vec::with_capacity(budget * 2);
+    while let Some(first) = frames.recv().await {
+        push_frame(&mut batch, first);
+        let mut count = 1;
+        while count < budget {
+            match frames.try_recv() {
+                Ok(frame) => {
+                    push_frame(&mut batch, frame);
+                    count += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        if let Err(e) = write_all(&mut writer, &mut batch).await {
+            tracing::debug!(error = %e, "write failed");
+            return;
+        }
+        batch.clear();
+    }
+    let _ = writer.shutdown().await;
+}
+
+fn push_frame(batch: &mut Vec<Bytes>, frame: Outbound) {
+    match frame {
+        Outbound::Simple(bytes) => batch.push(bytes),
+        Outbound::Message { header, entry } => {
+            batch.push(header);
+            batch.push(entry);
+        }
+    }
+}
+
+/// Writes every buffer with vectored writes, handling partial writes.
+async fn write_all(writer: &mut OwnedWriteHalf, buffers: &mut [Bytes]) -> std::io::Result<()> {
+    let mut index = 0;
+    while index < buffers.len() {
+        if buffers[index].is_empty() {
+            index += 1;
+            continue;
+        }
+        let slices: Vec<IoSlice<'_>> = buffers[index..]
+            .iter()
+            .take(IOVECS_PER_WRITE_MAX)
+            .map(|b| IoSlice::new(b))
+            .collect();
+        let mut written = writer.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 && index < buffers.len() {
+            let len = buffers[index].len();
+            if written >= len {
+                written -= len;
+                index += 1;
+            } else {
+                buffers[index].advance(written);
+                written = 0;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,78 @@
+//! Errors: the public [`BrokerError`] and the internal [`ServiceError`] that
+//! becomes an ERROR (or SEND_ERROR) frame with a Pulsar `ServerError` code.
+//!
+//! Never: decides whether a connection closes; the connection does.
+
+use vela_wire::proto::ServerError;
+
+use crate::admin::AdminError;
+use crate::topic_name::InvalidName;
+
+/// Failures of the broker's public API.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    /// Binding or accepting on the listener failed.
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+    /// Metadata operations at startup or from the admin API failed.
+    #[error("admin: {0}")]
+    Admin(#[from] AdminError),
+    /// A topic name given to the API is invalid.
+    #[error(transparent)]
+    InvalidName(#[from] InvalidName),
+    /// Closing a topic's log failed at shutdown.
+    #[error("log: {0}")]
+    Log(#[from] vela_log::LogError),
+}
+
+/// An error answered to a client request: the protocol code and a message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct ServiceError {
+    /// Pulsar's ServerError code.
+    pub code: ServerError,
+    /// Human-readable message (sent in the required `message` field).
+    pub message: String,
+}
+
+impl ServiceError {
+    /// Builds an error.
+    pub fn new(code: ServerError, message: impl Into<String>) -> ServiceError {
+        ServiceError {
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl From<InvalidName> for ServiceError {
+    fn from(e: InvalidName) -> Self {
+        ServiceError::new(ServerError::InvalidTopicName, e.to_string())
+    }
+}
+
+impl From<AdminError> for ServiceError {
+    fn from(e: AdminError) -> Self {
+        let code = match &e {
+            AdminError::NotFound(_) => ServerError::TopicNotFound,
+            AdminError::Invalid(_) => ServerError::InvalidTopicName,
+            AdminError::Exists(_) => ServerError::NotAllowedError,
+            AdminError::Meta(_) | AdminError::Corrupt { .. } => ServerError::MetadataError,
+        };
+        ServiceError::new(code, e.to_string())
+    }
+}
+
+impl From<vela_log::LogError> for ServiceError {
+    fn from(e: vela_log::LogError) -> Self {
+        let code = match &e {
+            vela_log::LogError::Metadata(_) => ServerError::MetadataError,
+            vela_log::LogError::Fenced(_) | vela_log::LogError::Closed(_) => {
+                ServerError::ServiceNotReady
+            }
+            vela_log::LogError::Overloaded(_) => ServerError::TooManyRequests,
+            _ => ServerError::PersistenceError,
+        };
+        ServiceError::new(code, e.to_string())
+    }
+}

@@ -1,0 +1,200 @@
+//! Schema registry: versioned schemas per topic in the metadata store.
+//!
+//! Key layout: `/schemas/{tenant}/{namespace}/{local}/{version:020}` → the
+//! protobuf-encoded `Schema` (partitions share their base topic's schemas).
+//! Versions count from 0. On the wire a version is 8 bytes, big-endian (the
+//! Java broker's `LongSchemaVersion`).
+//!
+//! Compatibility: a schema identical (type, data, properties) to an existing
+//! version reuses that version; a schema of another type than the latest is
+//! refused with IncompatibleSchema; the same type with other data becomes a
+//! new version (no Avro/JSON structural checks).
+//! Never: interprets schema data.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use prost::Message as _;
+use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
+use vela_wire::proto::{self, ServerError};
+
+use crate::admin::encode_segment;
+use crate::error::ServiceError;
+use crate::topic_name::TopicName;
+
+/// Versions kept per topic: a bound on the registry's key count per topic.
+/// When reached: new schemas get IncompatibleSchema.
+pub const SCHEMA_VERSIONS_MAX: u64 = 1000;
+
+/// Encodes a schema version as the Java broker does (8 bytes, big-endian).
+pub fn encode_version(version: u64) -> Bytes {
+    Bytes::copy_from_slice(&version.to_be_bytes())
+}
+
+/// Decodes an 8-byte big-endian version.
+pub fn decode_version(bytes: &[u8]) -> Option<u64> {
+    let array: [u8; 8] = bytes.try_into().ok()?;
+    Some(u64::from_be_bytes(array))
+}
+
+/// True for "no schema" (None type with empty data, or bytes schema).
+pub fn is_empty_schema(schema: &proto::Schema) -> bool {
+    schema.r#type == proto::schema::Type::None as i32 && schema.schema_data.is_empty()
+}
+
+/// The registry.
+#[derive(Debug, Clone)]
+pub struct SchemaRegistry {
+    meta: Arc<dyn MetadataStore>,
+}
+
+fn topic_dir(topic: &TopicName) -> String {
+    let base = topic.base();
+    format!(
+        "/schemas/{}/{}/{}",
+        encode_segment(&base.namespace.tenant),
+        encode_segment(&base.namespace.namespace),
+        encode_segment(&base.local)
+    )
+}
+
+fn meta_error(e: MetaError) -> ServiceError {
+    ServiceError::new(ServerError::MetadataError, e.to_string())
+}
+
+impl SchemaRegistry {
+    /// A registry over `meta`.
+    pub fn new(meta: Arc<dyn MetadataStore>) -> SchemaRegistry {
+        SchemaRegistry { meta }
+    }
+
+    async fn versions(&self, topic: &TopicName) -> Result<Vec<u64>, ServiceError> {
+        let children = self
+            .meta
+            .children(&topic_dir(topic))
+            .await
+            .map_err(meta_error)?;
+        let mut versions: Vec<u64> = children.iter().filter_map(|c| c.parse().ok()).collect();
+        versions.sort_unstable();
+        Ok(versions)
+    }
+
+    /// A given version, or the latest when `version` is `None`.
+    pub async fn get(
+        &self,
+        topic: &TopicName,
+        version: Option<u64>,
+    ) -> Result<Option<(u64, proto::Schema)>, ServiceError> {
+        let version = match version {
+            Some(v) => v,
+            None => match self.versions(topic).await?.last() {
+                Some(v) => *v,
+                None => return Ok(None),
+            },
+        };
+        let key = format!("{}/{version:020}", topic_dir(topic));
+        let Some((value, _)) = self.meta.get(&key).await.map_err(meta_error)? else {
+            return Ok(None);
+        };
+        let schema = proto::Schema::decode(value).map_err(|e| {
+            ServiceError::new(
+                ServerError::MetadataError,
+                format!("corrupt schema at {key}: {e}"),
+            )
+        })?;
+        Ok(Some((version, schema)))
+    }
+
+    /// The version of `schema`, registering it when new.
+    pub async fn get_or_create(
+        &self,
+        topic: &TopicName,
+        schema: &proto::Schema,
+    ) -> Result<u64, ServiceError> {
+        let versions = self.versions(topic).await?;
+        let mut latest: Option<proto::Schema> = None;
+        for version in &versions {
+            if let Some((_, existing)) = self.get(topic, Some(*version)).await? {
+                if same_schema(&existing, schema) {
+                    return Ok(*version);
+                }
+                latest = Some(existing);
+            }
+        }
+        if let Some(latest) = &latest
+            && latest.r#type != schema.r#type
+        {
+            return Err(ServiceError::new(
+                ServerError::IncompatibleSchema,
+                format!(
+                    "schema type {} is incompatible with the topic's type {}",
+                    schema.r#type, latest.r#type
+                ),
+            ));
+        }
+        let next = versions.last().map_or(0, |v| v + 1);
+        if next >= SCHEMA_VERSIONS_MAX {
+            return Err(ServiceError::new(
+                ServerError::IncompatibleSchema,
+                "SCHEMA_VERSIONS_MAX reached",
+            ));
+        }
+        let key = format!("{}/{next:020}", topic_dir(topic));
+        let value = Bytes::from(schema.encode_to_vec());
+        match self.meta.put(&key, value, ExpectedVersion::Absent).await {
+            Ok(_) => Ok(next),
+            Err(MetaError::Exists { .. }) => Err(ServiceError::new(
+                ServerError::ServiceNotReady,
+                "concurrent schema registration, retry",
+            )),
+            Err(e) => Err(meta_error(e)),
+        }
+    }
+
+    /// True when the topic has at least one schema.
+    pub async fn has_schema(&self, topic: &TopicName) -> Result<bool, ServiceError> {
+        Ok(!self.versions(topic).await?.is_empty())
+    }
+}
+
+fn same_schema(a: &proto::Schema, b: &proto::Schema) -> bool {
+    a.r#type == b.r#type && a.schema_data == b.schema_data && a.properties == b.properties
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn schema(kind: proto::schema::Type, data: &[u8]) -> proto::Schema {
+        proto::Schema {
+            name: "s".into(),
+            schema_data: Bytes::copy_from_slice(data),
+            r#type: kind as i32,
+            properties: vec![],
+        }
+    }
+
+    #[tokio::test]
+    async fn versions_are_reused_and_incremented() {
+        let registry = SchemaRegistry::new(Arc::new(vela_meta::MemoryStore::new()));
+        let topic = TopicName::parse("t-partition-1").unwrap();
+        let json_a = schema(proto::schema::Type::Json, b"{\"a\":1}");
+        let json_b = schema(proto::schema::Type::Json, b"{\"b\":1}");
+        assert_eq!(registry.get_or_create(&topic, &json_a).await.unwrap(), 0);
+        assert_eq!(registry.get_or_create(&topic, &json_a).await.unwrap(), 0);
+        assert_eq!(
+            registry
+                .get_or_create(&TopicName::parse("t").unwrap(), &json_b)
+                .await
+                .unwrap(),
+            1
+        );
+        let string = schema(proto::schema::Type::String, b"");
+        let err = registry.get_or_create(&topic, &string).await.unwrap_err();
+        assert_eq!(err.code, ServerError::IncompatibleSchema);
+        assert_eq!(registry.get(&topic, None).await.unwrap().unwrap().0, 1);
+        assert_eq!(decode_version(&encode_version(258)), Some(258));
+        assert_eq!(encode_version(1).as_ref(), &[0, 0, 0, 0, 0, 0, 0, 1]);
+    }
+}

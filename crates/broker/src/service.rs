@@ -1,0 +1,202 @@
+//! The broker service: the topics being served, shared by all connections.
+//!
+//! Owns: the map from full topic name to [`Topic`] (each opened once, even
+//! when many connections ask at the same time), the rules deciding whether a
+//! topic may be served (namespace exists, partition index in range,
+//! auto-creation), broker-assigned producer names and connection ids.
+//! Never: speaks the protocol (connections do) or stores entries (logs do).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+use tokio::sync::OnceCell;
+use vela_log::{LogConfig, LogEnv, ManagedLog, Persistence};
+use vela_meta::MetadataStore;
+use vela_wire::proto::ServerError;
+
+use crate::admin::Admin;
+use crate::config::{BrokerConfig, CLUSTER_NAME};
+use crate::error::ServiceError;
+use crate::schema::SchemaRegistry;
+use crate::topic::Topic;
+use crate::topic_name::{TopicDomain, TopicName};
+
+/// Topics served at once by one broker. Each holds a log (tail cache up to
+/// `LogConfig::tail_cache_bytes_max`); 100k topics is beyond what one broker
+/// process should carry. When reached: new topics get ServiceNotReady.
+pub(crate) const TOPICS_MAX: usize = 100_000;
+
+type TopicCell = Arc<OnceCell<Arc<Topic>>>;
+
+/// Shared broker state.
+#[derive(Debug)]
+pub(crate) struct Service {
+    /// Configuration.
+    pub(crate) config: BrokerConfig,
+    /// Tenants, namespaces, partitioned metadata.
+    pub(crate) admin: Admin,
+    /// Schemas.
+    pub(crate) schemas: SchemaRegistry,
+    /// Logs.
+    pub(crate) log_env: LogEnv,
+    /// `pulsar://host:port` returned by lookups.
+    pub(crate) advertised_url: String,
+    topics: Mutex<HashMap<String, TopicCell>>,
+    producer_names: AtomicU64,
+    conn_ids: AtomicU64,
+}
+
+impl Service {
+    /// Builds the service.
+    pub(crate) fn new(
+        config: BrokerConfig,
+        meta: Arc<dyn MetadataStore>,
+        log_env: LogEnv,
+        advertised_url: String,
+    ) -> Service {
+        Service {
+            config,
+            admin: Admin::new(Arc::clone(&meta)),
+            schemas: SchemaRegistry::new(meta),
+            log_env,
+            advertised_url,
+            topics: Mutex::new(HashMap::new()),
+            producer_names: AtomicU64::new(0),
+            conn_ids: AtomicU64::new(1),
+        }
+    }
+
+    /// A new connection id.
+    pub(crate) fn next_conn_id(&self) -> u64 {
+        self.conn_ids.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// A unique producer name (`standalone-0-N`, as the Java broker).
+    pub(crate) fn next_producer_name(&self) -> String {
+        let n = self.producer_names.fetch_add(1, Ordering::Relaxed);
+        format!("{CLUSTER_NAME}-0-{n}")
+    }
+
+    /// Partitions to answer in PARTITIONED_METADATA: N for a partitioned
+    /// topic, 0 otherwise. Fails when the namespace does not exist.
+    pub(crate) async fn partitions_of(&self, topic: &TopicName) -> Result<u32, ServiceError> {
+        if self
+            .admin
+            .namespace_policies(&topic.namespace)
+            .await?
+            .is_none()
+        {
+            return Err(ServiceError::new(
+                ServerError::TopicNotFound,
+                format!("Namespace {} does not exist", topic.namespace),
+            ));
+        }
+        Ok(self.admin.partitions(topic).await?.unwrap_or(0))
+    }
+
+    /// The served topic for `topic`, opening (and with `create`, creating) it.
+    pub(crate) async fn topic(
+        &self,
+        topic: &TopicName,
+        create: bool,
+    ) -> Result<Arc<Topic>, ServiceError> {
+        let full_name = topic.to_string();
+        if let Some(cell) = self.topics.lock().get(&full_name)
+            && let Some(served) = cell.get()
+            && !served.log.is_closed()
+        {
+            return Ok(Arc::clone(served));
+        }
+        if topic.domain == TopicDomain::NonPersistent {
+            return Err(ServiceError::new(
+                ServerError::NotAllowedError,
+                "non-persistent topics are not supported",
+            ));
+        }
+        let Some(policies) = self.admin.namespace_policies(&topic.namespace).await? else {
+            return Err(ServiceError::new(
+                ServerError::TopicNotFound,
+                format!("Namespace {} does not exist", topic.namespace),
+            ));
+        };
+        // Partitioned topics: only their partitions are served.
+        let partitions = self.admin.partitions(topic).await?;
+        match (topic.partition, partitions) {
+            (Some(index), Some(n)) if index >= n => {
+                return Err(ServiceError::new(
+                    ServerError::TopicNotFound,
+                    format!("partition {index} of a topic with {n} partitions"),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ServiceError::new(
+                    ServerError::NotAllowedError,
+                    format!("{topic} is a partitioned topic: use its partitions"),
+                ));
+            }
+            _ => {}
+        }
+        let exists = partitions.is_some() || self.admin.topic_exists(topic).await?;
+        if !exists && !(create && self.config.auto_create_topics) {
+            return Err(ServiceError::new(
+                ServerError::TopicNotFound,
+                format!("Topic {topic} does not exist"),
+            ));
+        }
+        let cell = {
+            let mut topics = self.topics.lock();
+            let stale = topics
+                .get(&full_name)
+                .and_then(|c| c.get())
+                .is_some_and(|t| t.log.is_closed());
+            if stale {
+                topics.remove(&full_name);
+            }
+            if !topics.contains_key(&full_name) && topics.len() >= TOPICS_MAX {
+                return Err(ServiceError::new(
+                    ServerError::ServiceNotReady,
+                    "TOPICS_MAX topics are served already",
+                ));
+            }
+            Arc::clone(topics.entry(full_name.clone()).or_default())
+        };
+        let persistence = policies.persistence_or(self.config.default_persistence);
+        let dedup = policies.deduplication_enabled.unwrap_or(false);
+        let served = cell
+            .get_or_try_init(|| async {
+                self.admin.register_topic(topic).await?;
+                let config = LogConfig {
+                    persistence: Persistence {
+                        ensemble: persistence.ensemble,
+                        write_quorum: persistence.write_quorum,
+                        ack_quorum: persistence.ack_quorum,
+                    },
+                    ..LogConfig::default()
+                };
+                let log = ManagedLog::open(&self.log_env, &topic.log_name(), config).await?;
+                tracing::info!(topic = %full_name, "topic opened");
+                Ok::<_, ServiceError>(Topic::new(topic.clone(), log, dedup))
+            })
+            .await?;
+        Ok(Arc::clone(served))
+    }
+
+    /// Closes every topic (shutdown).
+    pub(crate) async fn close_topics(&self) -> Vec<vela_log::LogError> {
+        let topics: Vec<Arc<Topic>> = self
+            .topics
+            .lock()
+            .drain()
+            .filter_map(|(_, c)| c.get().cloned())
+            .collect();
+        let mut errors = Vec::new();
+        for topic in topics {
+            if let Err(e) = topic.close().await {
+                errors.push(e);
+            }
+        }
+        errors
+    }
+}

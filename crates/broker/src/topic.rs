@@ -1,0 +1,351 @@
+//! A served topic: its log, its producers and its subscriptions.
+//!
+//! Owns: the single-writer order of appends (one short lock around
+//! `ManagedLog::append`, which only issues the add), producer name uniqueness
+//! and access modes, epoch-based producer replacement, the in-memory
+//! deduplication table, and the map of subscription tasks.
+//! Never: waits for an append while holding a lock, parses payloads, or talks
+//! to a socket (frames go through the connections' outbound queues).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::{mpsc, oneshot};
+use vela_log::{AppendFuture, CursorStart, ManagedLog, Position};
+use vela_wire::proto::{
+    CommandCloseProducer, ProducerAccessMode, ServerError, command_subscribe::SubType,
+};
+
+use crate::codec::{self, Outbound};
+use crate::error::ServiceError;
+use crate::subscription::{
+    self, ConnEvent, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionSpec,
+};
+use crate::topic_name::TopicName;
+
+/// Producers on one topic. Pulsar's `maxProducersPerTopic` is unlimited by
+/// default; 10k bounds the map. When reached: PRODUCER gets ProducerBusy.
+pub(crate) const PRODUCERS_PER_TOPIC_MAX: usize = 10_000;
+/// Subscriptions on one topic (each is a task and a cursor). When reached:
+/// SUBSCRIBE gets NotAllowedError.
+pub(crate) const SUBSCRIPTIONS_PER_TOPIC_MAX: usize = 10_000;
+
+/// A producer registered on the topic.
+#[derive(Debug, Clone)]
+pub(crate) struct ProducerReg {
+    /// Connection holding it.
+    pub(crate) conn_id: u64,
+    /// Its id on that connection.
+    pub(crate) producer_id: u64,
+    /// Reconnect epoch (a higher epoch replaces a lower one).
+    pub(crate) epoch: u64,
+    /// Exclusive access mode.
+    pub(crate) exclusive: bool,
+    /// The connection's outbound queue (for CLOSE_PRODUCER on replacement).
+    pub(crate) out: mpsc::Sender<Outbound>,
+    /// The connection's event queue.
+    pub(crate) events: mpsc::Sender<ConnEvent>,
+}
+
+/// How a subscription is requested.
+#[derive(Debug, Clone)]
+pub(crate) struct SubscribeRequest {
+    /// Subscription name.
+    pub(crate) subscription: String,
+    /// Type asked for.
+    pub(crate) sub_type: SubType,
+    /// Durable subscription (false: reader).
+    pub(crate) durable: bool,
+    /// Where a new durable subscription starts.
+    pub(crate) initial_earliest: bool,
+    /// Reader: where to start (already resolved to the first position to
+    /// deliver; `None` = latest).
+    pub(crate) reader_start: Option<Position>,
+    /// Key_Shared STICKY.
+    pub(crate) sticky: bool,
+}
+
+#[derive(Debug)]
+struct SubEntry {
+    handle: SubscriptionHandle,
+    generation: u64,
+}
+
+/// A topic being served.
+#[derive(Debug)]
+pub(crate) struct Topic {
+    /// Parsed name.
+    pub(crate) name: TopicName,
+    /// Full name (`persistent://t/ns/x`).
+    pub(crate) full_name: String,
+    /// The topic's log.
+    pub(crate) log: Arc<ManagedLog>,
+    append_lock: Mutex<()>,
+    producers: Mutex<HashMap<String, ProducerReg>>,
+    subscriptions: Mutex<HashMap<String, SubEntry>>,
+    subscribe_lock: tokio::sync::Mutex<u64>,
+    /// Producer name → highest sequence id appended (deduplication enabled).
+    dedup: Option<Mutex<HashMap<String, i64>>>,
+    self_ref: Weak<Topic>,
+}
+
+/// Outcome of a dedup check on SEND.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DedupCheck {
+    /// Append it.
+    Fresh,
+    /// Already appended: answer with a (−1, −1) receipt.
+    Duplicate,
+}
+
+impl Topic {
+    /// Wraps an opened log.
+    pub(crate) fn new(name: TopicName, log: Arc<ManagedLog>, dedup_enabled: bool) -> Arc<Topic> {
+        Arc::new_cyclic(|self_ref| Topic {
+            full_name: name.to_string(),
+            name,
+            log,
+            append_lock: Mutex::new(()),
+            producers: Mutex::new(HashMap::new()),
+            subscriptions: Mutex::new(HashMap::new()),
+            subscribe_lock: tokio::sync::Mutex::new(0),
+            dedup: dedup_enabled.then(|| Mutex::new(HashMap::new())),
+            self_ref: self_ref.clone(),
+        })
+    }
+
+    /// Appends a stored entry. The append is issued before this returns, in
+    /// call order; the future resolves once the entry is durable.
+    pub(crate) fn publish(&self, entry: Bytes) -> AppendFuture {
+        let _writer = self.append_lock.lock();
+        self.log.append(entry)
+    }
+
+    /// Deduplication: records `highest_sequence_id` for `producer` unless it
+    /// was already appended.
+    pub(crate) fn dedup_check(
+        &self,
+        producer: &str,
+        sequence_id: i64,
+        highest_sequence_id: i64,
+    ) -> DedupCheck {
+        let Some(table) = &self.dedup else {
+            return DedupCheck::Fresh;
+        };
+        let mut table = table.lock();
+        let last = table.get(producer).copied().unwrap_or(-1);
+        if sequence_id <= last {
+            return DedupCheck::Duplicate;
+        }
+        table.insert(producer.to_string(), highest_sequence_id.max(sequence_id));
+        DedupCheck::Fresh
+    }
+
+    /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).
+    pub(crate) fn last_sequence_id(&self, producer: &str) -> i64 {
+        match &self.dedup {
+            Some(table) => table.lock().get(producer).copied().unwrap_or(-1),
+            None => -1,
+        }
+    }
+
+    /// Registers a producer under `name`.
+    pub(crate) fn add_producer(
+        &self,
+        name: &str,
+        reg: ProducerReg,
+        access_mode: ProducerAccessMode,
+    ) -> Result<(), ServiceError> {
+        let mut producers = self.producers.lock();
+        if let Some(existing) = producers.get(name) {
+            if existing.conn_id == reg.conn_id && existing.producer_id == reg.producer_id {
+                return Ok(());
+            }
+            if reg.epoch > existing.epoch {
+                // A reconnect of the same producer: the old one is replaced.
+                let old = existing.clone();
+                let _ = old
+                    .events
+                    .try_send(ConnEvent::ProducerClosed(old.producer_id));
+                let _ = old
+                    .out
+                    .try_send(codec::encode_command(CommandCloseProducer {
+                        producer_id: old.producer_id,
+                        request_id: u64::MAX,
+                        assigned_broker_service_url: None,
+                        assigned_broker_service_url_tls: None,
+                    }));
+                tracing::info!(topic = %self.full_name, producer = name, "producer replaced by a newer epoch");
+                producers.insert(name.to_string(), reg);
+                return Ok(());
+            }
+            return Err(ServiceError::new(
+                ServerError::ProducerBusy,
+                format!("Producer with name '{name}' is already connected to topic"),
+            ));
+        }
+        let exclusive_holder = producers
+            .iter()
+            .find(|(_, r)| r.exclusive)
+            .map(|(n, _)| n.clone());
+        if let Some(holder) = exclusive_holder {
+            return Err(ServiceError::new(
+                ServerError::ProducerBusy,
+                format!("exclusive producer '{holder}' is already connected"),
+            ));
+        }
+        let wants_exclusive = matches!(
+            access_mode,
+            ProducerAccessMode::Exclusive | ProducerAccessMode::ExclusiveWithFencing
+        );
+        if wants_exclusive && !producers.is_empty() {
+            return Err(ServiceError::new(
+                ServerError::ProducerBusy,
+                "topic has existing shared producers",
+            ));
+        }
+        if producers.len() >= PRODUCERS_PER_TOPIC_MAX {
+            return Err(ServiceError::new(
+                ServerError::ProducerBusy,
+                "PRODUCERS_PER_TOPIC_MAX reached",
+            ));
+        }
+        producers.insert(
+            name.to_string(),
+            ProducerReg {
+                exclusive: wants_exclusive,
+                ..reg
+            },
+        );
+        Ok(())
+    }
+
+    /// Removes a producer if it is still the registered one.
+    pub(crate) fn remove_producer(&self, name: &str, conn_id: u64, producer_id: u64) {
+        let mut producers = self.producers.lock();
+        if producers
+            .get(name)
+            .is_some_and(|r| r.conn_id == conn_id && r.producer_id == producer_id)
+        {
+            producers.remove(name);
+        }
+    }
+
+    /// Attaches a consumer, creating the subscription when needed.
+    pub(crate) async fn subscribe(
+        &self,
+        request: &SubscribeRequest,
+        info: ConsumerInfo,
+    ) -> Result<SubscriptionHandle, ServiceError> {
+        let mut generation = self.subscribe_lock.lock().await;
+        let existing = self
+            .subscriptions
+            .lock()
+            .get(&request.subscription)
+            .map(|e| e.handle.clone());
+        let handle = match existing {
+            Some(handle) if !handle.tx.is_closed() => {
+                if handle.durable != request.durable {
+                    return Err(ServiceError::new(
+                        ServerError::NotAllowedError,
+                        "a subscription with this name and another durability exists",
+                    ));
+                }
+                handle
+            }
+            _ => {
+                if self.subscriptions.lock().len() >= SUBSCRIPTIONS_PER_TOPIC_MAX {
+                    return Err(ServiceError::new(
+                        ServerError::NotAllowedError,
+                        "SUBSCRIPTIONS_PER_TOPIC_MAX reached",
+                    ));
+                }
+                let cursor = if request.durable {
+                    let start = if request.initial_earliest {
+                        CursorStart::Earliest
+                    } else {
+                        CursorStart::Latest
+                    };
+                    Some(self.log.open_cursor(&request.subscription, start).await?)
+                } else {
+                    None
+                };
+                *generation += 1;
+                let this_generation = *generation;
+                let weak = self.self_ref.clone();
+                let on_end = Box::new(move |name: &str| {
+                    if let Some(topic) = weak.upgrade() {
+                        let mut subs = topic.subscriptions.lock();
+                        if subs
+                            .get(name)
+                            .is_some_and(|e| e.generation == this_generation)
+                        {
+                            subs.remove(name);
+                        }
+                    }
+                });
+                let handle = subscription::spawn(
+                    SubscriptionSpec {
+                        name: request.subscription.clone(),
+                        topic: self.full_name.clone(),
+                        partition: self.name.partition_index(),
+                        log: Arc::clone(&self.log),
+                        cursor,
+                        reader_start: request.reader_start,
+                        sub_type: request.sub_type,
+                        sticky: request.sticky,
+                    },
+                    on_end,
+                );
+                self.subscriptions.lock().insert(
+                    request.subscription.clone(),
+                    SubEntry {
+                        handle: handle.clone(),
+                        generation: this_generation,
+                    },
+                );
+                handle
+            }
+        };
+        drop(generation);
+        let (reply, answer) = oneshot::channel();
+        let command = SubCommand::Add {
+            info,
+            sub_type: request.sub_type,
+            reply,
+        };
+        if handle.tx.send(command).await.is_err() {
+            return Err(ServiceError::new(
+                ServerError::ServiceNotReady,
+                "subscription is closing, retry",
+            ));
+        }
+        match answer.await {
+            Ok(Ok(())) => Ok(handle),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(ServiceError::new(
+                ServerError::ServiceNotReady,
+                "subscription is closing, retry",
+            )),
+        }
+    }
+
+    /// Stops every subscription task and closes the log.
+    pub(crate) async fn close(&self) -> Result<(), vela_log::LogError> {
+        let handles: Vec<SubscriptionHandle> = self
+            .subscriptions
+            .lock()
+            .drain()
+            .map(|(_, e)| e.handle)
+            .collect();
+        for handle in handles {
+            let (reply, done) = oneshot::channel();
+            if handle.tx.send(SubCommand::Shutdown { reply }).await.is_ok() {
+                let _ = done.await;
+            }
+        }
+        self.log.close().await
+    }
+}
