@@ -5,7 +5,8 @@
 //! Owns: the type <-> field mapping (field number == type value). Never does
 //! I/O or framing.
 
-use crate::proto::{self, BaseCommand, base_command::Type};
+use crate::metadata::ProtoReader;
+use crate::proto::{self, BaseCommand, CommandSend, base_command::Type};
 
 /// Defines, from one table, `From<body> for BaseCommand` (sets `type` and the
 /// matching boxed field) and `has_body`.
@@ -113,10 +114,107 @@ pub fn command_type(command: &BaseCommand) -> Option<Type> {
     Type::try_from(command.r#type).ok()
 }
 
+/// Parses a `BaseCommand { type: SEND, send: CommandSend }` without prost.
+///
+/// Returns `None`, and the caller falls back to prost, for anything else:
+/// another command, a field outside fields 1..=8 of CommandSend (e.g. the
+/// shadow-topic message_id), an unexpected wire type, or malformed bytes.
+/// For every input it accepts, the result equals prost's (later occurrences
+/// of a field win, int32 is the truncated varint, bool is `!= 0`).
+pub(crate) fn decode_send_fast(bytes: &[u8]) -> Option<BaseCommand> {
+    const WIRE_VARINT: u32 = 0;
+    const WIRE_LEN: u32 = 2;
+    let mut reader = ProtoReader::new(bytes, "BaseCommand");
+    let mut command_type = None;
+    let mut send: Option<CommandSend> = None;
+    while !reader.is_empty() {
+        match reader.tag().ok()? {
+            (1, WIRE_VARINT) => command_type = Some(reader.varint().ok()? as i32),
+            (6, WIRE_LEN) => {
+                let (start, end) = reader.len_delimited().ok()?;
+                // prost merges repeated occurrences of a message field.
+                let body = send.get_or_insert_with(CommandSend::default);
+                merge_send_fast(bytes.get(start..end)?, body)?;
+            }
+            _ => return None,
+        }
+    }
+    if command_type != Some(Type::Send as i32) {
+        return None;
+    }
+    Some(BaseCommand {
+        r#type: Type::Send as i32,
+        send: send.map(Box::new),
+        ..BaseCommand::default()
+    })
+}
+
+fn merge_send_fast(bytes: &[u8], send: &mut CommandSend) -> Option<()> {
+    const WIRE_VARINT: u32 = 0;
+    let mut reader = ProtoReader::new(bytes, "CommandSend");
+    while !reader.is_empty() {
+        let (field, wire_type) = reader.tag().ok()?;
+        if wire_type != WIRE_VARINT {
+            return None;
+        }
+        let value = reader.varint().ok()?;
+        match field {
+            1 => send.producer_id = value,
+            2 => send.sequence_id = value,
+            3 => send.num_messages = Some(value as i32),
+            4 => send.txnid_least_bits = Some(value),
+            5 => send.txnid_most_bits = Some(value),
+            6 => send.highest_sequence_id = Some(value),
+            7 => send.is_chunk = Some(value != 0),
+            8 => send.marker = Some(value != 0),
+            _ => return None,
+        }
+    }
+    Some(())
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_send_parser_matches_prost() {
+        use prost::Message;
+        let send = CommandSend {
+            producer_id: u64::MAX,
+            sequence_id: 1 << 40,
+            num_messages: Some(-1),
+            txnid_least_bits: Some(3),
+            txnid_most_bits: Some(4),
+            highest_sequence_id: Some(5),
+            is_chunk: Some(true),
+            marker: Some(false),
+            message_id: None,
+        };
+        let command = BaseCommand::from(send.clone());
+        let bytes = command.encode_to_vec();
+        assert_eq!(decode_send_fast(&bytes), Some(command));
+        // Falls back (None) for what it does not handle.
+        let with_message_id = BaseCommand::from(CommandSend {
+            message_id: Some(proto::MessageIdData::default()),
+            ..send
+        });
+        assert_eq!(decode_send_fast(&with_message_id.encode_to_vec()), None);
+        assert_eq!(
+            decode_send_fast(&BaseCommand::from(proto::CommandPing {}).encode_to_vec()),
+            None
+        );
+        assert_eq!(decode_send_fast(&[0x08]), None);
+        // Type SEND without the body: prost's answer (no body) is kept.
+        assert_eq!(
+            decode_send_fast(&[0x08, 0x06]),
+            Some(BaseCommand {
+                r#type: 6,
+                ..Default::default()
+            })
+        );
+    }
 
     #[test]
     fn from_sets_type_and_body() {

@@ -94,26 +94,41 @@ pub enum Checksum {
     Absent,
 }
 
-/// The message part of a payload frame, or a stored entry, as `Bytes` slices
-/// of the original buffer.
+/// The message part of a payload frame, or a stored entry.
+///
+/// Holds one `Bytes` (the section, a slice of the frame) and offsets into it:
+/// no payload copy, and accessors that return `Bytes` only bump a reference
+/// count when called.
 #[derive(Debug, Clone)]
 pub struct PayloadSection {
+    /// From the optional 0x0e02 block to the end of the frame.
+    section: Bytes,
     broker_entry_metadata: Option<BrokerEntryMetadata>,
     checksum: Checksum,
-    /// From the 0x0e01 magic (or from metadataSize when absent) to the end.
-    entry: Bytes,
-    metadata_bytes: Bytes,
-    payload: Bytes,
+    /// Offset of 0x0e01, or of metadataSize when there is no checksum.
+    entry_start: u32,
+    /// Offset of the MessageMetadata bytes.
+    metadata_start: u32,
+    /// Offset one past the MessageMetadata bytes (start of the payload).
+    metadata_end: u32,
     summary: MetadataSummary,
-    metadata: OnceLock<MessageMetadata>,
+    metadata: OnceLock<Box<MessageMetadata>>,
 }
 
 impl PayloadSection {
     /// Parses the bytes that follow a command: optional 0x0e02 block,
     /// optional 0x0e01 + CRC32C (verified), metadataSize, metadata, payload.
-    /// Also parses a stored entry. On a checksum mismatch the error carries
-    /// `command: None`; the frame decoder fills it in.
+    /// Also parses a stored entry. `section` must be at most
+    /// [`FRAME_SIZE_LIMIT_BYTES`] long (anything from a [`FrameDecoder`] is).
+    /// On a checksum mismatch the error carries `command: None`; the frame
+    /// decoder fills it in.
     pub fn parse(section: Bytes) -> Result<PayloadSection, WireError> {
+        if section.len() > FRAME_SIZE_LIMIT_BYTES {
+            return Err(WireError::FrameTooLarge {
+                frame_bytes: section.len() as u64,
+                max_frame_bytes: FRAME_SIZE_LIMIT_BYTES,
+            });
+        }
         let mut offset = 0;
         let mut broker_entry_metadata = None;
         if peek_u16(&section, offset) == Some(MAGIC_BROKER_ENTRY_METADATA) {
@@ -127,7 +142,7 @@ impl PayloadSection {
                 });
             }
             let end = offset + size as usize;
-            let decoded = BrokerEntryMetadata::decode(section.slice(offset..end))
+            let decoded = BrokerEntryMetadata::decode(&section[offset..end])
                 .map_err(WireError::protobuf("BrokerEntryMetadata"))?;
             broker_entry_metadata = Some(decoded);
             offset = end;
@@ -162,16 +177,17 @@ impl PayloadSection {
             });
         }
         let metadata_end = offset + metadata_size as usize;
-        let metadata_bytes = section.slice(offset..metadata_end);
-        let summary = MetadataSummary::scan(&metadata_bytes)?;
+        let summary = MetadataSummary::scan(&section[offset..metadata_end])?;
+        // All offsets are <= FRAME_SIZE_LIMIT_BYTES (checked above), so they fit u32.
         Ok(PayloadSection {
             broker_entry_metadata,
             checksum,
-            entry: section.slice(entry_start..),
-            metadata_bytes,
-            payload: section.slice(metadata_end..),
+            entry_start: entry_start as u32,
+            metadata_start: offset as u32,
+            metadata_end: metadata_end as u32,
             summary,
             metadata: OnceLock::new(),
+            section,
         })
     }
 
@@ -186,13 +202,41 @@ impl PayloadSection {
     }
 
     /// The raw MessageMetadata bytes, exactly as sent.
-    pub fn metadata_bytes(&self) -> &Bytes {
-        &self.metadata_bytes
+    pub fn metadata_slice(&self) -> &[u8] {
+        &self.section[self.metadata_start as usize..self.metadata_end as usize]
     }
 
-    /// Metadata fields scanned at decode time, without allocation.
+    /// The raw MessageMetadata bytes as `Bytes` (no copy).
+    pub fn metadata_bytes(&self) -> Bytes {
+        self.section
+            .slice(self.metadata_start as usize..self.metadata_end as usize)
+    }
+
+    /// Metadata fields scanned at decode time, without allocation. Spans in
+    /// it index [`PayloadSection::metadata_slice`].
     pub fn summary(&self) -> &MetadataSummary {
         &self.summary
+    }
+
+    /// The producer name from the metadata (raw bytes, UTF-8 not checked).
+    pub fn producer_name(&self) -> Option<&[u8]> {
+        self.summary
+            .producer_name
+            .map(|span| span.get(self.metadata_slice()))
+    }
+
+    /// The partition key (the message key), if any.
+    pub fn partition_key(&self) -> Option<&[u8]> {
+        self.summary
+            .partition_key
+            .map(|span| span.get(self.metadata_slice()))
+    }
+
+    /// The ordering key (wins over the partition key for Key_Shared), if any.
+    pub fn ordering_key(&self) -> Option<&[u8]> {
+        self.summary
+            .ordering_key
+            .map(|span| span.get(self.metadata_slice()))
     }
 
     /// The fully decoded MessageMetadata, decoded on first call and cached.
@@ -200,20 +244,25 @@ impl PayloadSection {
         if let Some(metadata) = self.metadata.get() {
             return Ok(metadata);
         }
-        let decoded = MessageMetadata::decode(self.metadata_bytes.clone())
+        let decoded = MessageMetadata::decode(self.metadata_bytes())
             .map_err(WireError::protobuf("MessageMetadata"))?;
-        Ok(self.metadata.get_or_init(|| decoded))
+        Ok(self.metadata.get_or_init(|| Box::new(decoded)))
     }
 
     /// The payload (possibly compressed, possibly a batch).
-    pub fn payload(&self) -> &Bytes {
-        &self.payload
+    pub fn payload_slice(&self) -> &[u8] {
+        &self.section[self.metadata_end as usize..]
+    }
+
+    /// The payload as `Bytes` (no copy).
+    pub fn payload(&self) -> Bytes {
+        self.section.slice(self.metadata_end as usize..)
     }
 
     /// The entry bytes as received: from 0x0e01 to the end of the frame when
     /// the checksum was present, else from metadataSize to the end.
-    pub fn entry_verbatim(&self) -> &Bytes {
-        &self.entry
+    pub fn entry_verbatim(&self) -> Bytes {
+        self.section.slice(self.entry_start as usize..)
     }
 
     /// The entry to store: the verbatim bytes (no copy) when the frame had
@@ -221,12 +270,13 @@ impl PayloadSection {
     /// CRC32C in front (the rare path for producers older than v6).
     pub fn stored_entry(&self) -> Bytes {
         match self.checksum {
-            Checksum::Verified(_) => self.entry.clone(),
+            Checksum::Verified(_) => self.entry_verbatim(),
             Checksum::Absent => {
-                let mut buf = BytesMut::with_capacity(MAGIC_AND_U32_BYTES + self.entry.len());
+                let entry = &self.section[self.entry_start as usize..];
+                let mut buf = BytesMut::with_capacity(MAGIC_AND_U32_BYTES + entry.len());
                 buf.put_u16(MAGIC_CRC32C);
-                buf.put_u32(crc32c::crc32c(&self.entry));
-                buf.extend_from_slice(&self.entry);
+                buf.put_u32(crc32c::crc32c(entry));
+                buf.extend_from_slice(entry);
                 buf.freeze()
             }
         }
@@ -337,7 +387,7 @@ fn decode_frame_body(frame: Bytes) -> Result<Frame, WireError> {
         });
     }
     let command_end = command_start + command_size as usize;
-    let command = decode_command(frame.slice(command_start..command_end))?;
+    let command = decode_command(&frame[command_start..command_end])?;
     let command_type = checked_type(&command)?;
 
     let carries_payload = matches!(command_type, Type::Send | Type::Message);
@@ -353,7 +403,10 @@ fn decode_frame_body(frame: Bytes) -> Result<Frame, WireError> {
     if !carries_payload {
         return Err(WireError::UnexpectedPayload { command_type });
     }
-    match PayloadSection::parse(frame.slice(command_end..)) {
+    // Advancing moves the start of the same handle: no reference-count traffic.
+    let mut section = frame;
+    section.advance(command_end);
+    match PayloadSection::parse(section) {
         Ok(section) => Ok(Frame {
             command,
             payload: Some(section),
@@ -371,7 +424,13 @@ fn decode_frame_body(frame: Bytes) -> Result<Frame, WireError> {
     }
 }
 
-fn decode_command(bytes: Bytes) -> Result<BaseCommand, WireError> {
+/// Decodes a BaseCommand: SEND, the hot command, by a hand-written parser;
+/// everything else (and any SEND it does not fully understand) by prost.
+fn decode_command(bytes: &[u8]) -> Result<BaseCommand, WireError> {
+    if let Some(command) = command::decode_send_fast(bytes) {
+        debug_assert_eq!(Ok(&command), BaseCommand::decode(bytes).as_ref());
+        return Ok(command);
+    }
     BaseCommand::decode(bytes).map_err(WireError::protobuf("BaseCommand"))
 }
 
@@ -626,13 +685,15 @@ mod tests {
         let section = frame.payload.unwrap();
         assert_eq!(section.checksum(), Checksum::Verified(0x5b4c_69ac));
         assert_eq!(section.metadata().unwrap(), &send_metadata());
-        assert_eq!(&section.payload()[..], b"hi");
+        assert_eq!(section.payload_slice(), b"hi");
         assert_eq!(section.summary().sequence_id, Some(0));
         assert_eq!(section.summary().publish_time_ms, Some(1_700_000_000_000));
         assert!(section.broker_entry_metadata().is_none());
         // The stored entry starts at the magic and runs to the end.
         assert_eq!(&section.entry_verbatim()[..], &bytes[16..]);
         assert_eq!(section.stored_entry(), section.entry_verbatim());
+        assert_eq!(section.producer_name(), Some(&b"p"[..]));
+        assert_eq!(section.metadata_bytes(), section.metadata_slice());
 
         let mut encoded = BytesMut::new();
         encode_payload_frame(&send_command(), &send_metadata(), b"hi", &mut encoded);
@@ -895,8 +956,8 @@ mod tests {
                 section.broker_entry_metadata(),
                 broker_entry_metadata.as_ref()
             );
-            assert_eq!(section.entry_verbatim(), &entry);
-            assert_eq!(&section.payload()[..], b"hi");
+            assert_eq!(section.entry_verbatim(), entry);
+            assert_eq!(section.payload_slice(), b"hi");
         }
     }
 

@@ -4,12 +4,10 @@
 //! sequence ids, keys for Key_Shared, delivery time) on hot paths; a full prost
 //! decode allocates strings and vectors it never reads. [`MetadataSummary::scan`]
 //! walks the protobuf once, checks its structure (tags, varints, lengths within
-//! bounds) and keeps only those fields, keys as `Bytes` slices of the input.
+//! bounds) and keeps only those fields; keys are [`ByteSpan`]s into the input.
 //!
 //! Owns: the hand-written protobuf reader ([`ProtoReader`]). Never allocates
 //! and never panics on malformed input.
-
-use bytes::Bytes;
 
 use crate::error::WireError;
 
@@ -147,6 +145,33 @@ impl<'a> ProtoReader<'a> {
     }
 }
 
+/// Where a length-delimited field's bytes sit inside the metadata bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ByteSpan {
+    /// Offset of the first byte.
+    pub start: u32,
+    /// Offset one past the last byte.
+    pub end: u32,
+}
+
+impl ByteSpan {
+    /// The span's bytes within `metadata` (the bytes that were scanned);
+    /// empty if `metadata` is a different, shorter buffer.
+    pub fn get<'a>(&self, metadata: &'a [u8]) -> &'a [u8] {
+        metadata
+            .get(self.start as usize..self.end as usize)
+            .unwrap_or(&[])
+    }
+
+    fn new((start, end): (usize, usize)) -> ByteSpan {
+        // Metadata lives inside a frame, bounded far below u32::MAX.
+        ByteSpan {
+            start: start as u32,
+            end: end as u32,
+        }
+    }
+}
+
 /// The MessageMetadata fields the broker reads per message, scanned without
 /// allocating. Absent fields are `None`; proto defaults are not applied so
 /// that presence stays visible (a batch of one has
@@ -154,13 +179,13 @@ impl<'a> ProtoReader<'a> {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MetadataSummary {
     /// Field 1 (required), raw UTF-8 bytes, not validated.
-    pub producer_name: Option<Bytes>,
+    pub producer_name: Option<ByteSpan>,
     /// Field 2 (required): for a batch, the lowest sequence id.
     pub sequence_id: Option<u64>,
     /// Field 3 (required): client clock, ms.
     pub publish_time_ms: Option<u64>,
     /// Field 6: the message key.
-    pub partition_key: Option<Bytes>,
+    pub partition_key: Option<ByteSpan>,
     /// Field 8: a `CompressionType` value (unknown values kept as is).
     pub compression: Option<i32>,
     /// Field 9.
@@ -170,7 +195,7 @@ pub struct MetadataSummary {
     /// Field 12.
     pub event_time_ms: Option<u64>,
     /// Field 18: Key_Shared key, wins over partition_key.
-    pub ordering_key: Option<Bytes>,
+    pub ordering_key: Option<ByteSpan>,
     /// Field 19: absolute delivery time, ms.
     pub deliver_at_time_ms: Option<i64>,
     /// Field 20: internal marker messages.
@@ -184,33 +209,24 @@ pub struct MetadataSummary {
 }
 
 impl MetadataSummary {
-    /// Scans MessageMetadata bytes. `metadata` must be a slice of a `Bytes`
-    /// so that keys come out as cheap sub-slices.
-    pub fn scan(metadata: &Bytes) -> Result<MetadataSummary, WireError> {
+    /// Scans MessageMetadata bytes (at most [`crate::FRAME_SIZE_LIMIT_BYTES`] long).
+    pub fn scan(metadata: &[u8]) -> Result<MetadataSummary, WireError> {
+        debug_assert!(metadata.len() <= crate::FRAME_SIZE_LIMIT_BYTES);
         let mut summary = MetadataSummary::default();
         let mut reader = ProtoReader::new(metadata, "MessageMetadata");
         while !reader.is_empty() {
             let (field, wire_type) = reader.tag()?;
             match field {
-                1 => {
-                    let (start, end) = reader.len_field(wire_type)?;
-                    summary.producer_name = Some(metadata.slice(start..end));
-                }
+                1 => summary.producer_name = Some(ByteSpan::new(reader.len_field(wire_type)?)),
                 2 => summary.sequence_id = Some(reader.varint_field(wire_type)?),
                 3 => summary.publish_time_ms = Some(reader.varint_field(wire_type)?),
-                6 => {
-                    let (start, end) = reader.len_field(wire_type)?;
-                    summary.partition_key = Some(metadata.slice(start..end));
-                }
+                6 => summary.partition_key = Some(ByteSpan::new(reader.len_field(wire_type)?)),
                 // int32/enum: protobuf truncates the varint to 32 bits.
                 8 => summary.compression = Some(reader.varint_field(wire_type)? as i32),
                 9 => summary.uncompressed_size = Some(reader.varint_field(wire_type)? as u32),
                 11 => summary.num_messages_in_batch = Some(reader.varint_field(wire_type)? as i32),
                 12 => summary.event_time_ms = Some(reader.varint_field(wire_type)?),
-                18 => {
-                    let (start, end) = reader.len_field(wire_type)?;
-                    summary.ordering_key = Some(metadata.slice(start..end));
-                }
+                18 => summary.ordering_key = Some(ByteSpan::new(reader.len_field(wire_type)?)),
                 19 => summary.deliver_at_time_ms = Some(reader.varint_field(wire_type)? as i64),
                 20 => summary.marker_type = Some(reader.varint_field(wire_type)? as i32),
                 24 => summary.highest_sequence_id = Some(reader.varint_field(wire_type)?),
@@ -238,6 +254,7 @@ impl MetadataSummary {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use bytes::Bytes;
     use prost::Message;
 
     use super::*;
@@ -268,14 +285,14 @@ mod tests {
         };
         let bytes = Bytes::from(metadata.encode_to_vec());
         let summary = MetadataSummary::scan(&bytes).unwrap();
-        assert_eq!(summary.producer_name.as_deref(), Some(&b"p"[..]));
+        assert_eq!(summary.producer_name.unwrap().get(&bytes), b"p");
         assert_eq!(summary.sequence_id, Some(7));
         assert_eq!(summary.publish_time_ms, Some(1_700_000_000_000));
-        assert_eq!(summary.partition_key.as_deref(), Some(&b"key"[..]));
+        assert_eq!(summary.partition_key.unwrap().get(&bytes), b"key");
         assert_eq!(summary.compression, Some(1));
         assert_eq!(summary.uncompressed_size, Some(1234));
         assert_eq!(summary.num_messages_in_batch, Some(1));
-        assert_eq!(summary.ordering_key.as_deref(), Some(&b"ok"[..]));
+        assert_eq!(summary.ordering_key.unwrap().get(&bytes), b"ok");
         assert_eq!(summary.deliver_at_time_ms, Some(-5));
         assert_eq!(summary.highest_sequence_id, Some(9));
         assert_eq!(summary.chunk_id, Some(2));
