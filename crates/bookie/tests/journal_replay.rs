@@ -10,7 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use vela_bookie::JournalMark;
 use vela_bookie::journal::{
-    Journal, JournalBackendKind, JournalConfig, JournalError, JournalRecord,
+    Journal, JournalBackendKind, JournalConfig, JournalError, JournalRecord, format,
 };
 
 /// Small files and chunks so tests rotate and preallocate often.
@@ -487,4 +487,62 @@ fn bad_config_is_a_typed_error() {
         open(&cfg, JournalMark::START),
         Err(JournalError::InvalidConfig { .. })
     ));
+}
+
+fn free_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_str().unwrap().ends_with(".jnl.free"))
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn reused_files_never_resurrect_their_old_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.recycle_files_max = 2;
+    let old: Vec<JournalRecord> = (0..500).map(|i| entry(1, i, 1500)).collect();
+    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
+    let marks = append_all(&journal, &old);
+    let checkpoint = *marks.last().unwrap();
+    let retired = journal.delete_files_before(checkpoint).unwrap();
+    assert!(retired >= 3);
+    let free = free_files(dir.path());
+    assert_eq!(free.len(), 2, "at most recycle_files_max kept");
+    let oldest_free = std::fs::read(&free[0]).unwrap();
+    drop(journal);
+
+    // The next journal's first file is the oldest free file, reused.
+    let (journal, seen) = open(&cfg, checkpoint).unwrap();
+    assert!(seen.is_empty());
+    assert_eq!(free_files(dir.path()).len(), 1);
+    let new: Vec<JournalRecord> = (0..5).map(|i| entry(2, i, 700)).collect();
+    let new_marks = append_all(&journal, &new);
+    drop(journal);
+
+    // Crash shape: the reused file's tail still holds its old (valid, other id)
+    // records right after the new ones.
+    let reused = dir.path().join(format!("{:016}.jnl", new_marks[0].file_id));
+    let mut bytes = std::fs::read(&reused).unwrap();
+    let start = (new_marks[4].offset as usize).div_ceil(4096) * 4096;
+    let stale_len = 64 << 10;
+    assert!(oldest_free.len() >= start + stale_len);
+    // The stale range holds at least one record valid under its old id.
+    let old_id = format::decode_header(&oldest_free).unwrap().file_id;
+    let valid_old = (start..start + stale_len).step_by(4096).any(|at| {
+        matches!(
+            format::decode_record(&oldest_free[at..], old_id, 1 << 20),
+            format::Decoded::Record { .. }
+        )
+    });
+    assert!(valid_old, "the test needs a stale valid record");
+    bytes.resize(bytes.len().max(start + stale_len), 0);
+    bytes[start..start + stale_len].copy_from_slice(&oldest_free[start..start + stale_len]);
+    std::fs::write(&reused, &bytes).unwrap();
+
+    let (_journal, seen) = open(&cfg, checkpoint).unwrap();
+    assert_eq!(records_of(&seen), new);
 }

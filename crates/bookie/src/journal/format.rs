@@ -15,9 +15,18 @@ pub const FILE_SUFFIX: &str = ".jnl";
 /// its numbered name at rotation; removed on open (it holds no records).
 pub const NEXT_FILE_NAME: &str = "next.jnl.tmp";
 
+/// Suffix of a retired file kept for reuse: `0000000000000042.jnl.free`. Never
+/// replayed; its records fail the crc once it is reused under a new id.
+pub const FREE_FILE_SUFFIX: &str = ".jnl.free";
+
 /// Builds the file name for a journal file id: 16 zero-padded decimal digits.
 pub fn file_name(file_id: u64) -> String {
     format!("{file_id:016}{FILE_SUFFIX}")
+}
+
+/// Name of a retired file kept for reuse.
+pub fn free_file_name(file_id: u64) -> String {
+    format!("{file_id:016}{FREE_FILE_SUFFIX}")
 }
 
 /// Parses a journal file name back into its id; `None` for any other name.
@@ -391,6 +400,8 @@ mod tests {
     #[test]
     fn file_names_round_trip() {
         assert_eq!(file_name(42), "0000000000000042.jnl");
+        assert_eq!(free_file_name(42), "0000000000000042.jnl.free");
+        assert_eq!(parse_file_name(&free_file_name(42)), None);
         for id in [0, 1, 42, 9_999_999_999_999_999, u64::MAX] {
             assert_eq!(parse_file_name(&file_name(id)), Some(id));
         }

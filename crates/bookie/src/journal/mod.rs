@@ -28,7 +28,7 @@ mod tests;
 
 pub use config::{
     JOURNAL_ALIGNMENT_BYTES, JOURNAL_PAYLOAD_BYTES_MAX, JOURNAL_QUEUE_DEPTH_MAX,
-    JournalBackendKind, JournalConfig, JournalSync,
+    JOURNAL_RECYCLE_FILES_MAX, JournalBackendKind, JournalConfig, JournalSync,
 };
 pub use error::JournalError;
 pub use format::JournalRecord;
@@ -36,7 +36,7 @@ pub use stats::{JournalStats, StageSummary};
 
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
@@ -117,6 +117,7 @@ impl Journal {
             synced_mark: Mutex::new(outcome.end_mark.max(start_mark)),
             broken: AtomicBool::new(false),
             broken_reason: Mutex::new(None),
+            force_pending: AtomicUsize::new(0),
             writer_file_id: AtomicU64::new(file_id),
             stats: StatsCell::new(),
             config,
@@ -199,19 +200,28 @@ impl Journal {
             .unwrap_or_else(|p| *p.into_inner())
     }
 
-    /// Deletes the journal files whose id is below `mark.file_id` (never the file
-    /// being written); returns how many were deleted.
+    /// Retires the journal files whose id is below `mark.file_id` (never the file
+    /// being written): up to `recycle_files_max` are kept for reuse, the rest
+    /// deleted. Returns how many were retired; they are no longer replayed.
     pub fn delete_files_before(&self, mark: JournalMark) -> Result<usize, JournalError> {
         let dir = &self.shared.config.dir;
         let writer_file_id = self.shared.writer_file_id.load(Ordering::SeqCst);
         let limit = mark.file_id.min(writer_file_id);
+        let mut free = writer::list_free_files(dir)?.len();
         let mut deleted = 0;
         for id in replay::list_file_ids(dir)? {
             if id >= limit {
                 break;
             }
             let path = dir.join(format::file_name(id));
-            std::fs::remove_file(&path).map_err(|e| JournalError::io("remove", &path, e))?;
+            if free < self.shared.config.recycle_files_max {
+                // Keep it for reuse as a later file.
+                let to = dir.join(format::free_file_name(id));
+                std::fs::rename(&path, &to).map_err(|e| JournalError::io("rename", &path, e))?;
+                free += 1;
+            } else {
+                std::fs::remove_file(&path).map_err(|e| JournalError::io("remove", &path, e))?;
+            }
             deleted += 1;
         }
         if deleted > 0 {

@@ -145,7 +145,7 @@ where
                     file = %path.display(),
                     offset = end_offset,
                     %reason,
-                    "journal: torn or corrupt tail in the newest file; truncating the log there"
+                    "journal: torn, corrupt or stale (reused file) record in the newest file; the log ends there"
                 );
                 write_file_end(config, backend, &path, id, end_offset)?;
             }

@@ -13,7 +13,7 @@
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -84,6 +84,8 @@ pub(crate) struct Shared {
     pub(crate) synced_mark: Mutex<JournalMark>,
     pub(crate) broken: AtomicBool,
     pub(crate) broken_reason: Mutex<Option<String>>,
+    /// Groups handed to the force-write thread and not yet completed.
+    pub(crate) force_pending: AtomicUsize,
     /// Id of the file the writer appends to (files below may be deleted).
     pub(crate) writer_file_id: AtomicU64,
     pub(crate) stats: StatsCell,
@@ -148,19 +150,29 @@ pub(crate) enum ForceItem {
 // Files.
 // ---------------------------------------------------------------------------
 
-/// Creates `NEXT_FILE_NAME` for `file_id`: header block, `chunk_bytes` of
-/// zeros after it, synced. Returns the file and its allocated end.
+/// Creates `NEXT_FILE_NAME` for `file_id`, from a recycled file when one is
+/// free (its old records fail the crc seeded with the new id, and its blocks are
+/// already allocated and written), else from scratch: header block, then
+/// zero-filled space up to at least one chunk, synced. Returns the file and how
+/// far it is allocated.
 pub(crate) fn prepare_file(
     config: &JournalConfig,
     backend: &Backend,
     file_id: u64,
 ) -> Result<(Arc<dyn JournalFile>, u64), JournalError> {
-    let path = config.dir.join(NEXT_FILE_NAME);
+    let dir = &config.dir;
+    let path = dir.join(NEXT_FILE_NAME);
     if path.exists() {
         std::fs::remove_file(&path).map_err(|e| JournalError::io("remove", &path, e))?;
     }
+    if let Some(free) = list_free_files(dir)?.first() {
+        std::fs::rename(free, &path).map_err(|e| JournalError::io("rename", free, e))?;
+    }
     let file = backend.open(&path, true)?;
+    let align = config.alignment_bytes as u64;
     let data_offset = config.data_offset();
+    let cap = file_cap(config);
+    let recycled_end = file.len().map_err(|e| JournalError::io("stat", &path, e))? / align * align;
     let mut header = AlignedBuf::zeroed(data_offset as usize, config.alignment_bytes);
     format::encode_header(
         FileHeader {
@@ -171,11 +183,30 @@ pub(crate) fn prepare_file(
     );
     file.write_at(header.as_slice(), 0)
         .map_err(|e| JournalError::io("pwrite", &path, e))?;
-    let end = (data_offset + config.prealloc_chunk_bytes).min(file_cap(config));
-    zero_fill(config, file.as_ref(), data_offset, end)?;
+    let allocated = recycled_end.clamp(data_offset, cap);
+    let end = allocated.max((data_offset + config.prealloc_chunk_bytes).min(cap));
+    zero_fill(config, file.as_ref(), allocated, end)?;
     file.sync_data()
         .map_err(|e| JournalError::io("fdatasync", &path, e))?;
     Ok((file, end))
+}
+
+/// Files waiting to be reused, oldest first.
+pub(crate) fn list_free_files(dir: &Path) -> Result<Vec<PathBuf>, JournalError> {
+    let mut free = Vec::new();
+    let entries = std::fs::read_dir(dir).map_err(|e| JournalError::io("read_dir", dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| JournalError::io("read_dir", dir, e))?;
+        let name = entry.file_name();
+        if name
+            .to_str()
+            .is_some_and(|n| n.ends_with(format::FREE_FILE_SUFFIX))
+        {
+            free.push(entry.path());
+        }
+    }
+    free.sort();
+    Ok(free)
 }
 
 /// Gives the prepared next file its numbered name, durably.
@@ -323,8 +354,10 @@ pub(crate) fn run_writer(
 impl Writer {
     /// Takes the next group from the queue, per the policy: at least one record;
     /// more while they are queued, until `group_bytes_max`; when the queue runs
-    /// empty, flush at once (`flush_when_queue_empty`) or wait for more until the
-    /// oldest record has waited `group_wait_max`. `None` when closed and drained.
+    /// empty, flush at once if `flush_when_queue_empty` and the force-write thread
+    /// is idle, else wait for more records (or for the force-write thread) until
+    /// the oldest record has waited `group_wait_max`. `None` when closed and
+    /// drained.
     fn gather(&mut self) -> Option<Vec<Pending>> {
         let config = &self.shared.config;
         let mut queue = self.shared.lock_queue();
@@ -352,7 +385,16 @@ impl Writer {
                     return Some(group);
                 }
             }
-            if config.flush_when_queue_empty || queue.closed {
+            if queue.closed {
+                return Some(group);
+            }
+            // Flush when the queue is empty, but only once the force-write thread
+            // can take the group: while it syncs, writing now would not make the
+            // records durable any sooner, and waiting lets the group grow (fewer
+            // writes and less padding under load; no delay at depth 1).
+            if config.flush_when_queue_empty
+                && self.shared.force_pending.load(Ordering::SeqCst) == 0
+            {
                 return Some(group);
             }
             let now = Instant::now();
@@ -438,6 +480,7 @@ impl Writer {
         let entries = waiters.len();
         self.offset += total as u64;
         self.publish_offset();
+        self.shared.force_pending.fetch_add(1, Ordering::SeqCst);
         self.send(ForceItem::Written {
             file: self.file.clone(),
             end_mark: JournalMark {
@@ -548,12 +591,15 @@ impl Writer {
     fn close(mut self) {
         if !self.shared.is_broken() {
             match self.end_file() {
-                Ok(mark) => self.send(ForceItem::Written {
-                    file: self.file.clone(),
-                    end_mark: mark,
-                    waiters: Vec::new(),
-                    oldest_enqueued: None,
-                }),
+                Ok(mark) => {
+                    self.shared.force_pending.fetch_add(1, Ordering::SeqCst);
+                    self.send(ForceItem::Written {
+                        file: self.file.clone(),
+                        end_mark: mark,
+                        waiters: Vec::new(),
+                        oldest_enqueued: None,
+                    });
+                }
                 Err(e) => self.shared.fail(&e),
             }
         }
@@ -621,6 +667,7 @@ pub(crate) fn run_force_writer(shared: Arc<Shared>, from_writer: Receiver<ForceI
         shared.stats.record_sync(sync_time, groups);
         let failure = sync_error.or_else(|| shared.is_broken().then(|| shared.broken_error()));
         let now = Instant::now();
+        let mut groups_done = 0usize;
         for item in batch.drain(..) {
             match item {
                 ForceItem::Written {
@@ -628,6 +675,7 @@ pub(crate) fn run_force_writer(shared: Arc<Shared>, from_writer: Receiver<ForceI
                     oldest_enqueued,
                     ..
                 } => {
+                    groups_done += 1;
                     for (done, mark) in waiters {
                         match &failure {
                             None => done(Ok(mark)),
@@ -645,6 +693,16 @@ pub(crate) fn run_force_writer(shared: Arc<Shared>, from_writer: Receiver<ForceI
                 }
                 ForceItem::Stop => stop = true,
             }
+        }
+        if groups_done > 0
+            && shared
+                .force_pending
+                .fetch_sub(groups_done, Ordering::SeqCst)
+                == groups_done
+        {
+            // Idle now: wake the writer if it holds a group back for us.
+            let _queue = shared.lock_queue();
+            shared.queue_cv.notify_all();
         }
         if stop {
             return;
