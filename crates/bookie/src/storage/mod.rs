@@ -274,36 +274,45 @@ impl LedgerStorage {
             }
             l.overlapping
         };
-        if let Some(b) = self.read_cache.lock().get(ledger_id, entry_id) {
-            self.counters
-                .read_cache_hits
-                .fetch_add(1, Ordering::Relaxed);
-            return Ok(b);
-        }
+        let sequential = {
+            let mut rc = self.read_cache.lock();
+            if let Some(b) = rc.get(ledger_id, entry_id) {
+                self.counters
+                    .read_cache_hits
+                    .fetch_add(1, Ordering::Relaxed);
+                return Ok(b);
+            }
+            rc.note_miss(ledger_id, entry_id)
+        };
+        let read_ahead_bytes = if sequential {
+            self.config.read_ahead_bytes_max
+        } else {
+            0
+        };
         // A concurrent compaction may delete the log between the index lookup and
         // the open: look up once more (the index then names the new log).
-        match self.read_from_log(ledger_id, entry_id, overlapping) {
+        match self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes) {
             Err(StorageError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
-                self.read_from_log(ledger_id, entry_id, overlapping)
+                self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes)
             }
             r => r,
         }
     }
 
+    /// Reads the entry from its log, with up to `read_ahead_bytes` of the entries
+    /// after it (same ledger, same index record) into the read cache.
     fn read_from_log(
         &self,
         ledger_id: u64,
         entry_id: u64,
         overlapping: bool,
+        read_ahead_bytes: u64,
     ) -> Result<Bytes, StorageError> {
-        let Some((log_id, spans)) = self.index.find(
-            ledger_id,
-            entry_id,
-            overlapping,
-            self.config.read_ahead_bytes_max,
-        )?
+        let Some((log_id, spans)) =
+            self.index
+                .find(ledger_id, entry_id, overlapping, read_ahead_bytes)?
         else {
             return Err(StorageError::NoSuchEntry {
                 ledger_id,
@@ -321,7 +330,7 @@ impl LedgerStorage {
             });
         };
         let end = last.offset + last.len;
-        debug_assert!(end - start <= self.config.read_ahead_bytes_max.max(spans[0].len));
+        debug_assert!(end - start <= read_ahead_bytes.max(spans[0].len));
         let buf = self.readers.read(log_id, start, end - start)?;
         let path = self.readers.path(log_id);
         let mut cached = Vec::with_capacity(spans.len());
@@ -342,9 +351,12 @@ impl LedgerStorage {
                 Err(_) => break,
             }
         }
-        self.read_cache
-            .lock()
-            .insert_segment(buf.len() as u64, cached);
+        let mut rc = self.read_cache.lock();
+        if let Some(&((_, last), _)) = cached.last() {
+            rc.note_read_ahead_end(ledger_id, last);
+        }
+        rc.insert_segment(buf.len() as u64, cached);
+        drop(rc);
         wanted.ok_or(StorageError::NoSuchEntry {
             ledger_id,
             entry_id,

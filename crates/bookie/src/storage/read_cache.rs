@@ -4,11 +4,19 @@
 //! is dropped whole (BookKeeper's ring of segments). Segments account their
 //! whole buffer, so the bound is on real memory, not on payload sizes.
 //!
+//! It also remembers, per ledger, the entry after the last one read from a log,
+//! so storage reads ahead only for sequential readers: a random read costs one
+//! record, not a whole read-ahead window.
+//!
 //! Never: holds more than `read_cache_bytes_max` bytes of buffers, does I/O.
 
 use std::collections::{HashMap, VecDeque};
 
 use bytes::Bytes;
+
+/// Ledgers whose read position is tracked for read-ahead decisions; when full the
+/// map is cleared (those readers lose one read-ahead, nothing else).
+const SEQUENTIAL_TRACK_LEDGERS_MAX: usize = 4096;
 
 #[derive(Debug)]
 struct Segment {
@@ -25,6 +33,8 @@ pub(crate) struct ReadCache {
     bytes: u64,
     bytes_max: u64,
     next_segment_id: u64,
+    /// ledger → entry id after the last one read from a log.
+    next_expected: HashMap<u64, u64>,
 }
 
 impl ReadCache {
@@ -35,6 +45,28 @@ impl ReadCache {
             bytes: 0,
             bytes_max,
             next_segment_id: 0,
+            next_expected: HashMap::new(),
+        }
+    }
+
+    /// Notes a log read of (`ledger_id`, `entry_id`) missing the cache; returns
+    /// whether it continues a sequential scan (so reading ahead pays off).
+    pub(crate) fn note_miss(&mut self, ledger_id: u64, entry_id: u64) -> bool {
+        if self.next_expected.len() >= SEQUENTIAL_TRACK_LEDGERS_MAX
+            && !self.next_expected.contains_key(&ledger_id)
+        {
+            self.next_expected.clear();
+        }
+        let prev = self
+            .next_expected
+            .insert(ledger_id, entry_id.saturating_add(1));
+        prev == Some(entry_id)
+    }
+
+    /// After a read-ahead: the scan continues after the last entry read.
+    pub(crate) fn note_read_ahead_end(&mut self, ledger_id: u64, last_entry_id: u64) {
+        if let Some(next) = self.next_expected.get_mut(&ledger_id) {
+            *next = (*next).max(last_entry_id.saturating_add(1));
         }
     }
 
@@ -110,5 +142,15 @@ mod tests {
         assert!(c.get(1, 2).is_some());
         c.insert_segment(1000, vec![((9, 9), buf.clone())]);
         assert!(c.get(9, 9).is_none(), "oversized segment not cached");
+    }
+
+    #[test]
+    fn read_ahead_only_for_sequential_readers() {
+        let mut c = ReadCache::new(100);
+        assert!(!c.note_miss(1, 10), "first read of a ledger");
+        assert!(c.note_miss(1, 11));
+        assert!(!c.note_miss(1, 50), "jump");
+        assert!(!c.note_miss(2, 51), "other ledger");
+        assert!(c.note_miss(1, 51));
     }
 }
