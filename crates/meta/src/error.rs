@@ -5,8 +5,8 @@
 //! own variants; backend failures carry the backend's message as text so that no
 //! backend type leaks into the public API.
 
-use crate::store::{ExpectedVersion, Version};
 use crate::session::SessionId;
+use crate::store::{ExpectedVersion, Version};
 
 /// Why a metadata operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

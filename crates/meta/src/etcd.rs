@@ -133,7 +133,10 @@ fn version_of(op: &'static str, revision: i64) -> Result<Version, MetaError> {
     }
 }
 
-fn header_revision(op: &'static str, header: Option<&etcd_client::ResponseHeader>) -> Result<i64, MetaError> {
+fn header_revision(
+    op: &'static str,
+    header: Option<&etcd_client::ResponseHeader>,
+) -> Result<i64, MetaError> {
     header.map(|h| h.revision()).ok_or(MetaError::Backend {
         op,
         detail: "etcd response without a header".to_owned(),
@@ -180,16 +183,19 @@ impl EtcdStore {
         };
         // Fail now, naming the endpoints, rather than at the first real call.
         let mut kv = store.client.kv_client();
-        timeout(ETCD_OP_TIMEOUT, kv.get("/", Some(GetOptions::new().with_keys_only())))
-            .await
-            .map_err(|_| timed_out("connect"))?
-            .map_err(|error| match etcd_error("connect")(error) {
-                MetaError::Unavailable { op, detail } => MetaError::Unavailable {
-                    op,
-                    detail: format!("{}: {detail}", store.endpoints.join(",")),
-                },
-                other => other,
-            })?;
+        timeout(
+            ETCD_OP_TIMEOUT,
+            kv.get("/", Some(GetOptions::new().with_keys_only())),
+        )
+        .await
+        .map_err(|_| timed_out("connect"))?
+        .map_err(|error| match etcd_error("connect")(error) {
+            MetaError::Unavailable { op, detail } => MetaError::Unavailable {
+                op,
+                detail: format!("{}: {detail}", store.endpoints.join(",")),
+            },
+            other => other,
+        })?;
         Ok(store)
     }
 
@@ -225,7 +231,9 @@ impl EtcdStore {
         const OP: &str = "put";
         let options = lease.map(|(id, _)| PutOptions::new().with_lease(id));
         let map_error = |error: etcd_client::Error| match lease {
-            Some((_, session)) if is_lease_not_found(&error) => MetaError::SessionExpired { session },
+            Some((_, session)) if is_lease_not_found(&error) => {
+                MetaError::SessionExpired { session }
+            }
             _ => etcd_error(OP)(error),
         };
         let mut kv = self.client.kv_client();
@@ -304,14 +312,20 @@ impl EtcdStore {
                     .map_err(|_| timed_out(OP))?
                     .map_err(etcd_error(OP))?;
                 if response.deleted() == 0 {
-                    return Err(MetaError::NotFound { key: key.to_owned() });
+                    return Err(MetaError::NotFound {
+                        key: key.to_owned(),
+                    });
                 }
                 return Ok(());
             }
             ExpectedVersion::Is(version) => version,
         };
         let txn = Txn::new()
-            .when([Compare::mod_revision(key, CompareOp::Equal, revision_of(version))])
+            .when([Compare::mod_revision(
+                key,
+                CompareOp::Equal,
+                revision_of(version),
+            )])
             .and_then([TxnOp::delete(key, None)])
             .or_else([TxnOp::get(key, None)]);
         let response = timeout(ETCD_OP_TIMEOUT, kv.txn(txn))
@@ -383,7 +397,11 @@ impl EtcdStore {
             stream,
             next_revision,
         ));
-        Ok(Watcher::new(path.to_owned(), queue, Some(Box::new(AbortOnDrop(task)))))
+        Ok(Watcher::new(
+            path.to_owned(),
+            queue,
+            Some(Box::new(AbortOnDrop(task))),
+        ))
     }
 
     async fn session_impl(&self, ttl: Duration) -> Result<Session, MetaError> {
@@ -416,7 +434,13 @@ impl EtcdStore {
             state: state_tx,
             task: Mutex::new(Some(task)),
         };
-        Ok(Session::new(session_id, granted_ttl, self.store_id, state_rx, Arc::new(control)))
+        Ok(Session::new(
+            session_id,
+            granted_ttl,
+            self.store_id,
+            state_rx,
+            Arc::new(control),
+        ))
     }
 
     async fn put_ephemeral_impl(
@@ -429,7 +453,9 @@ impl EtcdStore {
         validate_key(key)?;
         validate_value(key, value.len())?;
         session.check_usable(self.store_id)?;
-        let lease_id = i64::try_from(session.id().0).map_err(|_| MetaError::ForeignSession { session: session.id() })?;
+        let lease_id = i64::try_from(session.id().0).map_err(|_| MetaError::ForeignSession {
+            session: session.id(),
+        })?;
         self.put_impl(key, value, expected, Some((lease_id, session.id())))
             .await
     }
@@ -440,7 +466,10 @@ impl MetadataStore for EtcdStore {
         BackendKind::Etcd
     }
 
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<(Bytes, Version)>, MetaError>> {
+    fn get<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<(Bytes, Version)>, MetaError>> {
         Box::pin(self.get_impl(key))
     }
 
@@ -457,7 +486,11 @@ impl MetadataStore for EtcdStore {
         })
     }
 
-    fn delete<'a>(&'a self, key: &'a str, expected: ExpectedVersion) -> BoxFuture<'a, Result<(), MetaError>> {
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        expected: ExpectedVersion,
+    ) -> BoxFuture<'a, Result<(), MetaError>> {
         Box::pin(self.delete_impl(key, expected))
     }
 
@@ -543,7 +576,13 @@ async fn open_watch(
 
 /// Feeds `queue` from an etcd watch until the watcher is dropped (the task is
 /// aborted) or its queue reports the watcher gone.
-async fn run_watch(client: Client, path: String, queue: Arc<WatchQueue>, stream: WatchStream, next_revision: i64) {
+async fn run_watch(
+    client: Client,
+    path: String,
+    queue: Arc<WatchQueue>,
+    stream: WatchStream,
+    next_revision: i64,
+) {
     let mut stream = Some(stream);
     // The first revision not yet delivered; `None` after a compaction lost events.
     let mut next_revision = Some(next_revision);
@@ -615,7 +654,9 @@ async fn run_watch(client: Client, path: String, queue: Arc<WatchQueue>, stream:
                     },
                     Err(_) => continue,
                 },
-                EventType::Delete => WatchEvent::Delete { key: key.to_owned() },
+                EventType::Delete => WatchEvent::Delete {
+                    key: key.to_owned(),
+                },
             };
             if queue.push(watch_event) == Pushed::WatcherGone {
                 return;
@@ -655,7 +696,9 @@ async fn keep_alive(
                 Err(_) => continue,
             }
         }
-        let Some((keeper, responses)) = channel.as_mut() else { continue };
+        let Some((keeper, responses)) = channel.as_mut() else {
+            continue;
+        };
         let sent_at = Instant::now();
         let answer = timeout(interval, async {
             keeper.keep_alive().await?;
@@ -698,7 +741,11 @@ impl fmt::Debug for EtcdSessionControl {
 
 impl EtcdSessionControl {
     fn stop_keep_alive(&self) {
-        let task = self.task.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        let task = self
+            .task
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .take();
         if let Some(task) = task {
             task.abort();
         }

@@ -62,9 +62,12 @@ fn decode_record(key: &str, bytes: &[u8]) -> Result<Record, MetaError> {
         key: key.to_owned(),
         reason,
     };
-    let (header, value) = bytes
-        .split_at_checked(RECORD_HEADER_BYTES)
-        .ok_or_else(|| corrupt(format!("record of {} bytes is shorter than its header", bytes.len())))?;
+    let (header, value) = bytes.split_at_checked(RECORD_HEADER_BYTES).ok_or_else(|| {
+        corrupt(format!(
+            "record of {} bytes is shorter than its header",
+            bytes.len()
+        ))
+    })?;
     let flags = header[0];
     if flags & !FLAGS_KNOWN != 0 {
         return Err(corrupt(format!("unknown flags {flags:#04x}")));
@@ -76,7 +79,10 @@ fn decode_record(key: &str, bytes: &[u8]) -> Result<Record, MetaError> {
         return Err(corrupt("version 0".to_owned()));
     }
     if value.len() > crate::key::VALUE_BYTES_MAX {
-        return Err(corrupt(format!("value of {} bytes exceeds the limit", value.len())));
+        return Err(corrupt(format!(
+            "value of {} bytes exceeds the limit",
+            value.len()
+        )));
     }
     Ok(Record {
         value: Bytes::copy_from_slice(value),
@@ -114,7 +120,10 @@ impl LocalBackend for RedbBackend {
         let txn = self.db.begin_read().map_err(redb_error("children"))?;
         let table = txn.open_table(KV_TABLE).map_err(redb_error("children"))?;
         let mut names = Vec::new();
-        for item in table.range::<&str>(prefix..).map_err(redb_error("children"))? {
+        for item in table
+            .range::<&str>(prefix..)
+            .map_err(redb_error("children"))?
+        {
             let (key, _) = item.map_err(redb_error("children"))?;
             let key = key.value();
             if !key.starts_with(prefix) {
@@ -147,7 +156,8 @@ impl LocalBackend for RedbBackend {
                 match mutation {
                     Mutation::Put { key, record } => {
                         let encoded = encode_record(record);
-                        kv.insert(*key, encoded.as_slice()).map_err(redb_error("commit"))?;
+                        kv.insert(*key, encoded.as_slice())
+                            .map_err(redb_error("commit"))?;
                     }
                     Mutation::Delete { key } => {
                         kv.remove(*key).map_err(redb_error("commit"))?;
@@ -155,7 +165,8 @@ impl LocalBackend for RedbBackend {
                 }
             }
             let mut meta = txn.open_table(META_TABLE).map_err(redb_error("commit"))?;
-            meta.insert(META_REVISION, revision).map_err(redb_error("commit"))?;
+            meta.insert(META_REVISION, revision)
+                .map_err(redb_error("commit"))?;
         }
         txn.commit().map_err(redb_error("commit"))
     }
@@ -195,10 +206,14 @@ impl RedbBackend {
             })?;
         let (revision, ephemeral_keys) = {
             let mut meta = txn.open_table(META_TABLE).map_err(redb_error("open"))?;
-            let format = meta.get(META_FORMAT).map_err(redb_error("open"))?.map(|g| g.value());
+            let format = meta
+                .get(META_FORMAT)
+                .map_err(redb_error("open"))?
+                .map(|g| g.value());
             match format {
                 None => {
-                    meta.insert(META_FORMAT, FORMAT_VERSION).map_err(redb_error("open"))?;
+                    meta.insert(META_FORMAT, FORMAT_VERSION)
+                        .map_err(redb_error("open"))?;
                 }
                 Some(FORMAT_VERSION) => {}
                 Some(other) => {
@@ -208,7 +223,10 @@ impl RedbBackend {
                     });
                 }
             }
-            let revision = meta.get(META_REVISION).map_err(redb_error("open"))?.map(|g| g.value());
+            let revision = meta
+                .get(META_REVISION)
+                .map_err(redb_error("open"))?
+                .map(|g| g.value());
             let mut kv = txn.open_table(KV_TABLE).map_err(redb_error("open"))?;
             let mut ephemeral_keys = Vec::new();
             for item in kv.iter().map_err(redb_error("open"))? {
@@ -297,9 +315,15 @@ mod tests {
         }
         let mut bad_flags = encoded.clone();
         bad_flags[0] = 0x80;
-        assert!(matches!(decode_record("/k", &bad_flags), Err(MetaError::Corruption { .. })));
+        assert!(matches!(
+            decode_record("/k", &bad_flags),
+            Err(MetaError::Corruption { .. })
+        ));
         let mut zero_version = encoded;
         zero_version[1..9].copy_from_slice(&0u64.to_le_bytes());
-        assert!(matches!(decode_record("/k", &zero_version), Err(MetaError::Corruption { .. })));
+        assert!(matches!(
+            decode_record("/k", &zero_version),
+            Err(MetaError::Corruption { .. })
+        ));
     }
 }

@@ -50,7 +50,11 @@ pub struct IdAllocator {
 
 impl IdAllocator {
     /// An allocator on counter `key`, reserving `range_len` (>= 1) ids at a time.
-    pub fn new(store: Arc<dyn MetadataStore>, key: &str, range_len: u64) -> Result<Self, MetaError> {
+    pub fn new(
+        store: Arc<dyn MetadataStore>,
+        key: &str,
+        range_len: u64,
+    ) -> Result<Self, MetaError> {
         validate_key(key)?;
         if range_len == 0 {
             return Err(MetaError::InvalidArgument {
@@ -92,15 +96,24 @@ impl IdAllocator {
         for _ in 0..ID_CAS_ATTEMPTS_MAX {
             let (start, expected) = match self.store.get(&self.key).await? {
                 None => (ID_FIRST, ExpectedVersion::Absent),
-                Some((value, version)) => (decode_counter(&self.key, &value)?, ExpectedVersion::Is(version)),
+                Some((value, version)) => (
+                    decode_counter(&self.key, &value)?,
+                    ExpectedVersion::Is(version),
+                ),
             };
             let end = start
                 .checked_add(self.range_len)
-                .ok_or_else(|| MetaError::IdsExhausted { key: self.key.clone() })?;
+                .ok_or_else(|| MetaError::IdsExhausted {
+                    key: self.key.clone(),
+                })?;
             let value = Bytes::from(end.to_string());
             match self.store.put(&self.key, value, expected).await {
                 Ok(_) => return Ok(start..end),
-                Err(MetaError::BadVersion { .. } | MetaError::Exists { .. } | MetaError::NotFound { .. }) => {
+                Err(
+                    MetaError::BadVersion { .. }
+                    | MetaError::Exists { .. }
+                    | MetaError::NotFound { .. },
+                ) => {
                     continue;
                 }
                 Err(other) => return Err(other),
@@ -118,7 +131,8 @@ fn decode_counter(key: &str, value: &[u8]) -> Result<u64, MetaError> {
         key: key.to_owned(),
         reason: format!("id counter is not a decimal u64 >= {ID_FIRST}"),
     };
-    if value.is_empty() || value.len() > COUNTER_BYTES_MAX || !value.iter().all(u8::is_ascii_digit) {
+    if value.is_empty() || value.len() > COUNTER_BYTES_MAX || !value.iter().all(u8::is_ascii_digit)
+    {
         return Err(corrupt());
     }
     let text = std::str::from_utf8(value).map_err(|_| corrupt())?;
@@ -136,9 +150,23 @@ mod tests {
     #[test]
     fn counter_decoding() {
         assert_eq!(decode_counter("/k", b"1001").unwrap(), 1001);
-        assert_eq!(decode_counter("/k", b"18446744073709551615").unwrap(), u64::MAX);
-        for bad in [&b""[..], b"0", b"-1", b"12a", b" 1", b"18446744073709551616", b"000000000000000000001"] {
-            assert!(matches!(decode_counter("/k", bad), Err(MetaError::Corruption { .. })), "{bad:?}");
+        assert_eq!(
+            decode_counter("/k", b"18446744073709551615").unwrap(),
+            u64::MAX
+        );
+        for bad in [
+            &b""[..],
+            b"0",
+            b"-1",
+            b"12a",
+            b" 1",
+            b"18446744073709551616",
+            b"000000000000000000001",
+        ] {
+            assert!(
+                matches!(decode_counter("/k", bad), Err(MetaError::Corruption { .. })),
+                "{bad:?}"
+            );
         }
     }
 }

@@ -154,15 +154,28 @@ mod tests {
 
     #[test]
     fn keys_accepted_and_rejected() {
-        for good in ["/a", "/ledgers/0000000042", "/a/b:c/d-e_f", "/bookies/available/127.0.0.1:3181"] {
+        for good in [
+            "/a",
+            "/ledgers/0000000042",
+            "/a/b:c/d-e_f",
+            "/bookies/available/127.0.0.1:3181",
+        ] {
             assert_eq!(validate_key(good), Ok(()), "{good}");
         }
-        for badk in ["", "a", "/", "/a/", "//a", "/a//b", "/a/./b", "/a/..", "/a\0b", "/a\nb"] {
-            assert!(matches!(validate_key(badk), Err(MetaError::BadKey { .. })), "{badk:?}");
+        for badk in [
+            "", "a", "/", "/a/", "//a", "/a//b", "/a/./b", "/a/..", "/a\0b", "/a\nb",
+        ] {
+            assert!(
+                matches!(validate_key(badk), Err(MetaError::BadKey { .. })),
+                "{badk:?}"
+            );
         }
         assert_eq!(validate_path("/"), Ok(()));
         let long = format!("/{}", "x".repeat(KEY_BYTES_MAX));
-        assert!(matches!(validate_key(&long), Err(MetaError::KeyTooLong { .. })));
+        assert!(matches!(
+            validate_key(&long),
+            Err(MetaError::KeyTooLong { .. })
+        ));
         let at_limit = format!("/{}", "x".repeat(KEY_BYTES_MAX - 1));
         assert_eq!(validate_key(&at_limit), Ok(()));
         assert!(validate_segment("a/b").is_err());

@@ -161,10 +161,15 @@ impl<B: LocalBackend> LocalStore<B> {
         if !B::BLOCKING {
             return self.inner.with_state(op, f);
         }
-        let _permit = self.inner.blocking_ops.acquire().await.map_err(|_| MetaError::Backend {
-            op,
-            detail: "store is shutting down".to_owned(),
-        })?;
+        let _permit = self
+            .inner
+            .blocking_ops
+            .acquire()
+            .await
+            .map_err(|_| MetaError::Backend {
+                op,
+                detail: "store is shutting down".to_owned(),
+            })?;
         let inner = Arc::clone(&self.inner);
         tokio::task::spawn_blocking(move || inner.with_state(op, f))
             .await
@@ -177,7 +182,9 @@ impl<B: LocalBackend> LocalStore<B> {
     pub(crate) async fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>, MetaError> {
         validate_key(key)?;
         let key = key.to_owned();
-        let record = self.run("get", move |state| state.backend.get(&key)).await?;
+        let record = self
+            .run("get", move |state| state.backend.get(&key))
+            .await?;
         Ok(record.map(|r| (r.value, r.version)))
     }
 
@@ -202,7 +209,11 @@ impl<B: LocalBackend> LocalStore<B> {
             .await
     }
 
-    pub(crate) async fn delete(&self, key: &str, expected: ExpectedVersion) -> Result<(), MetaError> {
+    pub(crate) async fn delete(
+        &self,
+        key: &str,
+        expected: ExpectedVersion,
+    ) -> Result<(), MetaError> {
         validate_key(key)?;
         if expected == ExpectedVersion::Absent {
             return Err(MetaError::InvalidArgument {
@@ -210,7 +221,8 @@ impl<B: LocalBackend> LocalStore<B> {
             });
         }
         let key = key.to_owned();
-        self.run("delete", move |state| state.delete(&key, expected)).await
+        self.run("delete", move |state| state.delete(&key, expected))
+            .await
     }
 
     pub(crate) async fn children(&self, path: &str) -> Result<Vec<String>, MetaError> {
@@ -253,13 +265,24 @@ impl<B: LocalBackend> LocalStore<B> {
         let control = LocalSessionControl {
             inner: Arc::downgrade(&self.inner),
         };
-        Ok(Session::new(id, ttl, self.inner.store_id, state_rx, Arc::new(control)))
+        Ok(Session::new(
+            id,
+            ttl,
+            self.inner.store_id,
+            state_rx,
+            Arc::new(control),
+        ))
     }
 
     /// Ends session `id` now, deleting its ephemeral keys: `Expired` as if its
     /// lease lapsed, or `Closed`. Unknown or already ended sessions: `Ok`.
-    pub(crate) async fn end_session(&self, id: SessionId, end: SessionState) -> Result<(), MetaError> {
-        self.run("end_session", move |state| state.end_session(id, end)).await
+    pub(crate) async fn end_session(
+        &self,
+        id: SessionId,
+        end: SessionState,
+    ) -> Result<(), MetaError> {
+        self.run("end_session", move |state| state.end_session(id, end))
+            .await
     }
 }
 
@@ -334,7 +357,13 @@ impl<B: LocalBackend> LocalState<B> {
             version,
             ephemeral: owner.is_some(),
         };
-        self.commit(&[Mutation::Put { key, record: &record }], revision)?;
+        self.commit(
+            &[Mutation::Put {
+                key,
+                record: &record,
+            }],
+            revision,
+        )?;
         self.set_owner(key, owner);
         self.watchers.notify(
             key,
@@ -349,22 +378,30 @@ impl<B: LocalBackend> LocalState<B> {
     fn delete(&mut self, key: &str, expected: ExpectedVersion) -> Result<(), MetaError> {
         let current = self.backend.get(key)?;
         match current {
-            None => return Err(MetaError::NotFound { key: key.to_owned() }),
+            None => {
+                return Err(MetaError::NotFound {
+                    key: key.to_owned(),
+                });
+            }
             Some(record) => check_expected(key, Some(record.version), expected)?,
         }
         let revision = self.revision + 1;
         self.commit(&[Mutation::Delete { key }], revision)?;
         self.set_owner(key, None);
-        self.watchers
-            .notify(key, &WatchEvent::Delete { key: key.to_owned() });
+        self.watchers.notify(
+            key,
+            &WatchEvent::Delete {
+                key: key.to_owned(),
+            },
+        );
         Ok(())
     }
 
     fn set_owner(&mut self, key: &str, owner: Option<SessionId>) {
-        if let Some(previous) = self.owners.remove(key) {
-            if let Some(session) = self.sessions.get_mut(&previous) {
-                session.keys.remove(key);
-            }
+        if let Some(previous) = self.owners.remove(key)
+            && let Some(session) = self.sessions.get_mut(&previous)
+        {
+            session.keys.remove(key);
         }
         if let Some(id) = owner {
             self.owners.insert(key.to_owned(), id);
@@ -384,7 +421,8 @@ impl<B: LocalBackend> LocalState<B> {
         }
         let keys: Vec<String> = session.keys.iter().cloned().collect();
         if !keys.is_empty() {
-            let mutations: Vec<Mutation<'_>> = keys.iter().map(|key| Mutation::Delete { key }).collect();
+            let mutations: Vec<Mutation<'_>> =
+                keys.iter().map(|key| Mutation::Delete { key }).collect();
             let revision = self.revision + 1;
             self.commit(&mutations, revision)?;
         }
@@ -413,7 +451,9 @@ pub(crate) fn check_expected(
             key: key.to_owned(),
             actual,
         }),
-        (ExpectedVersion::Is(_), None) => Err(MetaError::NotFound { key: key.to_owned() }),
+        (ExpectedVersion::Is(_), None) => Err(MetaError::NotFound {
+            key: key.to_owned(),
+        }),
         (ExpectedVersion::Is(wanted), Some(actual)) if wanted == actual => Ok(()),
         (ExpectedVersion::Is(_), Some(actual)) => Err(MetaError::BadVersion {
             key: key.to_owned(),
@@ -434,7 +474,11 @@ impl<B: LocalBackend> SessionControl for LocalSessionControl<B> {
     fn close(&self, id: SessionId) -> BoxFuture<'_, Result<(), MetaError>> {
         Box::pin(async move {
             match self.inner.upgrade() {
-                Some(inner) => LocalStore { inner }.end_session(id, SessionState::Closed).await,
+                Some(inner) => {
+                    LocalStore { inner }
+                        .end_session(id, SessionState::Closed)
+                        .await
+                }
                 None => Ok(()),
             }
         })
@@ -492,16 +536,25 @@ mod tests {
         assert_eq!(check_expected("/k", None, ExpectedVersion::Absent), Ok(()));
         assert!(matches!(
             check_expected("/k", v, ExpectedVersion::Absent),
-            Err(MetaError::Exists { actual: Version(5), .. })
+            Err(MetaError::Exists {
+                actual: Version(5),
+                ..
+            })
         ));
         assert!(matches!(
             check_expected("/k", None, ExpectedVersion::Is(Version(5))),
             Err(MetaError::NotFound { .. })
         ));
-        assert_eq!(check_expected("/k", v, ExpectedVersion::Is(Version(5))), Ok(()));
+        assert_eq!(
+            check_expected("/k", v, ExpectedVersion::Is(Version(5))),
+            Ok(())
+        );
         assert!(matches!(
             check_expected("/k", v, ExpectedVersion::Is(Version(4))),
-            Err(MetaError::BadVersion { actual: Version(5), .. })
+            Err(MetaError::BadVersion {
+                actual: Version(5),
+                ..
+            })
         ));
     }
 }

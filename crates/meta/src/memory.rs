@@ -34,7 +34,10 @@ impl LocalBackend for MemoryBackend {
         let mut names = Vec::new();
         let below = self
             .records
-            .range::<str, _>((std::ops::Bound::Included(prefix), std::ops::Bound::Unbounded))
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
             .take_while(|(key, _)| key.starts_with(prefix));
         for (key, _) in below {
             if let Some(name) = direct_child(prefix, key) {
@@ -114,7 +117,10 @@ macro_rules! local_metadata_store {
                 $kind
             }
 
-            fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<(Bytes, Version)>, MetaError>> {
+            fn get<'a>(
+                &'a self,
+                key: &'a str,
+            ) -> BoxFuture<'a, Result<Option<(Bytes, Version)>, MetaError>> {
                 Box::pin(self.engine.get(key))
             }
 
@@ -127,11 +133,18 @@ macro_rules! local_metadata_store {
                 Box::pin(self.engine.put(key, value, expected, None))
             }
 
-            fn delete<'a>(&'a self, key: &'a str, expected: ExpectedVersion) -> BoxFuture<'a, Result<(), MetaError>> {
+            fn delete<'a>(
+                &'a self,
+                key: &'a str,
+                expected: ExpectedVersion,
+            ) -> BoxFuture<'a, Result<(), MetaError>> {
                 Box::pin(self.engine.delete(key, expected))
             }
 
-            fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, MetaError>> {
+            fn children<'a>(
+                &'a self,
+                path: &'a str,
+            ) -> BoxFuture<'a, Result<Vec<String>, MetaError>> {
                 Box::pin(self.engine.children(path))
             }
 

@@ -82,10 +82,11 @@ pub fn encode_bookie_info(info: &BookieInfo) -> Result<Bytes, MetaError> {
 
 /// Decodes the registration record stored at `key`.
 pub fn decode_bookie_info(key: &str, bytes: &[u8]) -> Result<BookieInfo, MetaError> {
-    let info: BookieInfo = serde_json::from_slice(bytes).map_err(|error| MetaError::Corruption {
-        key: key.to_owned(),
-        reason: format!("bookie registration is not valid JSON: {error}"),
-    })?;
+    let info: BookieInfo =
+        serde_json::from_slice(bytes).map_err(|error| MetaError::Corruption {
+            key: key.to_owned(),
+            reason: format!("bookie registration is not valid JSON: {error}"),
+        })?;
     check_info(&info).map_err(|error| MetaError::Corruption {
         key: key.to_owned(),
         reason: error.to_string(),
@@ -95,7 +96,10 @@ pub fn decode_bookie_info(key: &str, bytes: &[u8]) -> Result<BookieInfo, MetaErr
 
 fn check_info(info: &BookieInfo) -> Result<(), MetaError> {
     let too_long = |s: &str| s.len() > BOOKIE_FIELD_BYTES_MAX;
-    if info.address.is_empty() || too_long(&info.address) || info.rack.as_deref().is_some_and(too_long) {
+    if info.address.is_empty()
+        || too_long(&info.address)
+        || info.rack.as_deref().is_some_and(too_long)
+    {
         return Err(MetaError::InvalidArgument {
             reason: "bookie address must be 1..=255 bytes and rack at most 255 bytes",
         });
@@ -120,13 +124,19 @@ pub async fn register_bookie(
 
 /// The bookies registered now, sorted by id. A registration that does not
 /// decode is skipped and logged, so one bad record does not hide the others.
-pub async fn list_bookies(store: &dyn MetadataStore) -> Result<Vec<(BookieId, BookieInfo)>, MetaError> {
+pub async fn list_bookies(
+    store: &dyn MetadataStore,
+) -> Result<Vec<(BookieId, BookieInfo)>, MetaError> {
     let mut bookies = Vec::new();
     for name in store.children(BOOKIES_AVAILABLE_PATH).await? {
-        let Ok(id) = BookieId::new(name) else { continue };
+        let Ok(id) = BookieId::new(name) else {
+            continue;
+        };
         let key = bookie_key(&id);
         // Gone since the listing: the bookie just left.
-        let Some((value, _)) = store.get(&key).await? else { continue };
+        let Some((value, _)) = store.get(&key).await? else {
+            continue;
+        };
         match decode_bookie_info(&key, &value) {
             Ok(info) => bookies.push((id, info)),
             Err(error) => tracing::warn!(%error, "skipping a bookie registration"),
@@ -153,16 +163,25 @@ mod tests {
             rack: Some("/rack-1".to_owned()),
         };
         let bytes = encode_bookie_info(&info).unwrap();
-        assert_eq!(&bytes[..], br#"{"address":"10.0.0.5:3181","rack":"/rack-1"}"#);
+        assert_eq!(
+            &bytes[..],
+            br#"{"address":"10.0.0.5:3181","rack":"/rack-1"}"#
+        );
         assert_eq!(decode_bookie_info("/k", &bytes).unwrap(), info);
         let no_rack = decode_bookie_info("/k", br#"{"address":"h:1"}"#).unwrap();
         assert_eq!(no_rack.rack, None);
         for bad in [&b"{"[..], br#"{"rack":"r"}"#, br#"{"address":""}"#, b"\xff"] {
-            assert!(matches!(decode_bookie_info("/k", bad), Err(MetaError::Corruption { .. })));
+            assert!(matches!(
+                decode_bookie_info("/k", bad),
+                Err(MetaError::Corruption { .. })
+            ));
         }
         assert!(BookieId::new("a/b").is_err());
         assert!(BookieId::new("").is_err());
         assert!(BookieId::new("x".repeat(BOOKIE_FIELD_BYTES_MAX + 1)).is_err());
-        assert_eq!(bookie_key(&BookieId::new("h:3181").unwrap()), "/bookies/available/h:3181");
+        assert_eq!(
+            bookie_key(&BookieId::new("h:3181").unwrap()),
+            "/bookies/available/h:3181"
+        );
     }
 }

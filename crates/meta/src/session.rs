@@ -137,10 +137,10 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if let Some(control) = self.control.take() {
-            if self.is_alive() {
-                control.abandon(self.id);
-            }
+        if let Some(control) = self.control.take()
+            && self.is_alive()
+        {
+            control.abandon(self.id);
         }
     }
 }

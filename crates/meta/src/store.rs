@@ -92,7 +92,10 @@ pub trait MetadataStore: Send + Sync + fmt::Debug {
     fn kind(&self) -> BackendKind;
 
     /// The value and version of `key`, or `None` if absent.
-    fn get<'a>(&'a self, key: &'a str) -> BoxFuture<'a, Result<Option<(Bytes, Version)>, MetaError>>;
+    fn get<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<(Bytes, Version)>, MetaError>>;
 
     /// Writes `value` at `key` if `expected` holds, returning the new version.
     /// `Absent` on a present key: `Exists`; `Is(v)` on an absent key: `NotFound`;
@@ -107,7 +110,11 @@ pub trait MetadataStore: Send + Sync + fmt::Debug {
 
     /// Deletes `key` if `expected` holds: `Any` or `Is(v)`; absent key: `NotFound`;
     /// `Absent`: `InvalidArgument`. Keys below `key` are not touched.
-    fn delete<'a>(&'a self, key: &'a str, expected: ExpectedVersion) -> BoxFuture<'a, Result<(), MetaError>>;
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        expected: ExpectedVersion,
+    ) -> BoxFuture<'a, Result<(), MetaError>>;
 
     /// Names of the stored keys exactly one level below `path` (`/a/x` is a child
     /// of `/a`; `/a/x/y` is not, even if `/a/x` does not exist), sorted bytewise.

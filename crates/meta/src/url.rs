@@ -54,7 +54,9 @@ impl FromStr for StoreUrl {
             if url.is_empty() {
                 return Err(bad("empty"));
             }
-            return Ok(StoreUrl::File { dir: PathBuf::from(url) });
+            return Ok(StoreUrl::File {
+                dir: PathBuf::from(url),
+            });
         };
         match scheme {
             "memory" => {
@@ -70,7 +72,9 @@ impl FromStr for StoreUrl {
                 if !rest.starts_with('/') {
                     return Err(bad("expected file:///absolute/path"));
                 }
-                Ok(StoreUrl::File { dir: PathBuf::from(rest) })
+                Ok(StoreUrl::File {
+                    dir: PathBuf::from(rest),
+                })
             }
             "etcd" => {
                 let list = rest.trim_end_matches('/');
@@ -89,7 +93,9 @@ impl FromStr for StoreUrl {
                 }
                 Ok(StoreUrl::Etcd { endpoints })
             }
-            _ => Err(bad("unknown scheme; expected memory://, file:///dir or etcd://host:port")),
+            _ => Err(bad(
+                "unknown scheme; expected memory://, file:///dir or etcd://host:port",
+            )),
         }
     }
 }
@@ -134,7 +140,10 @@ mod tests {
 
     #[test]
     fn parses_each_scheme_and_rejects_bad_urls() {
-        assert_eq!("memory://".parse::<StoreUrl>().unwrap(), StoreUrl::Memory { name: None });
+        assert_eq!(
+            "memory://".parse::<StoreUrl>().unwrap(),
+            StoreUrl::Memory { name: None }
+        );
         assert_eq!(
             "memory://c1".parse::<StoreUrl>().unwrap(),
             StoreUrl::Memory {
@@ -159,7 +168,15 @@ mod tests {
                 endpoints: vec!["127.0.0.1:2379".to_owned(), "h2:2379".to_owned()]
             }
         );
-        for bad in ["", "zk://h:2181", "etcd://", "etcd://h", "etcd://h:port", "file://relative", "memory://a/b"] {
+        for bad in [
+            "",
+            "zk://h:2181",
+            "etcd://",
+            "etcd://h",
+            "etcd://h:port",
+            "file://relative",
+            "memory://a/b",
+        ] {
             match bad.parse::<StoreUrl>() {
                 Err(MetaError::BadUrl { url, .. }) => assert_eq!(url, bad),
                 other => panic!("{bad:?} parsed as {other:?}"),
@@ -172,13 +189,20 @@ mod tests {
         let a = open_store("memory://shared-test").await.unwrap();
         let b = open_store("memory://shared-test").await.unwrap();
         let c = open_store("memory://").await.unwrap();
-        a.put("/k", bytes::Bytes::from_static(b"v"), crate::ExpectedVersion::Absent)
-            .await
-            .unwrap();
+        a.put(
+            "/k",
+            bytes::Bytes::from_static(b"v"),
+            crate::ExpectedVersion::Absent,
+        )
+        .await
+        .unwrap();
         assert!(b.get("/k").await.unwrap().is_some());
         assert!(c.get("/k").await.unwrap().is_none());
         drop((a, b));
         let again = open_store("memory://shared-test").await.unwrap();
-        assert!(again.get("/k").await.unwrap().is_none(), "a dropped named store starts empty");
+        assert!(
+            again.get("/k").await.unwrap().is_none(),
+            "a dropped named store starts empty"
+        );
     }
 }

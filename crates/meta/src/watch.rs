@@ -58,7 +58,9 @@ pub(crate) struct WatchQueue {
 impl WatchQueue {
     fn lock(&self) -> MutexGuard<'_, QueueState> {
         // A poisoned queue only means a panic elsewhere; its data is still valid.
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Queues `event` under the lag rule. Never blocks.
@@ -126,7 +128,11 @@ pub struct Watcher {
 }
 
 impl Watcher {
-    pub(crate) fn new(path: String, queue: Arc<WatchQueue>, guard: Option<Box<dyn WatchGuard>>) -> Self {
+    pub(crate) fn new(
+        path: String,
+        queue: Arc<WatchQueue>,
+        guard: Option<Box<dyn WatchGuard>>,
+    ) -> Self {
         Self {
             path,
             queue,
@@ -175,7 +181,8 @@ pub(crate) struct LocalWatchers {
 
 impl LocalWatchers {
     pub(crate) fn add(&mut self, path: &str) -> Result<Watcher, MetaError> {
-        self.entries.retain(|(_, queue)| !queue.is_watcher_dropped());
+        self.entries
+            .retain(|(_, queue)| !queue.is_watcher_dropped());
         if self.entries.len() >= LOCAL_WATCHERS_MAX {
             return Err(MetaError::LimitReached {
                 what: "watchers",
