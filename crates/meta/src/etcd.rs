@@ -25,7 +25,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
     TxnOpResponse, WatchOptions, WatchStream,
 };
-use tokio::sync::watch;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
 
@@ -54,6 +54,15 @@ const CHILDREN_PAGE_KEYS: i64 = 1000;
 const WATCH_RETRY_BACKOFF_MIN: Duration = Duration::from_millis(100);
 const WATCH_RETRY_BACKOFF_MAX: Duration = Duration::from_secs(5);
 
+/// Watchers one store serves at once: each is a task and a gRPC stream, and a
+/// process watches a handful of paths. When full, `watch` fails with
+/// `LimitReached`.
+const ETCD_WATCHERS_MAX: usize = 4096;
+
+/// Sessions one store keeps alive at once: each is a lease and a keep-alive
+/// task, and a process needs one per component. When full: `LimitReached`.
+const ETCD_SESSIONS_MAX: usize = 1024;
+
 /// Keep-alives per TTL: three tries before the lease can lapse.
 const KEEPALIVES_PER_TTL: u32 = 3;
 
@@ -72,6 +81,8 @@ pub struct EtcdStore {
     client: Client,
     endpoints: Vec<String>,
     store_id: u64,
+    watcher_slots: Arc<Semaphore>,
+    session_slots: Arc<Semaphore>,
 }
 
 impl fmt::Debug for EtcdStore {
@@ -180,6 +191,8 @@ impl EtcdStore {
             client,
             endpoints,
             store_id: next_store_id(),
+            watcher_slots: Arc::new(Semaphore::new(ETCD_WATCHERS_MAX)),
+            session_slots: Arc::new(Semaphore::new(ETCD_SESSIONS_MAX)),
         };
         // Fail now, naming the endpoints, rather than at the first real call.
         let mut kv = store.client.kv_client();
@@ -388,6 +401,12 @@ impl EtcdStore {
 
     async fn watch_impl(&self, path: &str) -> Result<Watcher, MetaError> {
         validate_path(path)?;
+        let slot = Arc::clone(&self.watcher_slots)
+            .try_acquire_owned()
+            .map_err(|_| MetaError::LimitReached {
+                what: "etcd watchers",
+                limit: ETCD_WATCHERS_MAX,
+            })?;
         let (stream, next_revision) = open_watch(&self.client, path, None).await?;
         let queue = Arc::new(WatchQueue::default());
         let task = tokio::spawn(run_watch(
@@ -397,15 +416,18 @@ impl EtcdStore {
             stream,
             next_revision,
         ));
-        Ok(Watcher::new(
-            path.to_owned(),
-            queue,
-            Some(Box::new(AbortOnDrop(task))),
-        ))
+        let guard = AbortOnDrop { task, _slot: slot };
+        Ok(Watcher::new(path.to_owned(), queue, Some(Box::new(guard))))
     }
 
     async fn session_impl(&self, ttl: Duration) -> Result<Session, MetaError> {
         const OP: &str = "session";
+        let slot = Arc::clone(&self.session_slots)
+            .try_acquire_owned()
+            .map_err(|_| MetaError::LimitReached {
+                what: "etcd sessions",
+                limit: ETCD_SESSIONS_MAX,
+            })?;
         let ttl_seconds = i64::try_from(ttl.as_millis().div_ceil(1000).max(1)).unwrap_or(i64::MAX);
         let mut lease = self.client.lease_client();
         let granted_at = Instant::now();
@@ -433,6 +455,7 @@ impl EtcdStore {
             lease_id,
             state: state_tx,
             task: Mutex::new(Some(task)),
+            _slot: slot,
         };
         Ok(Session::new(
             session_id,
@@ -517,15 +540,19 @@ impl MetadataStore for EtcdStore {
     }
 }
 
-/// Aborts the task feeding a watcher when the watcher is dropped.
+/// Aborts the task feeding a watcher, and frees its slot, when the watcher is
+/// dropped.
 #[derive(Debug)]
-struct AbortOnDrop(JoinHandle<()>);
+struct AbortOnDrop {
+    task: JoinHandle<()>,
+    _slot: OwnedSemaphorePermit,
+}
 
 impl WatchGuard for AbortOnDrop {}
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
     }
 }
 
@@ -713,6 +740,7 @@ async fn keep_alive(
         }
     }
     tracing::warn!(lease = lease_id, ?ttl, "etcd session expired");
+    // Tell the holder first: it must stop acting as owner now.
     state.send_if_modified(|s| {
         if *s == SessionState::Alive {
             *s = SessionState::Expired;
@@ -721,6 +749,10 @@ async fn keep_alive(
             false
         }
     });
+    // Best effort: if etcd still holds the lease (a leader change refreshes
+    // lease deadlines), drop it now so its keys go with the holder's belief.
+    let mut lease = client.lease_client();
+    let _ = timeout(ETCD_OP_TIMEOUT, lease.revoke(lease_id)).await;
 }
 
 struct EtcdSessionControl {
@@ -728,6 +760,7 @@ struct EtcdSessionControl {
     lease_id: i64,
     state: Arc<watch::Sender<SessionState>>,
     task: Mutex<Option<JoinHandle<()>>>,
+    _slot: OwnedSemaphorePermit,
 }
 
 impl fmt::Debug for EtcdSessionControl {

@@ -182,7 +182,15 @@ impl RedbBackend {
                 detail: format!("{}: {error}", dir.display()),
             }
         };
-        std::fs::create_dir_all(dir).map_err(io_error("create store directory"))?;
+        if !dir.is_dir() {
+            std::fs::create_dir_all(dir).map_err(io_error("create store directory"))?;
+            // Make the new directory's own entry durable.
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                std::fs::File::open(parent)
+                    .and_then(|d| d.sync_all())
+                    .map_err(io_error("sync parent of store directory"))?;
+            }
+        }
         let path = dir.join(FILE_STORE_DB_NAME);
         let db = Database::create(&path).map_err(|error| match error {
             redb::DatabaseError::DatabaseAlreadyOpen => MetaError::AlreadyOpen {

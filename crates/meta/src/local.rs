@@ -3,10 +3,12 @@
 //! keys and watch notification, over a [`LocalBackend`] that only reads and
 //! atomically commits records.
 //!
-//! Owns: `LocalState`, behind one mutex. Every operation takes it, so writes are
-//! serialized: a write reads the current record, checks the expectation, commits,
-//! then notifies watchers, all under the lock, which is what makes CAS atomic and
-//! watch events arrive in commit order. A backend whose calls block on disk runs
+//! Owns: `LocalState`, behind one mutex. Every operation but `watch` takes it, so
+//! writes are serialized: a write reads the current record, checks the
+//! expectation, commits, then notifies watchers, all under the lock, which is
+//! what makes CAS atomic and watch events arrive in commit order. The watcher
+//! list has its own mutex (taken inside the state lock, never the other way), so
+//! creating a watcher never waits for a commit's fsync. A backend whose calls block on disk runs
 //! under `spawn_blocking`, at most `BLOCKING_OPS_IN_FLIGHT_MAX` at a time.
 //!
 //! Sessions live in this process only: a session is alive while its handle is;
@@ -92,7 +94,7 @@ pub(crate) struct LocalState<B> {
     backend: B,
     /// Revision of the last commit; the next write gets `revision + 1`.
     revision: u64,
-    watchers: LocalWatchers,
+    watchers: Arc<Mutex<LocalWatchers>>,
     sessions: HashMap<SessionId, LocalSession>,
     /// Which session owns each ephemeral key.
     owners: HashMap<String, SessionId>,
@@ -105,6 +107,8 @@ pub(crate) struct LocalState<B> {
 pub(crate) struct LocalInner<B> {
     store_id: u64,
     state: Mutex<LocalState<B>>,
+    /// The same list as `state.watchers`, reachable without the state lock.
+    watchers: Arc<Mutex<LocalWatchers>>,
     blocking_ops: Semaphore,
 }
 
@@ -125,10 +129,11 @@ impl<B> Clone for LocalStore<B> {
 impl<B: LocalBackend> LocalStore<B> {
     /// Wraps `backend` whose last committed revision is `revision`.
     pub(crate) fn new(backend: B, revision: u64) -> Self {
+        let watchers = Arc::new(Mutex::new(LocalWatchers::default()));
         let state = LocalState {
             backend,
             revision,
-            watchers: LocalWatchers::default(),
+            watchers: Arc::clone(&watchers),
             sessions: HashMap::new(),
             owners: HashMap::new(),
             session_id_next: 1,
@@ -138,6 +143,7 @@ impl<B: LocalBackend> LocalStore<B> {
             inner: Arc::new(LocalInner {
                 store_id: next_store_id(),
                 state: Mutex::new(state),
+                watchers,
                 blocking_ops: Semaphore::new(BLOCKING_OPS_IN_FLIGHT_MAX),
             }),
         }
@@ -236,34 +242,36 @@ impl<B: LocalBackend> LocalStore<B> {
 
     pub(crate) async fn watch(&self, path: &str) -> Result<Watcher, MetaError> {
         validate_path(path)?;
-        // No I/O: inline even for a disk backend.
-        self.inner
-            .with_state("watch", |state| state.watchers.add(path))
+        // No I/O and no state lock: never waits for a commit.
+        lock_watchers(&self.inner.watchers).add(path)
     }
 
     pub(crate) async fn session(&self, ttl: Duration) -> Result<Session, MetaError> {
-        let (id, state_rx) = self.inner.with_state("session", |state| {
-            if state.sessions.len() >= LOCAL_SESSIONS_MAX {
-                return Err(MetaError::LimitReached {
-                    what: "sessions",
-                    limit: LOCAL_SESSIONS_MAX,
-                });
-            }
-            let id = SessionId(state.session_id_next);
-            state.session_id_next += 1;
-            let (tx, rx) = watch::channel(SessionState::Alive);
-            state.sessions.insert(
-                id,
-                LocalSession {
-                    ttl,
-                    keys: BTreeSet::new(),
-                    state: tx,
-                },
-            );
-            Ok((id, rx))
-        })?;
+        let (id, state_rx) = self
+            .run("session", move |state| {
+                if state.sessions.len() >= LOCAL_SESSIONS_MAX {
+                    return Err(MetaError::LimitReached {
+                        what: "sessions",
+                        limit: LOCAL_SESSIONS_MAX,
+                    });
+                }
+                let id = SessionId(state.session_id_next);
+                state.session_id_next += 1;
+                let (tx, rx) = watch::channel(SessionState::Alive);
+                state.sessions.insert(
+                    id,
+                    LocalSession {
+                        ttl,
+                        keys: BTreeSet::new(),
+                        state: tx,
+                    },
+                );
+                Ok((id, rx))
+            })
+            .await?;
         let control = LocalSessionControl {
             inner: Arc::downgrade(&self.inner),
+            ttl,
         };
         Ok(Session::new(
             id,
@@ -365,7 +373,7 @@ impl<B: LocalBackend> LocalState<B> {
             revision,
         )?;
         self.set_owner(key, owner);
-        self.watchers.notify(
+        lock_watchers(&self.watchers).notify(
             key,
             &WatchEvent::Put {
                 key: key.to_owned(),
@@ -388,7 +396,7 @@ impl<B: LocalBackend> LocalState<B> {
         let revision = self.revision + 1;
         self.commit(&[Mutation::Delete { key }], revision)?;
         self.set_owner(key, None);
-        self.watchers.notify(
+        lock_watchers(&self.watchers).notify(
             key,
             &WatchEvent::Delete {
                 key: key.to_owned(),
@@ -428,8 +436,7 @@ impl<B: LocalBackend> LocalState<B> {
         }
         for key in &keys {
             self.owners.remove(key);
-            self.watchers
-                .notify(key, &WatchEvent::Delete { key: key.clone() });
+            lock_watchers(&self.watchers).notify(key, &WatchEvent::Delete { key: key.clone() });
         }
         if let Some(session) = self.sessions.remove(&id) {
             tracing::info!(session = %id, ?end, ttl = ?session.ttl, keys = keys.len(), "metadata session ended");
@@ -437,6 +444,13 @@ impl<B: LocalBackend> LocalState<B> {
         }
         Ok(())
     }
+}
+
+fn lock_watchers(watchers: &Mutex<LocalWatchers>) -> MutexGuard<'_, LocalWatchers> {
+    // The list stays consistent even if a holder panicked (push/retain only).
+    watchers
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// Checks `expected` against the key's current version (`None`: absent).
@@ -468,6 +482,7 @@ pub(crate) fn check_expected(
 #[derive(Debug)]
 struct LocalSessionControl<B> {
     inner: Weak<LocalInner<B>>,
+    ttl: Duration,
 }
 
 impl<B: LocalBackend> SessionControl for LocalSessionControl<B> {
@@ -485,17 +500,8 @@ impl<B: LocalBackend> SessionControl for LocalSessionControl<B> {
     }
 
     fn abandon(&self, id: SessionId) {
-        let Some(inner) = self.inner.upgrade() else {
-            return;
-        };
-        let ttl = inner
-            .lock()
-            .sessions
-            .get(&id)
-            .map(|s| s.ttl)
-            .unwrap_or_default();
-        let weak = Arc::downgrade(&inner);
-        drop(inner);
+        let ttl = self.ttl;
+        let weak = Weak::clone(&self.inner);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
                 runtime.spawn(async move {
