@@ -811,7 +811,7 @@ impl Connection {
         let reader_start = if durable {
             None
         } else {
-            reader_start(&topic, body.start_message_id.as_ref())
+            reader_start(body.start_message_id.as_ref())
         };
         let (sticky, sticky_ranges) = match &body.key_shared_meta {
             Some(meta) if meta.key_shared_mode == proto::KeySharedMode::Sticky as i32 => {
@@ -1142,10 +1142,12 @@ fn missing(kind: Type) -> Close {
 }
 
 /// Reader start: the first position to deliver. Earliest (−1,−1) → the head;
-/// latest or absent → `None` (after the last entry); a batch id (batch_index ≥
-/// 0) → that entry again (the client skips what it had); otherwise the entry
-/// after the id (the Java broker's non-durable cursor rules).
-fn reader_start(topic: &Topic, start: Option<&MessageIdData>) -> Option<Position> {
+/// latest or absent → `None` (after the last entry); any other id → that
+/// entry itself. The Java broker turns every start id into a batch id and
+/// steps back one entry, so the start entry is always delivered and the
+/// client drops it unless its reader is inclusive (and drops the batch
+/// indexes before the start index).
+fn reader_start(start: Option<&MessageIdData>) -> Option<Position> {
     let id = start?;
     if id.ledger_id == u64::MAX && id.entry_id == u64::MAX {
         return Some(Position::new(0, 0));
@@ -1153,11 +1155,11 @@ fn reader_start(topic: &Topic, start: Option<&MessageIdData>) -> Option<Position
     if id.ledger_id == i64::MAX as u64 && id.entry_id == i64::MAX as u64 {
         return None;
     }
-    let position = Position::new(id.ledger_id, id.entry_id);
-    if id.batch_index.is_some_and(|i| i >= 0) {
-        return Some(position);
+    if id.ledger_id > i64::MAX as u64 || id.entry_id > i64::MAX as u64 {
+        // Other negative ids: treat as earliest.
+        return Some(Position::new(0, 0));
     }
-    Some(topic.log.next_position(position))
+    Some(Position::new(id.ledger_id, id.entry_id))
 }
 
 async fn receipt_loop(
