@@ -1,0 +1,361 @@
+//! Bookie benchmark: a bookie over TCP loopback against the raw disk, measured in
+//! the same run on the same directory.
+//!
+//! Prints: raw pwrite + fdatasync latency at depth 1 (one 4 KiB block holding
+//! 1 KiB, the I/O the journal does for a lone 1 KiB entry) into a zero-filled
+//! preallocated file; bookie ADD latency at depth 1, 1 KiB, client to bookie
+//! over 127.0.0.1; the same while ledger storage flushes continuously (a
+//! background writer on other ledgers keeps the write cache past its flush
+//! threshold); ADD throughput at depth 256 for 1 KiB and 64 KiB entries beside
+//! raw sequential 1 MiB write + fdatasync bandwidth; the process's peak VmRSS
+//! during the throughput runs beside write cache + read cache + 64 MiB (client
+//! and bookie share the process, so in-flight client entries count too).
+//!
+//! Run: `cargo bench -p vela-bookie --bench bookie` (dir: env VELA_BENCH_DIR,
+//! default a temp dir under the workspace's target/; seconds per phase: env
+//! VELA_BENCH_SECS, default 5; the whole run stays under ~60 s).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::VecDeque;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use vela_bookie::bookie::{Bookie, BookieConfig};
+use vela_bookie::client::{BookieClient, BookieError};
+use vela_bookie::entry::{EntryHeader, encode_entry};
+use vela_bookie::protocol::AddMode;
+use vela_bookie::server::Server;
+
+const WRITE_CACHE_BYTES: u64 = 128 << 20;
+const READ_CACHE_BYTES: u64 = 64 << 20;
+/// Low, so the background writer of the "while flushing" phase triggers a
+/// flush every few hundred milliseconds.
+const FLUSH_THRESHOLD_BYTES: u64 = 8 << 20;
+/// Background writer during the flushing phase: 64 KiB entries at this rate.
+const BACKGROUND_BYTES_PER_SEC: u64 = 32 << 20;
+const BACKGROUND_ENTRY_BYTES: usize = 64 << 10;
+const THROUGHPUT_DEPTH: usize = 256;
+
+fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()
+}
+
+fn bench_dir() -> tempfile::TempDir {
+    let base = std::env::var("VELA_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    std::fs::create_dir_all(&base).unwrap();
+    tempfile::Builder::new()
+        .prefix("bookie-bench-")
+        .tempdir_in(base)
+        .unwrap()
+}
+
+fn phase_duration() -> Duration {
+    let secs = std::env::var("VELA_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5.0);
+    Duration::from_secs_f64(secs)
+}
+
+struct Latency {
+    p50: u64,
+    p99: u64,
+    p999: u64,
+    count: u64,
+}
+
+impl Latency {
+    fn of(h: &Histogram<u64>) -> Latency {
+        Latency {
+            p50: h.value_at_quantile(0.5),
+            p99: h.value_at_quantile(0.99),
+            p999: h.value_at_quantile(0.999),
+            count: h.len(),
+        }
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "p50 {:>6} µs  p99 {:>6} µs  p99.9 {:>6} µs  (n={})",
+            self.p50, self.p99, self.p999, self.count
+        )
+    }
+}
+
+/// A zero-filled, synced file of `bytes`.
+fn zero_filled(path: &Path, bytes: u64) -> File {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap();
+    let zeros = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < bytes {
+        file.write_all_at(&zeros, at).unwrap();
+        at += zeros.len() as u64;
+    }
+    file.sync_all().unwrap();
+    file
+}
+
+fn raw_depth1(dir: &Path, run: Duration) -> Latency {
+    let file = zero_filled(&dir.join("raw-depth1"), 128 << 20);
+    let mut block = vec![0u8; 4096];
+    block[..1024].fill(0xab);
+    let mut h = histogram();
+    let start = Instant::now();
+    let mut offset = 0u64;
+    while start.elapsed() < run && offset + 4096 <= 128 << 20 {
+        let t = Instant::now();
+        file.write_all_at(&block, offset).unwrap();
+        file.sync_data().unwrap();
+        h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
+        offset += 4096;
+    }
+    Latency::of(&h)
+}
+
+/// Raw sequential bandwidth: 1 MiB pwrite + fdatasync into zero-filled space.
+fn raw_bandwidth_mb_per_s(dir: &Path, run: Duration) -> f64 {
+    let file_bytes: u64 = 1 << 30;
+    let file = zero_filled(&dir.join("raw-bandwidth"), file_bytes);
+    let block = vec![0xcdu8; 1 << 20];
+    let start = Instant::now();
+    let mut offset = 0u64;
+    while start.elapsed() < run && offset + block.len() as u64 <= file_bytes {
+        file.write_all_at(&block, offset).unwrap();
+        file.sync_data().unwrap();
+        offset += block.len() as u64;
+    }
+    offset as f64 / start.elapsed().as_secs_f64() / 1e6
+}
+
+fn entry(ledger_id: u64, entry_id: u64, payload: &[u8]) -> Bytes {
+    let header = EntryHeader {
+        ledger_id,
+        entry_id,
+        last_add_confirmed: entry_id.checked_sub(1),
+        ledger_length: (entry_id + 1) * payload.len() as u64,
+    };
+    encode_entry(&header, payload)
+}
+
+/// Depth-1 adds of 1 KiB to `ledger_id` for `run`.
+async fn add_depth1(client: &BookieClient, ledger_id: u64, run: Duration) -> Latency {
+    let payload = vec![0x5au8; 1024];
+    let mut h = histogram();
+    let start = Instant::now();
+    let mut entry_id = 0;
+    while start.elapsed() < run {
+        let entry = entry(ledger_id, entry_id, &payload);
+        let t = Instant::now();
+        client.add(entry, AddMode::Normal).await.unwrap();
+        h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
+        entry_id += 1;
+    }
+    Latency::of(&h)
+}
+
+/// Pipelined adds at `THROUGHPUT_DEPTH`; returns (MB/s of payload, entries/s).
+async fn add_throughput(
+    client: &BookieClient,
+    first_ledger_id: u64,
+    payload_bytes: usize,
+    run: Duration,
+) -> (f64, f64) {
+    let payload = vec![0x77u8; payload_bytes];
+    let mut in_flight = VecDeque::with_capacity(THROUGHPUT_DEPTH);
+    let mut acked = 0u64;
+    let mut refused = 0u64;
+    let start = Instant::now();
+    let mut entry_id = 0u64;
+    while start.elapsed() < run || !in_flight.is_empty() {
+        while start.elapsed() < run && in_flight.len() < THROUGHPUT_DEPTH {
+            // Four ledgers, round robin, as several producers would.
+            let ledger_id = first_ledger_id + entry_id % 4;
+            in_flight
+                .push_back(client.add(entry(ledger_id, entry_id / 4, &payload), AddMode::Normal));
+            entry_id += 1;
+        }
+        let Some(add) = in_flight.pop_front() else {
+            break;
+        };
+        match add.await {
+            Ok(()) => acked += 1,
+            Err(BookieError::TooManyRequests) => refused += 1,
+            Err(error) => panic!("add failed: {error}"),
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    if refused > 0 {
+        println!("    ({refused} adds refused with TOO_MANY_REQUESTS)");
+    }
+    (
+        acked as f64 * payload_bytes as f64 / secs / 1e6,
+        acked as f64 / secs,
+    )
+}
+
+/// Background writer: 64 KiB entries to other ledgers at a fixed rate.
+async fn background_writer(client: BookieClient, stop: Arc<AtomicBool>, written: Arc<AtomicU64>) {
+    let payload = vec![0x11u8; BACKGROUND_ENTRY_BYTES];
+    let interval =
+        Duration::from_secs_f64(BACKGROUND_ENTRY_BYTES as f64 / BACKGROUND_BYTES_PER_SEC as f64);
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut pending = VecDeque::new();
+    let mut entry_id = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        ticker.tick().await;
+        pending.push_back(client.add(
+            entry(1_000_000 + entry_id % 8, entry_id / 8, &payload),
+            AddMode::Normal,
+        ));
+        entry_id += 1;
+        while pending.len() > 8 {
+            if pending.pop_front().unwrap().await.is_ok() {
+                written.fetch_add(BACKGROUND_ENTRY_BYTES as u64, Ordering::Relaxed);
+            }
+        }
+    }
+    for add in pending {
+        let _ = add.await;
+    }
+}
+
+fn vm_rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| {
+            rest.trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse::<u64>()
+                .ok()
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn main() {
+    let dir = bench_dir();
+    let run = phase_duration();
+    println!(
+        "bookie bench in {} ({:?} per phase)",
+        dir.path().display(),
+        run
+    );
+
+    let raw = raw_depth1(dir.path(), run);
+    println!(
+        "raw pwrite 4 KiB (1 KiB data) + fdatasync, depth 1:  {}",
+        raw.line()
+    );
+
+    let mut config = BookieConfig::new(dir.path().join("journal"), dir.path().join("ledgers"));
+    config.storage.write_cache_bytes_max = WRITE_CACHE_BYTES;
+    config.storage.read_cache_bytes_max = READ_CACHE_BYTES;
+    config.storage.flush_threshold_bytes = FLUSH_THRESHOLD_BYTES;
+    config.storage.flush_interval = Duration::from_secs(600);
+    let bookie = Arc::new(Bookie::open(config).unwrap());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+
+    let (small_mb_s, big_mb_s, big_per_s, peak_rss) = runtime.block_on(async {
+        let server = Server::bind("127.0.0.1:0".parse().unwrap(), bookie.clone()).await.unwrap();
+        let addr = server.local_addr();
+        let (stop_server, stopped) = tokio::sync::oneshot::channel::<()>();
+        let served = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        let client = BookieClient::connect(addr).await.unwrap();
+
+        let add = add_depth1(&client, 1, run).await;
+        println!(
+            "bookie ADD 1 KiB, depth 1, TCP loopback:           {}  p50 = raw + {} µs",
+            add.line(),
+            add.p50 as i64 - raw.p50 as i64
+        );
+
+        let flushes_before = bookie.stats().storage.flush_count;
+        let stop = Arc::new(AtomicBool::new(false));
+        let written = Arc::new(AtomicU64::new(0));
+        let background_client = BookieClient::connect(addr).await.unwrap();
+        let background = tokio::spawn(background_writer(background_client, stop.clone(), written.clone()));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let flushing = add_depth1(&client, 2, run).await;
+        stop.store(true, Ordering::Relaxed);
+        background.await.unwrap();
+        let flushes = bookie.stats().storage.flush_count - flushes_before;
+        println!(
+            "bookie ADD 1 KiB, depth 1, storage flushing:       {}  p50 = raw + {} µs",
+            flushing.line(),
+            flushing.p50 as i64 - raw.p50 as i64
+        );
+        println!(
+            "    (background: {} MiB of 64 KiB adds on other ledgers, {flushes} storage flushes)",
+            written.load(Ordering::Relaxed) >> 20
+        );
+
+        let peak_rss = Arc::new(AtomicU64::new(vm_rss_bytes()));
+        let sampling = Arc::new(AtomicBool::new(true));
+        let sampler = {
+            let peak_rss = peak_rss.clone();
+            let sampling = sampling.clone();
+            std::thread::spawn(move || {
+                while sampling.load(Ordering::Relaxed) {
+                    peak_rss.fetch_max(vm_rss_bytes(), Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        let (small_mb_s, small_per_s) = add_throughput(&client, 100, 1024, run).await;
+        println!(
+            "bookie ADD 1 KiB, depth {THROUGHPUT_DEPTH}:                       {small_mb_s:>8.1} MB/s  ({small_per_s:.0} entries/s)"
+        );
+        let (big_mb_s, big_per_s) = add_throughput(&client, 200, 64 << 10, run).await;
+        sampling.store(false, Ordering::Relaxed);
+        sampler.join().unwrap();
+        drop(client);
+        let _ = stop_server.send(());
+        served.await.unwrap().unwrap();
+        (small_mb_s, big_mb_s, big_per_s, peak_rss.load(Ordering::Relaxed))
+    });
+    drop(runtime);
+    let raw_mb_s = raw_bandwidth_mb_per_s(dir.path(), run);
+    println!(
+        "bookie ADD 64 KiB, depth {THROUGHPUT_DEPTH}:                      {big_mb_s:>8.1} MB/s  ({big_per_s:.0} entries/s)"
+    );
+    println!("raw sequential 1 MiB pwrite + fdatasync:            {raw_mb_s:>8.1} MB/s");
+    println!(
+        "    64 KiB ADD throughput = {:.2} x raw bandwidth; 1 KiB = {:.3} x",
+        big_mb_s / raw_mb_s,
+        small_mb_s / raw_mb_s
+    );
+    let budget = WRITE_CACHE_BYTES + READ_CACHE_BYTES + (64 << 20);
+    println!(
+        "peak VmRSS during throughput runs:                 {:>8} MiB  (write cache {} + read cache {} + 64 = {} MiB)",
+        peak_rss >> 20,
+        WRITE_CACHE_BYTES >> 20,
+        READ_CACHE_BYTES >> 20,
+        budget >> 20
+    );
+    let stats = bookie.stats();
+    println!("journal stages: {:?}", stats.journal);
+    bookie.shutdown();
+}
