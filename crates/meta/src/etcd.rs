@@ -556,6 +556,10 @@ impl Drop for AbortOnDrop {
     }
 }
 
+/// The `op` of the error `open_watch` returns when the start revision is
+/// compacted: the caller must watch from now instead (and report `Lagged`).
+const WATCH_COMPACTED_OP: &str = "watch from a compacted revision";
+
 /// Creates an etcd watch on `path` and its subtree, from `start_revision` or
 /// from now, and waits for etcd to confirm it. Returns the stream and the first
 /// revision it will report.
@@ -585,6 +589,13 @@ async fn open_watch(
             let now = header_revision(OP, response.header())?;
             Ok((stream, start_revision.unwrap_or(now + 1)))
         }
+        Some(response) if response.compact_revision() > 0 => Err(MetaError::Backend {
+            op: WATCH_COMPACTED_OP,
+            detail: format!(
+                "revision {start_revision:?} is compacted (compact revision {})",
+                response.compact_revision()
+            ),
+        }),
         Some(response) => Err(MetaError::Backend {
             op: OP,
             detail: format!(
@@ -633,6 +644,14 @@ async fn run_watch(
                     }
                     tracing::info!(%path, "etcd watch re-established");
                     stream = Some(reopened);
+                }
+                Err(MetaError::Backend {
+                    op: WATCH_COMPACTED_OP,
+                    ..
+                }) => {
+                    tracing::warn!(%path, "etcd compacted past the watch; watching from now");
+                    next_revision = None;
+                    backoff = WATCH_RETRY_BACKOFF_MIN;
                 }
                 Err(error) => tracing::warn!(%path, %error, "re-creating etcd watch failed"),
             }

@@ -109,7 +109,7 @@ pub(crate) struct LocalInner<B> {
     state: Mutex<LocalState<B>>,
     /// The same list as `state.watchers`, reachable without the state lock.
     watchers: Arc<Mutex<LocalWatchers>>,
-    blocking_ops: Semaphore,
+    blocking_ops: Arc<Semaphore>,
 }
 
 /// The engine; cheap to clone (shared state).
@@ -144,7 +144,7 @@ impl<B: LocalBackend> LocalStore<B> {
                 store_id: next_store_id(),
                 state: Mutex::new(state),
                 watchers,
-                blocking_ops: Semaphore::new(BLOCKING_OPS_IN_FLIGHT_MAX),
+                blocking_ops: Arc::new(Semaphore::new(BLOCKING_OPS_IN_FLIGHT_MAX)),
             }),
         }
     }
@@ -167,22 +167,26 @@ impl<B: LocalBackend> LocalStore<B> {
         if !B::BLOCKING {
             return self.inner.with_state(op, f);
         }
-        let _permit = self
-            .inner
-            .blocking_ops
-            .acquire()
+        // Owned and moved into the task: a caller that gives up waiting does
+        // not free the slot while its operation still runs.
+        let permit = Arc::clone(&self.inner.blocking_ops)
+            .acquire_owned()
             .await
             .map_err(|_| MetaError::Backend {
                 op,
                 detail: "store is shutting down".to_owned(),
             })?;
         let inner = Arc::clone(&self.inner);
-        tokio::task::spawn_blocking(move || inner.with_state(op, f))
-            .await
-            .map_err(|join_error| MetaError::Backend {
-                op,
-                detail: format!("store task failed: {join_error}"),
-            })?
+        tokio::task::spawn_blocking(move || {
+            let result = inner.with_state(op, f);
+            drop(permit);
+            result
+        })
+        .await
+        .map_err(|join_error| MetaError::Backend {
+            op,
+            detail: format!("store task failed: {join_error}"),
+        })?
     }
 
     pub(crate) async fn get(&self, key: &str) -> Result<Option<(Bytes, Version)>, MetaError> {

@@ -121,9 +121,10 @@ pub trait MetadataStore: Send + Sync + fmt::Debug {
     /// Empty if there are none. At most [`crate::CHILDREN_COUNT_MAX`].
     fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, MetaError>>;
 
-    /// Watches `path` and every key below it. Events for changes committed after
-    /// this call returns are delivered in commit order. To follow a state: watch
-    /// first, then read, then apply events (re-read on `Lagged`).
+    /// Watches `path` and every key below it. Every change committed after this
+    /// call returns is delivered, in commit order (a change committed while the
+    /// call runs may be delivered too). To follow a state: watch first, then
+    /// read, then apply events (re-read on `Lagged`).
     fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Watcher, MetaError>>;
 
     /// Opens a session that lives while it is kept alive. Ephemeral keys written
