@@ -484,3 +484,19 @@ fn oversized_entry_is_refused() {
         Err(StorageError::EntryTooLarge { .. })
     ));
 }
+
+#[test]
+fn entry_log_with_a_bad_header_is_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let (s, _) = open(&c);
+    put_range(&s, 1, 0..3);
+    s.flush().unwrap();
+    drop(s);
+    let path = dir.path().join(&log_files(dir.path())[0]);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[2] ^= 0x01; // inside the magic
+    std::fs::write(&path, &bytes).unwrap();
+    let (s, _) = open(&c);
+    assert!(matches!(s.get_entry(1, 0), Err(StorageError::Corruption { offset: 0, .. })));
+}

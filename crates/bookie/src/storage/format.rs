@@ -325,4 +325,16 @@ mod tests {
         }
         assert!(decode_last_mark(&b[..31], p).is_err());
     }
+
+    proptest::proptest! {
+        /// Entry-log and lastMark bytes are disk input: arbitrary bytes give a
+        /// typed error (or, by chance, a valid decode), never a panic.
+        #[test]
+        fn arbitrary_disk_bytes_never_panic(v in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)) {
+            let p = Path::new("x");
+            let _ = decode_record(&Bytes::from(v.clone()), 1, 2, p, 0);
+            let _ = decode_entry_log_header(&v, p);
+            let _ = decode_last_mark(&v, p);
+        }
+    }
 }

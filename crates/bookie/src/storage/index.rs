@@ -575,4 +575,20 @@ mod tests {
         bad[1] |= 128;
         assert!(LedgerState::decode(&bad, p).is_err());
     }
+
+    proptest::proptest! {
+        /// Index bytes are disk input: any value decodes to an error or to spans
+        /// that stay within the record, never a panic.
+        #[test]
+        fn arbitrary_index_values_never_panic(v in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let p = Path::new("index.redb");
+            if let Ok(r) = RecordView::decode(&v, p) {
+                for i in 0..r.len() {
+                    let _ = r.span(i, 5, p);
+                }
+                let _ = r.position(3);
+            }
+            let _ = LedgerState::decode(&v, p);
+        }
+    }
 }

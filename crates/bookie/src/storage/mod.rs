@@ -86,6 +86,8 @@ pub struct LedgerStorage {
     readers: LogReaders,
     read_cache: Mutex<ReadCache>,
     counters: Counters,
+    /// Test-only simulated crash point (`StorageConfig::fail_point`, or set later).
+    fail_point: Mutex<Option<FailPoint>>,
 }
 
 /// Everything puts and reads share, behind one short-held mutex.
@@ -117,6 +119,10 @@ struct Counters {
     entry_log_reads: AtomicU64,
     flushes: AtomicU64,
     flushed_bytes: AtomicU64,
+    /// Copy of the flusher's active log id, readable without the flush lock.
+    active_log_id: AtomicU64,
+    /// Copy of the flusher's checkpoint mark, readable without the flush lock.
+    checkpoint_mark: Mutex<JournalMark>,
 }
 
 impl LedgerStorage {
@@ -144,6 +150,7 @@ impl LedgerStorage {
             config.writeback_step_bytes,
             config.entry_log_size_max_bytes,
         )?;
+        let fail_point = config.fail_point;
         let storage = LedgerStorage {
             read_cache: Mutex::new(ReadCache::new(config.read_cache_bytes_max)),
             readers: LogReaders::new(&dir),
@@ -165,9 +172,20 @@ impl LedgerStorage {
             config,
             dir,
             _lock: lock,
-            counters: Counters::default(),
+            counters: Counters {
+                active_log_id: AtomicU64::new(active_id),
+                checkpoint_mark: Mutex::new(mark),
+                ..Counters::default()
+            },
+            fail_point: Mutex::new(fail_point),
         };
         Ok((storage, mark))
+    }
+
+    /// Test-only: arms (or clears) a simulated crash point.
+    #[doc(hidden)]
+    pub fn set_fail_point(&self, fail_point: Option<FailPoint>) {
+        *self.fail_point.lock() = fail_point;
     }
 
     /// The configuration storage was opened with.
@@ -180,6 +198,11 @@ impl LedgerStorage {
     /// is cached keeps the first payload; one already flushed is dropped at the
     /// next flush. Errors: `WriteCacheFull` (back-pressure; a flush is requested),
     /// `EntryTooLarge`, `LedgerDeleted`, `Broken`.
+    ///
+    /// Call it BEFORE appending the entry to the journal (so a checkpoint whose
+    /// mark covers the journal record also covers the entry). Journal replay,
+    /// which may re-put more than the cache holds, answers `WriteCacheFull` with
+    /// `flush()` and a retry, and `LedgerDeleted` by skipping the record.
     pub fn put_entry(
         &self,
         ledger_id: u64,
@@ -485,13 +508,14 @@ impl LedgerStorage {
                 return Err(e);
             }
             flusher.mark = mark;
+            *self.counters.checkpoint_mark.lock() = mark;
         }
         Ok(stats)
     }
 
     /// The last checkpointed mark.
     pub fn checkpoint_mark(&self) -> JournalMark {
-        self.flusher.lock().mark
+        *self.counters.checkpoint_mark.lock()
     }
 
     /// Counters and sizes; cheap (takes the state and read-cache mutexes briefly).
@@ -504,11 +528,9 @@ impl LedgerStorage {
                 st.cache.flushing.as_ref().map_or(0, |f| f.bytes()),
             )
         };
-        let (active_log_id, checkpoint_mark) = match self.flusher.try_lock() {
-            Some(f) => (f.writer.log_id(), f.mark),
-            None => (0, JournalMark::START),
-        };
         let c = &self.counters;
+        let active_log_id = c.active_log_id.load(Ordering::Relaxed);
+        let checkpoint_mark = *c.checkpoint_mark.lock();
         StorageStats {
             write_cache_active_bytes: active_bytes,
             write_cache_active_entries: active_entries,
@@ -633,7 +655,7 @@ impl LedgerStorage {
         f.writer.sync()?;
         stats.log_write_duration = t0.elapsed();
 
-        if self.config.fail_point == Some(FailPoint::FlushBeforeIndexCommit) {
+        if *self.fail_point.lock() == Some(FailPoint::FlushBeforeIndexCommit) {
             return Err(StorageError::Broken(
                 "fail point FlushBeforeIndexCommit".into(),
             ));
@@ -690,6 +712,7 @@ impl LedgerStorage {
         let id = f.next_log_id;
         f.next_log_id += 1;
         let old = f.writer.rotate(id)?;
+        self.counters.active_log_id.store(id, Ordering::Relaxed);
         Ok((old, size))
     }
 }
