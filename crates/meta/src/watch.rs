@@ -145,7 +145,8 @@ impl Watcher {
         &self.path
     }
 
-    /// The next event; `None` once the store is gone (closed or dropped).
+    /// The next event. `None` once a local store (memory, file) was dropped; an
+    /// etcd watcher re-creates its watch after failures and only ends when dropped.
     pub async fn recv(&mut self) -> Option<WatchEvent> {
         loop {
             match self.queue.pop() {
