@@ -51,7 +51,7 @@ fn workload(dir: &Path, start: u64, limit: u64, report: bool) -> u64 {
     while e < start + limit {
         s.put_entry(LEDGER, e, payload(e)).unwrap();
         e += 1;
-        if e % CHECKPOINT_EVERY == 0 {
+        if e.is_multiple_of(CHECKPOINT_EVERY) {
             s.checkpoint(JournalMark {
                 file_id: 1,
                 offset: e,
