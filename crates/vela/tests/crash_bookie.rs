@@ -230,7 +230,7 @@ async fn acknowledged_entries_survive_kill_9() {
     for round in 0..rounds as u64 {
         // Half the rounds checkpoint every 20 ms (kills land in flushes), half
         // never (everything comes back through journal replay).
-        let flush_interval_ms = if rng.next() % 2 == 0 { 20 } else { 600_000 };
+        let flush_interval_ms = if rng.next().is_multiple_of(2) { 20 } else { 600_000 };
         let bookie = tokio::task::spawn_blocking({
             let dir = dir.path().to_owned();
             move || BookieProcess::start(&dir, flush_interval_ms)
