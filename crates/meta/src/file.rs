@@ -205,7 +205,12 @@ impl RedbBackend {
         std::fs::File::open(dir)
             .and_then(|d| d.sync_all())
             .map_err(io_error("sync store directory"))?;
+        Self::init(db, &path.display().to_string())
+    }
 
+    /// Checks the format of an open database, deletes the ephemeral keys left by
+    /// the previous process, and returns the last revision.
+    fn init(db: Database, name: &str) -> Result<(Self, u64), MetaError> {
         let mut txn = db.begin_write().map_err(redb_error("open"))?;
         txn.set_durability(Durability::Immediate)
             .map_err(|error| MetaError::Backend {
@@ -226,7 +231,7 @@ impl RedbBackend {
                 Some(FORMAT_VERSION) => {}
                 Some(other) => {
                     return Err(MetaError::Corruption {
-                        key: path.display().to_string(),
+                        key: name.to_owned(),
                         reason: format!("format {other}, this build reads format {FORMAT_VERSION}"),
                     });
                 }
@@ -251,7 +256,7 @@ impl RedbBackend {
         txn.commit().map_err(redb_error("open"))?;
         if !ephemeral_keys.is_empty() {
             tracing::info!(
-                path = %path.display(),
+                path = name,
                 count = ephemeral_keys.len(),
                 "deleted ephemeral metadata keys left by the previous process"
             );
@@ -305,6 +310,83 @@ local_metadata_store!(FileStore, BackendKind::File);
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    /// redb's in-memory storage whose `sync_data` fails while `fail_sync` is set.
+    #[derive(Debug)]
+    struct FaultySync {
+        inner: redb::backends::InMemoryBackend,
+        fail_sync: Arc<AtomicBool>,
+    }
+
+    impl redb::StorageBackend for FaultySync {
+        fn len(&self) -> Result<u64, std::io::Error> {
+            self.inner.len()
+        }
+        fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), std::io::Error> {
+            self.inner.read(offset, out)
+        }
+        fn set_len(&self, len: u64) -> Result<(), std::io::Error> {
+            self.inner.set_len(len)
+        }
+        fn sync_data(&self) -> Result<(), std::io::Error> {
+            if self.fail_sync.load(Ordering::SeqCst) {
+                return Err(std::io::Error::other("injected fsync failure"));
+            }
+            self.inner.sync_data()
+        }
+        fn write(&self, offset: u64, data: &[u8]) -> Result<(), std::io::Error> {
+            self.inner.write(offset, data)
+        }
+    }
+
+    #[tokio::test]
+    async fn failed_fsync_is_fatal_and_never_retried() {
+        let fail_sync = Arc::new(AtomicBool::new(false));
+        let storage = FaultySync {
+            inner: redb::backends::InMemoryBackend::new(),
+            fail_sync: Arc::clone(&fail_sync),
+        };
+        let db = Database::builder().create_with_backend(storage).unwrap();
+        let (backend, revision) = RedbBackend::init(db, "faulty").unwrap();
+        let store = FileStore {
+            engine: LocalStore::new(backend, revision),
+            dir: PathBuf::new(),
+        };
+        let v = store
+            .put("/k", Bytes::from_static(b"1"), ExpectedVersion::Absent)
+            .await
+            .unwrap();
+        let mut watcher = store.watch("/k").await.unwrap();
+
+        fail_sync.store(true, Ordering::SeqCst);
+        let failed = store
+            .put("/k", Bytes::from_static(b"2"), ExpectedVersion::Is(v))
+            .await;
+        assert!(
+            matches!(failed, Err(MetaError::Backend { .. })),
+            "{failed:?}"
+        );
+        assert_eq!(
+            watcher.try_recv(),
+            None,
+            "no event for a write that was not acknowledged"
+        );
+
+        // The disk "recovers"; the store must not: the file's state is unknown.
+        fail_sync.store(false, Ordering::SeqCst);
+        assert!(matches!(
+            store
+                .put("/other", Bytes::new(), ExpectedVersion::Any)
+                .await,
+            Err(MetaError::Backend { .. })
+        ));
+        assert!(matches!(
+            store.get("/k").await,
+            Err(MetaError::Backend { .. })
+        ));
+    }
 
     #[test]
     fn record_round_trip_and_corruption() {
