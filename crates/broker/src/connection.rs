@@ -312,8 +312,11 @@ impl Connection {
             Type::Flow => match command.flow {
                 Some(body) => {
                     let permits = body.message_permits;
-                    self.to_subscription(body.consumer_id, |key| SubCommand::Flow { key, permits })
-                        .await
+                    self.forward_to_subscription(body.consumer_id, |key| SubCommand::Flow {
+                        key,
+                        permits,
+                    })
+                    .await
                 }
                 None => Err(missing(kind)),
             },
@@ -323,7 +326,7 @@ impl Connection {
                         .unwrap_or(proto::command_ack::AckType::Individual);
                     let ids = body.message_id;
                     let request_id = body.request_id;
-                    self.to_subscription(body.consumer_id, |key| SubCommand::Ack {
+                    self.forward_to_subscription(body.consumer_id, |key| SubCommand::Ack {
                         key,
                         ack_type,
                         ids,
@@ -337,9 +340,8 @@ impl Connection {
                 match command.redeliver_unacknowledged_messages {
                     Some(body) => {
                         let ids = body.message_ids;
-                        self.to_subscription(body.consumer_id, |key| SubCommand::Redeliver {
-                            key,
-                            ids,
+                        self.forward_to_subscription(body.consumer_id, |key| {
+                            SubCommand::Redeliver { key, ids }
                         })
                         .await
                     }
@@ -847,7 +849,7 @@ impl Connection {
         Ok(())
     }
 
-    async fn to_subscription(
+    async fn forward_to_subscription(
         &mut self,
         consumer_id: u64,
         make: impl FnOnce((u64, u64)) -> SubCommand,
@@ -894,7 +896,7 @@ impl Connection {
             reply,
         };
         let result = match consumer.sub.tx.send(command).await {
-            Ok(()) => answer.await.unwrap_or_else(|_| Ok(())),
+            Ok(()) => answer.await.unwrap_or(Ok(())),
             Err(_) => Ok(()),
         };
         match result {

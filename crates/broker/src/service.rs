@@ -139,7 +139,8 @@ impl Service {
             _ => {}
         }
         let exists = partitions.is_some() || self.admin.topic_exists(topic).await?;
-        if !exists && !(create && self.config.auto_create_topics) {
+        let may_create = create && self.config.auto_create_topics;
+        if !exists && !may_create {
             return Err(ServiceError::new(
                 ServerError::TopicNotFound,
                 format!("Topic {topic} does not exist"),
