@@ -1,15 +1,18 @@
 //! Journal benchmark: the journal against the raw disk, measured in the same run
-//! on the same directory.
+//! on the same directory. The machine is shared, so raw and journal phases are
+//! interleaved in short slices (ABAB...) and each side's histogram gathers its
+//! slices: both see the same background noise.
 //!
 //! Prints: raw pwrite(4 KiB block holding 1 KiB)+fdatasync latency at depth 1
 //! into a zero-filled preallocated file; journal append->callback latency at
 //! depth 1 with 1 KiB entries and its difference to raw; journal throughput at
-//! depth 256 for 1 KiB and 64 KiB entries beside raw sequential 1 MiB
-//! write+fdatasync bandwidth; resident memory.
+//! depth 256 for 1 KiB and 64 KiB entries (fresh directory, then steady state
+//! with retired files reused) beside raw sequential 8 MiB write+fdatasync
+//! bandwidth into a preallocated file; stage percentiles; resident memory.
 //!
 //! Run: `cargo bench -p vela-bookie --bench journal` (dir: env VELA_BENCH_DIR,
-//! default a temp dir under the workspace's target/; seconds per phase: env
-//! VELA_BENCH_SECS, default 6; the whole run stays under ~60 s).
+//! default a temp dir under the workspace's target/; seconds per measured
+//! phase: env VELA_BENCH_SECS, default 5; the whole run stays under ~60 s).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs::{File, OpenOptions};
@@ -42,7 +45,7 @@ fn phase_duration() -> Duration {
     let secs = std::env::var("VELA_BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(6.0);
+        .unwrap_or(5.0);
     Duration::from_secs_f64(secs)
 }
 
@@ -82,45 +85,40 @@ fn zero_filled(path: &Path, bytes: u64) -> File {
     file
 }
 
-/// Raw depth-1: pwrite one 4 KiB block (1 KiB of data) + fdatasync, sequentially.
-fn raw_depth1(dir: &Path, run: Duration) -> Latency {
-    let file = zero_filled(&dir.join("raw-depth1"), 256 << 20);
+/// Slices per measured phase (raw and journal alternate).
+const SLICES: u32 = 10;
+
+/// Bytes of the preallocated raw files (overwritten in a loop).
+const RAW_FILE_BYTES: u64 = 128 << 20;
+
+/// Raw depth-1 for `run`: pwrite one 4 KiB block (1 KiB of data) + fdatasync,
+/// sequentially through a zero-filled file, wrapping around.
+fn raw_depth1_slice(file: &File, offset: &mut u64, run: Duration, h: &mut Histogram<u64>) {
     let mut block = vec![0u8; 4096];
     block[..1024].fill(0xab);
-    let mut h = histogram();
     let start = Instant::now();
-    let mut offset = 0u64;
-    while start.elapsed() < run && offset < (256 << 20) {
+    while start.elapsed() < run {
         let t = Instant::now();
-        file.write_all_at(&block, offset).unwrap();
+        file.write_all_at(&block, *offset).unwrap();
         file.sync_data().unwrap();
         h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
-        offset += 4096;
+        *offset = (*offset + 4096) % RAW_FILE_BYTES;
     }
-    latency(&h)
 }
 
-/// Raw bandwidth: sequential 1 MiB pwrite + fdatasync into a fresh file.
-fn raw_bandwidth(dir: &Path, run: Duration) -> f64 {
-    let path = dir.join("raw-bandwidth");
-    let file = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
-    let block = vec![0x5au8; 1 << 20];
+/// Raw bandwidth for `run`: sequential 8 MiB pwrite + fdatasync through a
+/// preallocated file, wrapping around. Returns bytes written.
+fn raw_bandwidth_slice(file: &File, offset: &mut u64, run: Duration) -> u64 {
+    let block = vec![0x5au8; 8 << 20];
     let start = Instant::now();
-    let mut written = 0u64;
+    let mut written = 0;
     while start.elapsed() < run {
-        file.write_all_at(&block, written).unwrap();
+        file.write_all_at(&block, *offset).unwrap();
         file.sync_data().unwrap();
         written += block.len() as u64;
+        *offset = (*offset + block.len() as u64) % RAW_FILE_BYTES;
     }
-    let secs = start.elapsed().as_secs_f64();
-    drop(file);
-    std::fs::remove_file(&path).unwrap();
-    written as f64 / secs / 1e6
+    written
 }
 
 #[derive(Debug)]
@@ -132,8 +130,16 @@ impl std::fmt::Display for Never {
 }
 impl std::error::Error for Never {}
 
-fn open_journal(dir: &Path) -> Journal {
-    let cfg = JournalConfig::new(dir);
+/// Files of this size in the throughput phases, so a few seconds reach the
+/// steady state where retired files are reused (the default 512 MiB would need
+/// minutes of writing for that).
+const BENCH_FILE_BYTES: u64 = 64 << 20;
+
+fn open_journal(dir: &Path, file_bytes_max: Option<u64>) -> Journal {
+    let mut cfg = JournalConfig::new(dir);
+    if let Some(bytes) = file_bytes_max {
+        cfg.file_bytes_max = bytes;
+    }
     Journal::open(cfg, JournalMark::START, |_, _| Ok::<(), Never>(())).unwrap()
 }
 
@@ -145,25 +151,12 @@ fn entry(entry_id: u64, payload: &Bytes) -> JournalRecord {
     }
 }
 
-/// Journal depth-1: append one 1 KiB entry, wait for its callback, repeat.
-fn journal_depth1(dir: &Path, run: Duration) -> (Latency, JournalStats) {
-    let journal = open_journal(dir);
+/// Journal depth-1 for `run`: append one 1 KiB entry, wait for its callback.
+fn journal_depth1_slice(journal: &Journal, run: Duration, h: &mut Histogram<u64>) {
     let payload = Bytes::from(vec![0xabu8; 1024]);
     let (tx, rx) = mpsc::sync_channel::<()>(1);
-    let mut h = histogram();
-    // Warm-up: the first file's first chunk.
-    for i in 0..200 {
-        let tx = tx.clone();
-        journal
-            .append(entry(i, &payload), move |r| {
-                r.unwrap();
-                tx.send(()).unwrap();
-            })
-            .unwrap();
-        rx.recv().unwrap();
-    }
     let start = Instant::now();
-    let mut i = 200;
+    let mut i = 0;
     while start.elapsed() < run {
         let tx = tx.clone();
         let t = Instant::now();
@@ -177,38 +170,52 @@ fn journal_depth1(dir: &Path, run: Duration) -> (Latency, JournalStats) {
         h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
         i += 1;
     }
-    let stats = journal.stats();
-    journal.shutdown().unwrap();
-    (latency(&h), stats)
 }
 
-/// Journal throughput with `depth` appends in flight; returns payload MB/s.
-fn journal_throughput(
-    dir: &Path,
-    run: Duration,
-    payload_bytes: usize,
-    depth: usize,
-) -> (f64, JournalStats) {
-    let journal = open_journal(dir);
-    let payload = Bytes::from(vec![0xcdu8; payload_bytes]);
+/// Depth-1 latency, raw and journal interleaved.
+fn depth1(dir: &Path, run: Duration) -> (Latency, Latency, JournalStats) {
+    let raw_file = zero_filled(&dir.join("raw-depth1"), RAW_FILE_BYTES);
+    let journal = open_journal(dir, None);
+    let (mut raw_h, mut journal_h) = (histogram(), histogram());
+    // Warm-up both (first chunk, page tables) outside the histograms.
+    let mut offset = 0;
+    raw_depth1_slice(
+        &raw_file,
+        &mut offset,
+        Duration::from_millis(100),
+        &mut histogram(),
+    );
+    journal_depth1_slice(&journal, Duration::from_millis(100), &mut histogram());
+    let slice = run / SLICES;
+    for _ in 0..SLICES {
+        raw_depth1_slice(&raw_file, &mut offset, slice, &mut raw_h);
+        journal_depth1_slice(&journal, slice, &mut journal_h);
+    }
+    let stats = journal.stats();
+    journal.shutdown().unwrap();
+    (latency(&raw_h), latency(&journal_h), stats)
+}
+
+/// Keeps `depth` appends in flight for `run`; returns payload bytes acked. With
+/// `checkpoint`, retires synced files every 250 ms as the bookie's checkpoints do.
+fn drive(journal: &Journal, run: Duration, payload: &Bytes, depth: usize, checkpoint: bool) -> u64 {
     let (tx, rx) = mpsc::channel::<()>();
     let start = Instant::now();
+    let mut last_checkpoint = start;
     let mut in_flight = 0usize;
     let mut done = 0u64;
     let mut i = 0u64;
     while start.elapsed() < run {
         while in_flight < depth {
             let tx = tx.clone();
-            match journal.append(entry(i, &payload), move |r| {
-                r.unwrap();
-                let _ = tx.send(());
-            }) {
-                Ok(()) => {
-                    in_flight += 1;
-                    i += 1;
-                }
-                Err(e) => panic!("{e}"),
-            }
+            journal
+                .append(entry(i, payload), move |r| {
+                    r.unwrap();
+                    let _ = tx.send(());
+                })
+                .unwrap();
+            in_flight += 1;
+            i += 1;
         }
         rx.recv().unwrap();
         in_flight -= 1;
@@ -217,14 +224,75 @@ fn journal_throughput(
             in_flight -= 1;
             done += 1;
         }
+        if checkpoint && last_checkpoint.elapsed() > Duration::from_millis(250) {
+            journal
+                .delete_files_before(journal.last_synced_mark())
+                .unwrap();
+            last_checkpoint = Instant::now();
+        }
     }
-    let secs = start.elapsed().as_secs_f64();
     for _ in 0..in_flight {
         rx.recv().unwrap();
     }
+    done * payload.len() as u64
+}
+
+/// Throughput at `depth`: the journal on a fresh directory (files zero-filled
+/// before use) until two retired files wait for reuse, then raw bandwidth and the
+/// steady-state journal interleaved. Returns MB/s: (fresh, raw, steady) and the
+/// steady-state stats.
+fn throughput(
+    dir: &Path,
+    raw_file: &File,
+    run: Duration,
+    payload_bytes: usize,
+    depth: usize,
+) -> (f64, f64, f64, JournalStats) {
+    let payload = Bytes::from(vec![0xcdu8; payload_bytes]);
+    let journal = open_journal(dir, Some(BENCH_FILE_BYTES));
+    let start = Instant::now();
+    let mut bytes = 0;
+    while count_files(dir, ".jnl.free") < 2 && start.elapsed() < run * 2 {
+        bytes += drive(&journal, Duration::from_millis(200), &payload, depth, true);
+    }
+    let fresh = bytes as f64 / start.elapsed().as_secs_f64() / 1e6;
+    drop(journal);
+    let journal = open_journal(dir, Some(BENCH_FILE_BYTES));
+    let (mut raw_bytes, mut raw_time) = (0, Duration::ZERO);
+    let (mut journal_bytes, mut journal_time) = (0, Duration::ZERO);
+    let mut offset = 0;
+    let slice = run / SLICES;
+    for _ in 0..SLICES {
+        let t = Instant::now();
+        raw_bytes += raw_bandwidth_slice(raw_file, &mut offset, slice);
+        raw_time += t.elapsed();
+        let t = Instant::now();
+        journal_bytes += drive(&journal, slice, &payload, depth, true);
+        journal_time += t.elapsed();
+    }
     let stats = journal.stats();
     journal.shutdown().unwrap();
-    (done as f64 * payload_bytes as f64 / secs / 1e6, stats)
+    let mbps = |b: u64, t: Duration| b as f64 / t.as_secs_f64() / 1e6;
+    (
+        fresh,
+        mbps(raw_bytes, raw_time),
+        mbps(journal_bytes, journal_time),
+        stats,
+    )
+}
+
+fn count_files(dir: &Path, suffix: &str) -> usize {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_str()
+                .unwrap()
+                .ends_with(suffix)
+        })
+        .count()
 }
 
 fn rss_kib() -> u64 {
@@ -234,6 +302,15 @@ fn rss_kib() -> u64 {
         .find_map(|l| l.strip_prefix("VmRSS:"))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or(0)
+}
+
+fn clear_journal(dir: &Path) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_file() && !p.ends_with("raw-bandwidth") {
+            std::fs::remove_file(p).unwrap();
+        }
+    }
 }
 
 fn clear(dir: &Path) {
@@ -246,42 +323,40 @@ fn clear(dir: &Path) {
 }
 
 fn main() {
-    // `cargo bench` passes --bench; `cargo test --benches` passes nothing useful.
     if std::env::args().any(|a| a == "--list") {
         return;
     }
     let dir = bench_dir();
     let run = phase_duration();
-    let short = run.mul_f64(0.75);
     println!(
-        "journal bench in {} ({:.1} s per phase)",
+        "journal bench in {} ({:.1} s per measured phase, raw/journal interleaved in {SLICES} slices each)",
         dir.path().display(),
         run.as_secs_f64()
     );
-
-    let raw1 = raw_depth1(dir.path(), run);
+    let (raw1, j1, j1_stats) = depth1(dir.path(), run);
     clear(dir.path());
-    let (j1, j1_stats) = journal_depth1(dir.path(), run);
+    let raw_file = zero_filled(&dir.path().join("raw-bandwidth"), RAW_FILE_BYTES);
+    let (t1k_fresh, raw_bw_1k, t1k, t1k_stats) = throughput(dir.path(), &raw_file, run, 1024, 256);
+    clear_journal(dir.path());
+    let (t64k_fresh, raw_bw_64k, t64k, t64k_stats) =
+        throughput(dir.path(), &raw_file, run, 64 << 10, 256);
+    drop(raw_file);
     clear(dir.path());
-    let raw_bw = raw_bandwidth(dir.path(), short);
-    let (t1k, t1k_stats) = journal_throughput(dir.path(), short, 1024, 256);
-    clear(dir.path());
-    let (t64k, t64k_stats) = journal_throughput(dir.path(), short, 64 << 10, 256);
-    clear(dir.path());
+    let raw_bw = (raw_bw_1k + raw_bw_64k) / 2.0;
 
     println!();
     println!(
-        "| measure                                   |    p50 µs |    p99 µs |  p99.9 µs |  samples |"
+        "| depth 1 latency                            |    p50 µs |    p99 µs |  p99.9 µs |  samples |"
     );
     println!(
-        "|-------------------------------------------|----------:|----------:|----------:|---------:|"
+        "|--------------------------------------------|----------:|----------:|----------:|---------:|"
     );
     println!(
-        "| raw pwrite 4 KiB + fdatasync, depth 1      | {:>9} | {:>9} | {:>9} | {:>8} |",
+        "| raw pwrite 4 KiB + fdatasync               | {:>9} | {:>9} | {:>9} | {:>8} |",
         raw1.p50, raw1.p99, raw1.p999, raw1.count
     );
     println!(
-        "| journal append 1 KiB -> callback, depth 1  | {:>9} | {:>9} | {:>9} | {:>8} |",
+        "| journal append 1 KiB -> callback           | {:>9} | {:>9} | {:>9} | {:>8} |",
         j1.p50, j1.p99, j1.p999, j1.count
     );
     println!(
@@ -297,31 +372,41 @@ fn main() {
         j1.p999 as f64 / raw1.p999 as f64
     );
     println!();
-    println!("| throughput                                |      MB/s | vs raw |");
-    println!("|-------------------------------------------|----------:|-------:|");
-    println!("| raw sequential 1 MiB write + fdatasync    | {raw_bw:>9.1} |  1.00 |");
+    println!("| throughput (payload)                        |      MB/s | vs raw |");
+    println!("|---------------------------------------------|----------:|-------:|");
+    println!("| raw sequential 8 MiB write + fdatasync      | {raw_bw:>9.1} |   1.00 |");
+    for (name, fresh, raw, steady) in [
+        ("1 KiB", t1k_fresh, raw_bw_1k, t1k),
+        ("64 KiB", t64k_fresh, raw_bw_64k, t64k),
+    ] {
+        println!(
+            "| journal {name:>6} x256, fresh (zero-fill)     | {fresh:>9.1} | {:>6.2} |",
+            fresh / raw
+        );
+        println!(
+            "| journal {name:>6} x256, steady (reused files) | {steady:>9.1} | {:>6.2} |",
+            steady / raw
+        );
+    }
     println!(
-        "| journal 1 KiB entries, depth 256          | {t1k:>9.1} | {:>5.2} |",
-        t1k / raw_bw
-    );
-    println!(
-        "| journal 64 KiB entries, depth 256         | {t64k:>9.1} | {:>5.2} |",
-        t64k / raw_bw
+        "(throughput rows: {} MiB journal files, checkpoint every 250 ms)",
+        BENCH_FILE_BYTES >> 20
     );
     println!();
     for (name, s) in [
         ("depth 1, 1 KiB", &j1_stats),
-        ("depth 256, 1 KiB", &t1k_stats),
-        ("depth 256, 64 KiB", &t64k_stats),
+        ("depth 256, 1 KiB, steady", &t1k_stats),
+        ("depth 256, 64 KiB, steady", &t64k_stats),
     ] {
         println!(
-            "stages {name}: queue wait p50/p99 {}/{} µs, write {}/{} µs, fdatasync {}/{} µs, group entries p50/p99 {}/{}, group KiB p50 {}, groups/sync p50 {}, prealloc waits {}",
+            "stages {name}: queue wait p50/p99 {}/{} µs, write {}/{} µs, fdatasync {}/{}/{} µs (p50/p99/p99.9), group entries p50/p99 {}/{}, group KiB p50 {}, groups/sync p50 {}, prealloc waits {}",
             s.queue_wait_us.p50,
             s.queue_wait_us.p99,
             s.write_us.p50,
             s.write_us.p99,
             s.fdatasync_us.p50,
             s.fdatasync_us.p99,
+            s.fdatasync_us.p999,
             s.group_entries.p50,
             s.group_entries.p99,
             s.group_bytes.p50 / 1024,
