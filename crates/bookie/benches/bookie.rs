@@ -356,6 +356,10 @@ fn main() {
         budget >> 20
     );
     let stats = bookie.stats();
-    println!("journal stages: {:?}", stats.journal);
+    println!(
+        "bookie add stage (add -> durable), all phases: {:?}",
+        stats.add_us
+    );
+    println!("journal stages, all phases: {:?}", stats.journal);
     bookie.shutdown();
 }

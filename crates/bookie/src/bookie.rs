@@ -32,9 +32,12 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use hdrhistogram::Histogram;
 
 use crate::entry::parse_header;
-use crate::journal::{Journal, JournalConfig, JournalError, JournalRecord, JournalStats};
+use crate::journal::{
+    Journal, JournalConfig, JournalError, JournalRecord, JournalStats, StageSummary,
+};
 use crate::mark::JournalMark;
 use crate::protocol::{AddMode, LAST_ENTRY, Status};
 use crate::storage::{LedgerStorage, StorageConfig, StorageError, StorageStats};
@@ -103,6 +106,10 @@ pub struct StoredEntry {
 /// Journal and storage figures.
 #[derive(Debug, Clone)]
 pub struct BookieStats {
+    /// µs from `Bookie::add` to its durable completion, per accepted add (the
+    /// "bookie add" stage of the write path: write cache + journal queue,
+    /// write and fdatasync).
+    pub add_us: StageSummary,
     /// Journal stage latencies and group sizes.
     pub journal: JournalStats,
     /// Storage caches, flushes and checkpoint.
@@ -116,6 +123,8 @@ pub struct Bookie {
     storage: Arc<LedgerStorage>,
     stripes: Box<[Mutex<Stripe>]>,
     sync: SyncThread,
+    /// Add latency in µs; recorded by the journal's force-write thread.
+    add_latency: Arc<Mutex<Histogram<u64>>>,
 }
 
 #[derive(Debug, Default)]
@@ -174,6 +183,7 @@ impl Bookie {
             storage,
             stripes,
             sync,
+            add_latency: Arc::new(Mutex::new(latency_histogram())),
         })
     }
 
@@ -214,7 +224,13 @@ impl Bookie {
             entry_id,
             payload: entry,
         };
+        let started = Instant::now();
+        let add_latency = self.add_latency.clone();
         self.append(record, move |result| {
+            if result.is_ok() {
+                let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                lock(&add_latency).saturating_record(elapsed_us.max(1));
+            }
             done(result.map(|()| (ledger_id, entry_id)))
         });
         drop(stripe);
@@ -360,6 +376,7 @@ impl Bookie {
     /// Journal and storage figures.
     pub fn stats(&self) -> BookieStats {
         BookieStats {
+            add_us: summary(&lock(&self.add_latency)),
             journal: self.journal.stats(),
             storage: self.storage.stats(),
         }
@@ -445,9 +462,34 @@ fn note_journal_failure(failure: &Mutex<Option<String>>, error: &JournalError) {
 }
 
 fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
-    slot.lock()
+    lock(slot).take()
+}
+
+/// Locks a mutex whose state stays consistent even if a holder panicked (a
+/// histogram, a callback slot).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-        .take()
+}
+
+fn latency_histogram() -> Histogram<u64> {
+    // 1 µs .. 1 hour, 3 significant digits: constant, valid bounds.
+    #[allow(clippy::unwrap_used)]
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap()
+}
+
+fn summary(h: &Histogram<u64>) -> StageSummary {
+    if h.is_empty() {
+        return StageSummary::default();
+    }
+    StageSummary {
+        count: h.len(),
+        p50: h.value_at_quantile(0.50),
+        p99: h.value_at_quantile(0.99),
+        p999: h.value_at_quantile(0.999),
+        max: h.max(),
+    }
 }
 
 impl Drop for Bookie {
