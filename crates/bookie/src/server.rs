@@ -206,6 +206,8 @@ async fn serve_connection(
         wake: Notify::new(),
     });
     let writer = tokio::spawn(write_loop(connection.clone(), write_half));
+    // If this task is aborted (server shutdown), the writer still stops.
+    let _close_writer = CloseOnDrop(connection.clone());
     let requests = Arc::new(Semaphore::new(CONNECTION_IN_FLIGHT_MAX));
     match read_loop(&connection, read_half, &bookie, &limits, &requests).await {
         Ok(()) => {
@@ -228,6 +230,16 @@ async fn serve_connection(
     }
     connection.close();
     let _ = writer.await;
+}
+
+/// Closes the connection (stopping its writer task) when dropped.
+#[derive(Debug)]
+struct CloseOnDrop(Arc<Connection>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

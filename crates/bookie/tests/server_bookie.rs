@@ -484,3 +484,22 @@ async fn random_garbage_connections_never_disturb_others() {
     }
     bookie.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_shutdown_closes_client_connections() {
+    let bookie = start().await;
+    let client = bookie.client().await;
+    client.add(entry(13, 0), AddMode::Normal).await.unwrap();
+    let _ = bookie.shutdown.send(());
+    bookie.served.await.unwrap();
+    // The client learns at once (not at a timeout) that the connection is gone.
+    let answer = tokio::time::timeout(Duration::from_secs(2), client.read_lac(13)).await;
+    assert!(
+        matches!(answer, Ok(Err(BookieError::ConnectionLost { .. }))),
+        "{answer:?}"
+    );
+    let bookie = bookie.bookie;
+    tokio::task::spawn_blocking(move || bookie.shutdown())
+        .await
+        .unwrap();
+}
