@@ -21,6 +21,16 @@ pub enum WireError {
     #[error("frame totalSize {total_size} cannot hold the 4-byte commandSize")]
     FrameTooSmall { total_size: u32 },
 
+    /// [`crate::decode_frame`] was given a buffer whose length is not
+    /// 4 + totalSize.
+    #[error(
+        "buffer of {buffer_bytes} bytes does not hold exactly one frame of totalSize {total_size}"
+    )]
+    FrameLengthMismatch {
+        total_size: u32,
+        buffer_bytes: usize,
+    },
+
     /// commandSize points past the end of the frame.
     #[error("commandSize {command_size} exceeds the {available_bytes} bytes left in the frame")]
     CommandSizeOutOfBounds {

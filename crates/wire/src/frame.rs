@@ -353,25 +353,29 @@ impl FrameDecoder {
     }
 }
 
-/// Decodes one complete frame (starting with totalSize), e.g. a captured one.
-/// Trailing bytes after the frame or a short buffer are errors.
+/// Decodes one complete frame (starting with totalSize) held in its own
+/// buffer, e.g. a captured one, without copying it. The buffer must hold
+/// exactly one frame: a shorter or longer buffer is an error.
 pub fn decode_frame(frame: Bytes, max_frame_bytes: usize) -> Result<Frame, WireError> {
-    let mut buf = BytesMut::from(&frame[..]);
-    let mut decoder = FrameDecoder::new(max_frame_bytes);
-    match decoder.decode(&mut buf)? {
-        Some(decoded) if buf.is_empty() => Ok(decoded),
-        Some(_) => Err(WireError::Truncated {
-            field: "frame (trailing bytes after totalSize)",
-            needed_bytes: 0,
-            available_bytes: buf.len(),
-        }),
-        None => Err(WireError::Truncated {
-            field: "frame",
-            needed_bytes: peek_u32(&buf, 0)
-                .map_or(TOTAL_SIZE_BYTES, |size| size as usize + TOTAL_SIZE_BYTES),
-            available_bytes: buf.len(),
-        }),
+    let max_frame_bytes = max_frame_bytes.min(FRAME_SIZE_LIMIT_BYTES);
+    let total_size = read_u32(&frame, 0, "total size")?;
+    let frame_bytes = TOTAL_SIZE_BYTES as u64 + u64::from(total_size);
+    if frame_bytes > max_frame_bytes as u64 {
+        return Err(WireError::FrameTooLarge {
+            frame_bytes,
+            max_frame_bytes,
+        });
     }
+    if (total_size as usize) < COMMAND_SIZE_BYTES {
+        return Err(WireError::FrameTooSmall { total_size });
+    }
+    if frame_bytes != frame.len() as u64 {
+        return Err(WireError::FrameLengthMismatch {
+            total_size,
+            buffer_bytes: frame.len(),
+        });
+    }
+    decode_frame_body(frame)
 }
 
 /// Decodes a whole frame whose totalSize has been checked against `frame.len()`.
@@ -959,6 +963,34 @@ mod tests {
             assert_eq!(section.entry_verbatim(), entry);
             assert_eq!(section.payload_slice(), b"hi");
         }
+    }
+
+    #[test]
+    fn decode_frame_wants_exactly_one_frame() {
+        let bytes = Bytes::from(hex(SEND_HEX));
+        let frame = decode_frame(bytes.clone(), FRAME_SIZE_MAX_DEFAULT_BYTES).unwrap();
+        assert_eq!(frame.command, send_command());
+        assert!(matches!(
+            decode_frame(bytes.slice(..bytes.len() - 1), FRAME_SIZE_MAX_DEFAULT_BYTES),
+            Err(WireError::FrameLengthMismatch {
+                total_size: 0x24,
+                buffer_bytes: 39
+            })
+        ));
+        let mut longer = bytes.to_vec();
+        longer.push(0);
+        assert!(matches!(
+            decode_frame(Bytes::from(longer), FRAME_SIZE_MAX_DEFAULT_BYTES),
+            Err(WireError::FrameLengthMismatch { .. })
+        ));
+        assert!(matches!(
+            decode_frame(bytes.slice(..2), 100),
+            Err(WireError::Truncated { .. })
+        ));
+        assert!(matches!(
+            decode_frame(bytes, 10),
+            Err(WireError::FrameTooLarge { .. })
+        ));
     }
 
     #[test]
