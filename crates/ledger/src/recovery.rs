@@ -229,6 +229,7 @@ async fn probe(
         last_errors.clear();
         while let Some(joined) = requests.join_next().await {
             let (index, answer) = joined.map_err(|e| LedgerError::Internal(e.to_string()))?;
+            tracing::debug!(ledger = %ledger_id, entry = %entry_id, bookie = %write_set[index], ok = answer.is_ok(), error = ?answer.as_ref().err(), "recovery read");
             match answer {
                 Ok(packaged) => match unpackage(&packaged, ledger_id, entry_id) {
                     Ok((header, _)) => return Ok(Probe::Found(packaged, header.ledger_length)),

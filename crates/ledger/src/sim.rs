@@ -348,13 +348,11 @@ impl BookieTransport for SimCluster {
                 if l.fence != Fence::None && mode == AddMode::Normal {
                     return Err(BookieError::Fenced);
                 }
-                l.entries.insert(
-                    entry_id,
-                    SimEntry {
-                        packaged,
-                        durable: false,
-                    },
-                );
+                // A re-write (recovery) of an entry the bookie already made
+                // durable stays durable: the earlier journal record survives a
+                // crash whatever happens to the new one.
+                let durable = l.entries.get(&entry_id).is_some_and(|e| e.durable);
+                l.entries.insert(entry_id, SimEntry { packaged, durable });
                 Ok(())
             },
             move |b| {
