@@ -350,6 +350,11 @@ impl MemoryAcks {
 #[derive(Debug)]
 struct Slot {
     info: ConsumerInfo,
+    /// Key_Shared: a consumer that joined while entries were out gets no
+    /// entry at or after this position until every earlier entry is acked
+    /// (the Java broker's "recently joined consumers"), so a key moving to it
+    /// cannot overtake its own earlier messages.
+    fence: Option<Position>,
     permits: i64,
     unacked: u64,
     msg_out: u64,
@@ -653,8 +658,12 @@ impl Dispatcher {
             }
             .map_err(|e| ServiceError::new(ServerError::ConsumerAssignError, e.to_string()))?;
         }
+        let fence = (self.sub_type == SubType::KeyShared
+            && (!self.pending.is_empty() || !self.replay.is_empty()))
+        .then_some(self.read_position);
         self.consumers.push(Slot {
             info,
+            fence,
             permits: 0,
             unacked: 0,
             msg_out: 0,
@@ -690,14 +699,22 @@ impl Dispatcher {
     }
 
     /// Failover/Exclusive: the active consumer is the first by (priority, name).
+    /// Failover/Exclusive: consumers sorted by (priority, name); the active
+    /// one is the first, or for a partition `partition % count` among the
+    /// highest-priority ones (as the Java broker spreads partitions).
     async fn pick_active(&mut self) {
-        let best = self
-            .consumers
-            .iter()
-            .min_by(|a, b| {
-                (a.info.priority_level, &a.info.name).cmp(&(b.info.priority_level, &b.info.name))
-            })
-            .map(|s| key_of(&s.info));
+        let mut order: Vec<&Slot> = self.consumers.iter().collect();
+        order.sort_by(|a, b| {
+            (a.info.priority_level, &a.info.name).cmp(&(b.info.priority_level, &b.info.name))
+        });
+        let top_priority = order.first().map(|s| s.info.priority_level);
+        order.retain(|s| Some(s.info.priority_level) == top_priority);
+        let best = if order.is_empty() {
+            None
+        } else {
+            let index = usize::try_from(self.partition).map_or(0, |p| p % order.len());
+            Some(key_of(&order[index].info))
+        };
         let changed = best != self.active;
         if changed && let Some(old) = self.active {
             // Entries the old active consumer had not acked go to the new one.
@@ -951,6 +968,7 @@ impl Dispatcher {
         if self.consumers.is_empty() {
             return;
         }
+        self.lift_fences();
         loop {
             if self.total_permits() <= 0 {
                 return;
@@ -1001,7 +1019,7 @@ impl Dispatcher {
                     progressed = true;
                     continue;
                 }
-                match self.route(slot, &HashSet::new()) {
+                match self.route(slot, pos, &HashSet::new()) {
                     Route::Deliver(index) => {
                         self.deliver(index, entry).await;
                     }
@@ -1016,6 +1034,20 @@ impl Dispatcher {
             }
             if !progressed {
                 return;
+            }
+        }
+    }
+
+    /// Key_Shared: a fence lifts once no entry before it is out or waiting.
+    fn lift_fences(&mut self) {
+        for index in 0..self.consumers.len() {
+            let Some(fence) = self.consumers[index].fence else {
+                continue;
+            };
+            let earlier_out = self.pending.range(..fence).next().is_some()
+                || self.replay.range(..fence).next().is_some();
+            if !earlier_out {
+                self.consumers[index].fence = None;
             }
         }
     }
@@ -1051,7 +1083,7 @@ impl Dispatcher {
             if self.selector.is_some() && stuck_slots.contains(&slot) {
                 continue;
             }
-            match self.route(slot, &stuck_consumers) {
+            match self.route(slot, pos, &stuck_consumers) {
                 Route::Deliver(index) => {
                     self.replay.remove(&pos);
                     self.deliver(index, entry).await;
@@ -1077,7 +1109,7 @@ impl Dispatcher {
             .position(|s| key_hash(key_of(&s.info)) == owner)
     }
 
-    fn route(&mut self, slot: u32, stuck: &HashSet<usize>) -> Route {
+    fn route(&mut self, slot: u32, pos: Position, stuck: &HashSet<usize>) -> Route {
         match self.sub_type {
             SubType::Exclusive | SubType::Failover => {
                 let Some(active) = self.active else {
@@ -1104,7 +1136,11 @@ impl Dispatcher {
                 Route::Stop
             }
             SubType::KeyShared => match self.selected_index(slot) {
-                Some(index) if self.consumers[index].permits > 0 && !stuck.contains(&index) => {
+                Some(index)
+                    if self.consumers[index].permits > 0
+                        && !stuck.contains(&index)
+                        && self.consumers[index].fence.is_none_or(|fence| pos < fence) =>
+                {
                     Route::Deliver(index)
                 }
                 _ => Route::Hold,

@@ -1,0 +1,312 @@
+//! Subscription and producer semantics over the protocol: Key_Shared order
+//! when consumers join, failover notifications, permits counting batch
+//! messages, producer epochs, deduplication, seek, readers.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{Client, expect_nothing_but_pong, message_of, metadata, receipt_seq, start_broker};
+use vela_broker::{NamespaceName, NamespacePolicies};
+use vela_wire::proto::{self, MessageIdData, command_ack::AckType, command_subscribe::SubType};
+
+async fn subscribe_named(
+    client: &mut Client,
+    topic: &str,
+    sub: &str,
+    sub_type: SubType,
+    consumer_id: u64,
+    name: &str,
+) {
+    client
+        .send(proto::CommandSubscribe {
+            topic: topic.into(),
+            subscription: sub.into(),
+            sub_type: sub_type as i32,
+            consumer_id,
+            request_id: 3000 + consumer_id,
+            consumer_name: Some(name.into()),
+            initial_position: Some(proto::command_subscribe::InitialPosition::Earliest as i32),
+            ..Default::default()
+        })
+        .await;
+}
+
+#[tokio::test]
+async fn key_shared_joining_consumer_waits_for_earlier_messages_of_its_keys() {
+    let broker = start_broker().await;
+    let addr = broker.pulsar_addr();
+    // A key in the lower half of the hash space: the second consumer takes it over.
+    let key = (0..1000)
+        .map(|i| format!("key-{i}"))
+        .find(|k| vela_broker::key_shared::slot_of(k.as_bytes()) <= 32_768)
+        .unwrap();
+    let mut producer = Client::connect(addr).await;
+    producer.create_producer("ks", 1).await;
+    let mut a = Client::connect(addr).await;
+    a.subscribe("ks", "s", SubType::KeyShared, 1).await;
+    a.flow(1, 100).await;
+    let with_key = |seq| proto::MessageMetadata {
+        ordering_key: Some(key.clone().into_bytes().into()),
+        ..metadata(seq)
+    };
+    producer.produce_with(1, 0, with_key(0), b"first").await;
+    receipt_seq(&producer.recv().await);
+    let first = a.recv().await;
+    let first_id = message_of(&first).0.message_id.clone();
+
+    let mut b = Client::connect(addr).await;
+    b.subscribe("ks", "s", SubType::KeyShared, 2).await;
+    b.flow(2, 100).await;
+    producer.produce_with(1, 1, with_key(1), b"second").await;
+    receipt_seq(&producer.recv().await);
+    // The key now belongs to B, but B must not get "second" before "first" is acked.
+    expect_nothing_but_pong(&mut b).await;
+    expect_nothing_but_pong(&mut a).await;
+    a.send(proto::CommandAck {
+        consumer_id: 1,
+        ack_type: AckType::Individual as i32,
+        message_id: vec![first_id],
+        ..Default::default()
+    })
+    .await;
+    let second = b.recv().await;
+    assert_eq!(message_of(&second).1.as_ref(), b"second");
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn failover_tells_consumers_who_is_active() {
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    subscribe_named(&mut client, "fo", "s", SubType::Failover, 1, "b-consumer").await;
+    // SUCCESS and ACTIVE_CONSUMER_CHANGE(active) in some order.
+    let mut active = std::collections::HashMap::new();
+    let mut successes = 0;
+    while successes < 1 || active.is_empty() {
+        let frame = client.recv().await;
+        if frame.command.success.is_some() {
+            successes += 1;
+        } else if let Some(change) = frame.command.active_consumer_change {
+            active.insert(change.consumer_id, change.is_active);
+        }
+    }
+    assert_eq!(active.get(&1), Some(&Some(true)));
+    // "a-consumer" sorts first: it becomes active, the other is told it is not.
+    subscribe_named(&mut client, "fo", "s", SubType::Failover, 2, "a-consumer").await;
+    active.clear();
+    successes = 0;
+    while successes < 1 || active.len() < 2 {
+        let frame = client.recv().await;
+        if frame.command.success.is_some() {
+            successes += 1;
+        } else if let Some(change) = frame.command.active_consumer_change {
+            active.insert(change.consumer_id, change.is_active);
+        }
+    }
+    assert_eq!(active.get(&2), Some(&Some(true)));
+    assert_eq!(active.get(&1), Some(&Some(false)));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn permits_count_messages_of_a_batch() {
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("batch", 1).await;
+    for seq in 0..2 {
+        let batch = proto::MessageMetadata {
+            num_messages_in_batch: Some(5),
+            ..metadata(seq * 5)
+        };
+        client
+            .produce_with(1, seq * 5, batch, b"opaque batch payload")
+            .await;
+        receipt_seq(&client.recv().await);
+    }
+    client.subscribe("batch", "s", SubType::Exclusive, 1).await;
+    client.flow(1, 3).await;
+    // The first batch goes out (permits 3 > 0) and takes them to -2.
+    assert_eq!(message_of(&client.recv().await).0.message_id.entry_id, 0);
+    expect_nothing_but_pong(&mut client).await;
+    client.flow(1, 2).await; // back to 0: still nothing
+    expect_nothing_but_pong(&mut client).await;
+    client.flow(1, 1).await;
+    assert_eq!(message_of(&client.recv().await).0.message_id.entry_id, 1);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn producer_epochs_and_name_clashes() {
+    let broker = start_broker().await;
+    let addr = broker.pulsar_addr();
+    let mut old = Client::connect(addr).await;
+    let producer = |epoch, producer_id, request_id| proto::CommandProducer {
+        topic: "epochs".into(),
+        producer_id,
+        request_id,
+        producer_name: Some("named".into()),
+        epoch: Some(epoch),
+        ..Default::default()
+    };
+    old.send(producer(0, 1, 1)).await;
+    assert!(old.recv().await.command.producer_success.is_some());
+    // Same name, same epoch, other connection: busy.
+    let mut other = Client::connect(addr).await;
+    other.send(producer(0, 1, 2)).await;
+    let error = other.recv().await.command.error.unwrap();
+    assert_eq!(error.error, proto::ServerError::ProducerBusy as i32);
+    // A reconnect with a higher epoch replaces the old producer, which is closed.
+    other.send(producer(1, 1, 3)).await;
+    assert!(other.recv().await.command.producer_success.is_some());
+    let close = old.recv().await.command.close_producer.unwrap();
+    assert_eq!(close.producer_id, 1);
+    other.produce(1, 0, b"x").await;
+    assert_eq!(receipt_seq(&other.recv().await), 0);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn deduplication_drops_repeated_sequence_ids() {
+    let broker = start_broker().await;
+    let ns = NamespaceName::parse("public/dedup").unwrap();
+    broker
+        .admin()
+        .create_namespace(
+            &ns,
+            NamespacePolicies {
+                deduplication_enabled: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    let topic = "persistent://public/dedup/t";
+    client.create_producer(topic, 1).await;
+    for seq in [0, 1, 1, 2, 0] {
+        client.produce(1, seq, b"x").await;
+    }
+    let mut entries = Vec::new();
+    for seq in [0, 1, 1, 2, 0] {
+        let frame = client.recv().await;
+        let receipt = frame.command.send_receipt.unwrap();
+        assert_eq!(receipt.sequence_id, seq);
+        entries.push(receipt.message_id.unwrap().entry_id);
+    }
+    assert_eq!(entries, vec![0, 1, u64::MAX, 2, u64::MAX]);
+    // A reconnecting producer learns the last sequence id.
+    let mut again = Client::connect(broker.pulsar_addr()).await;
+    again
+        .send(proto::CommandProducer {
+            topic: topic.into(),
+            producer_id: 1,
+            request_id: 9,
+            producer_name: Some("standalone-0-0".into()),
+            epoch: Some(1),
+            ..Default::default()
+        })
+        .await;
+    let success = again.recv().await.command.producer_success.unwrap();
+    assert_eq!(success.last_sequence_id, Some(2));
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn seek_closes_consumers_and_rewinds() {
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("seek", 1).await;
+    for seq in 0..5 {
+        client.produce(1, seq, format!("m{seq}").as_bytes()).await;
+        receipt_seq(&client.recv().await);
+    }
+    client.subscribe("seek", "s", SubType::Exclusive, 1).await;
+    client.flow(1, 100).await;
+    let mut ledger_id = 0;
+    for _ in 0..5 {
+        let frame = client.recv().await;
+        ledger_id = message_of(&frame).0.message_id.ledger_id;
+    }
+    client
+        .send(proto::CommandSeek {
+            consumer_id: 1,
+            request_id: 70,
+            message_id: Some(MessageIdData {
+                ledger_id,
+                entry_id: 2,
+                ..Default::default()
+            }),
+            message_publish_time: None,
+        })
+        .await;
+    let close = client.recv().await.command.close_consumer.unwrap();
+    assert_eq!(close.consumer_id, 1);
+    assert_eq!(client.recv().await.command.success.unwrap().request_id, 70);
+    client.subscribe("seek", "s", SubType::Exclusive, 1).await;
+    client.flow(1, 100).await;
+    let entries: Vec<u64> = [
+        client.recv().await,
+        client.recv().await,
+        client.recv().await,
+    ]
+    .iter()
+    .map(|f| message_of(f).0.message_id.entry_id)
+    .collect();
+    assert_eq!(entries, vec![2, 3, 4]);
+    broker.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn reader_start_positions() {
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("reader", 1).await;
+    let mut ledger_id = 0;
+    for seq in 0..4 {
+        client.produce(1, seq, b"x").await;
+        ledger_id = client
+            .recv()
+            .await
+            .command
+            .send_receipt
+            .unwrap()
+            .message_id
+            .unwrap()
+            .ledger_id;
+    }
+    let cases = [
+        (Some((u64::MAX, u64::MAX)), vec![0, 1, 2, 3]), // earliest
+        (Some((ledger_id, 2)), vec![2, 3]),             // from the start entry
+        (Some((i64::MAX as u64, i64::MAX as u64)), vec![]), // latest
+        (None, vec![]),                                 // absent = latest
+    ];
+    for (index, (start, expected)) in cases.into_iter().enumerate() {
+        let consumer_id = 10 + index as u64;
+        client
+            .send(proto::CommandSubscribe {
+                topic: "reader".into(),
+                subscription: format!("reader-{index}"),
+                sub_type: SubType::Exclusive as i32,
+                consumer_id,
+                request_id: 100 + consumer_id,
+                durable: Some(false),
+                start_message_id: start.map(|(ledger_id, entry_id)| MessageIdData {
+                    ledger_id,
+                    entry_id,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .await;
+        assert!(client.recv().await.command.success.is_some());
+        client.flow(consumer_id, 100).await;
+        let mut got = Vec::new();
+        for _ in 0..expected.len() {
+            got.push(message_of(&client.recv().await).0.message_id.entry_id);
+        }
+        assert_eq!(got, expected, "case {index}");
+        expect_nothing_but_pong(&mut client).await;
+    }
+    broker.shutdown().await.unwrap();
+}
