@@ -568,10 +568,8 @@ impl LedgerStorage {
             }
             let half = st.cache.swap();
             let mut snapshot = HashMap::new();
-            for (&(l, _), _) in half.iter() {
-                if let std::collections::hash_map::Entry::Vacant(v) = snapshot.entry(l) {
-                    v.insert(st.ledgers.get(&l).copied().unwrap_or_default());
-                }
+            for l in half.ledger_ids() {
+                snapshot.insert(l, st.ledgers.get(&l).copied().unwrap_or_default());
             }
             (half, dirty, snapshot)
         };
@@ -608,7 +606,7 @@ impl LedgerStorage {
         let mut current: Option<NewRecord> = None;
         let mut logs_touched = vec![f.writer.log_id()];
 
-        for (&(ledger_id, entry_id), payload) in half.iter() {
+        for ((ledger_id, entry_id), payload) in half.iter() {
             let Some(l) = snapshot.get(&ledger_id) else {
                 continue;
             };
