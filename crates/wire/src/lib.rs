@@ -11,7 +11,22 @@
 //! never copies payloads.
 //!
 //! Never does: I/O (no sockets, files or async), protocol state (which command
-//! is allowed when), or anything about topics, storage or dispatch.
+//! is allowed when, version negotiation), or anything about topics, storage
+//! or dispatch.
+//!
+//! Map:
+//! - `frame`: [`FrameDecoder`] (stream -> [`Frame`]), [`PayloadSection`]
+//!   (checksum, metadata, payload, stored entry), the encoders, size limits.
+//! - `command`: `From<CommandX> for BaseCommand`, the type <-> sub-message
+//!   table, and the hand-written parser for SEND (the hot command).
+//! - `metadata`: [`MetadataSummary`], an allocation-free scan of the
+//!   MessageMetadata fields the broker reads per message.
+//! - `batch`, `compression`: the batch payload format and the five codecs.
+//!
+//! Error policy for a server: after [`WireError::ChecksumMismatch`] answer
+//! SEND_ERROR(ChecksumError) with the command it carries and keep reading;
+//! after any other error close the connection (the frame has been consumed,
+//! but a peer that sends malformed frames is not worth keeping).
 
 pub mod batch;
 pub mod command;
@@ -41,4 +56,4 @@ pub use frame::{
     build_stored_entry, decode_frame, encode_command, encode_message_frame, encode_message_header,
     encode_payload_frame,
 };
-pub use metadata::MetadataSummary;
+pub use metadata::{ByteSpan, MetadataSummary};

@@ -6,7 +6,7 @@
 //! walks the protobuf once, checks its structure (tags, varints, lengths within
 //! bounds) and keeps only those fields; keys are [`ByteSpan`]s into the input.
 //!
-//! Owns: the hand-written protobuf reader ([`ProtoReader`]). Never allocates
+//! Owns: the hand-written protobuf reader (`ProtoReader`). Never allocates
 //! and never panics on malformed input.
 
 use crate::error::WireError;
