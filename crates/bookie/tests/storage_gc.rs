@@ -182,3 +182,43 @@ fn orphan_log_of_a_crashed_flush_is_collected() {
     assert!(st.logs_deleted >= 1, "{st:?} {before:?}");
     check_range(&s, 1, 0..10);
 }
+
+#[test]
+fn compaction_skips_a_log_with_a_corrupt_record_and_storage_stays_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let (s, _) = LedgerStorage::open(c.clone()).unwrap();
+    put_range(&s, 10, 0..100);
+    put_range(&s, 11, 0..2000);
+    s.flush().unwrap();
+    put_range(&s, 12, 0..1200); // rotates: the first log is no longer active
+    s.flush().unwrap();
+    s.delete_ledger(11).unwrap();
+    s.flush().unwrap();
+    drop(s);
+    // Flip a payload byte of ledger 10's entry 50 in the first log (ledger 10's
+    // records come first: ledgers are written in id order).
+    let first_log = dir.path().join(&log_files(dir.path())[0]);
+    let mut bytes = std::fs::read(&first_log).unwrap();
+    let offset: usize = 512 + (0..50).map(|e| 24 + payload(10, e).len()).sum::<usize>();
+    bytes[offset + 24 + 100] ^= 0xff;
+    std::fs::write(&first_log, &bytes).unwrap();
+
+    let (s, _) = LedgerStorage::open(c).unwrap();
+    let st = s.gc().unwrap();
+    assert_eq!(st.compaction_errors, 1, "{st:?}");
+    assert_eq!(st.logs_compacted, 0, "{st:?}");
+    assert!(first_log.exists(), "a log that failed compaction is kept");
+    // The bad entry reads as corruption, its neighbours as data; writes go on.
+    assert!(matches!(
+        s.get_entry(10, 50),
+        Err(StorageError::Corruption { .. })
+    ));
+    check_range(&s, 10, 0..50);
+    check_range(&s, 10, 51..100);
+    put_range(&s, 13, 0..10);
+    s.flush().unwrap();
+    check_range(&s, 13, 0..10);
+    // Later passes do not retry it in a loop.
+    assert_eq!(s.gc().unwrap().compaction_errors, 0);
+}

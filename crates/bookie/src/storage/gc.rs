@@ -33,7 +33,9 @@ use std::collections::{HashMap, HashSet};
 
 use super::format;
 use super::fs;
-use super::index::{Batch, LogUsage, NewRecord, RecordView};
+use bytes::Bytes;
+
+use super::index::{Batch, EntrySpan, LogUsage, NewRecord, RecordView};
 use super::{Flusher, GcStats, LedgerStorage, StorageError, list_log_ids};
 
 /// Live bytes compaction copies per pass at most: at ~200 MB/s of disk this is
@@ -44,6 +46,10 @@ const COMPACTION_BYTES_PER_PASS_MAX: u64 = 256 * 1024 * 1024;
 /// Deleted ledgers whose index records one pass removes: keeps one pass's
 /// transaction small (BookKeeper PR #3646: mass deletes hurt reads for minutes).
 const GC_PURGE_LEDGERS_PER_PASS_MAX: usize = 1024;
+
+/// Bytes compaction reads from an old log per `pread` (one entry at least):
+/// large enough to amortize the syscall, small enough to bound the buffer.
+const COMPACTION_READ_BYTES_MAX: u64 = 1024 * 1024;
 
 impl LedgerStorage {
     /// One garbage-collection pass (see the `gc` module doc). Heavy I/O: call it
@@ -184,7 +190,6 @@ impl LedgerStorage {
         let mut batch = Batch::default();
         let mut log_bytes: HashMap<(u64, u64), u64> = HashMap::new();
         let (mut entries, mut bytes) = (0u64, 0u64);
-        let path = self.readers.path(log_id);
         for &(ledger_id, _) in live {
             let records = match self.index.records_in_log(ledger_id, log_id) {
                 Ok(r) => r,
@@ -197,22 +202,21 @@ impl LedgerStorage {
                 };
                 batch.remove_records.push((ledger_id, first));
                 let mut current: Option<NewRecord> = None;
-                for i in 0..rec.len() {
-                    let payload = match rec
-                        .span(i, first, self.index.path())
-                        .and_then(|s| Ok((s, self.readers.read(log_id, s.offset, s.len)?)))
-                        .and_then(|(s, buf)| {
-                            Ok((
-                                s,
-                                format::decode_record(
-                                    &buf, ledger_id, s.entry_id, &path, s.offset,
-                                )?,
-                            ))
-                        }) {
-                        Ok(p) => p,
-                        Err(e) => return Ok(Err(e)),
+                // Read the record's entries in chunks of up to
+                // COMPACTION_READ_BYTES_MAX (always at least one entry).
+                let mut i = 0;
+                let mut chunk: Vec<(EntrySpan, Bytes)> = Vec::new();
+                while i < rec.len() || !chunk.is_empty() {
+                    if chunk.is_empty() {
+                        match self.read_chunk(&rec, first, log_id, ledger_id, &mut i) {
+                            Ok(c) => chunk = c,
+                            Err(e) => return Ok(Err(e)),
+                        }
+                        chunk.reverse();
+                    }
+                    let Some((span, payload)) = chunk.pop() else {
+                        break;
                     };
-                    let (span, payload) = payload;
                     let rec_bytes = format::record_bytes(payload.len());
                     if f.writer.is_full_for(rec_bytes) {
                         let (old, size) = self.rotate(f)?;
@@ -253,6 +257,44 @@ impl LedgerStorage {
         batch.next_log_id = Some(f.next_log_id);
         self.index.commit(&batch)?;
         Ok(Ok((entries, bytes)))
+    }
+
+    /// Reads entries `*i..` of `rec` (contiguous in log `log_id`) in one `pread`
+    /// of at most `COMPACTION_READ_BYTES_MAX` (or one entry), verifies each, and
+    /// advances `*i` past them.
+    fn read_chunk(
+        &self,
+        rec: &RecordView<'_>,
+        first: u64,
+        log_id: u64,
+        ledger_id: u64,
+        i: &mut usize,
+    ) -> Result<Vec<(EntrySpan, Bytes)>, StorageError> {
+        let db = self.index.path();
+        let mut spans = vec![rec.span(*i, first, db)?];
+        let mut total = spans[0].len;
+        while *i + spans.len() < rec.len() {
+            let s = rec.span(*i + spans.len(), first, db)?;
+            if total + s.len > COMPACTION_READ_BYTES_MAX {
+                break;
+            }
+            total += s.len;
+            spans.push(s);
+        }
+        let start = spans[0].offset;
+        let buf = self.readers.read(log_id, start, total)?;
+        let path = self.readers.path(log_id);
+        let mut out = Vec::with_capacity(spans.len());
+        for s in spans {
+            let rel = (s.offset - start) as usize;
+            let record = buf.slice(rel..rel + s.len as usize);
+            out.push((
+                s,
+                format::decode_record(&record, ledger_id, s.entry_id, &path, s.offset)?,
+            ));
+        }
+        *i += out.len();
+        Ok(out)
     }
 
     /// Unlinks log `log_id` (the index no longer references it) and syncs the
