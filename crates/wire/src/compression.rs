@@ -121,7 +121,7 @@ pub fn decompress(
             let mut output = Vec::with_capacity(uncompressed_bytes);
             // Read one byte more than announced to detect longer data.
             flate2::read::ZlibDecoder::new(input)
-                .take(uncompressed_bytes as u64 + 1)
+                .take((uncompressed_bytes as u64).saturating_add(1))
                 .read_to_end(&mut output)
                 .map_err(|error| corrupt(error.to_string()))?;
             if output.len() != uncompressed_bytes {

@@ -319,7 +319,9 @@ impl FrameDecoder {
     /// Decodes the next frame from the front of `buf`.
     ///
     /// `Ok(None)`: the frame is not complete yet; `buf` is untouched except
-    /// that its capacity may grow to hold the announced frame. `Ok(Some)`:
+    /// that its capacity grows to hold the announced frame (at most
+    /// `max_frame_bytes`, so one connection can make its owner hold that
+    /// much; the server bounds connections). `Ok(Some)`:
     /// the frame has been split off `buf` (no copy). `Err`: see
     /// [`WireError::is_stream_fatal`]; non-fatal errors have consumed the bad
     /// frame.
