@@ -109,6 +109,8 @@ impl Journal {
                 file_id,
                 file: file.clone(),
                 allocated_end,
+                writer_reserved: config.data_offset(),
+                filling: None,
                 writer_offset: config.data_offset(),
                 next: None,
                 stop: false,

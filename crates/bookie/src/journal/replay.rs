@@ -78,13 +78,21 @@ where
     F: FnMut(JournalRecord, JournalMark) -> Result<(), E>,
 {
     let dir = &config.dir;
-    // A next file the preallocator was preparing holds no records.
-    let next = dir.join(NEXT_FILE_NAME);
-    if next.exists() {
-        std::fs::remove_file(&next).map_err(|e| JournalError::io("remove", &next, e))?;
-    }
     let ids = list_file_ids(dir)?;
     let newest = ids.last().copied();
+    // A next file the preallocator was preparing holds no records: back to the
+    // pool of reusable files (or away when the pool is full).
+    let next = dir.join(NEXT_FILE_NAME);
+    if next.exists() {
+        let free = super::writer::list_free_files(dir)?.len();
+        if free < config.recycle_files_max {
+            let id = newest.map_or(from.file_id, |n| n.max(from.file_id)) + 1;
+            let to = dir.join(format::free_file_name(id));
+            std::fs::rename(&next, &to).map_err(|e| JournalError::io("rename", &next, e))?;
+        } else {
+            std::fs::remove_file(&next).map_err(|e| JournalError::io("remove", &next, e))?;
+        }
+    }
     let to_replay: Vec<u64> = ids
         .iter()
         .copied()

@@ -40,8 +40,11 @@ pub struct JournalStats {
     pub group_bytes: StageSummary,
     /// Groups per fdatasync.
     pub groups_per_sync: StageSummary,
-    /// Times the writer waited for preallocated space.
+    /// Groups that waited for a zero-fill step in progress.
     pub prealloc_waits: u64,
+    /// Groups written into space not zero-filled yet (the writer outran the
+    /// preallocator; their fdatasync also commits allocation metadata).
+    pub unfilled_writes: u64,
 }
 
 fn new_histogram() -> Histogram<u64> {
@@ -79,6 +82,7 @@ pub(crate) struct WriterHistograms {
     group_entries: Histogram<u64>,
     group_bytes: Histogram<u64>,
     prealloc_waits: u64,
+    unfilled_writes: u64,
 }
 
 #[derive(Debug)]
@@ -104,6 +108,7 @@ impl StatsCell {
                 group_entries: new_histogram(),
                 group_bytes: new_histogram(),
                 prealloc_waits: 0,
+                unfilled_writes: 0,
             }),
             sync: Mutex::new(SyncHistograms {
                 fdatasync_us: new_histogram(),
@@ -134,6 +139,12 @@ impl StatsCell {
         }
     }
 
+    pub(crate) fn record_unfilled_write(&self) {
+        if let Ok(mut w) = self.writer.lock() {
+            w.unfilled_writes += 1;
+        }
+    }
+
     pub(crate) fn record_sync(&self, fdatasync: Option<Duration>, groups: usize) {
         if let Ok(mut s) = self.sync.lock() {
             if let Some(d) = fdatasync {
@@ -157,6 +168,7 @@ impl StatsCell {
             out.group_entries = summary(&w.group_entries);
             out.group_bytes = summary(&w.group_bytes);
             out.prealloc_waits = w.prealloc_waits;
+            out.unfilled_writes = w.unfilled_writes;
         }
         if let Ok(s) = self.sync.lock() {
             out.fdatasync_us = summary(&s.fdatasync_us);

@@ -31,8 +31,8 @@ use crate::mark::JournalMark;
 /// rest); 64 groups is far more than one fdatasync ever covers in practice.
 pub(crate) const FORCE_WRITE_GROUPS_MAX: usize = 64;
 
-/// Zero-fill writes are issued in pieces of this size so the preallocator
-/// never holds a large buffer.
+/// Zero-fill writes are issued, and claimed, in steps of this size: the buffer
+/// stays small and the writer waits at most one step (~1-5 ms) if it catches up.
 const ZERO_WRITE_BYTES: usize = 1 << 20;
 
 /// One queued append.
@@ -57,12 +57,25 @@ pub(crate) struct QueueState {
 }
 
 /// Space the preallocator has made ready for the writer.
+///
+/// Zero-fill is only a performance matter (replay reads any bytes past the end
+/// safely); the one rule is that the preallocator never writes zeros where the
+/// writer writes. So the preallocator claims each step (`filling`) under the
+/// mutex and only above `writer_reserved`; the writer reserves its range under
+/// the mutex before writing, waits only when a claimed step overlaps it, and
+/// otherwise writes into unfilled space (counted: that fdatasync then commits
+/// allocation metadata) rather than wait for zeros.
 #[derive(Debug)]
 pub(crate) struct SpaceState {
-    /// The writer's current file id and how far it is zero-filled.
+    /// The writer's current file.
     pub(crate) file_id: u64,
     pub(crate) file: Arc<dyn JournalFile>,
+    /// Below this the file is zero-filled, reused, or reserved by the writer.
     pub(crate) allocated_end: u64,
+    /// Highest end the writer has reserved in the current file.
+    pub(crate) writer_reserved: u64,
+    /// The zero-fill step in progress: (file id, from).
+    pub(crate) filling: Option<(u64, u64)>,
     /// Where the writer has written up to (published once per group).
     pub(crate) writer_offset: u64,
     /// The next file, header synced, first chunk zero-filled, still named
@@ -246,17 +259,21 @@ fn file_cap(config: &JournalConfig) -> u64 {
 // Preallocator thread.
 // ---------------------------------------------------------------------------
 
-/// Keeps at least two chunks of zero-filled space ahead of the writer in the
-/// current file (up to its cap), and the next file ready once the current one is
-/// fully allocated. Each chunk is synced right away, so the extent and size
-/// changes are committed by this thread and not by a group's fdatasync.
+/// Keeps up to two chunks of zero-filled space ahead of the writer in the
+/// current file (up to its cap), in claimed steps, syncing once per chunk (so the
+/// allocation is committed by this thread, not by a group's fdatasync), and
+/// prepares the next file once the writer is within four chunks of the cap.
 pub(crate) fn run_preallocator(shared: Arc<Shared>) {
     let config = &shared.config;
     let chunk = config.prealloc_chunk_bytes;
+    let step = ZERO_WRITE_BYTES.max(config.alignment_bytes) as u64;
     let cap = file_cap(config);
+    // Zero-filled but not yet synced: (file, bytes).
+    let mut dirty: Option<(Arc<dyn JournalFile>, u64)> = None;
     loop {
         enum Work {
-            Extend(Arc<dyn JournalFile>, u64, u64),
+            Fill(Arc<dyn JournalFile>, u64, u64, u64),
+            Sync,
             Next(u64),
         }
         let work = {
@@ -265,14 +282,17 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                 if space.stop || shared.is_broken() {
                     return;
                 }
-                if space.allocated_end < cap
-                    && space.allocated_end < space.writer_offset + 2 * chunk
-                {
-                    let to = (space.allocated_end + chunk).min(cap);
-                    break Work::Extend(space.file.clone(), space.allocated_end, to);
-                }
-                if space.next.is_none() && space.allocated_end >= cap {
+                let base = space.allocated_end.max(space.writer_reserved);
+                if space.next.is_none() && (base >= cap || space.writer_offset + 4 * chunk >= cap) {
                     break Work::Next(space.file_id + 1);
+                }
+                if base < cap && base < space.writer_offset + 2 * chunk {
+                    let to = (base + step).min(cap);
+                    space.filling = Some((space.file_id, base));
+                    break Work::Fill(space.file.clone(), space.file_id, base, to);
+                }
+                if dirty.is_some() {
+                    break Work::Sync;
                 }
                 space = shared
                     .space_cv
@@ -280,39 +300,53 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                     .unwrap_or_else(|p| p.into_inner());
             }
         };
-        match work {
-            Work::Extend(file, from, to) => {
-                let result = zero_fill(config, file.as_ref(), from, to).and_then(|()| {
-                    file.sync_data()
-                        .map_err(|e| JournalError::io("fdatasync", file.path(), e))
-                });
-                match result {
-                    Ok(()) => {
-                        let mut space = shared.lock_space();
-                        if Arc::ptr_eq(&space.file, &file) {
-                            space.allocated_end = space.allocated_end.max(to);
-                        }
-                        shared.space_cv.notify_all();
+        let result = match work {
+            Work::Fill(file, file_id, from, to) => {
+                let filled = zero_fill(config, file.as_ref(), from, to);
+                {
+                    let mut space = shared.lock_space();
+                    space.filling = None;
+                    if filled.is_ok() && space.file_id == file_id {
+                        space.allocated_end = space.allocated_end.max(to);
                     }
-                    Err(e) => {
-                        shared.fail(&e);
-                        return;
+                    shared.space_cv.notify_all();
+                }
+                let same_file = dirty.as_ref().is_some_and(|(f, _)| Arc::ptr_eq(f, &file));
+                if !same_file {
+                    dirty = Some((file, 0));
+                }
+                if let Some((_, bytes)) = dirty.as_mut() {
+                    *bytes += to - from;
+                }
+                match filled {
+                    Ok(()) if dirty.as_ref().is_some_and(|(_, b)| *b >= chunk) => {
+                        sync_dirty(&mut dirty)
                     }
+                    other => other,
                 }
             }
-            Work::Next(file_id) => match prepare_file(config, &shared.backend, file_id) {
-                Ok((file, end)) => {
+            Work::Sync => sync_dirty(&mut dirty),
+            Work::Next(file_id) => {
+                prepare_file(config, &shared.backend, file_id).map(|(file, end)| {
                     let mut space = shared.lock_space();
                     space.next = Some((file, end));
                     shared.space_cv.notify_all();
-                }
-                Err(e) => {
-                    shared.fail(&e);
-                    return;
-                }
-            },
+                })
+            }
+        };
+        if let Err(e) = result {
+            shared.fail(&e);
+            return;
         }
     }
+}
+
+fn sync_dirty(dirty: &mut Option<(Arc<dyn JournalFile>, u64)>) -> Result<(), JournalError> {
+    if let Some((file, _)) = dirty.take() {
+        file.sync_data()
+            .map_err(|e| JournalError::io("fdatasync", file.path(), e))?;
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -444,7 +478,7 @@ impl Writer {
                 return;
             }
         }
-        if let Err(e) = self.wait_for_space(self.offset + total as u64) {
+        if let Err(e) = self.reserve_space(self.offset + total as u64) {
             self.fail_group(group, e);
             return;
         }
@@ -507,42 +541,54 @@ impl Writer {
         }
     }
 
-    /// Blocks until the preallocator has zero-filled up to `end`.
-    fn wait_for_space(&self, end: u64) -> Result<(), JournalError> {
+    /// Reserves the current file up to `end` for the writer: waits only while
+    /// a zero-fill step overlapping it is in progress, else takes unfilled space
+    /// as it is (see `SpaceState`).
+    fn reserve_space(&self, end: u64) -> Result<(), JournalError> {
         let mut space = self.shared.lock_space();
+        space.writer_reserved = space.writer_reserved.max(end);
         let mut waited = false;
-        while space.allocated_end < end {
+        loop {
             if self.shared.is_broken() {
                 return Err(self.shared.broken_error());
             }
-            if !waited {
-                waited = true;
-                self.shared.stats.record_prealloc_wait();
+            if end <= space.allocated_end {
+                return Ok(());
             }
-            self.shared.space_cv.notify_all();
-            space = self
-                .shared
-                .space_cv
-                .wait(space)
-                .unwrap_or_else(|p| p.into_inner());
+            match space.filling {
+                Some((file_id, from)) if file_id == self.file_id && from < end => {
+                    if !waited {
+                        waited = true;
+                        self.shared.stats.record_prealloc_wait();
+                    }
+                    space = self
+                        .shared
+                        .space_cv
+                        .wait(space)
+                        .unwrap_or_else(|p| p.into_inner());
+                }
+                _ => {
+                    space.allocated_end = end;
+                    self.shared.stats.record_unfilled_write();
+                    self.shared.space_cv.notify_all();
+                    return Ok(());
+                }
+            }
         }
-        Ok(())
     }
 
-    /// Writes a FileEnd record at the current offset, trims the file there and
-    /// syncs it (so an older file always ends with a durable FileEnd).
+    /// Writes a FileEnd record at the current offset and syncs it (so an older
+    /// file always ends with a durable FileEnd). The space after it stays
+    /// allocated for when the file is reused.
     fn end_file(&mut self) -> Result<JournalMark, JournalError> {
         let align = self.shared.config.alignment_bytes;
+        self.reserve_space(self.offset + align as u64)?;
         self.buf.reset_zeroed(align);
         format::encode_file_end(self.file_id, self.buf.as_mut_slice());
         let path = self.file.path().to_path_buf();
         self.file
             .write_at(self.buf.as_slice(), self.offset)
             .map_err(|e| JournalError::io("pwrite", &path, e))?;
-        let end = self.offset + align as u64;
-        self.file
-            .set_len(end)
-            .map_err(|e| JournalError::io("ftruncate", &path, e))?;
         self.file
             .sync_data()
             .map_err(|e| JournalError::io("fdatasync", &path, e))?;
@@ -555,35 +601,38 @@ impl Writer {
     /// Closes the current file and switches to the next one.
     fn rotate(&mut self) -> Result<(), JournalError> {
         self.end_file()?;
-        let (file, allocated_end) = {
-            let mut space = self.shared.lock_space();
-            loop {
-                if self.shared.is_broken() {
-                    return Err(self.shared.broken_error());
-                }
-                if let Some(next) = space.next.take() {
-                    break next;
-                }
-                self.shared.space_cv.notify_all();
-                space = self
-                    .shared
-                    .space_cv
-                    .wait(space)
-                    .unwrap_or_else(|p| p.into_inner());
-            }
-        };
         let next_id = self.file_id + 1;
-        install_file(&self.shared.config.dir, next_id)?;
-        self.file_id = next_id;
-        self.file = file.clone();
-        self.offset = self.shared.config.data_offset();
-        self.shared.writer_file_id.store(next_id, Ordering::SeqCst);
+        let data_offset = self.shared.config.data_offset();
+        // One critical section: the preallocator must neither prepare a file
+        // under the id being installed nor reuse `NEXT_FILE_NAME` before the
+        // rename, so the switch (and the rename) happen under its mutex.
         let mut space = self.shared.lock_space();
+        let (file, allocated_end) = loop {
+            if self.shared.is_broken() {
+                return Err(self.shared.broken_error());
+            }
+            if let Some(next) = space.next.take() {
+                break next;
+            }
+            self.shared.space_cv.notify_all();
+            space = self
+                .shared
+                .space_cv
+                .wait(space)
+                .unwrap_or_else(|p| p.into_inner());
+        };
+        install_file(&self.shared.config.dir, next_id)?;
         space.file_id = next_id;
-        space.file = file;
+        space.file = file.clone();
         space.allocated_end = allocated_end;
-        space.writer_offset = self.offset;
+        space.writer_reserved = data_offset;
+        space.writer_offset = data_offset;
         self.shared.space_cv.notify_all();
+        drop(space);
+        self.file_id = next_id;
+        self.file = file;
+        self.offset = data_offset;
+        self.shared.writer_file_id.store(next_id, Ordering::SeqCst);
         Ok(())
     }
 
