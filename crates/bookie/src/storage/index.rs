@@ -346,10 +346,12 @@ pub(crate) struct Index {
 
 impl Index {
     /// Opens (creating if needed) `dir/index.redb` and makes sure all tables exist.
-    pub(crate) fn open(dir: &Path) -> Result<(Index, Loaded), StorageError> {
+    pub(crate) fn open(dir: &Path, cache_bytes: u64) -> Result<(Index, Loaded), StorageError> {
         let path = dir.join(format::INDEX_FILE_NAME);
         let existed = path.exists();
-        let db = Database::create(&path)?;
+        let db = redb::Builder::new()
+            .set_cache_size(usize::try_from(cache_bytes).unwrap_or(usize::MAX))
+            .create(&path)?;
         if !existed {
             super::fs::sync_dir(dir)?;
         }

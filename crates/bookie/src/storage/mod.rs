@@ -137,7 +137,7 @@ impl LedgerStorage {
         std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("create dir", &dir, e))?;
         let lock = fs::lock_dir(&dir.join(format::LOCK_FILE_NAME))?;
         let mark = read_last_mark(&dir)?;
-        let (index, loaded) = Index::open(&dir)?;
+        let (index, loaded) = Index::open(&dir, config.index_cache_bytes_max)?;
 
         let mut max_id = loaded.next_log_id.checked_sub(1);
         for id in loaded.log_ids.iter().copied().chain(list_log_ids(&dir)?) {
@@ -604,7 +604,6 @@ impl LedgerStorage {
         let mut written: HashMap<u64, (u64, u64)> = HashMap::new();
         let mut log_bytes: HashMap<(u64, u64), u64> = HashMap::new();
         let mut current: Option<NewRecord> = None;
-        let mut logs_touched = vec![f.writer.log_id()];
 
         for ((ledger_id, entry_id), payload) in half.iter() {
             let Some(l) = snapshot.get(&ledger_id) else {
@@ -624,7 +623,6 @@ impl LedgerStorage {
             if f.writer.is_full_for(rec_bytes) {
                 let old = self.rotate(f)?;
                 batch.set_log_sizes.push((old.0, old.1));
-                logs_touched.push(f.writer.log_id());
             }
             let log_id = f.writer.log_id();
             let offset = f.writer.append(ledger_id, entry_id, payload)?;
