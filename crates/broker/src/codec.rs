@@ -130,6 +130,29 @@ pub(crate) fn entry_metadata(entry: &Bytes) -> Option<proto::MessageMetadata> {
     proto::MessageMetadata::decode(entry.slice(10..10 + size)).ok()
 }
 
+fn metadata_slice(entry: &[u8]) -> Option<&[u8]> {
+    let size_bytes: [u8; 4] = entry.get(6..10)?.try_into().ok()?;
+    let size = u32::from_be_bytes(size_bytes) as usize;
+    entry.get(10..10usize.checked_add(size)?)
+}
+
+/// Messages in a stored entry (`num_messages_in_batch`, 1 when absent or
+/// unreadable), scanned without allocating: what a delivery costs in permits.
+pub(crate) fn entry_message_count(entry: &[u8]) -> u32 {
+    metadata_slice(entry)
+        .and_then(|m| vela_wire::MetadataSummary::scan(m).ok())
+        .and_then(|s| s.num_messages_in_batch)
+        .map_or(1, |n| u32::try_from(n).unwrap_or(1).max(1))
+}
+
+/// Publish time of a stored entry in ms (0 when unreadable).
+pub(crate) fn entry_publish_time_ms(entry: &[u8]) -> u64 {
+    metadata_slice(entry)
+        .and_then(|m| vela_wire::MetadataSummary::scan(m).ok())
+        .and_then(|s| s.publish_time_ms)
+        .unwrap_or(0)
+}
+
 /// Bytes of metadata + payload in a stored entry (what max_message_size limits).
 pub(crate) fn entry_message_bytes(entry: &Bytes) -> usize {
     entry.len().saturating_sub(6 + 4)

@@ -499,26 +499,29 @@ impl Dispatcher {
             let after = self.log.previous_position(self.read_position);
             let log = Arc::clone(&self.log);
             let command = tokio::select! {
-                command = rx.recv() => command,
-                _ = log.wait_for_new_entries(after), if waiting => {
-                    self.caught_up = false;
-                    if self.log.is_closed() {
-                        // The log is gone: stop waiting on it until something changes.
-                        self.caught_up = false;
-                        tokio::task::yield_now().await;
-                    }
-                    self.dispatch().await;
-                    continue;
-                }
+                command = rx.recv() => match command {
+                    Some(command) => Some(command),
+                    None => break,
+                },
+                _ = log.wait_for_new_entries(after), if waiting => None,
             };
-            let Some(command) = command else { break };
-            match self.handle(command).await {
-                Flow::Continue => {}
-                Flow::Stop => break,
-            }
             if self.log.is_closed() {
-                self.caught_up = false;
-                continue;
+                // The topic's log closed or failed: consumers reconnect (to a
+                // reopened topic) after CLOSE_CONSUMER.
+                tracing::info!(topic = %self.topic, subscription = %self.name, "log closed: closing consumers");
+                if let Some(SubCommand::Shutdown { reply }) = command {
+                    let _ = reply.send(());
+                }
+                self.close_all_consumers(None).await;
+                break;
+            }
+            match command {
+                Some(command) => {
+                    if let Flow::Stop = self.handle(command).await {
+                        break;
+                    }
+                }
+                None => self.caught_up = false,
             }
             self.dispatch().await;
         }
@@ -924,7 +927,7 @@ impl Dispatcher {
                 return Ok(from);
             };
             for entry in &entries {
-                let published = codec::entry_metadata(&entry.data).map_or(0, |m| m.publish_time);
+                let published = codec::entry_publish_time_ms(&entry.data);
                 if published >= time_ms {
                     return Ok(entry.position);
                 }
@@ -1150,10 +1153,7 @@ impl Dispatcher {
 
     async fn deliver(&mut self, index: usize, entry: LogEntry) {
         let pos = entry.position;
-        let messages = codec::entry_metadata(&entry.data)
-            .and_then(|m| m.num_messages_in_batch)
-            .unwrap_or(1)
-            .max(1);
+        let messages = codec::entry_message_count(&entry.data);
         let redelivery_count = self.redelivery.get(&pos).copied().unwrap_or(0);
         let ack_set: Vec<i64> = self
             .acks
@@ -1175,7 +1175,7 @@ impl Dispatcher {
         };
         slot.permits -= i64::from(messages);
         slot.unacked += 1;
-        slot.msg_out += messages as u64;
+        slot.msg_out += u64::from(messages);
         let key = key_of(&slot.info);
         let frame = codec::encode_message(message, entry.data);
         if slot.info.out.send(frame).await.is_err() {

@@ -310,3 +310,33 @@ async fn reader_start_positions() {
     }
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn without_auto_creation_only_existing_topics_are_served() {
+    let broker = common::start_broker_with(|c| c.auto_create_topics = false).await;
+    broker.create_partitioned_topic("parted", 2).await.unwrap();
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client
+        .send(proto::CommandProducer {
+            topic: "absent".into(),
+            producer_id: 1,
+            request_id: 1,
+            ..Default::default()
+        })
+        .await;
+    let error = client.recv().await.command.error.unwrap();
+    assert_eq!(error.error, proto::ServerError::TopicNotFound as i32);
+    // Partitions of a partitioned topic exist; an index beyond them does not.
+    client.create_producer("parted-partition-1", 2).await;
+    client
+        .send(proto::CommandProducer {
+            topic: "parted-partition-2".into(),
+            producer_id: 3,
+            request_id: 3,
+            ..Default::default()
+        })
+        .await;
+    let error = client.recv().await.command.error.unwrap();
+    assert_eq!(error.error, proto::ServerError::TopicNotFound as i32);
+    broker.shutdown().await.unwrap();
+}
