@@ -14,7 +14,7 @@ use parking_lot::Mutex;
 use rand::SeedableRng;
 use rand::rngs::StdRng;
 use tokio::task::JoinSet;
-use vela_meta::MetadataStore;
+use vela_meta::{IdAllocator, MetadataStore};
 
 use crate::error::LedgerError;
 use crate::metadata::{LedgerMetadata, PROPERTIES_MAX};
@@ -71,6 +71,8 @@ pub(crate) struct ClientCore {
     pub(crate) transport: Arc<dyn BookieTransport>,
     pub(crate) config: LedgerConfig,
     pub(crate) rng: Mutex<StdRng>,
+    /// Ledger ids (ranges reserved by CAS on `vela_meta::idgen::LEDGER_ID_KEY`).
+    pub(crate) ids: IdAllocator,
 }
 
 /// Entry point of the ledger client. Cheap to clone.
@@ -93,10 +95,11 @@ impl LedgerClient {
         };
         LedgerClient {
             core: Arc::new(ClientCore {
-                store,
                 transport,
                 config,
                 rng: Mutex::new(rng),
+                ids: IdAllocator::for_ledgers(store.clone()),
+                store,
             }),
         }
     }
@@ -125,7 +128,7 @@ impl LedgerClient {
         // An id is never handed out twice, so the create cannot collide unless
         // the store lost the allocator's state; a few tries ride that out.
         for _ in 0..CREATE_ATTEMPTS_MAX {
-            let ledger_id = store::allocate_ledger_id(&self.core.store).await?;
+            let ledger_id = LedgerId(self.core.ids.next_id().await?);
             if let Some(version) = store::create(&self.core.store, ledger_id, &metadata).await? {
                 tracing::debug!(ledger = %ledger_id, ensemble = ?metadata.ensembles, "ledger created");
                 let versioned = store::Versioned { metadata, version };

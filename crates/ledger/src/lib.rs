@@ -21,6 +21,7 @@
 //! implements consensus (the metadata store's CAS decides races), or holds a
 //! lock across an `.await`.
 
+mod bookie_client;
 mod client;
 mod entry;
 mod error;
@@ -35,6 +36,7 @@ pub mod sim;
 pub mod transport;
 pub mod types;
 
+pub use bookie_client::BookieClientTransport;
 pub use client::{LedgerClient, LedgerConfig};
 pub use entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};
 pub use error::LedgerError;

@@ -12,7 +12,8 @@ use vela_meta::{ExpectedVersion, MetaError, MetadataStore, Version};
 
 use crate::error::LedgerError;
 use crate::metadata::{self, LedgerMetadata, ledger_path};
-use crate::types::LedgerId;
+use crate::placement::BookieCandidate;
+use crate::types::{BookieId, LedgerId};
 
 /// Metadata as read, with the store version a CAS must expect.
 #[derive(Debug, Clone)]
@@ -93,51 +94,31 @@ pub(crate) async fn delete(
     }
 }
 
-/// The bookies the registry lists as available.
-// Placeholder until vela_meta's registry lands: ids are the children of
-// `/bookies/available`, without racks.
+/// The bookies the registry lists as available, with their racks.
 pub(crate) async fn available_bookies(
     store: &Arc<dyn MetadataStore>,
-) -> Result<Vec<crate::placement::BookieCandidate>, LedgerError> {
-    let ids = store.children("/bookies/available").await?;
-    Ok(ids
+) -> Result<Vec<BookieCandidate>, LedgerError> {
+    let listed = vela_meta::registry::list_bookies(store.as_ref()).await?;
+    Ok(listed
         .into_iter()
-        .map(|id| crate::placement::BookieCandidate {
-            id: crate::types::BookieId(id),
-            rack: None,
+        .map(|(id, info)| BookieCandidate {
+            id: BookieId::new(id.as_str()),
+            rack: info.rack,
         })
         .collect())
 }
 
-/// A fresh ledger id.
-// Placeholder until vela_meta's IdAllocator lands: a CAS'ed counter.
-pub(crate) async fn allocate_ledger_id(
+/// Where bookie `id` listens, from its registration (`None`: not registered).
+pub(crate) async fn bookie_address(
     store: &Arc<dyn MetadataStore>,
-) -> Result<LedgerId, LedgerError> {
-    const KEY: &str = "/ledgers-idgen";
-    for _ in 0..64 {
-        let (next, expected) = match store.get(KEY).await? {
-            None => (0u64, ExpectedVersion::Absent),
-            Some((bytes, version)) => {
-                let text = std::str::from_utf8(&bytes).unwrap_or("");
-                (
-                    text.parse::<u64>().unwrap_or(0),
-                    ExpectedVersion::Is(version),
-                )
-            }
-        };
-        let value = Bytes::from((next + 1).to_string());
-        match store.put(KEY, value, expected).await {
-            Ok(_) => return Ok(LedgerId(next)),
-            Err(
-                MetaError::BadVersion { .. }
-                | MetaError::Exists { .. }
-                | MetaError::NotFound { .. },
-            ) => {}
-            Err(e) => return Err(e.into()),
-        }
-    }
-    Err(LedgerError::Internal(
-        "ledger id allocation contended".into(),
+    bookie: &BookieId,
+) -> Result<Option<String>, LedgerError> {
+    let id = vela_meta::registry::BookieId::new(bookie.0.as_str())?;
+    let key = vela_meta::registry::bookie_key(&id);
+    let Some((value, _)) = store.get(&key).await? else {
+        return Ok(None);
+    };
+    Ok(Some(
+        vela_meta::registry::decode_bookie_info(&key, &value)?.address,
     ))
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use vela_ledger::sim::SimCluster;
 use vela_ledger::{BookieId, EntryId, LedgerClient, LedgerConfig, LedgerId, LedgerReader, Quorum};
-use vela_meta::{ExpectedVersion, MemoryStore, MetadataStore};
+use vela_meta::{ExpectedVersion, MemoryStore, MetadataStore, registry};
 
 pub struct Harness {
     pub cluster: SimCluster,
@@ -59,10 +59,25 @@ impl Harness {
     }
 }
 
+/// Registers a bookie (persistently: the tests manage liveness in the sim).
 pub async fn register(store: &Arc<dyn MetadataStore>, bookie: &BookieId) {
-    let key = format!("/bookies/available/{bookie}");
+    register_at(store, bookie, &format!("sim://{bookie}"), None).await;
+}
+
+pub async fn register_at(
+    store: &Arc<dyn MetadataStore>,
+    bookie: &BookieId,
+    address: &str,
+    rack: Option<&str>,
+) {
+    let id = registry::BookieId::new(bookie.0.as_str()).unwrap();
+    let info = registry::BookieInfo {
+        address: address.to_owned(),
+        rack: rack.map(str::to_owned),
+    };
+    let value = registry::encode_bookie_info(&info).unwrap();
     store
-        .put(&key, Bytes::from_static(b"{}"), ExpectedVersion::Any)
+        .put(&registry::bookie_key(&id), value, ExpectedVersion::Any)
         .await
         .unwrap();
 }
@@ -93,3 +108,5 @@ pub async fn read_all(reader: &LedgerReader) -> Vec<Bytes> {
     }
     out
 }
+
+pub mod real;
