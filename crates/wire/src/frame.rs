@@ -123,69 +123,15 @@ impl PayloadSection {
     /// On a checksum mismatch the error carries `command: None`; the frame
     /// decoder fills it in.
     pub fn parse(section: Bytes) -> Result<PayloadSection, WireError> {
-        if section.len() > FRAME_SIZE_LIMIT_BYTES {
-            return Err(WireError::FrameTooLarge {
-                frame_bytes: section.len() as u64,
-                max_frame_bytes: FRAME_SIZE_LIMIT_BYTES,
-            });
-        }
-        let mut offset = 0;
-        let mut broker_entry_metadata = None;
-        if peek_u16(&section, offset) == Some(MAGIC_BROKER_ENTRY_METADATA) {
-            let size = read_u32(&section, offset + MAGIC_BYTES, "broker entry metadata size")?;
-            offset += MAGIC_AND_U32_BYTES;
-            let available_bytes = section.len() - offset;
-            if size as usize > available_bytes {
-                return Err(WireError::BrokerEntryMetadataSizeOutOfBounds {
-                    size,
-                    available_bytes,
-                });
-            }
-            let end = offset + size as usize;
-            let decoded = BrokerEntryMetadata::decode(&section[offset..end])
-                .map_err(WireError::protobuf("BrokerEntryMetadata"))?;
-            broker_entry_metadata = Some(decoded);
-            offset = end;
-        }
-
-        let entry_start = offset;
-        let checksum = match peek_u16(&section, offset) {
-            Some(MAGIC_CRC32C) => {
-                let expected = read_u32(&section, offset + MAGIC_BYTES, "checksum")?;
-                offset += MAGIC_AND_U32_BYTES;
-                let computed = crc32c::crc32c(&section[offset..]);
-                if computed != expected {
-                    return Err(WireError::ChecksumMismatch {
-                        command: None,
-                        expected,
-                        computed,
-                    });
-                }
-                Checksum::Verified(expected)
-            }
-            Some(value) if value >> 8 == 0x0e => return Err(WireError::BadMagic { value }),
-            _ => Checksum::Absent,
-        };
-
-        let metadata_size = read_u32(&section, offset, "metadata size")?;
-        offset += METADATA_SIZE_BYTES;
-        let available_bytes = section.len() - offset;
-        if metadata_size as usize > available_bytes {
-            return Err(WireError::MetadataSizeOutOfBounds {
-                metadata_size,
-                available_bytes,
-            });
-        }
-        let metadata_end = offset + metadata_size as usize;
-        let summary = MetadataSummary::scan(&section[offset..metadata_end])?;
-        // All offsets are <= FRAME_SIZE_LIMIT_BYTES (checked above), so they fit u32.
+        let layout = Layout::parse(&section, VerifyChecksum::Yes)?;
+        // All offsets are <= FRAME_SIZE_LIMIT_BYTES (checked by Layout), so they fit u32.
         Ok(PayloadSection {
-            broker_entry_metadata,
-            checksum,
-            entry_start: entry_start as u32,
-            metadata_start: offset as u32,
-            metadata_end: metadata_end as u32,
-            summary,
+            broker_entry_metadata: layout.broker_entry_metadata,
+            checksum: layout.checksum.map_or(Checksum::Absent, Checksum::Verified),
+            entry_start: layout.entry_start as u32,
+            metadata_start: layout.metadata_start as u32,
+            metadata_end: layout.metadata_end as u32,
+            summary: layout.summary,
             metadata: OnceLock::new(),
             section,
         })
@@ -280,6 +226,121 @@ impl PayloadSection {
                 buf.freeze()
             }
         }
+    }
+}
+
+/// A stored entry looked at without verifying its checksum, e.g. by a
+/// dispatcher that needs the message count of an entry it read back from
+/// storage (clients verify the CRC on delivery).
+#[derive(Debug, Clone)]
+pub struct EntryPeek<'a> {
+    /// Metadata fields; spans index `metadata`.
+    pub summary: MetadataSummary,
+    /// The raw MessageMetadata bytes.
+    pub metadata: &'a [u8],
+    /// The payload.
+    pub payload: &'a [u8],
+    /// The CRC32C as stored (not verified), if the entry has 0x0e01.
+    pub checksum: Option<u32>,
+}
+
+/// Reads a stored entry's layout and scans its metadata, without verifying
+/// the checksum and without copying. Structural errors are still errors.
+pub fn peek_entry(entry: &[u8]) -> Result<EntryPeek<'_>, WireError> {
+    let layout = Layout::parse(entry, VerifyChecksum::No)?;
+    Ok(EntryPeek {
+        summary: layout.summary,
+        metadata: &entry[layout.metadata_start..layout.metadata_end],
+        payload: &entry[layout.metadata_end..],
+        checksum: layout.checksum,
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum VerifyChecksum {
+    Yes,
+    No,
+}
+
+/// Where the parts of a payload section are (offsets into the section).
+#[derive(Debug)]
+struct Layout {
+    broker_entry_metadata: Option<BrokerEntryMetadata>,
+    /// The checksum as sent, when 0x0e01 is present.
+    checksum: Option<u32>,
+    entry_start: usize,
+    metadata_start: usize,
+    metadata_end: usize,
+    summary: MetadataSummary,
+}
+
+impl Layout {
+    fn parse(section: &[u8], verify: VerifyChecksum) -> Result<Layout, WireError> {
+        if section.len() > FRAME_SIZE_LIMIT_BYTES {
+            return Err(WireError::FrameTooLarge {
+                frame_bytes: section.len() as u64,
+                max_frame_bytes: FRAME_SIZE_LIMIT_BYTES,
+            });
+        }
+        let mut offset = 0;
+        let mut broker_entry_metadata = None;
+        if peek_u16(section, offset) == Some(MAGIC_BROKER_ENTRY_METADATA) {
+            let size = read_u32(section, offset + MAGIC_BYTES, "broker entry metadata size")?;
+            offset += MAGIC_AND_U32_BYTES;
+            let available_bytes = section.len() - offset;
+            if size as usize > available_bytes {
+                return Err(WireError::BrokerEntryMetadataSizeOutOfBounds {
+                    size,
+                    available_bytes,
+                });
+            }
+            let end = offset + size as usize;
+            let decoded = BrokerEntryMetadata::decode(&section[offset..end])
+                .map_err(WireError::protobuf("BrokerEntryMetadata"))?;
+            broker_entry_metadata = Some(decoded);
+            offset = end;
+        }
+
+        let entry_start = offset;
+        let checksum = match peek_u16(section, offset) {
+            Some(MAGIC_CRC32C) => {
+                let expected = read_u32(section, offset + MAGIC_BYTES, "checksum")?;
+                offset += MAGIC_AND_U32_BYTES;
+                if verify == VerifyChecksum::Yes {
+                    let computed = crc32c::crc32c(&section[offset..]);
+                    if computed != expected {
+                        return Err(WireError::ChecksumMismatch {
+                            command: None,
+                            expected,
+                            computed,
+                        });
+                    }
+                }
+                Some(expected)
+            }
+            Some(value) if value >> 8 == 0x0e => return Err(WireError::BadMagic { value }),
+            _ => None,
+        };
+
+        let metadata_size = read_u32(section, offset, "metadata size")?;
+        offset += METADATA_SIZE_BYTES;
+        let available_bytes = section.len() - offset;
+        if metadata_size as usize > available_bytes {
+            return Err(WireError::MetadataSizeOutOfBounds {
+                metadata_size,
+                available_bytes,
+            });
+        }
+        let metadata_end = offset + metadata_size as usize;
+        let summary = MetadataSummary::scan(&section[offset..metadata_end])?;
+        Ok(Layout {
+            broker_entry_metadata,
+            checksum,
+            entry_start,
+            metadata_start: offset,
+            metadata_end,
+            summary,
+        })
     }
 }
 
@@ -851,6 +912,87 @@ mod tests {
             Err(WireError::UnexpectedPayload {
                 command_type: Type::Ping
             })
+        ));
+    }
+
+    #[test]
+    fn payload_section_errors_are_typed() {
+        let parse = |bytes: &[u8]| PayloadSection::parse(Bytes::copy_from_slice(bytes));
+        // 0x0e02 with its size cut off, a size beyond the end, bad protobuf.
+        assert!(matches!(
+            parse(&[0x0e, 0x02, 0, 0]),
+            Err(WireError::Truncated {
+                field: "broker entry metadata size",
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&[0x0e, 0x02, 0, 0, 0, 9, 1]),
+            Err(WireError::BrokerEntryMetadataSizeOutOfBounds {
+                size: 9,
+                available_bytes: 1
+            })
+        ));
+        assert!(matches!(
+            parse(&[0x0e, 0x02, 0, 0, 0, 1, 0x08]),
+            Err(WireError::Protobuf {
+                what: "BrokerEntryMetadata",
+                ..
+            })
+        ));
+        // 0x0e01 with the checksum cut off.
+        assert!(matches!(
+            parse(&[0x0e, 0x01, 0, 0]),
+            Err(WireError::Truncated {
+                field: "checksum",
+                ..
+            })
+        ));
+        // A lone 0x0e byte, then no metadata size.
+        assert!(matches!(
+            parse(&[0x0e]),
+            Err(WireError::Truncated {
+                field: "metadata size",
+                ..
+            })
+        ));
+        assert!(matches!(
+            parse(&[]),
+            Err(WireError::Truncated {
+                field: "metadata size",
+                ..
+            })
+        ));
+        // Malformed metadata protobuf.
+        assert!(matches!(
+            parse(&[0, 0, 0, 1, 0x08]),
+            Err(WireError::MalformedProtobuf {
+                what: "MessageMetadata",
+                ..
+            })
+        ));
+        // Empty metadata and payload are accepted (validation is the caller's).
+        let section = parse(&[0, 0, 0, 0]).unwrap();
+        assert!(!section.summary().has_required_fields());
+        assert!(section.payload_slice().is_empty());
+    }
+
+    #[test]
+    fn peek_entry_reads_without_verifying() {
+        let mut entry = hex(SEND_HEX)[16..].to_vec();
+        let peek = peek_entry(&entry).unwrap();
+        assert_eq!(peek.checksum, Some(0x5b4c_69ac));
+        assert_eq!(peek.payload, b"hi");
+        assert_eq!(peek.summary.producer_name.unwrap().get(peek.metadata), b"p");
+        // A corrupt payload still peeks (the CRC is not checked)...
+        let last = entry.len() - 1;
+        entry[last] ^= 1;
+        assert!(peek_entry(&entry).is_ok());
+        // ...but a broken layout does not.
+        entry[6..10].copy_from_slice(&1000u32.to_be_bytes());
+        assert!(matches!(
+            peek_entry(&entry),
+            Err(WireError::MetadataSizeOutOfBounds { .. })
         ));
     }
 
