@@ -498,5 +498,30 @@ fn entry_log_with_a_bad_header_is_corruption() {
     bytes[2] ^= 0x01; // inside the magic
     std::fs::write(&path, &bytes).unwrap();
     let (s, _) = open(&c);
-    assert!(matches!(s.get_entry(1, 0), Err(StorageError::Corruption { offset: 0, .. })));
+    assert!(matches!(
+        s.get_entry(1, 0),
+        Err(StorageError::Corruption { offset: 0, .. })
+    ));
+}
+
+#[test]
+fn big_ledger_run_is_split_into_bounded_index_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let c = config(dir.path());
+    let (s, _) = open(&c);
+    // More entries of one ledger in one flush than one index record holds (16384).
+    let p = Bytes::from_static(b"tiny");
+    for e in 0..20_000 {
+        s.put_entry(3, e * 2, p.clone()).unwrap();
+    }
+    let st = s.flush().unwrap();
+    assert_eq!(st.index_record_count, 2, "{st:?}");
+    for e in [0u64, 2, 16_382 * 2, 16_383 * 2, 16_384 * 2, 39_998] {
+        assert_eq!(s.get_entry(3, e).unwrap(), p, "entry {e}");
+        assert!(matches!(
+            s.get_entry(3, e + 1),
+            Err(StorageError::NoSuchEntry { .. })
+        ));
+    }
+    assert_eq!(s.last_entry_id(3).unwrap(), Some(39_998));
 }
