@@ -23,12 +23,15 @@ pub(crate) trait JournalFile: Send + Sync + std::fmt::Debug {
     /// `fdatasync`.
     fn sync_data(&self) -> io::Result<()>;
     /// Truncates or extends the file.
+    #[allow(dead_code)] // part of the seam; used by tests
     fn set_len(&self, len: u64) -> io::Result<()>;
     /// Current file size.
     #[allow(dead_code)] // part of the seam; used by tests
     fn len(&self) -> io::Result<u64>;
-    /// Path, for errors and logs.
-    fn path(&self) -> &Path;
+    /// Current path, for errors and logs.
+    fn path(&self) -> PathBuf;
+    /// Records that the file was renamed to `to`.
+    fn renamed(&self, to: &Path);
 }
 
 /// Which backend opens files; tests add a fault-injecting one.
@@ -66,7 +69,7 @@ impl Backend {
 #[derive(Debug)]
 pub(crate) struct PlainFile {
     file: File,
-    path: PathBuf,
+    path: std::sync::Mutex<PathBuf>,
 }
 
 impl PlainFile {
@@ -83,7 +86,7 @@ impl PlainFile {
         match options.open(path) {
             Ok(file) => Ok(PlainFile {
                 file,
-                path: path.to_path_buf(),
+                path: std::sync::Mutex::new(path.to_path_buf()),
             }),
             Err(e) if direct && e.raw_os_error() == Some(libc::EINVAL) => {
                 Err(JournalError::DirectIoUnsupported {
@@ -121,8 +124,13 @@ impl JournalFile for PlainFile {
     fn len(&self) -> io::Result<u64> {
         Ok(self.file.metadata()?.len())
     }
-    fn path(&self) -> &Path {
-        &self.path
+    fn path(&self) -> PathBuf {
+        self.path.lock().map(|p| p.clone()).unwrap_or_default()
+    }
+    fn renamed(&self, to: &Path) {
+        if let Ok(mut p) = self.path.lock() {
+            *p = to.to_path_buf();
+        }
     }
 }
 
@@ -189,7 +197,7 @@ pub(crate) mod faulty {
     //! ordering (callbacks only after sync) and failure handling.
 
     use std::io;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
     use std::sync::Mutex;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -198,10 +206,22 @@ pub(crate) mod faulty {
     /// One logged operation.
     #[derive(Debug, Clone, PartialEq, Eq)]
     pub(crate) enum Op {
-        Write { offset: u64, len: usize },
-        SyncStart { id: u64 },
-        SyncEnd { id: u64 },
-        Callback { offset: u64 },
+        Write {
+            path: PathBuf,
+            offset: u64,
+            len: usize,
+        },
+        SyncStart {
+            path: PathBuf,
+            id: u64,
+        },
+        SyncEnd {
+            id: u64,
+        },
+        Callback {
+            path: PathBuf,
+            offset: u64,
+        },
     }
 
     #[derive(Debug, Default)]
@@ -239,6 +259,7 @@ pub(crate) mod faulty {
             }
             self.inner.write_at(buf, offset)?;
             self.plan.push(Op::Write {
+                path: self.path(),
                 offset,
                 len: buf.len(),
             });
@@ -252,7 +273,10 @@ pub(crate) mod faulty {
                 return Err(io::Error::other("injected sync fault"));
             }
             let id = self.plan.sync_ids.fetch_add(1, Ordering::SeqCst);
-            self.plan.push(Op::SyncStart { id });
+            self.plan.push(Op::SyncStart {
+                path: self.path(),
+                id,
+            });
             self.inner.sync_data()?;
             self.plan.push(Op::SyncEnd { id });
             Ok(())
@@ -263,8 +287,11 @@ pub(crate) mod faulty {
         fn len(&self) -> io::Result<u64> {
             self.inner.len()
         }
-        fn path(&self) -> &Path {
+        fn path(&self) -> PathBuf {
             self.inner.path()
+        }
+        fn renamed(&self, to: &Path) {
+            self.inner.renamed(to)
         }
     }
 }

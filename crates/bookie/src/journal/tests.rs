@@ -10,7 +10,7 @@ use bytes::Bytes;
 
 use super::file::Backend;
 use super::file::faulty::{FaultPlan, Op};
-use super::{Journal, JournalConfig, JournalError, JournalRecord};
+use super::{Journal, JournalConfig, JournalError, JournalRecord, format};
 use crate::mark::JournalMark;
 
 #[derive(Debug)]
@@ -47,6 +47,7 @@ fn entry(entry_id: u64, payload_bytes: usize) -> JournalRecord {
 
 /// Appends `count` records, each callback logging itself; returns the results.
 fn append_logged(
+    dir: &std::path::Path,
     journal: &Journal,
     plan: &Arc<FaultPlan>,
     first_id: u64,
@@ -56,10 +57,12 @@ fn append_logged(
     for i in first_id..first_id + count {
         let tx = tx.clone();
         let plan = plan.clone();
+        let dir = dir.to_path_buf();
         journal
             .append(entry(i, 100 + (i as usize * 37) % 900), move |res| {
                 if let Ok(mark) = &res {
                     plan.push(Op::Callback {
+                        path: dir.join(format::file_name(mark.file_id)),
                         offset: mark.offset,
                     });
                 }
@@ -79,29 +82,32 @@ fn callbacks_run_only_after_an_fdatasync_that_started_after_their_write() {
     let journal = open_faulty(dir.path(), &plan);
     // Several bursts so groups of several sizes happen.
     for burst in 0..20 {
-        let results = append_logged(&journal, &plan, burst * 50, 50);
+        let results = append_logged(dir.path(), &journal, &plan, burst * 50, 50);
         assert!(results.iter().all(|r| r.is_ok()));
     }
     let ops = plan.ops();
     let mut callbacks = 0;
     for (i, op) in ops.iter().enumerate() {
-        let Op::Callback { offset } = op else {
+        let Op::Callback { path, offset } = op else {
             continue;
         };
         callbacks += 1;
         // The last write before the callback covering the record's last byte.
         let write_at = ops[..i]
             .iter()
-            .rposition(|o| matches!(o, Op::Write { offset: w, len } if *w < *offset && *offset <= *w + *len as u64))
+            .rposition(|o| matches!(o, Op::Write { path: p, offset: w, len } if p == path && *w < *offset && *offset <= *w + *len as u64))
             .unwrap_or_else(|| panic!("no write covers the record ending at {offset}"));
         // A sync started after that write and ended before the callback.
         let synced = ops[write_at..i].iter().any(|o| match o {
-            Op::SyncStart { id } => ops[write_at..i].contains(&Op::SyncEnd { id: *id }),
+            Op::SyncStart { path: p, id } => {
+                p == path && ops[write_at..i].contains(&Op::SyncEnd { id: *id })
+            }
             _ => false,
         });
         assert!(
             synced,
-            "callback for offset {offset} at op {i} without a covering sync"
+            "callback for offset {offset} at op {i} without a covering sync: {:?}",
+            &ops[..=i]
         );
     }
     assert_eq!(callbacks, 1000);
@@ -132,7 +138,7 @@ fn a_failed_fdatasync_fails_every_waiter_and_breaks_the_journal() {
     let plan = Arc::new(FaultPlan::default());
     let journal = open_faulty(dir.path(), &plan);
     assert!(
-        append_logged(&journal, &plan, 0, 10)
+        append_logged(dir.path(), &journal, &plan, 0, 10)
             .iter()
             .all(|r| r.is_ok())
     );
@@ -154,7 +160,7 @@ fn a_failed_write_fails_its_waiters_and_breaks_the_journal() {
     let plan = Arc::new(FaultPlan::default());
     let journal = open_faulty(dir.path(), &plan);
     assert!(
-        append_logged(&journal, &plan, 0, 5)
+        append_logged(dir.path(), &journal, &plan, 0, 5)
             .iter()
             .all(|r| r.is_ok())
     );

@@ -223,10 +223,15 @@ pub(crate) fn list_free_files(dir: &Path) -> Result<Vec<PathBuf>, JournalError> 
 }
 
 /// Gives the prepared next file its numbered name, durably.
-pub(crate) fn install_file(dir: &Path, file_id: u64) -> Result<PathBuf, JournalError> {
+pub(crate) fn install_file(
+    dir: &Path,
+    file_id: u64,
+    file: &dyn JournalFile,
+) -> Result<PathBuf, JournalError> {
     let from = dir.join(NEXT_FILE_NAME);
     let to = dir.join(format::file_name(file_id));
     std::fs::rename(&from, &to).map_err(|e| JournalError::io("rename", &to, e))?;
+    file.renamed(&to);
     sync_dir(dir)?;
     Ok(to)
 }
@@ -585,7 +590,7 @@ impl Writer {
         self.reserve_space(self.offset + align as u64)?;
         self.buf.reset_zeroed(align);
         format::encode_file_end(self.file_id, self.buf.as_mut_slice());
-        let path = self.file.path().to_path_buf();
+        let path = self.file.path();
         self.file
             .write_at(self.buf.as_slice(), self.offset)
             .map_err(|e| JournalError::io("pwrite", &path, e))?;
@@ -621,7 +626,7 @@ impl Writer {
                 .wait(space)
                 .unwrap_or_else(|p| p.into_inner());
         };
-        install_file(&self.shared.config.dir, next_id)?;
+        install_file(&self.shared.config.dir, next_id, file.as_ref())?;
         space.file_id = next_id;
         space.file = file.clone();
         space.allocated_end = allocated_end;
