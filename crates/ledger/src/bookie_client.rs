@@ -54,10 +54,10 @@ impl Inner {
     /// The pooled connection to `bookie`, connecting if there is none or the
     /// last one broke.
     async fn client(&self, bookie: &BookieId) -> Result<BookieClient, BookieError> {
-        if let Some(client) = self.pool.lock().get(bookie) {
-            if !client.is_closed() {
-                return Ok(client.clone());
-            }
+        if let Some(client) = self.pool.lock().get(bookie)
+            && !client.is_closed()
+        {
+            return Ok(client.clone());
         }
         let address = store::bookie_address(&self.store, bookie)
             .await

@@ -49,7 +49,7 @@ pub fn choose<R: Rng>(
             .find(|c| &c.id == id)
             .and_then(|c| c.rack.as_deref())
     };
-    let mut used_racks: Vec<Option<&str>> = keep.iter().map(|id| rack_of(id)).collect();
+    let mut used_racks: Vec<Option<&str>> = keep.iter().map(rack_of).collect();
     let mut chosen = Vec::with_capacity(count);
     for _ in 0..count {
         let usage = |rack: Option<&str>| used_racks.iter().filter(|r| **r == rack).count();

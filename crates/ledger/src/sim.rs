@@ -11,6 +11,7 @@
 //!   way), dropped (never answered: the caller's timeout must notice), or answered
 //!   with an error without effect;
 //! - making an add or a fence durable takes `sync_delay` (a slow disk).
+//!
 //! Never: loses an answered add, reorders a bookie's own state, or answers a
 //! normal add on a fenced ledger.
 //!
@@ -321,10 +322,10 @@ impl SimBookie {
     }
 
     fn fence_durable(&mut self, ledger: LedgerId) {
-        if let Some(l) = self.ledgers.get_mut(&ledger) {
-            if l.fence == Fence::Pending {
-                l.fence = Fence::Durable;
-            }
+        if let Some(l) = self.ledgers.get_mut(&ledger)
+            && l.fence == Fence::Pending
+        {
+            l.fence = Fence::Durable;
         }
     }
 }

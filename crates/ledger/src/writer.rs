@@ -316,10 +316,11 @@ impl WriterTask {
                     self.fail(LedgerError::Internal("writer stalled while closing".into()));
                 }
             }
-            if self.broken.is_none() && !self.failed_indices.is_empty() {
-                if let Err(e) = self.change_ensemble().await {
-                    self.fail(e);
-                }
+            if self.broken.is_none()
+                && !self.failed_indices.is_empty()
+                && let Err(e) = self.change_ensemble().await
+            {
+                self.fail(e);
             }
             self.deliver();
         }

@@ -253,7 +253,8 @@ async fn run_seed(seed: u64) -> Stats {
             "closed writer and recovery disagree"
         );
     }
-    let history = history.lock();
+    // Everything else is done: take the history out of the lock.
+    let history = std::mem::take(&mut *history.lock());
     for other in &history.recoveries {
         assert_eq!(
             other.last_entry, metadata.last_entry,
@@ -402,13 +403,13 @@ fn check_running(history: &Mutex<History>) {
             "acknowledged entries have a gap"
         );
     }
-    if let Some(end) = h.recovered_end {
-        if let Some((&last, _)) = h.acked.iter().next_back() {
-            assert!(
-                Some(EntryId(last)) <= end,
-                "acked entry {last} beyond recovered end {end:?}"
-            );
-        }
+    if let Some(end) = h.recovered_end
+        && let Some((&last, _)) = h.acked.iter().next_back()
+    {
+        assert!(
+            Some(EntryId(last)) <= end,
+            "acked entry {last} beyond recovered end {end:?}"
+        );
     }
 }
 
