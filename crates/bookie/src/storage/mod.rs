@@ -35,6 +35,11 @@
 //! index reads: call them via `spawn_blocking`. `flush`, `checkpoint` and `gc` do
 //! heavy I/O and serialize on one flush lock: call them from a dedicated thread.
 //!
+//! Shutdown: dropping storage flushes nothing; a clean stop calls `checkpoint`
+//! first (otherwise the next open replays more journal, losing nothing).
+//! Errors while writing (ENOSPC included) turn storage `Broken`: there is no
+//! read-only mode yet.
+//!
 //! Never: answers for the journal's durability, grows a cache past its budget,
 //! panics on bytes read back from disk, retries a failed fsync (storage turns
 //! `Broken` and the bookie must stop).
@@ -123,6 +128,7 @@ struct Counters {
     active_log_id: AtomicU64,
     /// Copy of the flusher's checkpoint mark, readable without the flush lock.
     checkpoint_mark: Mutex<JournalMark>,
+    last_flush: Mutex<FlushStats>,
 }
 
 impl LedgerStorage {
@@ -134,7 +140,12 @@ impl LedgerStorage {
     pub fn open(config: StorageConfig) -> Result<(LedgerStorage, JournalMark), StorageError> {
         config.validate()?;
         let dir = config.ledger_dir.clone();
-        std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("create dir", &dir, e))?;
+        if !dir.exists() {
+            std::fs::create_dir_all(&dir).map_err(|e| StorageError::io("create dir", &dir, e))?;
+            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+                fs::sync_dir(parent)?;
+            }
+        }
         let lock = fs::lock_dir(&dir.join(format::LOCK_FILE_NAME))?;
         let mark = read_last_mark(&dir)?;
         let (index, loaded) = Index::open(&dir, config.index_cache_bytes_max)?;
@@ -541,6 +552,7 @@ impl LedgerStorage {
             entry_log_read_count: c.entry_log_reads.load(Ordering::Relaxed),
             flush_count: c.flushes.load(Ordering::Relaxed),
             flushed_bytes_total: c.flushed_bytes.load(Ordering::Relaxed),
+            last_flush: *c.last_flush.lock(),
             active_log_id,
             checkpoint_mark,
         }
@@ -576,6 +588,7 @@ impl LedgerStorage {
         match self.write_flush(f, &half, &dirty, &snapshot) {
             Ok(stats) => {
                 self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+                *self.counters.last_flush.lock() = stats;
                 self.counters
                     .flushed_bytes
                     .fetch_add(stats.bytes_written, Ordering::Relaxed);

@@ -64,4 +64,6 @@ pub struct StorageStats {
     pub active_log_id: u64,
     /// The last checkpointed journal mark.
     pub checkpoint_mark: JournalMark,
+    /// The last non-empty flush (timings for the write-path breakdown).
+    pub last_flush: FlushStats,
 }
