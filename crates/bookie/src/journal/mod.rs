@@ -182,13 +182,17 @@ impl Journal {
                 depth_max: config.queue_depth_max,
             });
         }
+        queue.bytes += record.encoded_len();
         queue.items.push_back(Pending {
             record,
             done: Box::new(done),
             enqueued: Instant::now(),
         });
+        let wake = queue.should_wake_writer();
         drop(queue);
-        self.shared.queue_cv.notify_one();
+        if wake {
+            self.shared.queue_cv.notify_one();
+        }
         Ok(())
     }
 

@@ -53,7 +53,34 @@ impl std::fmt::Debug for Pending {
 #[derive(Debug, Default)]
 pub(crate) struct QueueState {
     pub(crate) items: VecDeque<Pending>,
+    /// Encoded bytes of `items`.
+    pub(crate) bytes: usize,
     pub(crate) closed: bool,
+    /// What the writer sleeps for, so `append` wakes it (a futex call) only when
+    /// that happens, not once per record.
+    pub(crate) writer_waits_for: WriterWait,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WriterWait {
+    /// Not sleeping.
+    #[default]
+    Nothing,
+    /// Sleeping on an empty queue: wake on the first record.
+    Records,
+    /// Holding a group back: wake once this many bytes are queued.
+    Bytes(usize),
+}
+
+impl QueueState {
+    /// Called by `append` after a push: whether to wake the writer.
+    pub(crate) fn should_wake_writer(&self) -> bool {
+        match self.writer_waits_for {
+            WriterWait::Nothing => false,
+            WriterWait::Records => true,
+            WriterWait::Bytes(bytes) => self.bytes >= bytes,
+        }
+    }
 }
 
 /// Space the preallocator has made ready for the writer.
@@ -404,12 +431,14 @@ impl Writer {
             if queue.closed {
                 return None;
             }
+            queue.writer_waits_for = WriterWait::Records;
             queue = self
                 .shared
                 .queue_cv
                 .wait(queue)
                 .unwrap_or_else(|p| p.into_inner());
         }
+        queue.writer_waits_for = WriterWait::Nothing;
         let mut group = Vec::new();
         let mut bytes = 0usize;
         let deadline = queue
@@ -418,7 +447,9 @@ impl Writer {
             .map(|p| p.enqueued + config.group_wait_max);
         loop {
             while let Some(p) = queue.items.pop_front() {
-                bytes += p.record.encoded_len();
+                let len = p.record.encoded_len();
+                queue.bytes -= len;
+                bytes += len;
                 group.push(p);
                 if bytes >= config.group_bytes_max {
                     return Some(group);
@@ -440,12 +471,14 @@ impl Writer {
             let Some(deadline) = deadline.filter(|d| *d > now) else {
                 return Some(group);
             };
+            queue.writer_waits_for = WriterWait::Bytes(config.group_bytes_max - bytes);
             let (q, _) = self
                 .shared
                 .queue_cv
                 .wait_timeout(queue, deadline - now)
                 .unwrap_or_else(|p| p.into_inner());
             queue = q;
+            queue.writer_waits_for = WriterWait::Nothing;
         }
     }
 
