@@ -57,7 +57,12 @@ fn check_frame(frame: vela_wire::Frame) {
                 let codec = CompressionType::try_from(metadata.compression.unwrap_or(0))
                     .unwrap_or(CompressionType::None);
                 let size = metadata.uncompressed_size.unwrap_or(0) as usize;
-                if let Ok(raw) = vela_wire::compression::decompress(codec, section.payload_slice(), size, MAX_FRAME_BYTES) {
+                if let Ok(raw) = vela_wire::compression::decompress(
+                    codec,
+                    section.payload_slice(),
+                    size,
+                    MAX_FRAME_BYTES,
+                ) {
                     if let Some(count) = metadata.num_messages_in_batch {
                         let _ = vela_wire::batch::parse_batch(&raw, count);
                     }
