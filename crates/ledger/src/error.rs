@@ -83,6 +83,16 @@ pub enum LedgerError {
         /// The last readable entry (`None`: nothing readable).
         last: Option<EntryId>,
     },
+    /// A range read with `first > last` or more than its entry limit.
+    #[error("bad range {first}..={last} (at most {max_entries} entries)")]
+    BadRange {
+        /// First entry asked for.
+        first: EntryId,
+        /// Last entry asked for.
+        last: EntryId,
+        /// The limit.
+        max_entries: u64,
+    },
     /// No bookie of the write set returned the entry.
     #[error("entry {entry_id} of ledger {ledger_id} could not be read: {errors:?}")]
     EntryUnavailable {

@@ -42,7 +42,7 @@ pub use entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};
 pub use error::LedgerError;
 pub use metadata::{LedgerMetadata, LedgerState};
 pub use placement::{BookieCandidate, choose as choose_bookies};
-pub use reader::LedgerReader;
+pub use reader::{LedgerReader, READ_RANGE_ENTRIES_MAX, READ_RANGE_PARALLELISM};
 pub use transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
 pub use types::{BookieId, EntryId, LedgerId, Quorum, QuorumError};
 pub use writer::{LedgerWriter, PENDING_ADDS_MAX, PENDING_BYTES_MAX, PendingAdd};

@@ -633,3 +633,35 @@ async fn placement_spreads_ensembles_across_racks() {
         assert_eq!(used, vec!["r1", "r2", "r3"]);
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn range_reads_return_payloads_in_order_failing_over() {
+    let h = Harness::new(27, 4).await;
+    let writer = h
+        .client()
+        .create(quorum(3, 2, 2), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    for e in 0..100 {
+        writer.add(payload(id, e)).await.unwrap();
+    }
+    writer.close().await.unwrap();
+    // One bookie of the ensemble is down: every entry still has a replica.
+    let down = h.client().metadata(id).await.unwrap().last_ensemble().1[1].clone();
+    h.cluster.kill(&down);
+    let reader = h.client().open_for_read(id).await.unwrap();
+    let range = reader.read_range(EntryId(10), EntryId(89)).await.unwrap();
+    assert_eq!(range.len(), 80);
+    for (i, got) in range.iter().enumerate() {
+        assert_eq!(got, &payload(id, 10 + i as u64));
+    }
+    assert!(matches!(
+        reader.read_range(EntryId(5), EntryId(4)).await,
+        Err(LedgerError::BadRange { .. })
+    ));
+    assert!(matches!(
+        reader.read_range(EntryId(0), EntryId(100)).await,
+        Err(LedgerError::BeyondLastConfirmed { .. })
+    ));
+}
