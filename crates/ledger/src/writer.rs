@@ -14,7 +14,7 @@
 //! than `pending_adds_max` adds or `pending_bytes_max` payload bytes (`submit`
 //! waits), or changes the metadata of a ledger that is not OPEN.
 
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -50,6 +50,24 @@ const _: () = assert!(PENDING_BYTES_MAX <= u32::MAX as usize);
 /// (`MetadataContention`). Only the writer changes an OPEN ledger, so a conflict
 /// means a recoverer or an unknown-outcome write; a few re-reads settle it.
 const METADATA_CAS_ATTEMPTS_MAX: u32 = 16;
+
+/// Ensemble changes in a row without the LAC moving before the writer fails
+/// (`TooManyEnsembleChanges`). Each change replaced a bookie that failed; this
+/// many failures without one acknowledged add means the cluster cannot hold
+/// the ledger now, and a new ledger (after recovery) is the better move. With
+/// the backoff below, about 30 s of trying.
+const ENSEMBLE_CHANGES_WITHOUT_PROGRESS_MAX: u32 = 32;
+
+/// Pause before the second change in a row without progress; doubles each time
+/// up to `ENSEMBLE_CHANGE_BACKOFF_MAX`. Keeps a writer whose replacements keep
+/// failing from hammering the metadata store.
+const ENSEMBLE_CHANGE_BACKOFF_MIN: std::time::Duration = std::time::Duration::from_millis(10);
+const ENSEMBLE_CHANGE_BACKOFF_MAX: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// How long a bookie that failed an add is avoided as a replacement (while
+/// other bookies are available): long enough to skip a crashed bookie until its
+/// registration expires (metadata sessions time out in ~30 s).
+const BOOKIE_QUARANTINE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// Published by the writer task for `LedgerWriter::last_add_confirmed`.
 const LAC_NONE: u64 = u64::MAX;
@@ -139,6 +157,8 @@ impl LedgerWriter {
             inflight: JoinSet::new(),
             failed_indices: BTreeSet::new(),
             broken: None,
+            changes_without_progress: 0,
+            quarantine: BTreeMap::new(),
             published_lac: lac.clone(),
         };
         let task = tokio::spawn(task_state.run(receiver));
@@ -277,6 +297,12 @@ struct WriterTask {
     failed_indices: BTreeSet<usize>,
     /// The first fatal failure; once set no add is sent or acknowledged.
     broken: Option<LedgerError>,
+    /// Ensemble changes since the LAC last moved.
+    changes_without_progress: u32,
+    /// Bookies that failed lately, with when; not picked as replacements while
+    /// others are available. At most one key per registered bookie; expired
+    /// keys are dropped on each ensemble change.
+    quarantine: BTreeMap<BookieId, tokio::time::Instant>,
     published_lac: Arc<AtomicU64>,
 }
 
@@ -427,6 +453,7 @@ impl WriterTask {
             };
             debug_assert_eq!(done.entry_id, entry_after(self.lac));
             self.lac = Some(done.entry_id);
+            self.changes_without_progress = 0;
             self.published_lac.store(done.entry_id.0, Ordering::Release);
             let _ = done.reply.send(Ok(done.entry_id));
         }
@@ -449,19 +476,42 @@ impl WriterTask {
     /// Replaces the failed bookies, records the new segment (CAS), and resends
     /// the pending adds they held.
     async fn change_ensemble(&mut self) -> Result<(), LedgerError> {
+        // Bound the churn when replacements keep failing (e.g. a registered
+        // bookie that is down): back off, then give up.
+        if self.changes_without_progress >= ENSEMBLE_CHANGES_WITHOUT_PROGRESS_MAX {
+            return Err(LedgerError::TooManyEnsembleChanges(self.ledger_id));
+        }
+        if self.changes_without_progress > 0 {
+            let backoff = ENSEMBLE_CHANGE_BACKOFF_MIN
+                .saturating_mul(1 << self.changes_without_progress.min(16))
+                .min(ENSEMBLE_CHANGE_BACKOFF_MAX);
+            tokio::time::sleep(backoff).await;
+        }
+        self.changes_without_progress += 1;
         let failed: Vec<usize> = std::mem::take(&mut self.failed_indices)
             .into_iter()
             .collect();
         let failed_bookies: Vec<BookieId> =
             failed.iter().map(|&i| self.ensemble[i].clone()).collect();
+        let now = tokio::time::Instant::now();
+        self.quarantine
+            .retain(|_, failed_at| now.duration_since(*failed_at) < BOOKIE_QUARANTINE);
+        for bookie in &failed_bookies {
+            self.quarantine.insert(bookie.clone(), now);
+        }
         let keep: Vec<BookieId> = (0..self.ensemble.len())
             .filter(|i| !failed.contains(i))
             .map(|i| self.ensemble[i].clone())
             .collect();
         let candidates = store::available_bookies(&self.core.store).await?;
+        let quarantined: Vec<BookieId> = self.quarantine.keys().cloned().collect();
         let picks = {
             let mut rng = self.core.rng.lock();
-            placement::choose(&candidates, &keep, &failed_bookies, failed.len(), &mut *rng)?
+            // Prefer bookies that have not failed lately; fall back to any
+            // bookie outside the ensemble rather than fail the writer.
+            placement::choose(&candidates, &keep, &quarantined, failed.len(), &mut *rng).or_else(
+                |_| placement::choose(&candidates, &keep, &failed_bookies, failed.len(), &mut *rng),
+            )?
         };
         let mut ensemble = self.ensemble.clone();
         for (&index, pick) in failed.iter().zip(picks) {

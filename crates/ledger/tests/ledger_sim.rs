@@ -665,3 +665,44 @@ async fn range_reads_return_payloads_in_order_failing_over() {
         Err(LedgerError::BeyondLastConfirmed { .. })
     ));
 }
+
+#[tokio::test(start_paused = true)]
+async fn replacements_that_keep_failing_end_in_a_typed_error_not_a_spin() {
+    // 4 bookies, E=3: one ensemble member and the only spare are both down but
+    // still registered. The writer swaps between them with backoff, then gives
+    // up; the metadata keeps one segment for the failed position, not one per try.
+    let h = Harness::new(28, 4).await;
+    let writer = h
+        .client()
+        .create(quorum(3, 3, 3), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    writer.add(payload(id, 0)).await.unwrap();
+    let metadata = h.client().metadata(id).await.unwrap();
+    let member = metadata.last_ensemble().1[0].clone();
+    let spare = h
+        .bookies
+        .iter()
+        .find(|b| !metadata.last_ensemble().1.contains(b))
+        .unwrap()
+        .clone();
+    h.cluster.kill(&member);
+    h.cluster.kill(&spare);
+    let started = tokio::time::Instant::now();
+    let err = writer.add(payload(id, 1)).await.unwrap_err();
+    assert!(
+        matches!(err, LedgerError::TooManyEnsembleChanges(_)),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(5),
+        "no backoff"
+    );
+    let metadata = h.client().metadata(id).await.unwrap();
+    assert_eq!(metadata.ensembles.len(), 2);
+    // Recovery still closes the ledger with the acknowledged entry.
+    h.cluster.restart(&member);
+    let reader = h.client().open_with_recovery(id).await.unwrap();
+    assert!(reader.last_readable() >= Some(EntryId(0)));
+}
