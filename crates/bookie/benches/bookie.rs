@@ -3,11 +3,13 @@
 //!
 //! Prints: raw pwrite + fdatasync latency at depth 1 (one 4 KiB block holding
 //! 1 KiB, the I/O the journal does for a lone 1 KiB entry) into a zero-filled
-//! preallocated file; bookie ADD latency at depth 1, 1 KiB, client to bookie
-//! over 127.0.0.1; the same while ledger storage flushes continuously (a
+//! preallocated file, and bookie ADD latency at depth 1, 1 KiB, client to
+//! bookie over 127.0.0.1, in alternating 250 ms slices (this machine's fsync
+//! time drifts with other processes' I/O); the same while ledger storage flushes continuously (a
 //! background writer on other ledgers keeps the write cache past its flush
 //! threshold); ADD throughput at depth 256 for 1 KiB and 64 KiB entries beside
-//! raw sequential 1 MiB write + fdatasync bandwidth; the process's peak VmRSS
+//! raw sequential 1 MiB write + fdatasync bandwidth, in alternating 500 ms
+//! slices; the process's peak VmRSS
 //! during the throughput runs beside write cache + read cache + 64 MiB (client
 //! and bookie share the process, so in-flight client entries count too).
 //!
@@ -41,6 +43,8 @@ const FLUSH_THRESHOLD_BYTES: u64 = 8 << 20;
 const BACKGROUND_BYTES_PER_SEC: u64 = 32 << 20;
 const BACKGROUND_ENTRY_BYTES: usize = 64 << 10;
 const THROUGHPUT_DEPTH: usize = 256;
+/// Throughput phases alternate bookie and raw slices of this length.
+const THROUGHPUT_SLICE: Duration = Duration::from_millis(500);
 
 fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()
@@ -109,36 +113,100 @@ fn zero_filled(path: &Path, bytes: u64) -> File {
     file
 }
 
-fn raw_depth1(dir: &Path, run: Duration) -> Latency {
-    let file = zero_filled(&dir.join("raw-depth1"), 128 << 20);
-    let mut block = vec![0u8; 4096];
-    block[..1024].fill(0xab);
-    let mut h = histogram();
-    let start = Instant::now();
-    let mut offset = 0u64;
-    while start.elapsed() < run && offset + 4096 <= 128 << 20 {
-        let t = Instant::now();
-        file.write_all_at(&block, offset).unwrap();
-        file.sync_data().unwrap();
-        h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
-        offset += 4096;
-    }
-    Latency::of(&h)
+/// Right after a big zero-fill, fdatasync here can be much slower for a while;
+/// the journal preallocates ahead in the background, so it never writes into
+/// that state. Writes during this warm-up are not measured.
+const RAW_WARM_UP: Duration = Duration::from_secs(1);
+/// The depth-1 phases alternate slices of raw writes and bookie adds, so both
+/// see the same machine (other processes' I/O comes and goes).
+const SLICE: Duration = Duration::from_millis(250);
+
+/// Depth-1 raw writes: one 4 KiB block holding 1 KiB + fdatasync, sequential
+/// offsets in a zero-filled file.
+struct RawFile {
+    file: File,
+    file_bytes: u64,
+    offset: u64,
+    block: Vec<u8>,
 }
 
-/// Raw sequential bandwidth: 1 MiB pwrite + fdatasync into zero-filled space.
-fn raw_bandwidth_mb_per_s(dir: &Path, run: Duration) -> f64 {
-    let file_bytes: u64 = 1 << 30;
-    let file = zero_filled(&dir.join("raw-bandwidth"), file_bytes);
-    let block = vec![0xcdu8; 1 << 20];
-    let start = Instant::now();
-    let mut offset = 0u64;
-    while start.elapsed() < run && offset + block.len() as u64 <= file_bytes {
-        file.write_all_at(&block, offset).unwrap();
-        file.sync_data().unwrap();
-        offset += block.len() as u64;
+impl RawFile {
+    fn create(dir: &Path) -> RawFile {
+        let file_bytes: u64 = 256 << 20;
+        let file = zero_filled(&dir.join("raw-depth1"), file_bytes);
+        let mut block = vec![0u8; 4096];
+        block[..1024].fill(0xab);
+        let mut raw = RawFile {
+            file,
+            file_bytes,
+            offset: 0,
+            block,
+        };
+        raw.run(&mut histogram(), RAW_WARM_UP);
+        raw
     }
-    offset as f64 / start.elapsed().as_secs_f64() / 1e6
+
+    fn run(&mut self, h: &mut Histogram<u64>, run: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < run {
+            if self.offset + 4096 > self.file_bytes {
+                self.offset = 0;
+            }
+            let t = Instant::now();
+            self.file.write_all_at(&self.block, self.offset).unwrap();
+            self.file.sync_data().unwrap();
+            h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
+            self.offset += 4096;
+        }
+    }
+}
+
+/// Raw sequential bandwidth: 1 MiB pwrite + fdatasync into zero-filled space
+/// (wrapping around at the end of the file).
+struct RawBandwidth {
+    file: File,
+    file_bytes: u64,
+    offset: u64,
+    block: Vec<u8>,
+    written_bytes: u64,
+    busy: Duration,
+}
+
+impl RawBandwidth {
+    fn create(dir: &Path) -> RawBandwidth {
+        let file_bytes: u64 = 512 << 20;
+        let file = zero_filled(&dir.join("raw-bandwidth"), file_bytes);
+        let mut raw = RawBandwidth {
+            file,
+            file_bytes,
+            offset: 0,
+            block: vec![0xcdu8; 1 << 20],
+            written_bytes: 0,
+            busy: Duration::ZERO,
+        };
+        raw.run(RAW_WARM_UP);
+        raw.written_bytes = 0;
+        raw.busy = Duration::ZERO;
+        raw
+    }
+
+    fn run(&mut self, run: Duration) {
+        let start = Instant::now();
+        while start.elapsed() < run {
+            if self.offset + self.block.len() as u64 > self.file_bytes {
+                self.offset = 0;
+            }
+            self.file.write_all_at(&self.block, self.offset).unwrap();
+            self.file.sync_data().unwrap();
+            self.offset += self.block.len() as u64;
+            self.written_bytes += self.block.len() as u64;
+        }
+        self.busy += start.elapsed();
+    }
+
+    fn mb_per_s(&self) -> f64 {
+        self.written_bytes as f64 / self.busy.as_secs_f64() / 1e6
+    }
 }
 
 fn entry(ledger_id: u64, entry_id: u64, payload: &[u8]) -> Bytes {
@@ -151,56 +219,80 @@ fn entry(ledger_id: u64, entry_id: u64, payload: &[u8]) -> Bytes {
     encode_entry(&header, payload)
 }
 
-/// Depth-1 adds of 1 KiB to `ledger_id` for `run`.
-async fn add_depth1(client: &BookieClient, ledger_id: u64, run: Duration) -> Latency {
+/// Depth-1 adds of 1 KiB to `ledger_id` for `run`, alternating with raw
+/// slices when `raw` is given.
+async fn add_depth1(
+    client: &BookieClient,
+    ledger_id: u64,
+    run: Duration,
+    mut raw: Option<(&mut RawFile, &mut Histogram<u64>)>,
+) -> Latency {
     let payload = vec![0x5au8; 1024];
     let mut h = histogram();
     let start = Instant::now();
     let mut entry_id = 0;
     while start.elapsed() < run {
-        let entry = entry(ledger_id, entry_id, &payload);
-        let t = Instant::now();
-        client.add(entry, AddMode::Normal).await.unwrap();
-        h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
-        entry_id += 1;
+        let slice_start = Instant::now();
+        while slice_start.elapsed() < SLICE {
+            let entry = entry(ledger_id, entry_id, &payload);
+            let t = Instant::now();
+            client.add(entry, AddMode::Normal).await.unwrap();
+            h.record(t.elapsed().as_micros().max(1) as u64).unwrap();
+            entry_id += 1;
+        }
+        if let Some((file, raw_h)) = raw.as_mut() {
+            // Blocks this (block_on) thread only; the server runs on workers.
+            file.run(raw_h, SLICE);
+        }
     }
     Latency::of(&h)
 }
 
-/// Pipelined adds at `THROUGHPUT_DEPTH`; returns (MB/s of payload, entries/s).
+/// Pipelined adds at `THROUGHPUT_DEPTH` for `run`, in slices that alternate
+/// with raw bandwidth slices; returns (MB/s of payload, entries/s) over the
+/// bookie slices.
 async fn add_throughput(
     client: &BookieClient,
     first_ledger_id: u64,
     payload_bytes: usize,
     run: Duration,
+    raw: &mut RawBandwidth,
 ) -> (f64, f64) {
     let payload = vec![0x77u8; payload_bytes];
     let mut in_flight = VecDeque::with_capacity(THROUGHPUT_DEPTH);
     let mut acked = 0u64;
     let mut refused = 0u64;
-    let start = Instant::now();
+    let mut busy = Duration::ZERO;
     let mut entry_id = 0u64;
-    while start.elapsed() < run || !in_flight.is_empty() {
-        while start.elapsed() < run && in_flight.len() < THROUGHPUT_DEPTH {
-            // Four ledgers, round robin, as several producers would.
-            let ledger_id = first_ledger_id + entry_id % 4;
-            in_flight
-                .push_back(client.add(entry(ledger_id, entry_id / 4, &payload), AddMode::Normal));
-            entry_id += 1;
+    let start = Instant::now();
+    while start.elapsed() < run {
+        let slice_start = Instant::now();
+        while slice_start.elapsed() < THROUGHPUT_SLICE || !in_flight.is_empty() {
+            while slice_start.elapsed() < THROUGHPUT_SLICE && in_flight.len() < THROUGHPUT_DEPTH {
+                // Four ledgers, round robin, as several producers would.
+                let ledger_id = first_ledger_id + entry_id % 4;
+                in_flight.push_back(
+                    client.add(entry(ledger_id, entry_id / 4, &payload), AddMode::Normal),
+                );
+                entry_id += 1;
+            }
+            let Some(add) = in_flight.pop_front() else {
+                break;
+            };
+            match add.await {
+                Ok(()) => acked += 1,
+                Err(BookieError::TooManyRequests) => refused += 1,
+                Err(error) => panic!("add failed: {error}"),
+            }
         }
-        let Some(add) = in_flight.pop_front() else {
-            break;
-        };
-        match add.await {
-            Ok(()) => acked += 1,
-            Err(BookieError::TooManyRequests) => refused += 1,
-            Err(error) => panic!("add failed: {error}"),
-        }
+        busy += slice_start.elapsed();
+        // Blocks this (block_on) thread only; the server runs on workers.
+        raw.run(THROUGHPUT_SLICE);
     }
-    let secs = start.elapsed().as_secs_f64();
     if refused > 0 {
         println!("    ({refused} adds refused with TOO_MANY_REQUESTS)");
     }
+    let secs = busy.as_secs_f64();
     (
         acked as f64 * payload_bytes as f64 / secs / 1e6,
         acked as f64 / secs,
@@ -258,50 +350,47 @@ fn main() {
         run
     );
 
-    let raw = raw_depth1(dir.path(), run);
-    println!(
-        "raw pwrite 4 KiB (1 KiB data) + fdatasync, depth 1:  {}",
-        raw.line()
-    );
+    let mut raw_file = RawFile::create(dir.path());
 
-    let mut config = BookieConfig::new(dir.path().join("journal"), dir.path().join("ledgers"));
-    config.storage.write_cache_bytes_max = WRITE_CACHE_BYTES;
-    config.storage.read_cache_bytes_max = READ_CACHE_BYTES;
-    config.storage.flush_threshold_bytes = FLUSH_THRESHOLD_BYTES;
-    config.storage.flush_interval = Duration::from_secs(600);
-    let bookie = Arc::new(Bookie::open(config).unwrap());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
 
-    let (small_mb_s, big_mb_s, big_per_s, peak_rss) = runtime.block_on(async {
-        let server = Server::bind("127.0.0.1:0".parse().unwrap(), bookie.clone()).await.unwrap();
-        let addr = server.local_addr();
-        let (stop_server, stopped) = tokio::sync::oneshot::channel::<()>();
-        let served = tokio::spawn(server.run(async {
-            let _ = stopped.await;
-        }));
-        let client = BookieClient::connect(addr).await.unwrap();
-
-        let add = add_depth1(&client, 1, run).await;
+    // Latency phases: a low flush threshold, so the background writer of the
+    // second phase keeps storage flushing.
+    let latency_bookie = open_bookie(dir.path(), "latency", FLUSH_THRESHOLD_BYTES);
+    runtime.block_on(async {
+        let served = Served::start(latency_bookie.clone()).await;
+        let client = BookieClient::connect(served.addr).await.unwrap();
+        let mut raw_h = histogram();
+        let add = add_depth1(&client, 1, run, Some((&mut raw_file, &mut raw_h))).await;
+        let raw = Latency::of(&raw_h);
+        println!(
+            "raw pwrite 4 KiB (1 KiB data) + fdatasync, depth 1: {}",
+            raw.line()
+        );
         println!(
             "bookie ADD 1 KiB, depth 1, TCP loopback:           {}  p50 = raw + {} µs",
             add.line(),
             add.p50 as i64 - raw.p50 as i64
         );
 
-        let flushes_before = bookie.stats().storage.flush_count;
+        let flushes_before = latency_bookie.stats().storage.flush_count;
         let stop = Arc::new(AtomicBool::new(false));
         let written = Arc::new(AtomicU64::new(0));
-        let background_client = BookieClient::connect(addr).await.unwrap();
-        let background = tokio::spawn(background_writer(background_client, stop.clone(), written.clone()));
+        let background_client = BookieClient::connect(served.addr).await.unwrap();
+        let background = tokio::spawn(background_writer(
+            background_client,
+            stop.clone(),
+            written.clone(),
+        ));
         tokio::time::sleep(Duration::from_millis(300)).await;
-        let flushing = add_depth1(&client, 2, run).await;
+        let flushing = add_depth1(&client, 2, run, None).await;
         stop.store(true, Ordering::Relaxed);
         background.await.unwrap();
-        let flushes = bookie.stats().storage.flush_count - flushes_before;
+        let flushes = latency_bookie.stats().storage.flush_count - flushes_before;
         println!(
             "bookie ADD 1 KiB, depth 1, storage flushing:       {}  p50 = raw + {} µs",
             flushing.line(),
@@ -311,36 +400,69 @@ fn main() {
             "    (background: {} MiB of 64 KiB adds on other ledgers, {flushes} storage flushes)",
             written.load(Ordering::Relaxed) >> 20
         );
+        drop(client);
+        served.stop().await;
+    });
+    drop(raw_file);
+    let stats = latency_bookie.stats();
+    println!(
+        "    bookie add stage (add -> durable), latency phases: {:?}",
+        stats.add_us
+    );
+    println!(
+        "    journal fdatasync, latency phases: {:?}",
+        stats.journal.fdatasync_us
+    );
+    latency_bookie.shutdown();
+    drop(latency_bookie);
 
-        let peak_rss = Arc::new(AtomicU64::new(vm_rss_bytes()));
-        let sampling = Arc::new(AtomicBool::new(true));
-        let sampler = {
-            let peak_rss = peak_rss.clone();
-            let sampling = sampling.clone();
-            std::thread::spawn(move || {
-                while sampling.load(Ordering::Relaxed) {
-                    peak_rss.fetch_max(vm_rss_bytes(), Ordering::Relaxed);
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-            })
-        };
-        let (small_mb_s, small_per_s) = add_throughput(&client, 100, 1024, run).await;
+    // Throughput phases: the default flush threshold (a quarter of the cache).
+    let throughput_bookie = open_bookie(dir.path(), "throughput", WRITE_CACHE_BYTES / 4);
+    let rss_before = vm_rss_bytes();
+    let peak_rss = Arc::new(AtomicU64::new(rss_before));
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let peak_rss = peak_rss.clone();
+        let sampling = sampling.clone();
+        std::thread::spawn(move || {
+            while sampling.load(Ordering::Relaxed) {
+                peak_rss.fetch_max(vm_rss_bytes(), Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+    };
+    let mut raw_bandwidth = RawBandwidth::create(dir.path());
+    let (small_mb_s, big_mb_s) = runtime.block_on(async {
+        let served = Served::start(throughput_bookie.clone()).await;
+        let client = BookieClient::connect(served.addr).await.unwrap();
+        let (small_mb_s, small_per_s) = add_throughput(&client, 100, 1024, run, &mut raw_bandwidth).await;
         println!(
             "bookie ADD 1 KiB, depth {THROUGHPUT_DEPTH}:                       {small_mb_s:>8.1} MB/s  ({small_per_s:.0} entries/s)"
         );
-        let (big_mb_s, big_per_s) = add_throughput(&client, 200, 64 << 10, run).await;
-        sampling.store(false, Ordering::Relaxed);
-        sampler.join().unwrap();
+        let (big_mb_s, big_per_s) = add_throughput(&client, 200, 64 << 10, run, &mut raw_bandwidth).await;
+        println!(
+            "bookie ADD 64 KiB, depth {THROUGHPUT_DEPTH}:                      {big_mb_s:>8.1} MB/s  ({big_per_s:.0} entries/s)"
+        );
         drop(client);
-        let _ = stop_server.send(());
-        served.await.unwrap().unwrap();
-        (small_mb_s, big_mb_s, big_per_s, peak_rss.load(Ordering::Relaxed))
+        served.stop().await;
+        (small_mb_s, big_mb_s)
     });
+    sampling.store(false, Ordering::Relaxed);
+    sampler.join().unwrap();
     drop(runtime);
-    let raw_mb_s = raw_bandwidth_mb_per_s(dir.path(), run);
+    let stats = throughput_bookie.stats();
     println!(
-        "bookie ADD 64 KiB, depth {THROUGHPUT_DEPTH}:                      {big_mb_s:>8.1} MB/s  ({big_per_s:.0} entries/s)"
+        "    journal groups, throughput phases: entries {:?}",
+        stats.journal.group_entries
     );
+    println!(
+        "    journal fdatasync, throughput phases: {:?}",
+        stats.journal.fdatasync_us
+    );
+    throughput_bookie.shutdown();
+    drop(throughput_bookie);
+
+    let raw_mb_s = raw_bandwidth.mb_per_s();
     println!("raw sequential 1 MiB pwrite + fdatasync:            {raw_mb_s:>8.1} MB/s");
     println!(
         "    64 KiB ADD throughput = {:.2} x raw bandwidth; 1 KiB = {:.3} x",
@@ -349,17 +471,48 @@ fn main() {
     );
     let budget = WRITE_CACHE_BYTES + READ_CACHE_BYTES + (64 << 20);
     println!(
-        "peak VmRSS during throughput runs:                 {:>8} MiB  (write cache {} + read cache {} + 64 = {} MiB)",
-        peak_rss >> 20,
+        "peak VmRSS during throughput runs:                 {:>8} MiB  (before: {} MiB; budget: write cache {} + read cache {} + 64 = {} MiB)",
+        peak_rss.load(Ordering::Relaxed) >> 20,
+        rss_before >> 20,
         WRITE_CACHE_BYTES >> 20,
         READ_CACHE_BYTES >> 20,
         budget >> 20
     );
-    let stats = bookie.stats();
-    println!(
-        "bookie add stage (add -> durable), all phases: {:?}",
-        stats.add_us
+}
+
+fn open_bookie(dir: &Path, name: &str, flush_threshold_bytes: u64) -> Arc<Bookie> {
+    let mut config = BookieConfig::new(
+        dir.join(format!("{name}-journal")),
+        dir.join(format!("{name}-ledgers")),
     );
-    println!("journal stages, all phases: {:?}", stats.journal);
-    bookie.shutdown();
+    config.storage.write_cache_bytes_max = WRITE_CACHE_BYTES;
+    config.storage.read_cache_bytes_max = READ_CACHE_BYTES;
+    config.storage.flush_threshold_bytes = flush_threshold_bytes;
+    Arc::new(Bookie::open(config).unwrap())
+}
+
+/// A server on 127.0.0.1 over a bookie, until `stop`.
+struct Served {
+    addr: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Served {
+    async fn start(bookie: Arc<Bookie>) -> Served {
+        let server = Server::bind("127.0.0.1:0".parse().unwrap(), bookie)
+            .await
+            .unwrap();
+        let addr = server.local_addr();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(server.run(async {
+            let _ = stopped.await;
+        }));
+        Served { addr, stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
 }
