@@ -21,6 +21,7 @@ use crate::metadata::{LedgerMetadata, PROPERTIES_MAX};
 use crate::placement;
 use crate::reader::LedgerReader;
 use crate::recovery;
+use crate::stats::{LedgerStats, Stats};
 use crate::store;
 use crate::transport::{BookieError, BookieTransport};
 use crate::types::{BookieId, LedgerId, Quorum};
@@ -73,6 +74,7 @@ pub(crate) struct ClientCore {
     pub(crate) rng: Mutex<StdRng>,
     /// Ledger ids (ranges reserved by CAS on `vela_meta::idgen::LEDGER_ID_KEY`).
     pub(crate) ids: IdAllocator,
+    pub(crate) stats: Stats,
 }
 
 /// Entry point of the ledger client. Cheap to clone.
@@ -99,6 +101,7 @@ impl LedgerClient {
                 config,
                 rng: Mutex::new(rng),
                 ids: IdAllocator::for_ledgers(store.clone()),
+                stats: Stats::new(),
                 store,
             }),
         }
@@ -141,6 +144,11 @@ impl LedgerClient {
         ))
     }
 
+    /// Figures of this client's writers and recoveries (for metrics).
+    pub fn stats(&self) -> LedgerStats {
+        self.core.stats.snapshot()
+    }
+
     /// The ledger's current metadata.
     pub async fn metadata(&self, ledger_id: LedgerId) -> Result<LedgerMetadata, LedgerError> {
         Ok(store::read(&self.core.store, ledger_id).await?.metadata)
@@ -166,6 +174,10 @@ impl LedgerClient {
         ledger_id: LedgerId,
     ) -> Result<LedgerReader, LedgerError> {
         let metadata = recovery::recover(&self.core, ledger_id).await?;
+        self.core
+            .stats
+            .recoveries
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(LedgerReader::new(self.core.clone(), ledger_id, metadata))
     }
 

@@ -28,6 +28,7 @@ mod error;
 mod placement;
 mod reader;
 mod recovery;
+mod stats;
 mod store;
 mod writer;
 
@@ -43,6 +44,7 @@ pub use error::LedgerError;
 pub use metadata::{LedgerMetadata, LedgerState};
 pub use placement::{BookieCandidate, choose as choose_bookies};
 pub use reader::{LedgerReader, READ_RANGE_ENTRIES_MAX, READ_RANGE_PARALLELISM};
+pub use stats::{LatencySummary, LedgerStats};
 pub use transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
 pub use types::{BookieId, EntryId, LedgerId, Quorum, QuorumError};
 pub use writer::{LedgerWriter, PENDING_ADDS_MAX, PENDING_BYTES_MAX, PendingAdd};

@@ -77,6 +77,7 @@ enum Command {
         payload: Bytes,
         reply: oneshot::Sender<Result<EntryId, LedgerError>>,
         permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+        submitted_at: tokio::time::Instant,
     },
     Close {
         reply: oneshot::Sender<Result<LedgerMetadata, LedgerError>>,
@@ -220,6 +221,7 @@ impl LedgerWriter {
             payload,
             reply,
             permits: (count, bytes),
+            submitted_at: tokio::time::Instant::now(),
         };
         // The channel holds more than the count budget, so this never waits long.
         self.commands
@@ -265,6 +267,7 @@ struct PendingEntry {
     /// Ensemble indices (bit i = index i) that acked.
     acked: u64,
     reply: oneshot::Sender<Result<EntryId, LedgerError>>,
+    submitted_at: tokio::time::Instant,
     _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
@@ -331,7 +334,9 @@ impl WriterTask {
                 command = commands.recv(), if close.is_none() => match command {
                     // The writer was dropped: abandon.
                     None => return,
-                    Some(Command::Add { payload, reply, permits }) => self.on_add(payload, reply, permits),
+                    Some(Command::Add { payload, reply, permits, submitted_at }) => {
+                        self.on_add(payload, reply, permits, submitted_at);
+                    }
                     Some(Command::Close { reply }) => close = Some(reply),
                 },
                 else => {
@@ -357,6 +362,7 @@ impl WriterTask {
         payload: Bytes,
         reply: oneshot::Sender<Result<EntryId, LedgerError>>,
         permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+        submitted_at: tokio::time::Instant,
     ) {
         if let Some(reason) = &self.broken {
             let _ = reply.send(Err(LedgerError::WriterFailed {
@@ -383,6 +389,7 @@ impl WriterTask {
             packaged,
             acked: 0,
             reply,
+            submitted_at,
             _permits: permits,
         });
     }
@@ -454,6 +461,7 @@ impl WriterTask {
             debug_assert_eq!(done.entry_id, entry_after(self.lac));
             self.lac = Some(done.entry_id);
             self.changes_without_progress = 0;
+            self.core.stats.record_add(done.submitted_at.elapsed());
             self.published_lac.store(done.entry_id.0, Ordering::Release);
             let _ = done.reply.send(Ok(done.entry_id));
         }
@@ -465,6 +473,12 @@ impl WriterTask {
             return;
         }
         tracing::warn!(ledger = %self.ledger_id, %error, pending = self.pending.len(), "writer failed");
+        if error.is_fenced() {
+            self.core
+                .stats
+                .writers_fenced
+                .fetch_add(1, Ordering::Relaxed);
+        }
         for pending in self.pending.drain(..) {
             let _ = pending.reply.send(Err(error.clone()));
         }
@@ -524,6 +538,10 @@ impl WriterTask {
             replaced = ?failed_bookies, ensemble = ?ensemble, "ensemble changed"
         );
         self.ensemble = ensemble;
+        self.core
+            .stats
+            .ensemble_changes
+            .fetch_add(1, Ordering::Relaxed);
         let mut resend = Vec::new();
         for pending in &mut self.pending {
             for &index in &failed {
