@@ -54,14 +54,9 @@ pub(crate) async fn recover(
     let lac = fence(core, ledger_id, metadata.quorum, &ensemble).await?;
     let start = lac.max(entry_before(first_of_last));
     let mut last = start;
-    let mut length_bytes = match start {
-        None => 0,
-        Some(entry) => {
-            read_with_retry(core, ledger_id, metadata, entry)
-                .await?
-                .ledger_length
-        }
-    };
+    // Ledger length at `last`: known from the last entry found; if none is
+    // found past `start`, read entry `start` itself (below).
+    let mut length_bytes: Option<u64> = None;
     tracing::info!(ledger = %ledger_id, ?lac, ?start, "recovery: fenced, reading forward");
     loop {
         let entry_id = entry_after(last);
@@ -79,10 +74,19 @@ pub(crate) async fn recover(
                 )
                 .await?;
                 last = Some(entry_id);
-                length_bytes = entry_length_bytes;
+                length_bytes = Some(entry_length_bytes);
             }
         }
     }
+    let length_bytes = match (length_bytes, start) {
+        (Some(length_bytes), _) => length_bytes,
+        (None, None) => 0,
+        (None, Some(entry)) => {
+            read_with_retry(core, ledger_id, metadata, entry)
+                .await?
+                .ledger_length
+        }
+    };
     close(core, ledger_id, versioned, last, length_bytes).await
 }
 

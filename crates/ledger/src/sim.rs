@@ -420,3 +420,93 @@ impl BookieTransport for SimCluster {
         )
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::entry::package;
+
+    fn setup() -> (SimCluster, BookieId) {
+        let cluster = SimCluster::new(1);
+        let bookie = BookieId::new("b");
+        cluster.add_bookie(&bookie);
+        (cluster, bookie)
+    }
+
+    fn entry(entry: u64, lac: Option<u64>) -> Bytes {
+        package(
+            LedgerId(1),
+            EntryId(entry),
+            lac.map(EntryId),
+            entry + 1,
+            b"x",
+        )
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn fenced_ledger_refuses_normal_adds_and_takes_recovery_adds() {
+        let (cluster, b) = setup();
+        let (l, e0) = (LedgerId(1), EntryId(0));
+        cluster
+            .add(&b, l, e0, entry(0, None), AddMode::Normal)
+            .await
+            .unwrap();
+        assert_eq!(
+            cluster.read_lac(&b, l, ReadMode::Fence).await.unwrap(),
+            None
+        );
+        assert!(cluster.is_fenced(&b, l));
+        let refused = cluster
+            .add(&b, l, EntryId(1), entry(1, Some(0)), AddMode::Normal)
+            .await;
+        assert_eq!(refused, Err(BookieError::Fenced));
+        cluster
+            .add(&b, l, EntryId(1), entry(1, Some(0)), AddMode::Recovery)
+            .await
+            .unwrap();
+        assert_eq!(
+            cluster.read_lac(&b, l, ReadMode::Normal).await.unwrap(),
+            Some(EntryId(0))
+        );
+        assert_eq!(
+            cluster.read(&b, l, EntryId(2), ReadMode::Normal).await,
+            Err(BookieError::NoSuchEntry)
+        );
+        assert_eq!(
+            cluster.read(&b, LedgerId(9), e0, ReadMode::Normal).await,
+            Err(BookieError::NoSuchLedger)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn crash_keeps_answered_adds_and_loses_unanswered_ones() {
+        let (cluster, b) = setup();
+        let l = LedgerId(1);
+        cluster
+            .add(&b, l, EntryId(0), entry(0, None), AddMode::Normal)
+            .await
+            .unwrap();
+        cluster.set_faults(
+            &b,
+            SimFaults {
+                sync_delay: Duration::from_secs(1),
+                ..SimFaults::default()
+            },
+        );
+        let slow = cluster.add(&b, l, EntryId(1), entry(1, Some(0)), AddMode::Normal);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        assert!(cluster.stored_entry(&b, l, EntryId(1)).is_some());
+        cluster.kill(&b);
+        assert!(matches!(slow.await, Err(BookieError::ConnectionLost(_))));
+        cluster.restart(&b);
+        assert!(cluster.stored_entry(&b, l, EntryId(0)).is_some());
+        assert!(cluster.stored_entry(&b, l, EntryId(1)).is_none());
+        let down = BookieId::new("b");
+        cluster.kill(&down);
+        assert!(matches!(
+            cluster.read(&down, l, EntryId(0), ReadMode::Normal).await,
+            Err(BookieError::ConnectionLost(_))
+        ));
+    }
+}
