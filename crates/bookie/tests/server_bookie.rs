@@ -503,3 +503,68 @@ async fn server_shutdown_closes_client_connections() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thousands_of_pipelined_requests_past_the_in_flight_bound_all_answered() {
+    // More requests than `CONNECTION_IN_FLIGHT_MAX` (and reads past the per
+    // connection read bound) written in one go by a raw client that reads its
+    // answers concurrently: the server pauses reading, never drops or deadlocks.
+    let requests = 3 * vela_bookie::server::CONNECTION_IN_FLIGHT_MAX as u64;
+    let bookie = start().await;
+    let socket = TcpStream::connect(bookie.addr).await.unwrap();
+    let (mut read_half, mut write_half) = socket.into_split();
+    let writer = tokio::spawn(async move {
+        let mut frames = BytesMut::new();
+        for request_id in 0..requests {
+            let request = if request_id % 4 == 3 {
+                Request::ReadLac { ledger_id: 14 }
+            } else {
+                Request::Add {
+                    mode: AddMode::Normal,
+                    entry: entry(14, request_id),
+                }
+            };
+            encode_request(request_id, &request, &mut frames);
+        }
+        write_half.write_all(&frames).await.unwrap();
+        write_half
+    });
+    let mut buf = BytesMut::new();
+    let mut answered = vec![false; requests as usize];
+    let mut count = 0;
+    while count < requests {
+        let read =
+            tokio::time::timeout(Duration::from_secs(20), read_half.read_buf(&mut buf)).await;
+        assert!(
+            read.unwrap().unwrap() > 0,
+            "connection closed after {count} answers"
+        );
+        while let Some(raw) = decode_frame(&mut buf).unwrap() {
+            let frame = raw.into_response().unwrap();
+            let request_id = frame.request_id;
+            assert!(
+                !answered[request_id as usize],
+                "request {request_id} answered twice"
+            );
+            answered[request_id as usize] = true;
+            count += 1;
+            if request_id % 4 == 3 {
+                assert!(
+                    matches!(frame.response, Response::ReadLac { .. }),
+                    "{:?}",
+                    frame.response
+                );
+            } else {
+                assert_eq!(
+                    frame.response,
+                    Response::Add {
+                        ledger_id: 14,
+                        entry_id: request_id
+                    }
+                );
+            }
+        }
+    }
+    drop(writer.await.unwrap());
+    bookie.stop().await;
+}
