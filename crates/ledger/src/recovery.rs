@@ -11,7 +11,9 @@
 //!    it is missing once Qw-Qa+1 of its write set say they do not have it;
 //!    other answers leave it unknown (retried, never taken as missing).
 //! 4. Re-write each found entry, byte for byte, with RECOVERY adds to its full
-//!    write set (waiting for at least Qa; all Qw unless a bookie keeps failing).
+//!    write set (waiting for at least Qa; all Qw unless a bookie keeps
+//!    failing). A bookie that fails a re-write is replaced when a spare exists:
+//!    a new segment from that entry, recorded with the close.
 //! 5. At the first missing entry: CAS to CLOSED with the last found entry and
 //!    its ledger length. A racing recoverer that closed first wins; its result
 //!    is returned.
@@ -20,9 +22,13 @@
 //! at most Qw-Qa of them can deny it, and the "missing" verdict needs one more
 //! denial than that; denials come from fencing reads, so a denier can no longer
 //! accept the old writer's adds.
-//! Never: concludes "missing" from errors or timeouts; changes the ensemble
-//! (recovery needs the last ensemble's bookies to answer; if they stay silent it
-//! returns `RecoveryIncomplete` and leaves the ledger IN_RECOVERY for a retry).
+//!
+//! Never: concludes "missing" from errors or timeouts. If the last
+//! ensemble's bookies stay silent (no fencing coverage, an entry neither found
+//! nor denied), it returns `RecoveryIncomplete` and leaves the ledger
+//! IN_RECOVERY for a retry.
+
+use std::collections::BTreeMap;
 
 use bytes::Bytes;
 use tokio::task::JoinSet;
@@ -30,7 +36,8 @@ use tokio::task::JoinSet;
 use crate::client::ClientCore;
 use crate::entry::unpackage;
 use crate::error::LedgerError;
-use crate::metadata::{LedgerMetadata, LedgerState};
+use crate::metadata::{ENSEMBLES_MAX, LedgerMetadata, LedgerState};
+use crate::placement;
 use crate::reader::read_entry;
 use crate::store::{self, CasError, Versioned};
 use crate::transport::{AddMode, BookieError, ReadMode};
@@ -57,6 +64,10 @@ pub(crate) async fn recover(
     // Ledger length at `last`: known from the last entry found; if none is
     // found past `start`, read entry `start` itself (below).
     let mut length_bytes: Option<u64> = None;
+    // Where re-writes go: the last ensemble, with bookies that fail re-writes
+    // replaced; each replacement starts a segment recorded at close.
+    let mut target = ensemble.clone();
+    let mut new_segments: BTreeMap<EntryId, Vec<BookieId>> = BTreeMap::new();
     tracing::info!(ledger = %ledger_id, ?lac, ?start, "recovery: fenced, reading forward");
     loop {
         let entry_id = entry_after(last);
@@ -64,15 +75,14 @@ pub(crate) async fn recover(
         match probe(core, ledger_id, metadata.quorum, &write_set, entry_id).await? {
             Probe::Missing => break,
             Probe::Found(packaged, entry_length_bytes) => {
-                rewrite(
+                let mut rewrite = Rewrite {
                     core,
                     ledger_id,
-                    metadata.quorum,
-                    &write_set,
-                    entry_id,
-                    packaged,
-                )
-                .await?;
+                    quorum: metadata.quorum,
+                    target: &mut target,
+                    new_segments: &mut new_segments,
+                };
+                rewrite.entry(entry_id, packaged).await?;
                 last = Some(entry_id);
                 length_bytes = Some(entry_length_bytes);
             }
@@ -87,7 +97,15 @@ pub(crate) async fn recover(
                 .ledger_length
         }
     };
-    close(core, ledger_id, versioned, last, length_bytes).await
+    close(
+        core,
+        ledger_id,
+        versioned,
+        &new_segments,
+        last,
+        length_bytes,
+    )
+    .await
 }
 
 enum Marked {
@@ -257,70 +275,116 @@ async fn probe(
     })
 }
 
-/// Re-writes a found entry to its whole write set with RECOVERY adds. Retries
-/// the bookies that fail; settles for Qa acks if some keep failing (the entry is
-/// then as durable as any acknowledged entry).
-async fn rewrite(
-    core: &ClientCore,
+/// Re-writes found entries with RECOVERY adds, replacing bookies that fail.
+struct Rewrite<'a> {
+    core: &'a ClientCore,
     ledger_id: LedgerId,
     quorum: Quorum,
-    write_set: &[BookieId],
-    entry_id: EntryId,
-    packaged: Bytes,
-) -> Result<(), LedgerError> {
-    let mut acked = vec![false; write_set.len()];
-    let mut last_errors: Vec<(BookieId, BookieError)> = Vec::new();
-    let attempts = core.config.recovery_attempts_max.max(1);
-    for attempt in 0..attempts {
-        if attempt > 0 {
-            tokio::time::sleep(core.config.recovery_retry_delay).await;
-        }
-        let mut requests = JoinSet::new();
-        for (index, bookie) in write_set.iter().enumerate().filter(|(i, _)| !acked[*i]) {
-            let request = core.transport.add(
-                bookie,
-                ledger_id,
-                entry_id,
-                packaged.clone(),
-                AddMode::Recovery,
-            );
-            let timeout = core.config.add_timeout;
-            requests.spawn(async move {
-                let answer = tokio::time::timeout(timeout, request)
-                    .await
-                    .unwrap_or(Err(BookieError::Timeout));
-                (index, answer)
-            });
-        }
-        last_errors.clear();
-        while let Some(joined) = requests.join_next().await {
-            let (index, answer) = joined.map_err(|e| LedgerError::Internal(e.to_string()))?;
-            match answer {
-                Ok(()) => acked[index] = true,
-                Err(error) => last_errors.push((write_set[index].clone(), error)),
+    /// The ensemble re-writes go to (the last one, with replacements).
+    target: &'a mut Vec<BookieId>,
+    /// Segments started by replacements, recorded at close.
+    new_segments: &'a mut BTreeMap<EntryId, Vec<BookieId>>,
+}
+
+impl Rewrite<'_> {
+    /// Re-writes one entry to its whole write set in `target`. A bookie that
+    /// fails is replaced (a new segment from this entry) when a spare exists,
+    /// as the writer would; settles for Qa acks if some keep failing (the entry
+    /// is then as durable as any acknowledged entry).
+    async fn entry(&mut self, entry_id: EntryId, packaged: Bytes) -> Result<(), LedgerError> {
+        let indices: Vec<usize> = self.quorum.write_set(entry_id).collect();
+        let mut acked = vec![false; self.target.len()];
+        let mut last_errors: Vec<(BookieId, BookieError)> = Vec::new();
+        let attempts = self.core.config.recovery_attempts_max.max(1);
+        for attempt in 0..attempts {
+            if attempt > 0 {
+                tokio::time::sleep(self.core.config.recovery_retry_delay).await;
             }
+            let mut requests = JoinSet::new();
+            for &index in indices.iter().filter(|&&i| !acked[i]) {
+                let request = self.core.transport.add(
+                    &self.target[index],
+                    self.ledger_id,
+                    entry_id,
+                    packaged.clone(),
+                    AddMode::Recovery,
+                );
+                let timeout = self.core.config.add_timeout;
+                requests.spawn(async move {
+                    let answer = tokio::time::timeout(timeout, request)
+                        .await
+                        .unwrap_or(Err(BookieError::Timeout));
+                    (index, answer)
+                });
+            }
+            last_errors.clear();
+            let mut failed = Vec::new();
+            while let Some(joined) = requests.join_next().await {
+                let (index, answer) = joined.map_err(|e| LedgerError::Internal(e.to_string()))?;
+                match answer {
+                    Ok(()) => acked[index] = true,
+                    Err(error) => {
+                        last_errors.push((self.target[index].clone(), error));
+                        failed.push(index);
+                    }
+                }
+            }
+            let acked_count = indices.iter().filter(|&&i| acked[i]).count();
+            // Every bookie of the write set has it: done. Otherwise retry the
+            // rest, but never more than half the attempts once Qa is reached.
+            if acked_count == indices.len()
+                || (acked_count >= self.quorum.ack_quorum() && attempt + 1 >= attempts.div_ceil(2))
+            {
+                return Ok(());
+            }
+            failed.sort_unstable();
+            self.replace(entry_id, &failed).await?;
         }
-        let acked_count = acked.iter().filter(|a| **a).count();
-        // Every bookie of the write set has it: done. Otherwise retry the rest
-        // a few times, but never more than half the attempts once Qa is reached.
-        if acked_count == write_set.len()
-            || (acked_count >= quorum.ack_quorum() && attempt + 1 >= attempts.div_ceil(2))
-        {
+        Err(LedgerError::RecoveryIncomplete {
+            ledger_id: self.ledger_id,
+            reason: format!(
+                "re-write of entry {entry_id} reached fewer than Qa bookies: {last_errors:?}"
+            ),
+        })
+    }
+
+    /// Replaces the bookies at `failed` ensemble indices if spares exist; with
+    /// none, leaves them (the next round retries them).
+    async fn replace(&mut self, entry_id: EntryId, failed: &[usize]) -> Result<(), LedgerError> {
+        if failed.is_empty() {
             return Ok(());
         }
+        let failed_bookies: Vec<BookieId> =
+            failed.iter().map(|&i| self.target[i].clone()).collect();
+        let keep: Vec<BookieId> = (0..self.target.len())
+            .filter(|i| !failed.contains(i))
+            .map(|i| self.target[i].clone())
+            .collect();
+        let candidates = store::available_bookies(&self.core.store).await?;
+        let picks = {
+            let mut rng = self.core.rng.lock();
+            placement::choose(&candidates, &keep, &failed_bookies, failed.len(), &mut *rng)
+        };
+        let Ok(picks) = picks else {
+            return Ok(());
+        };
+        for (&index, pick) in failed.iter().zip(picks) {
+            self.target[index] = pick;
+        }
+        tracing::info!(
+            ledger = %self.ledger_id, first_entry = %entry_id, replaced = ?failed_bookies,
+            ensemble = ?self.target, "recovery: ensemble changed"
+        );
+        self.new_segments.insert(entry_id, self.target.clone());
+        Ok(())
     }
-    Err(LedgerError::RecoveryIncomplete {
-        ledger_id,
-        reason: format!(
-            "re-write of entry {entry_id} reached fewer than Qa bookies: {last_errors:?}"
-        ),
-    })
 }
 
 async fn close(
     core: &ClientCore,
     ledger_id: LedgerId,
     mut versioned: Versioned,
+    new_segments: &BTreeMap<EntryId, Vec<BookieId>>,
     last: Option<EntryId>,
     length_bytes: u64,
 ) -> Result<LedgerMetadata, LedgerError> {
@@ -330,6 +394,12 @@ async fn close(
             return Ok(versioned.metadata);
         }
         let mut metadata = versioned.metadata.clone();
+        for (first, ensemble) in new_segments {
+            if metadata.ensembles.len() >= ENSEMBLES_MAX {
+                return Err(LedgerError::TooManyEnsembleChanges(ledger_id));
+            }
+            metadata.set_last_ensemble(*first, ensemble.clone());
+        }
         metadata.state = LedgerState::Closed;
         metadata.last_entry = last;
         metadata.length_bytes = length_bytes;

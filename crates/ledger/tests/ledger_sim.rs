@@ -708,3 +708,38 @@ async fn replacements_that_keep_failing_end_in_a_typed_error_not_a_spin() {
     let reader = h.client().open_with_recovery(id).await.unwrap();
     assert!(reader.last_readable() >= Some(EntryId(0)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn recovery_replaces_a_dead_bookie_when_qa_equals_qw() {
+    // Pulsar's default 2/2/2: one dead bookie of the last ensemble must not
+    // block recovery forever. The found tail is re-written to a spare, recorded
+    // as a new segment at close.
+    let h = Harness::new(29, 3).await;
+    let writer = h
+        .client()
+        .create(quorum(2, 2, 2), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    for e in 0..10 {
+        writer.add(payload(id, e)).await.unwrap();
+    }
+    let metadata = h.client().metadata(id).await.unwrap();
+    let dead = metadata.last_ensemble().1[1].clone();
+    h.cluster.kill(&dead);
+    drop(writer);
+    let reader = h.client().open_with_recovery(id).await.unwrap();
+    let closed = reader.metadata();
+    assert_eq!(closed.state, LedgerState::Closed);
+    assert_eq!(closed.last_entry, Some(EntryId(9)));
+    // Entry 9 (past the piggybacked LAC 8) was re-written away from the dead
+    // bookie, in a new segment.
+    assert_eq!(closed.ensembles.len(), 2, "{:?}", closed.ensembles);
+    assert_eq!(*closed.ensembles.keys().last().unwrap(), EntryId(9));
+    assert!(!closed.last_ensemble().1.contains(&dead));
+    let all = read_all(&reader).await;
+    assert_eq!(all.len(), 10);
+    for (e, got) in all.iter().enumerate() {
+        assert_eq!(got, &payload(id, e as u64));
+    }
+}
