@@ -42,7 +42,6 @@ pub use client::{LedgerClient, LedgerConfig};
 pub use entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};
 pub use error::LedgerError;
 pub use metadata::{LedgerMetadata, LedgerState};
-pub use placement::{BookieCandidate, choose as choose_bookies};
 pub use reader::{LedgerReader, READ_RANGE_ENTRIES_MAX, READ_RANGE_PARALLELISM};
 pub use stats::{LatencySummary, LedgerStats};
 pub use transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};

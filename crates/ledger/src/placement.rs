@@ -13,17 +13,17 @@ use crate::types::BookieId;
 
 /// A bookie the registry lists as available.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BookieCandidate {
+pub(crate) struct BookieCandidate {
     /// Registry id.
-    pub id: BookieId,
+    pub(crate) id: BookieId,
     /// Rack label, if the bookie has one (unlabelled bookies share one rack).
-    pub rack: Option<String>,
+    pub(crate) rack: Option<String>,
 }
 
 /// Picks `count` bookies from `candidates`, none of them in `keep` (the ensemble
 /// members that stay) or `exclude`, spreading across racks relative to `keep`.
 /// Returned in pick order.
-pub fn choose<R: Rng>(
+pub(crate) fn choose<R: Rng>(
     candidates: &[BookieCandidate],
     keep: &[BookieId],
     exclude: &[BookieId],

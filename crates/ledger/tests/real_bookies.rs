@@ -143,3 +143,30 @@ async fn a_stopped_bookie_is_replaced_and_nothing_acknowledged_is_lost() {
     }
     cluster.stop().await;
 }
+
+#[tokio::test]
+async fn recovery_with_a_stopped_bookie_on_real_bookies_at_2_2_2() {
+    let mut cluster = Cluster::start(3).await;
+    let writer = cluster
+        .client()
+        .create(quorum(2, 2, 2), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    for e in 0..30 {
+        writer.add(payload(id, e)).await.unwrap();
+    }
+    let metadata = cluster.client().metadata(id).await.unwrap();
+    let victim = metadata.last_ensemble().1[0].clone();
+    let index = cluster.bookies.iter().position(|b| b.id == victim).unwrap();
+    let _dirs = cluster.bookies.remove(index).stop().await;
+    drop(writer);
+    let reader = cluster.client().open_with_recovery(id).await.unwrap();
+    assert_eq!(reader.last_readable(), Some(EntryId(29)));
+    assert!(!reader.metadata().last_ensemble().1.contains(&victim));
+    let all = read_all(&reader).await;
+    for (e, got) in all.iter().enumerate() {
+        assert_eq!(got, &payload(id, e as u64));
+    }
+    cluster.stop().await;
+}
