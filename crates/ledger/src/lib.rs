@@ -9,17 +9,24 @@
 //!   the LAC, ensemble changes, close;
 //! - `reader`: `LedgerReader`: reads with fail-over, LAC reads;
 //! - `recovery`: fencing and closing a ledger another writer may still hold;
+//! - `client`: `LedgerClient`: create (ids from `vela_meta::IdAllocator`,
+//!   bookies from `vela_meta::registry`), open, recover, delete, stats;
 //! - `transport`: the `BookieTransport` seam, with `sim::SimCluster` (in-memory
-//!   bookies with fault injection) and `bookie_client::BookieClientTransport`
-//!   (real bookies over `vela_bookie::client::BookieClient`).
+//!   bookies with fault injection, for tests here and in crates above) and
+//!   `BookieClientTransport` (real bookies over `vela_bookie::client`);
+//! - `entry`: packaging, over `vela_bookie::entry` (which owns the format).
+//!
+//! Bounds: pending adds per writer (`PENDING_ADDS_MAX`, `PENDING_BYTES_MAX`;
+//! `submit` waits), segments per ledger (`metadata::ENSEMBLES_MAX`), CAS and
+//! recovery retries (`LedgerConfig`), range reads (`READ_RANGE_ENTRIES_MAX`).
 //!
 //! Guarantees: an add is acknowledged only when Qa bookies of its write set made
 //! it durable and every earlier add was acknowledged; once `open_with_recovery`
 //! returns, the ledger is closed at a point that includes every acknowledged
 //! entry, and the writer it fenced gets nothing more acknowledged.
 //! Never: knows of topics or Pulsar, stores payloads in the metadata store,
-//! implements consensus (the metadata store's CAS decides races), or holds a
-//! lock across an `.await`.
+//! implements consensus (the metadata store's CAS decides races), decides
+//! "missing" from an error or timeout, or holds a lock across an `.await`.
 
 mod bookie_client;
 mod client;
