@@ -1,7 +1,7 @@
 //! Journal benchmark: the journal against the raw disk, measured in the same run
-//! on the same directory. The machine is shared, so raw and journal phases are
-//! interleaved in short slices (ABAB...) and each side's histogram gathers its
-//! slices: both see the same background noise.
+//! on the same directory. The machine is shared, so each journal phase is
+//! bracketed by two raw half-phases (raw, journal, raw) whose results are merged,
+//! and every raw phase starts after the device has settled (see `settle`).
 //!
 //! Prints: raw pwrite(4 KiB block holding 1 KiB)+fdatasync latency at depth 1
 //! into a zero-filled preallocated file; journal append->callback latency at
@@ -105,9 +105,6 @@ fn settle(file: &File) {
     }
 }
 
-/// Slices per measured phase (raw and journal alternate).
-const SLICES: u32 = 10;
-
 /// Bytes of the preallocated raw files (overwritten in a loop).
 const RAW_FILE_BYTES: u64 = 128 << 20;
 
@@ -195,25 +192,19 @@ fn journal_depth1_slice(journal: &Journal, run: Duration, h: &mut Histogram<u64>
 /// Depth-1 latency, raw and journal interleaved.
 fn depth1(dir: &Path, run: Duration) -> (Latency, Latency, JournalStats) {
     let raw_file = zero_filled(&dir.join("raw-depth1"), RAW_FILE_BYTES);
-    let journal = open_journal(dir, None);
-    settle(&raw_file);
     let (mut raw_h, mut journal_h) = (histogram(), histogram());
-    // Warm-up both (first chunk, page tables) outside the histograms.
     let mut offset = 0;
-    raw_depth1_slice(
-        &raw_file,
-        &mut offset,
-        Duration::from_millis(100),
-        &mut histogram(),
-    );
-    journal_depth1_slice(&journal, Duration::from_millis(100), &mut histogram());
-    let slice = run / SLICES;
-    for _ in 0..SLICES {
-        raw_depth1_slice(&raw_file, &mut offset, slice, &mut raw_h);
-        journal_depth1_slice(&journal, slice, &mut journal_h);
-    }
+    // Raw, journal, raw: the journal is closed while raw runs (its preallocator
+    // must not load the disk under the raw baseline), and raw brackets it.
+    raw_depth1_slice(&raw_file, &mut offset, run / 2, &mut raw_h);
+    let journal = open_journal(dir, None);
+    journal_depth1_slice(&journal, Duration::from_millis(200), &mut histogram());
+    journal_depth1_slice(&journal, run, &mut journal_h);
     let stats = journal.stats();
     journal.shutdown().unwrap();
+    drop(journal);
+    settle(&raw_file);
+    raw_depth1_slice(&raw_file, &mut offset, run / 2, &mut raw_h);
     (latency(&raw_h), latency(&journal_h), stats)
 }
 
@@ -278,22 +269,23 @@ fn throughput(
     }
     let fresh = bytes as f64 / start.elapsed().as_secs_f64() / 1e6;
     drop(journal);
-    let journal = open_journal(dir, Some(BENCH_FILE_BYTES));
+    // Raw, steady journal, raw.
     settle(raw_file);
-    let (mut raw_bytes, mut raw_time) = (0, Duration::ZERO);
-    let (mut journal_bytes, mut journal_time) = (0, Duration::ZERO);
     let mut offset = 0;
-    let slice = run / SLICES;
-    for _ in 0..SLICES {
-        let t = Instant::now();
-        raw_bytes += raw_bandwidth_slice(raw_file, &mut offset, slice);
-        raw_time += t.elapsed();
-        let t = Instant::now();
-        journal_bytes += drive(&journal, slice, &payload, depth, true);
-        journal_time += t.elapsed();
-    }
+    let t = Instant::now();
+    let mut raw_bytes = raw_bandwidth_slice(raw_file, &mut offset, run / 2);
+    let mut raw_time = t.elapsed();
+    let journal = open_journal(dir, Some(BENCH_FILE_BYTES));
+    let t = Instant::now();
+    let journal_bytes = drive(&journal, run, &payload, depth, true);
+    let journal_time = t.elapsed();
     let stats = journal.stats();
     journal.shutdown().unwrap();
+    drop(journal);
+    settle(raw_file);
+    let t = Instant::now();
+    raw_bytes += raw_bandwidth_slice(raw_file, &mut offset, run / 2);
+    raw_time += t.elapsed();
     let mbps = |b: u64, t: Duration| b as f64 / t.as_secs_f64() / 1e6;
     (
         fresh,
@@ -351,7 +343,7 @@ fn main() {
     let dir = bench_dir();
     let run = phase_duration();
     println!(
-        "journal bench in {} ({:.1} s per measured phase, raw/journal interleaved in {SLICES} slices each)",
+        "journal bench in {} ({:.1} s per measured phase; raw half-phases before and after each journal phase)",
         dir.path().display(),
         run.as_secs_f64()
     );

@@ -76,8 +76,10 @@ pub struct JournalConfig {
     /// A file is closed and the next one started once the next group would not fit
     /// below this size.
     pub file_bytes_max: u64,
-    /// Zero-filled space is added to the active file in chunks of this size, ahead
-    /// of the writer, by the preallocation thread.
+    /// The preallocation thread keeps up to two chunks of zero-filled space ahead
+    /// of the writer, and prepares the next file once the writer is within four
+    /// chunks of `file_bytes_max`. It fills in 1 MiB steps, each synced at once,
+    /// so a group's fdatasync never has to flush zeros or commit a size change.
     pub prealloc_chunk_bytes: u64,
     /// Bound on queued appends; when full `append` returns `QueueFull`.
     pub queue_depth_max: usize,

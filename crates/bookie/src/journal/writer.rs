@@ -292,9 +292,11 @@ fn file_cap(config: &JournalConfig) -> u64 {
 // ---------------------------------------------------------------------------
 
 /// Keeps up to two chunks of zero-filled space ahead of the writer in the
-/// current file (up to its cap), in claimed steps, syncing once per chunk (so the
-/// allocation is committed by this thread, not by a group's fdatasync), and
-/// prepares the next file once the writer is within four chunks of the cap.
+/// current file (up to its cap), in claimed steps, and prepares the next file
+/// once the writer is within four chunks of the cap. Each step is synced right
+/// away: dirty zeros or an uncommitted size change in the file would otherwise be
+/// flushed by the next group's fdatasync (measured: depth-1 p50 +110 µs when
+/// syncing once per 16 MiB chunk instead).
 pub(crate) fn run_preallocator(shared: Arc<Shared>) {
     let config = &shared.config;
     let chunk = config.prealloc_chunk_bytes;
@@ -351,7 +353,7 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                     *bytes += to - from;
                 }
                 match filled {
-                    Ok(()) if dirty.as_ref().is_some_and(|(_, b)| *b >= chunk) => {
+                    Ok(()) if dirty.as_ref().is_some_and(|(_, b)| *b >= step) => {
                         sync_dirty(&mut dirty)
                     }
                     other => other,
