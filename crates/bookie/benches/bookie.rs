@@ -459,6 +459,13 @@ fn main() {
         "    journal fdatasync, throughput phases: {:?}",
         stats.journal.fdatasync_us
     );
+    println!(
+        "    storage checkpoints, throughput phases: {:?} ({} flushes, {} MiB written, write cache full {} times)",
+        stats.checkpoint_us,
+        stats.storage.flush_count,
+        stats.storage.flushed_bytes_total >> 20,
+        stats.storage.write_cache_full_count
+    );
     throughput_bookie.shutdown();
     drop(throughput_bookie);
 

@@ -110,6 +110,9 @@ pub struct BookieStats {
     /// "bookie add" stage of the write path: write cache + journal queue,
     /// write and fdatasync).
     pub add_us: StageSummary,
+    /// µs per checkpoint of the sync thread (write cache flush to entry logs,
+    /// index commit, `lastMark`).
+    pub checkpoint_us: StageSummary,
     /// Journal stage latencies and group sizes.
     pub journal: JournalStats,
     /// Storage caches, flushes and checkpoint.
@@ -146,6 +149,8 @@ struct KnownLac {
 struct SyncThread {
     stop: Arc<AtomicBool>,
     failure: Arc<Mutex<Option<String>>>,
+    /// µs per checkpoint (storage flush + lastMark); recorded by the thread.
+    checkpoint_latency: Arc<Mutex<Histogram<u64>>>,
     handle: Mutex<Option<JoinHandle<()>>>,
 }
 
@@ -377,6 +382,7 @@ impl Bookie {
     pub fn stats(&self) -> BookieStats {
         BookieStats {
             add_us: summary(&lock(&self.add_latency)),
+            checkpoint_us: summary(&lock(&self.sync.checkpoint_latency)),
             journal: self.journal.stats(),
             storage: self.storage.stats(),
         }
@@ -577,15 +583,24 @@ impl SyncThread {
     ) -> Result<SyncThread, OpenError> {
         let stop = Arc::new(AtomicBool::new(false));
         let failure = Arc::new(Mutex::new(None));
+        let checkpoint_latency = Arc::new(Mutex::new(latency_histogram()));
         let flush_interval = config.storage.flush_interval;
         let gc_interval = config.gc_interval;
         let handle = {
             let stop = stop.clone();
             let failure = failure.clone();
+            let checkpoint_latency = checkpoint_latency.clone();
             std::thread::Builder::new()
                 .name("bookie-sync".to_string())
                 .spawn(move || {
-                    if let Err(reason) = sync_loop(&journal, &storage, &stop, flush_interval, gc_interval) {
+                    if let Err(reason) = sync_loop(
+                        &journal,
+                        &storage,
+                        &stop,
+                        flush_interval,
+                        gc_interval,
+                        &checkpoint_latency,
+                    ) {
                         tracing::error!(%reason, "bookie sync thread stopped: the bookie must restart");
                         *failure.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(reason);
                     }
@@ -595,6 +610,7 @@ impl SyncThread {
         Ok(SyncThread {
             stop,
             failure,
+            checkpoint_latency,
             handle: Mutex::new(Some(handle)),
         })
     }
@@ -623,6 +639,7 @@ fn sync_loop(
     stop: &AtomicBool,
     flush_interval: Duration,
     gc_interval: Duration,
+    checkpoint_latency: &Mutex<Histogram<u64>>,
 ) -> Result<(), String> {
     let mut last_checkpoint = Instant::now();
     let mut last_gc = Instant::now();
@@ -634,9 +651,12 @@ fn sync_loop(
         // Take the mark first: every record it covers was put into storage
         // before it was appended, so the flush below includes it.
         let mark = journal.last_synced_mark();
+        let started = Instant::now();
         storage
             .checkpoint(mark)
             .map_err(|error| format!("checkpoint failed: {error}"))?;
+        let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        lock(checkpoint_latency).saturating_record(elapsed_us.max(1));
         if let Err(error) = journal.delete_files_before(mark) {
             tracing::warn!(%error, "cannot delete old journal files");
         }
