@@ -136,7 +136,7 @@ impl JournalConfig {
                 "alignment_bytes {align} must be a power of two in 512..=1048576"
             ));
         }
-        if self.backend == JournalBackendKind::Direct && align % 4096 != 0 {
+        if self.backend == JournalBackendKind::Direct && !align.is_multiple_of(4096) {
             return bad(format!(
                 "the O_DIRECT backend needs alignment_bytes a multiple of 4096, got {align}"
             ));
@@ -156,7 +156,8 @@ impl JournalConfig {
                 self.payload_bytes_max
             ));
         }
-        if self.prealloc_chunk_bytes < align as u64 || self.prealloc_chunk_bytes % align as u64 != 0
+        if self.prealloc_chunk_bytes < align as u64
+            || !self.prealloc_chunk_bytes.is_multiple_of(align as u64)
         {
             return bad(format!(
                 "prealloc_chunk_bytes {} must be a non-zero multiple of alignment_bytes {align}",

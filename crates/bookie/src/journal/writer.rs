@@ -134,11 +134,11 @@ pub(crate) struct Shared {
 impl Shared {
     /// Marks the journal broken (first reason wins) and wakes every waiter.
     pub(crate) fn fail(&self, error: &JournalError) {
-        if let Ok(mut reason) = self.broken_reason.lock() {
-            if reason.is_none() {
-                tracing::error!(%error, "journal: fatal I/O failure, the journal accepts no more appends");
-                *reason = Some(error.to_string());
-            }
+        if let Ok(mut reason) = self.broken_reason.lock()
+            && reason.is_none()
+        {
+            tracing::error!(%error, "journal: fatal I/O failure, the journal accepts no more appends");
+            *reason = Some(error.to_string());
         }
         self.broken.store(true, Ordering::SeqCst);
         self.queue_cv.notify_all();
@@ -511,12 +511,12 @@ impl Writer {
         let total = records_len + padding;
         debug_assert!(total as u64 <= self.shared.config.group_len_max());
         // Keep one block free at the end of every file for its FileEnd record.
-        if self.offset + total as u64 + align > file_cap(&self.shared.config) {
-            if let Err(e) = self.rotate() {
-                self.shared.fail(&e);
-                self.fail_group(group, e);
-                return;
-            }
+        if self.offset + total as u64 + align > file_cap(&self.shared.config)
+            && let Err(e) = self.rotate()
+        {
+            self.shared.fail(&e);
+            self.fail_group(group, e);
+            return;
         }
         if let Err(e) = self.reserve_space(self.offset + total as u64) {
             self.fail_group(group, e);
@@ -539,7 +539,7 @@ impl Writer {
         if padding > 0 {
             format::encode_padding(padding, self.file_id, &mut out[at..]);
         }
-        debug_assert!((self.offset + total as u64) % align == 0);
+        debug_assert!((self.offset + total as u64).is_multiple_of(align));
         let started = Instant::now();
         if let Err(e) = self.file.write_at(self.buf.as_slice(), self.offset) {
             let e = JournalError::io("pwrite", self.file.path(), e);
@@ -747,10 +747,10 @@ pub(crate) fn run_force_writer(shared: Arc<Shared>, from_writer: Receiver<ForceI
                 ForceItem::Written { end_mark, .. } => Some(*end_mark),
                 _ => None,
             });
-            if let Some(end) = end {
-                if let Ok(mut synced) = shared.synced_mark.lock() {
-                    *synced = (*synced).max(end);
-                }
+            if let Some(end) = end
+                && let Ok(mut synced) = shared.synced_mark.lock()
+            {
+                *synced = (*synced).max(end);
             }
         }
         shared.stats.record_sync(sync_time, groups);
