@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
@@ -31,8 +31,8 @@ use tokio::task::AbortHandle;
 
 use crate::entry::{ENTRY_BYTES_MAX, EntryError, EntryHeader, decode_expected_entry};
 use crate::protocol::{
-    AddMode, FRAME_HEADER_BYTES, Op, ProtocolError, ReadMode, Request, Response, Status,
-    decode_frame, encode_request,
+    AddMode, FRAME_HEADER_BYTES, FrameQueue, Op, ProtocolError, ReadMode, Request, Response,
+    Status, decode_frame,
 };
 
 /// Default time a request may wait for its answer: BookKeeper's add and read
@@ -208,7 +208,7 @@ struct State {
     /// Requests sent or queued, by id. Bounded by `request_slots`.
     pending: HashMap<u64, Pending>,
     /// Encoded frames not yet handed to the socket. Bounded by `request_bytes`.
-    out: BytesMut,
+    out: FrameQueue,
 }
 
 #[derive(Debug)]
@@ -560,7 +560,7 @@ impl Shared {
             if state.closed {
                 return Err(BookieError::ConnectionLost { addr: self.addr });
             }
-            encode_request(request_id, request, &mut state.out);
+            state.out.push_request(request_id, request);
             let previous = state.pending.insert(
                 request_id,
                 Pending {
@@ -650,7 +650,7 @@ fn complete_frames(shared: &Shared, buf: &mut BytesMut) -> Result<(), ProtocolEr
 }
 
 async fn write_loop(shared: Arc<Shared>, mut socket: OwnedWriteHalf) {
-    let mut sending = BytesMut::new();
+    let mut sending = FrameQueue::default();
     loop {
         let closed = {
             let mut state = shared.lock();
@@ -665,11 +665,10 @@ async fn write_loop(shared: Arc<Shared>, mut socket: OwnedWriteHalf) {
             continue;
         }
         // One write for everything queued since the last one.
-        if let Err(error) = socket.write_all(&sending).await {
+        if let Err(error) = sending.write_to(&mut socket).await {
             tracing::debug!(addr = %shared.addr, %error, "bookie connection write failed");
             break;
         }
-        sending.clear();
     }
     shared.fail_all();
 }
@@ -680,6 +679,7 @@ mod tests {
     use super::*;
     use crate::entry::{EntryHeader, encode_entry};
     use crate::protocol::{RequestFrame, encode_response};
+    use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
 
     fn entry(ledger_id: u64, entry_id: u64) -> Bytes {

@@ -26,8 +26,8 @@ use tokio::task::JoinSet;
 
 use crate::bookie::Bookie;
 use crate::protocol::{
-    PROTOCOL_VERSION, ProtocolError, RawFrame, ReadMode, Request, RequestFrame, Response, Status,
-    decode_frame, encode_bad_version, encode_response,
+    FrameQueue, PROTOCOL_VERSION, ProtocolError, RawFrame, ReadMode, Request, RequestFrame,
+    Response, Status, decode_frame,
 };
 
 /// Requests one connection may have in flight (read off the socket, not yet
@@ -150,7 +150,7 @@ struct Connection {
 struct Outbox {
     closed: bool,
     /// Encoded answers not yet written.
-    bytes: BytesMut,
+    queue: FrameQueue,
     /// In-flight permits of the answers in `bytes`: released once written, so
     /// unwritten answers count against `CONNECTION_IN_FLIGHT_MAX`.
     permits: Vec<InFlight>,
@@ -179,7 +179,7 @@ impl Connection {
             if out.closed {
                 return;
             }
-            encode_response(request_id, response, &mut out.bytes);
+            out.queue.push_response(request_id, response);
             out.permits.push(in_flight);
         }
         self.wake.notify_one();
@@ -189,7 +189,7 @@ impl Connection {
         {
             let mut out = self.lock();
             out.closed = true;
-            out.bytes.clear();
+            out.queue.clear();
             out.permits.clear();
         }
         self.wake.notify_one();
@@ -308,7 +308,7 @@ fn answer_bad_version(
 ) -> Result<(), ConnectionError> {
     {
         let mut out = connection.lock();
-        if !encode_bad_version(raw, &mut out.bytes) {
+        if !out.queue.push_bad_version(raw) {
             return Err(ProtocolError::BadVersion {
                 version: raw.version,
             }
@@ -437,12 +437,12 @@ async fn blocking_read<T: Send + 'static>(
 }
 
 async fn write_loop(connection: Arc<Connection>, mut socket: OwnedWriteHalf) {
-    let mut sending = BytesMut::new();
+    let mut sending = FrameQueue::default();
     let mut written_permits = Vec::new();
     loop {
         let closed = {
             let mut out = connection.lock();
-            std::mem::swap(&mut out.bytes, &mut sending);
+            std::mem::swap(&mut out.queue, &mut sending);
             std::mem::swap(&mut out.permits, &mut written_permits);
             out.closed
         };
@@ -453,13 +453,13 @@ async fn write_loop(connection: Arc<Connection>, mut socket: OwnedWriteHalf) {
             connection.wake.notified().await;
             continue;
         }
-        // One write for every answer queued since the last one.
-        if let Err(error) = socket.write_all(&sending).await {
+        // Every answer queued since the last write, in one vectored write
+        // (more only if the socket takes less).
+        if let Err(error) = sending.write_to(&mut socket).await {
             tracing::debug!(peer = %connection.peer, %error, "bookie connection write failed");
             connection.close();
             break;
         }
-        sending.clear();
         written_permits.clear();
     }
     let _ = socket.shutdown().await;

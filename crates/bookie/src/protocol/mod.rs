@@ -7,7 +7,8 @@
 //! bytes", or a typed `ProtocolError`, never a panic, and no allocation larger
 //! than `FRAME_BYTES_MAX` (the length is checked before anything is buffered).
 //! Entries in decoded frames are `Bytes` slices of the read buffer (no copy).
-//! Never: does I/O, or interprets entries beyond their length (that is `entry`'s
+//! Never: does I/O (except `FrameQueue::write_to`, the writer tasks' one
+//! socket write), or interprets entries beyond their length (that is `entry`'s
 //! and the bookie's job).
 //!
 //! # Frame
@@ -34,9 +35,13 @@
 //! A response with any status but OK has an empty body. A LAC of `u64::MAX`
 //! means "none known".
 
+mod queue;
+
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::entry::{ENTRY_BYTES_MAX, LAC_NONE};
+
+pub(crate) use queue::FrameQueue;
 
 /// The version this code speaks. A request of any other version is answered
 /// with `Status::BadVersion`.
@@ -576,7 +581,8 @@ fn put_header(
         frame_bytes <= FRAME_BYTES_MAX,
         "frame of {frame_bytes} bytes over FRAME_BYTES_MAX"
     );
-    dst.reserve(frame_bytes);
+    // Room for the header and fixed fields; a payload grows `dst` itself.
+    dst.reserve(FRAME_HEADER_BYTES + 24);
     // Fits: FRAME_BYTES_MAX <= u32::MAX (checked at compile time above).
     dst.put_u32((frame_bytes - LEN_PREFIX_BYTES) as u32);
     dst.put_u8(PROTOCOL_VERSION);
@@ -590,6 +596,18 @@ fn put_header(
 /// Panics if an ADD's entry is over `ENTRY_BYTES_MAX` (callers check sizes; the
 /// client returns a typed error first).
 pub fn encode_request(request_id: u64, request: &Request, dst: &mut BytesMut) {
+    if let Some(entry) = encode_request_head(request_id, request, dst) {
+        dst.put_slice(entry);
+    }
+}
+
+/// Appends a request frame to `dst` except an ADD's entry, which it returns:
+/// the caller sends those bytes right after (without copying them).
+pub fn encode_request_head<'a>(
+    request_id: u64,
+    request: &'a Request,
+    dst: &mut BytesMut,
+) -> Option<&'a Bytes> {
     let op_byte = request.op() as u8;
     match request {
         Request::Add { mode, entry } => {
@@ -599,7 +617,7 @@ pub fn encode_request(request_id: u64, request: &Request, dst: &mut BytesMut) {
                 AddMode::Recovery => FLAG_RECOVERY,
             };
             put_header(dst, op_byte, flags, request_id, entry.len());
-            dst.put_slice(entry);
+            return Some(entry);
         }
         Request::Read {
             ledger_id,
@@ -625,10 +643,23 @@ pub fn encode_request(request_id: u64, request: &Request, dst: &mut BytesMut) {
             dst.put_u64(*lac);
         }
     }
+    None
 }
 
 /// Appends one response frame to `dst`.
 pub fn encode_response(request_id: u64, response: &Response, dst: &mut BytesMut) {
+    if let Some(entry) = encode_response_head(request_id, response, dst) {
+        dst.put_slice(entry);
+    }
+}
+
+/// Appends a response frame to `dst` except a READ's entry, which it returns:
+/// the caller sends those bytes right after (without copying them).
+pub fn encode_response_head<'a>(
+    request_id: u64,
+    response: &'a Response,
+    dst: &mut BytesMut,
+) -> Option<&'a Bytes> {
     let op_byte = response.op() as u8 | RESPONSE_OP_BIT;
     let status = response.status() as u16;
     match response {
@@ -650,7 +681,7 @@ pub fn encode_response(request_id: u64, response: &Response, dst: &mut BytesMut)
             dst.put_u64(*ledger_id);
             dst.put_u64(*entry_id);
             dst.put_u64(lac_to_wire(*lac));
-            dst.put_slice(entry);
+            return Some(entry);
         }
         Response::ReadLac { ledger_id, lac } => {
             put_header(dst, op_byte, status, request_id, 16);
@@ -666,6 +697,7 @@ pub fn encode_response(request_id: u64, response: &Response, dst: &mut BytesMut)
             put_header(dst, op_byte, status, request_id, 0);
         }
     }
+    None
 }
 
 /// Appends a `BAD_VERSION` answer to a frame of another version whose op byte
