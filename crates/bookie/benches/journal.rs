@@ -309,6 +309,15 @@ fn count_files(dir: &Path, suffix: &str) -> usize {
         .count()
 }
 
+fn loadavg() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split_whitespace()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn rss_kib() -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
@@ -347,6 +356,7 @@ fn main() {
         dir.path().display(),
         run.as_secs_f64()
     );
+    let load_before = loadavg();
     let (raw1, j1, j1_stats) = depth1(dir.path(), run);
     clear(dir.path());
     let raw_file = zero_filled(&dir.path().join("raw-bandwidth"), RAW_FILE_BYTES);
@@ -430,4 +440,8 @@ fn main() {
         );
     }
     println!("resident memory (VmRSS): {} MiB", rss_kib() / 1024);
+    println!(
+        "load average before/after (shared 2-core machine): {load_before} / {}",
+        loadavg()
+    );
 }

@@ -498,6 +498,42 @@ mod tests {
         ));
     }
 
+    proptest::proptest! {
+        /// Arbitrary disk bytes never panic the decoder, and anything it accepts
+        /// re-encodes to the same bytes.
+        #[test]
+        fn decode_never_panics_on_arbitrary_bytes(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256),
+            file_id in 0u64..4,
+        ) {
+            if let Decoded::Record { record: DecodedRecord::User(record), len } =
+                decode_record(&bytes, file_id, 1 << 20)
+            {
+                let mut again = vec![0u8; len];
+                encode_record(&record, file_id, &mut again);
+                proptest::prop_assert_eq!(&again[..], &bytes[..len]);
+            }
+        }
+
+        /// Valid records survive any following bytes.
+        #[test]
+        fn decode_reads_a_record_followed_by_garbage(
+            payload in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300),
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            ledger_id: u64,
+            entry_id: u64,
+        ) {
+            let record = JournalRecord::Entry { ledger_id, entry_id, payload: Bytes::from(payload) };
+            let mut buf = vec![0u8; record.encoded_len()];
+            let len = encode_record(&record, 9, &mut buf);
+            buf.extend_from_slice(&tail);
+            proptest::prop_assert_eq!(
+                decode_record(&buf, 9, 1 << 20),
+                Decoded::Record { record: DecodedRecord::User(record), len }
+            );
+        }
+    }
+
     #[test]
     fn padding_reaches_the_boundary() {
         for offset in 4096..4096 * 3 {

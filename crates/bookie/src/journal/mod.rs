@@ -47,8 +47,10 @@ use stats::StatsCell;
 use writer::{Pending, QueueState, Shared, SpaceState};
 
 /// Called once per append with the mark just past the record (durable unless
-/// sync is off) or the error that lost it. Runs on the force-write thread: keep it
-/// short (hand the result to a channel or a task).
+/// sync is off) or the error that lost it. Runs on the force-write thread, in
+/// append order: keep it short (hand the result to a channel or a task); it may
+/// call `append` (which never blocks) but must not call `shutdown` (which joins
+/// that thread).
 pub type AppendCallback = Box<dyn FnOnce(Result<JournalMark, JournalError>) + Send + 'static>;
 
 /// The write-ahead journal. `Send + Sync`: share it behind an `Arc`.
