@@ -15,6 +15,13 @@ use crate::metadata::{self, LedgerMetadata, ledger_path};
 use crate::placement::BookieCandidate;
 use crate::types::{BookieId, LedgerId};
 
+/// Reads tried while the store answers `Unavailable` (with a growing pause:
+/// about 1.5 s in all) before the error is returned. Rides out an etcd leader
+/// election without holding a writer up indefinitely.
+const TRANSIENT_ATTEMPTS_MAX: u32 = 6;
+/// Base pause between those tries.
+const TRANSIENT_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// Metadata as read, with the store version a CAS must expect.
 #[derive(Debug, Clone)]
 pub(crate) struct Versioned {
@@ -25,17 +32,31 @@ pub(crate) struct Versioned {
 /// Outcome of a CAS.
 #[derive(Debug)]
 pub(crate) enum CasError {
-    /// Someone else wrote first: re-read and decide.
+    /// Someone else wrote first, or the store was unavailable and the write's
+    /// outcome is unknown: re-read and decide.
     BadVersion,
     /// Anything else.
     Failed(LedgerError),
 }
 
+/// Reads the ledger's metadata, riding out a briefly unavailable store.
 pub(crate) async fn read(
     store: &Arc<dyn MetadataStore>,
     ledger_id: LedgerId,
 ) -> Result<Versioned, LedgerError> {
-    let Some((bytes, version)) = store.get(&ledger_path(ledger_id)).await? else {
+    let path = ledger_path(ledger_id);
+    let mut attempt = 0;
+    let found = loop {
+        match store.get(&path).await {
+            Ok(found) => break found,
+            Err(e) if e.is_transient() && attempt + 1 < TRANSIENT_ATTEMPTS_MAX => {
+                attempt += 1;
+                tokio::time::sleep(TRANSIENT_RETRY_DELAY * attempt).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let Some((bytes, version)) = found else {
         return Err(LedgerError::NoSuchLedger(ledger_id));
     };
     let metadata = metadata::decode(&bytes)
@@ -77,6 +98,11 @@ pub(crate) async fn cas(
     {
         Ok(version) => Ok(version),
         Err(MetaError::BadVersion { .. } | MetaError::NotFound { .. }) => Err(CasError::BadVersion),
+        Err(e) if e.is_transient() => {
+            tracing::warn!(ledger = %ledger_id, error = %e, "metadata store unavailable during CAS; re-reading");
+            tokio::time::sleep(TRANSIENT_RETRY_DELAY).await;
+            Err(CasError::BadVersion)
+        }
         Err(e) => Err(CasError::Failed(e.into())),
     }
 }

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -741,5 +742,67 @@ async fn recovery_replaces_a_dead_bookie_when_qa_equals_qw() {
     assert_eq!(all.len(), 10);
     for (e, got) in all.iter().enumerate() {
         assert_eq!(got, &payload(id, e as u64));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn unavailable_metadata_store_during_cas_is_ridden_out() {
+    // Each metadata CAS (ensemble change, close, recovery) first fails as
+    // Unavailable, with or without having been applied: the client re-reads
+    // and decides, and ends where it would have without the failure.
+    for apply_then_fail in [false, true] {
+        let h = Harness::new(30, 4).await;
+        let flaky = Arc::new(common::flaky::FlakyStore {
+            inner: h.store.clone(),
+            failing_puts: std::sync::atomic::AtomicU32::new(0),
+            apply_then_fail,
+        });
+        let store: Arc<dyn vela_meta::MetadataStore> = flaky.clone();
+        let client =
+            vela_ledger::LedgerClient::new(store.clone(), Arc::new(h.cluster.clone()), config(30));
+        let writer = client
+            .create(quorum(3, 2, 2), no_properties())
+            .await
+            .unwrap();
+        let id = writer.ledger_id();
+        for e in 0..5 {
+            writer.add(payload(id, e)).await.unwrap();
+        }
+        let victim = client.metadata(id).await.unwrap().last_ensemble().1[0].clone();
+        h.cluster.kill(&victim);
+        flaky
+            .failing_puts
+            .store(1, std::sync::atomic::Ordering::SeqCst);
+        for e in 5..10 {
+            writer.add(payload(id, e)).await.unwrap();
+        }
+        assert_eq!(client.metadata(id).await.unwrap().ensembles.len(), 2);
+        flaky
+            .failing_puts
+            .store(1, std::sync::atomic::Ordering::SeqCst);
+        let closed = writer.close().await.unwrap();
+        assert_eq!(
+            closed.last_entry,
+            Some(EntryId(9)),
+            "apply_then_fail={apply_then_fail}"
+        );
+        // Recovery of a closed ledger is a no-op.
+        let reader = client.open_with_recovery(id).await.unwrap();
+        assert_eq!(reader.metadata(), &closed);
+        // And a recovery whose CASes fail once each still closes the ledger.
+        let writer = client
+            .create(quorum(3, 2, 2), no_properties())
+            .await
+            .unwrap();
+        let id = writer.ledger_id();
+        for e in 0..3 {
+            writer.add(payload(id, e)).await.unwrap();
+        }
+        drop(writer);
+        flaky
+            .failing_puts
+            .store(2, std::sync::atomic::Ordering::SeqCst);
+        let reader = client.open_with_recovery(id).await.unwrap();
+        assert_eq!(reader.last_readable(), Some(EntryId(2)));
     }
 }

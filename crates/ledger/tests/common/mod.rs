@@ -109,4 +109,5 @@ pub async fn read_all(reader: &LedgerReader) -> Vec<Bytes> {
     out
 }
 
+pub mod flaky;
 pub mod real;
