@@ -221,8 +221,22 @@ pub(crate) fn prepare_file(
         },
         header.as_mut_slice(),
     );
-    file.write_at(header.as_slice(), 0)
-        .map_err(|e| JournalError::io("pwrite", &path, e))?;
+    file.write_at(header.as_slice(), 0).map_err(|e| {
+        // Some filesystems accept O_DIRECT at open and refuse the first write.
+        if e.raw_os_error() == Some(libc::EINVAL)
+            && matches!(
+                backend,
+                Backend::Kind(super::config::JournalBackendKind::Direct)
+            )
+        {
+            JournalError::DirectIoUnsupported {
+                path: path.clone(),
+                source: Arc::new(e),
+            }
+        } else {
+            JournalError::io("pwrite", &path, e)
+        }
+    })?;
     let allocated = recycled_end.clamp(data_offset, cap);
     let end = allocated.max((data_offset + config.prealloc_chunk_bytes).min(cap));
     zero_fill(config, file.as_ref(), allocated, end)?;
