@@ -108,6 +108,11 @@ impl BookieArgs {
 }
 
 pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
+    if args.journal_dir == args.ledger_dir {
+        anyhow::bail!(
+            "--journal-dir and --ledger-dir must be different directories (each holds its own files and LOCK)"
+        );
+    }
     let config = args.config();
     let addr = SocketAddr::new(args.bind, args.port);
     let bookie = Bookie::open(config).with_context(|| {

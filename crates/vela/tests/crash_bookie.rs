@@ -230,7 +230,11 @@ async fn acknowledged_entries_survive_kill_9() {
     for round in 0..rounds as u64 {
         // Half the rounds checkpoint every 20 ms (kills land in flushes), half
         // never (everything comes back through journal replay).
-        let flush_interval_ms = if rng.next().is_multiple_of(2) { 20 } else { 600_000 };
+        let flush_interval_ms = if rng.next().is_multiple_of(2) {
+            20
+        } else {
+            600_000
+        };
         let bookie = tokio::task::spawn_blocking({
             let dir = dir.path().to_owned();
             move || BookieProcess::start(&dir, flush_interval_ms)
@@ -312,4 +316,44 @@ async fn acknowledged_entries_survive_kill_9() {
         acked.entry_count(),
         acked.fenced.len()
     );
+}
+
+#[test]
+fn bad_flags_are_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("j");
+    let ledgers = dir.path().join("l");
+    let cases: [(&[&str], &str); 4] = [
+        (&["--journal-sync", "sometimes"], "--journal-sync"),
+        (&["--write-cache-mb", "3"], "--write-cache-mb"),
+        (&["--port", "70000"], "--port"),
+        (&["--bind", "not-an-ip"], "--bind"),
+    ];
+    for (flags, named) in cases {
+        let output = Command::new(env!("CARGO_BIN_EXE_vela"))
+            .arg("bookie")
+            .arg("--journal-dir")
+            .arg(&journal)
+            .arg("--ledger-dir")
+            .arg(&ledgers)
+            .args(flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flags:?} accepted");
+        assert!(
+            stderr.contains(named),
+            "{flags:?}: error does not name {named}: {stderr}"
+        );
+    }
+    let output = Command::new(env!("CARGO_BIN_EXE_vela"))
+        .arg("bookie")
+        .arg("--journal-dir")
+        .arg(&journal)
+        .arg("--ledger-dir")
+        .arg(&journal)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--ledger-dir"));
 }
