@@ -71,13 +71,28 @@ pub(crate) async fn create(
     metadata: &LedgerMetadata,
 ) -> Result<Option<Version>, LedgerError> {
     let value = Bytes::from(metadata::encode(metadata));
-    match store
-        .put(&ledger_path(ledger_id), value, ExpectedVersion::Absent)
-        .await
-    {
-        Ok(version) => Ok(Some(version)),
-        Err(MetaError::Exists { .. } | MetaError::BadVersion { .. }) => Ok(None),
-        Err(e) => Err(e.into()),
+    let path = ledger_path(ledger_id);
+    let mut attempt = 0;
+    loop {
+        match store
+            .put(&path, value.clone(), ExpectedVersion::Absent)
+            .await
+        {
+            Ok(version) => return Ok(Some(version)),
+            Err(MetaError::Exists { .. } | MetaError::BadVersion { .. }) => return Ok(None),
+            Err(e) if e.is_transient() && attempt + 1 < TRANSIENT_ATTEMPTS_MAX => {
+                // Unknown outcome: the node holding exactly our bytes means the
+                // create went through (ids are never handed out twice).
+                attempt += 1;
+                tokio::time::sleep(TRANSIENT_RETRY_DELAY * attempt).await;
+                match store.get(&path).await {
+                    Ok(Some((stored, version))) if stored == value => return Ok(Some(version)),
+                    Ok(Some(_)) => return Ok(None),
+                    Ok(None) | Err(_) => {}
+                }
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 

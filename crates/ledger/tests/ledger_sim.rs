@@ -753,9 +753,8 @@ async fn unavailable_metadata_store_during_cas_is_ridden_out() {
     for apply_then_fail in [false, true] {
         let h = Harness::new(30, 4).await;
         let flaky = Arc::new(common::flaky::FlakyStore {
-            inner: h.store.clone(),
-            failing_puts: std::sync::atomic::AtomicU32::new(0),
             apply_then_fail,
+            ..common::flaky::FlakyStore::new(h.store.clone(), 30)
         });
         let store: Arc<dyn vela_meta::MetadataStore> = flaky.clone();
         let client =

@@ -2,7 +2,8 @@
 //!
 //! Each seed picks a cluster size, a quorum and a subset of faults (bookie crash
 //! and restart keeping durable data, slow disks, dropped requests, error
-//! answers, slow network, writer crash mid-flight, a concurrent recovery), then
+//! answers, slow network, writer crash mid-flight, a concurrent recovery,
+//! metadata CAS writes failing as unavailable, applied or not), then
 //! runs a pipelined writer against them while checking invariants:
 //! - the writer's LAC never moves back; entry ids are acknowledged in order;
 //! - every entry read (by readers during the run, and at the end) carries the
@@ -101,6 +102,8 @@ struct Profile {
     slow_network: bool,
     writer_crash: bool,
     concurrent_recovery: bool,
+    /// Ledger-metadata CAS writes fail as `Unavailable` (applied or not).
+    flaky_metadata: bool,
 }
 
 #[derive(Debug, Default)]
@@ -155,8 +158,17 @@ async fn run_seed(seed: u64) -> Stats {
         slow_network: rng.random_bool(0.4),
         writer_crash: rng.random_bool(0.3),
         concurrent_recovery: rng.random_bool(0.3),
+        flaky_metadata: rng.random_bool(0.3),
     };
-    let h = Harness::new(seed, bookie_count).await;
+    let mut h = Harness::new(seed, bookie_count).await;
+    let flaky = Arc::new(common::flaky::FlakyStore::new(
+        h.store.clone(),
+        seed ^ 0xf1a4,
+    ));
+    if profile.flaky_metadata {
+        flaky.random_per_mille.store(200, Ordering::SeqCst);
+    }
+    h.client_store = flaky.clone();
     log(
         seed,
         format!("bookies={bookie_count} E={ensemble} Qw={write} Qa={ack} {profile:?}"),
@@ -215,6 +227,7 @@ async fn run_seed(seed: u64) -> Stats {
         check_running(&history);
     }
     // Heal, stop the writer (close it or crash it), recover, check.
+    flaky.random_per_mille.store(0, Ordering::SeqCst);
     for b in &h.bookies {
         h.cluster.restart(b);
         h.cluster.set_faults(b, SimFaults::default());

@@ -18,6 +18,23 @@ pub struct FlakyStore {
     pub failing_puts: AtomicU32,
     /// Whether a failing put reaches the inner store first.
     pub apply_then_fail: bool,
+    /// Also fail this share (per mille) of ledger-metadata puts at random,
+    /// half of them after applying. Seeded: a run replays.
+    pub random_per_mille: AtomicU32,
+    pub rng: parking_lot::Mutex<rand::rngs::StdRng>,
+}
+
+impl FlakyStore {
+    pub fn new(inner: Arc<dyn MetadataStore>, seed: u64) -> FlakyStore {
+        use rand::SeedableRng;
+        FlakyStore {
+            inner,
+            failing_puts: AtomicU32::new(0),
+            apply_then_fail: false,
+            random_per_mille: AtomicU32::new(0),
+            rng: parking_lot::Mutex::new(rand::rngs::StdRng::seed_from_u64(seed)),
+        }
+    }
 }
 
 fn unavailable() -> MetaError {
@@ -46,15 +63,24 @@ impl MetadataStore for FlakyStore {
         expected: ExpectedVersion,
     ) -> BoxFuture<'a, Result<Version, MetaError>> {
         Box::pin(async move {
-            let fail = key.starts_with("/ledgers/0")
+            use rand::Rng;
+            let ledger_key = key.starts_with("/ledgers/0");
+            let counted = ledger_key
                 && self
                     .failing_puts
                     .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                     .is_ok();
-            if !fail {
+            let per_mille = self.random_per_mille.load(Ordering::SeqCst);
+            let (random, random_apply) = if ledger_key && per_mille > 0 {
+                let mut rng = self.rng.lock();
+                (rng.random_range(0..1000) < per_mille, rng.random_bool(0.5))
+            } else {
+                (false, false)
+            };
+            if !counted && !random {
                 return self.inner.put(key, value, expected).await;
             }
-            if self.apply_then_fail {
+            if (counted && self.apply_then_fail) || (random && random_apply) {
                 let _ = self.inner.put(key, value, expected).await;
             }
             Err(unavailable())

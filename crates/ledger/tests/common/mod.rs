@@ -14,6 +14,8 @@ use vela_meta::{ExpectedVersion, MemoryStore, MetadataStore, registry};
 pub struct Harness {
     pub cluster: SimCluster,
     pub store: Arc<dyn MetadataStore>,
+    /// What clients use (the store itself, or a faulty wrapper of it).
+    pub client_store: Arc<dyn MetadataStore>,
     pub bookies: Vec<BookieId>,
     pub seed: u64,
 }
@@ -43,6 +45,7 @@ impl Harness {
         }
         Harness {
             cluster,
+            client_store: store.clone(),
             store,
             bookies,
             seed,
@@ -55,7 +58,11 @@ impl Harness {
     }
 
     pub fn client_with(&self, config: LedgerConfig) -> LedgerClient {
-        LedgerClient::new(self.store.clone(), Arc::new(self.cluster.clone()), config)
+        LedgerClient::new(
+            self.client_store.clone(),
+            Arc::new(self.cluster.clone()),
+            config,
+        )
     }
 }
 
