@@ -43,8 +43,10 @@ pub const CONNECTION_READS_IN_FLIGHT_MAX: usize = 32;
 /// more than the disk can overlap usefully would only grow the blocking pool.
 pub const READS_IN_FLIGHT_MAX: usize = 64;
 /// Connections served at once; past it new connections wait in the listen
-/// backlog until one closes.
-pub const CONNECTIONS_MAX: usize = 4096;
+/// backlog until one closes. A bookie's clients are brokers (one connection
+/// each, per ledger client) and tools, so 1024 is generous; it also caps read
+/// buffers at 1024 x `READ_BUFFER_BYTES` = 256 MiB.
+pub const CONNECTIONS_MAX: usize = 1024;
 /// How long a connection the client half-closed waits for its pending
 /// answers (adds wait for an fdatasync: far below this unless the disk hangs).
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -266,7 +268,8 @@ async fn read_loop(
     requests: &Arc<Semaphore>,
 ) -> Result<(), ConnectionError> {
     let reads = Arc::new(Semaphore::new(CONNECTION_READS_IN_FLIGHT_MAX));
-    let mut buf = BytesMut::with_capacity(READ_BUFFER_BYTES);
+    // Small until the client sends: idle connections stay cheap.
+    let mut buf = BytesMut::with_capacity(2 * READ_SPARE_BYTES_MIN);
     loop {
         if buf.capacity() - buf.len() < READ_SPARE_BYTES_MIN {
             // The chunk is shared with entries in flight: this starts a new one
