@@ -671,3 +671,92 @@ fn sync_loop(
     }
     Ok(())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::entry::{EntryHeader, encode_entry};
+    use std::sync::mpsc;
+
+    fn open(dir: &std::path::Path) -> Bookie {
+        let mut config = BookieConfig::new(dir.join("journal"), dir.join("ledgers"));
+        config.journal.prealloc_chunk_bytes = 1 << 20;
+        config.journal.file_bytes_max = 64 << 20;
+        Bookie::open(config).unwrap()
+    }
+
+    fn add(
+        bookie: &Bookie,
+        ledger_id: u64,
+        entry_id: u64,
+        lac: Option<u64>,
+    ) -> Result<(u64, u64), Status> {
+        let header = EntryHeader {
+            ledger_id,
+            entry_id,
+            last_add_confirmed: lac,
+            ledger_length: 0,
+        };
+        let (done, answer) = mpsc::channel();
+        bookie.add(
+            encode_entry(&header, b"x"),
+            AddMode::Normal,
+            move |result| {
+                done.send(result).unwrap();
+            },
+        );
+        answer.recv().unwrap()
+    }
+
+    impl Bookie {
+        /// Drops every tracked LAC, as a full stripe does.
+        fn forget_known_lacs(&self) {
+            for index in 0..LEDGER_STRIPES {
+                self.stripes[index].lock().unwrap().lacs.clear();
+            }
+        }
+    }
+
+    #[test]
+    fn known_lac_is_the_max_carried_and_survives_forgetting_and_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let bookie = open(dir.path());
+        // Out of order, as pipelined writers and recovery can deliver them.
+        assert_eq!(add(&bookie, 1, 5, Some(4)), Ok((1, 5)));
+        assert_eq!(add(&bookie, 1, 3, Some(2)), Ok((1, 3)));
+        assert_eq!(add(&bookie, 1, 0, None), Ok((1, 0)));
+        assert_eq!(bookie.read_lac(1), Ok(Some(4)));
+        bookie.forget_known_lacs();
+        // Adds while untracked raise the value that derivation then folds in.
+        assert_eq!(add(&bookie, 1, 4, Some(3)), Ok((1, 4)));
+        assert_eq!(bookie.read_lac(1), Ok(Some(4)));
+        assert_eq!(add(&bookie, 1, 6, Some(5)), Ok((1, 6)));
+        assert_eq!(bookie.read_lac(1), Ok(Some(5)));
+        assert_eq!(bookie.read_entry(1, LAST_ENTRY).unwrap().entry_id, 6);
+        drop(bookie);
+
+        let bookie = open(dir.path());
+        assert_eq!(bookie.read_lac(1), Ok(Some(5)));
+        assert_eq!(bookie.read_lac(2), Err(Status::NoSuchLedger));
+        assert_eq!(bookie.stats().add_us.count, 0);
+        assert_eq!(add(&bookie, 2, 0, None), Ok((2, 0)));
+        assert_eq!(bookie.read_lac(2), Ok(None));
+        assert_eq!(bookie.stats().add_us.count, 1);
+    }
+
+    #[test]
+    fn bad_headers_are_bad_requests() {
+        let dir = tempfile::tempdir().unwrap();
+        let bookie = open(dir.path());
+        let (done, answer) = mpsc::channel();
+        bookie.add(
+            Bytes::from_static(b"too short"),
+            AddMode::Normal,
+            move |result| {
+                done.send(result).unwrap();
+            },
+        );
+        assert_eq!(answer.recv().unwrap(), Err(Status::BadRequest));
+    }
+}
