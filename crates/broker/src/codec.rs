@@ -152,8 +152,3 @@ pub(crate) fn entry_publish_time_ms(entry: &[u8]) -> u64 {
         .and_then(|s| s.publish_time_ms)
         .unwrap_or(0)
 }
-
-/// Bytes of metadata + payload in a stored entry (what max_message_size limits).
-pub(crate) fn entry_message_bytes(entry: &Bytes) -> usize {
-    entry.len().saturating_sub(6 + 4)
-}

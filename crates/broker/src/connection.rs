@@ -652,21 +652,11 @@ impl Connection {
         let jobs = producer.jobs.clone();
         let sequence_id = body.sequence_id;
         let highest_sequence_id = body.highest_sequence_id.unwrap_or(0);
-        let max = self.service.config.max_message_size_bytes;
-        if codec::entry_message_bytes(&entry) > max {
-            tracing::info!(
-                conn = self.id,
-                bytes = entry.len(),
-                "SEND above max_message_size refused"
-            );
-            let job = ReceiptJob::Error {
-                sequence_id,
-                code: ServerError::NotAllowedError,
-                message: "Exceed maximum message size".into(),
-            };
-            let _ = jobs.send(job).await;
-            return Ok(());
-        }
+        // Size: the frame decoder already refused frames above
+        // max_message_size + FRAME_PADDING_BYTES (closing the connection), as
+        // the Java broker's frame decoder does; chunks of exactly
+        // max_message_size plus their metadata must pass, so nothing more is
+        // checked here.
         // Back-pressure: wait (not reading) until earlier sends drain.
         let bytes_limit = self.service.config.limits.pending_send_bytes_max;
         let bytes = u32::try_from(frame_bytes.min(bytes_limit)).unwrap_or(u32::MAX);
