@@ -212,47 +212,74 @@ impl Bookie {
             }
         };
         let (ledger_id, entry_id) = (header.ledger_id, header.entry_id);
-        let mut stripe = self.stripe(ledger_id);
-        if mode == AddMode::Normal {
-            match self.storage.is_fenced(ledger_id) {
-                Ok(false) => {}
-                Ok(true) => return done(Err(Status::Fenced)),
-                Err(error) => return done(Err(storage_status(&error))),
-            }
-        }
-        if let Err(error) = self.storage.put_entry(ledger_id, entry_id, entry.clone()) {
-            return done(Err(storage_status(&error)));
-        }
-        stripe.note_lac(ledger_id, header.last_add_confirmed);
-        let record = JournalRecord::Entry {
-            ledger_id,
-            entry_id,
-            payload: entry,
-        };
         let started = Instant::now();
         let add_latency = self.add_latency.clone();
-        self.append(record, move |result| {
+        let done_after_journal = move |result: Result<(), Status>| {
             if result.is_ok() {
                 let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
                 lock(&add_latency).saturating_record(elapsed_us.max(1));
             }
             done(result.map(|()| (ledger_id, entry_id)))
-        });
-        drop(stripe);
+        };
+        // Refusals are answered after the stripe lock is released: `done` may
+        // be anything, even a call back into this bookie.
+        let refused = {
+            let mut stripe = self.stripe(ledger_id);
+            match self.check_add(ledger_id, entry_id, mode, &entry) {
+                Err(status) => Some((done_after_journal, status)),
+                Ok(()) => {
+                    stripe.note_lac(ledger_id, header.last_add_confirmed);
+                    let record = JournalRecord::Entry {
+                        ledger_id,
+                        entry_id,
+                        payload: entry,
+                    };
+                    self.append(record, done_after_journal)
+                }
+            }
+        };
+        if let Some((done, status)) = refused {
+            done(Err(status));
+        }
+    }
+
+    /// The fence check and the write-cache put of an add (under the stripe lock).
+    fn check_add(
+        &self,
+        ledger_id: u64,
+        entry_id: u64,
+        mode: AddMode,
+        entry: &Bytes,
+    ) -> Result<(), Status> {
+        if mode == AddMode::Normal
+            && self
+                .storage
+                .is_fenced(ledger_id)
+                .map_err(|error| storage_status(&error))?
+        {
+            return Err(Status::Fenced);
+        }
+        self.storage
+            .put_entry(ledger_id, entry_id, entry.clone())
+            .map_err(|error| storage_status(&error))
     }
 
     /// Fences `ledger_id` (creating its state if this bookie never saw it) and
     /// calls `done` once the fence is durable. After that no normal add to it
     /// succeeds here, and every add accepted before is durable.
     pub fn fence(&self, ledger_id: u64, done: impl FnOnce(Result<(), Status>) + Send + 'static) {
-        let stripe = self.stripe(ledger_id);
-        if let Err(error) = self.storage.set_fenced(ledger_id) {
-            return done(Err(storage_status(&error)));
+        let refused = {
+            let _stripe = self.stripe(ledger_id);
+            match self.storage.set_fenced(ledger_id) {
+                Err(error) => Some((done, storage_status(&error))),
+                // Journaled even when already fenced: an earlier fence's record
+                // may not be durable yet, and this answer must not come before it.
+                Ok(_) => self.append(JournalRecord::Fence { ledger_id }, done),
+            }
+        };
+        if let Some((done, status)) = refused {
+            done(Err(status));
         }
-        // Journaled even when already fenced: an earlier fence's record may not
-        // be durable yet, and this answer must not come before it is.
-        self.append(JournalRecord::Fence { ledger_id }, done);
-        drop(stripe);
     }
 
     /// Stores an explicit LAC for `ledger_id`; `done` once durable.
@@ -262,13 +289,19 @@ impl Bookie {
         lac: u64,
         done: impl FnOnce(Result<(), Status>) + Send + 'static,
     ) {
-        let mut stripe = self.stripe(ledger_id);
-        if let Err(error) = self.storage.set_explicit_lac(ledger_id, lac) {
-            return done(Err(storage_status(&error)));
+        let refused = {
+            let mut stripe = self.stripe(ledger_id);
+            match self.storage.set_explicit_lac(ledger_id, lac) {
+                Err(error) => Some((done, storage_status(&error))),
+                Ok(()) => {
+                    stripe.note_lac(ledger_id, Some(lac));
+                    self.append(JournalRecord::ExplicitLac { ledger_id, lac }, done)
+                }
+            }
+        };
+        if let Some((done, status)) = refused {
+            done(Err(status));
         }
-        stripe.note_lac(ledger_id, Some(lac));
-        self.append(JournalRecord::ExplicitLac { ledger_id, lac }, done);
-        drop(stripe);
     }
 
     /// Deletes `ledger_id` (idempotent); `done` once the deletion is durable.
@@ -277,13 +310,19 @@ impl Bookie {
         ledger_id: u64,
         done: impl FnOnce(Result<(), Status>) + Send + 'static,
     ) {
-        let mut stripe = self.stripe(ledger_id);
-        if let Err(error) = self.storage.delete_ledger(ledger_id) {
-            return done(Err(storage_status(&error)));
+        let refused = {
+            let mut stripe = self.stripe(ledger_id);
+            match self.storage.delete_ledger(ledger_id) {
+                Err(error) => Some((done, storage_status(&error))),
+                Ok(()) => {
+                    stripe.lacs.remove(&ledger_id);
+                    self.append(JournalRecord::LedgerDeleted { ledger_id }, done)
+                }
+            }
+        };
+        if let Some((done, status)) = refused {
+            done(Err(status));
         }
-        stripe.lacs.remove(&ledger_id);
-        self.append(JournalRecord::LedgerDeleted { ledger_id }, done);
-        drop(stripe);
     }
 
     /// Reads entry `entry_id` (or, with `LAST_ENTRY`, the last stored one) of
@@ -419,11 +458,13 @@ impl Bookie {
     }
 
     /// Appends to the journal; `done` gets the outcome exactly once.
-    fn append(
-        &self,
-        record: JournalRecord,
-        done: impl FnOnce(Result<(), Status>) + Send + 'static,
-    ) {
+    /// Appends to the journal; `done` gets the outcome from the force-write
+    /// thread, or comes back with the refusal (for the caller to answer once it
+    /// holds no lock).
+    fn append<F>(&self, record: JournalRecord, done: F) -> Option<(F, Status)>
+    where
+        F: FnOnce(Result<(), Status>) + Send + 'static,
+    {
         // The journal consumes its callback even when it refuses the record, so
         // share `done` between the callback and the refusal path.
         let slot = Arc::new(Mutex::new(Some(done)));
@@ -439,10 +480,11 @@ impl Bookie {
                         done(result.map(|_| ()).map_err(|error| journal_status(&error)));
                     }
                 });
-        if let Err(error) = appended {
-            note_journal_failure(&self.sync.failure, &error);
-            if let Some(done) = take(&slot) {
-                done(Err(journal_status(&error)));
+        match appended {
+            Ok(()) => None,
+            Err(error) => {
+                note_journal_failure(&self.sync.failure, &error);
+                take(&slot).map(|done| (done, journal_status(&error)))
             }
         }
     }
