@@ -290,7 +290,7 @@ async fn add_throughput(
         raw.run(THROUGHPUT_SLICE);
     }
     if refused > 0 {
-        println!("    ({refused} adds refused with TOO_MANY_REQUESTS)");
+        println!("    ({payload_bytes}-byte adds: {refused} refused with TOO_MANY_REQUESTS)");
     }
     let secs = busy.as_secs_f64();
     (
