@@ -2,7 +2,8 @@
 //!
 //! Owns: the listening socket and, per connection, a reader task (decodes
 //! frames, hands each request to the `Bookie`) and a writer task (writes every
-//! response queued since its last write in one `write`, TCP_NODELAY).
+//! response queued since its last write in one vectored write, READ entries
+//! by reference; TCP_NODELAY).
 //! Guarantees: ADDs are pipelined (the reader never waits for entry N's answer
 //! before reading N+1); a connection has at most `CONNECTION_IN_FLIGHT_MAX`
 //! requests between "read off the socket" and "answer written", and past that
