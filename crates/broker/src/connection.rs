@@ -611,6 +611,8 @@ impl Connection {
             exclusive: false,
             out: self.out.clone(),
             events: self.events_tx.clone(),
+            address: self.peer.to_string(),
+            client_version: self.client_version.clone(),
         };
         topic.add_producer(&name, reg, access_mode)?;
         let (jobs, jobs_rx) =
@@ -684,7 +686,9 @@ impl Connection {
             DedupCheck::Fresh => ReceiptJob::Send {
                 sequence_id,
                 highest_sequence_id,
-                append: producer.topic.publish(entry),
+                append: producer
+                    .topic
+                    .publish(entry, body.num_messages.unwrap_or(1).max(1) as u32),
                 _permits: (send_permit, bytes_permit),
             },
         };

@@ -3,7 +3,7 @@
 //!
 //! Owns: the TCP listener and connections (`connection`), the topics being
 //! served (`service`, `topic`), subscriptions and dispatch (`subscription`,
-//! `key_shared`), tenants/namespaces/partitioned metadata (`admin`), schemas
+//! `key_shared`), statistics snapshots (`stats`), tenants/namespaces/partitioned metadata (`admin`), schemas
 //! (`schema`) and topic names (`topic_name`).
 //! Never: stores entries itself (`vela-log` does), unpacks a client's batch on
 //! the write path, or lets one bad client affect another connection.
@@ -23,6 +23,7 @@ mod error;
 pub mod key_shared;
 pub mod schema;
 mod service;
+pub mod stats;
 mod subscription;
 mod topic;
 pub mod topic_name;
@@ -39,6 +40,7 @@ use vela_meta::MetadataStore;
 pub use admin::{Admin, AdminError, NamespacePolicies};
 pub use config::{BrokerConfig, ConnectionLimits, PersistenceConfig};
 pub use error::{BrokerError, ServiceError};
+pub use stats::{ConsumerStats, PublisherStats, SubscriptionStats, TopicStats};
 pub use topic_name::{NamespaceName, TopicName};
 
 use service::Service;
@@ -114,6 +116,20 @@ impl BrokerHandle {
             .create_partitioned_topic(&name, partitions)
             .await?;
         Ok(())
+    }
+
+    /// Full names of the topics this broker serves now.
+    pub fn served_topics(&self) -> Vec<String> {
+        self.service.served_topics()
+    }
+
+    /// Statistics of a served topic (`None` when it is not served now).
+    pub async fn topic_stats(&self, topic: &str) -> Result<Option<stats::TopicStats>, BrokerError> {
+        let name = TopicName::parse(topic)?;
+        match self.service.served_topic(&name.to_string()) {
+            Some(served) => Ok(Some(served.stats().await)),
+            None => Ok(None),
+        }
     }
 
     /// Stops accepting, closes every connection, then closes every topic's log.

@@ -184,6 +184,27 @@ impl Service {
         Ok(Arc::clone(served))
     }
 
+    /// Full names of the topics served now, sorted.
+    pub(crate) fn served_topics(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .topics
+            .lock()
+            .iter()
+            .filter(|(_, c)| c.get().is_some())
+            .map(|(n, _)| n.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// The topic if it is served now.
+    pub(crate) fn served_topic(&self, full_name: &str) -> Option<Arc<Topic>> {
+        self.topics
+            .lock()
+            .get(full_name)
+            .and_then(|c| c.get().cloned())
+    }
+
     /// Closes every topic (shutdown).
     pub(crate) async fn close_topics(&self) -> Vec<vela_log::LogError> {
         let topics: Vec<Arc<Topic>> = self

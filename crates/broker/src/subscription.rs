@@ -179,6 +179,11 @@ pub(crate) enum SubCommand {
         /// Snapshot (None if the consumer is unknown).
         reply: oneshot::Sender<Option<ConsumerStatsSnapshot>>,
     },
+    /// Subscription statistics (admin API).
+    SubStats {
+        /// Snapshot.
+        reply: oneshot::Sender<crate::stats::SubscriptionStats>,
+    },
     /// The mark-delete position (GET_LAST_MESSAGE_ID).
     MarkDelete {
         /// Position.
@@ -453,6 +458,9 @@ pub(crate) fn spawn(
         round_robin: 0,
         active: None,
         caught_up: false,
+        msg_out: 0,
+        bytes_out: 0,
+        redelivered: 0,
     };
     tokio::spawn(dispatcher.run(rx, on_end));
     handle
@@ -477,6 +485,9 @@ struct Dispatcher {
     round_robin: usize,
     active: Option<ConsumerKey>,
     caught_up: bool,
+    msg_out: u64,
+    bytes_out: u64,
+    redelivered: u64,
 }
 
 enum Route {
@@ -596,6 +607,9 @@ impl Dispatcher {
                 });
                 let _ = reply.send(snapshot);
             }
+            SubCommand::SubStats { reply } => {
+                let _ = reply.send(self.stats());
+            }
             SubCommand::MarkDelete { reply } => {
                 let _ = reply.send(self.acks.mark_delete());
             }
@@ -606,6 +620,36 @@ impl Dispatcher {
             }
         }
         Flow::Continue
+    }
+
+    fn stats(&self) -> crate::stats::SubscriptionStats {
+        let sub_type = match self.sub_type {
+            SubType::Exclusive => "Exclusive",
+            SubType::Shared => "Shared",
+            SubType::Failover => "Failover",
+            SubType::KeyShared => "Key_Shared",
+        };
+        crate::stats::SubscriptionStats {
+            name: self.name.clone(),
+            sub_type: sub_type.to_string(),
+            durable: self.durable,
+            msg_backlog: self.acks.backlog(&self.log),
+            unacked_messages: self.pending.len() as u64,
+            msg_out_counter: self.msg_out,
+            bytes_out_counter: self.bytes_out,
+            msg_redeliver_counter: self.redelivered,
+            consumers: self
+                .consumers
+                .iter()
+                .map(|slot| crate::stats::ConsumerStats {
+                    consumer_name: slot.info.name.clone(),
+                    available_permits: slot.permits,
+                    unacked_messages: slot.unacked,
+                    msg_out_counter: slot.msg_out,
+                    address: slot.info.address.clone(),
+                })
+                .collect(),
+        }
     }
 
     fn slot(&self, key: ConsumerKey) -> Option<&Slot> {
@@ -865,6 +909,7 @@ impl Dispatcher {
             if let Some(slot) = self.slot_mut(key) {
                 slot.unacked = slot.unacked.saturating_sub(1);
             }
+            self.redelivered += 1;
             let count = self.redelivery.entry(pos).or_insert(0);
             *count = count.saturating_add(1);
             // Key_Shared slots are recomputed lazily at replay time.
@@ -1177,6 +1222,7 @@ impl Dispatcher {
         slot.unacked += 1;
         slot.msg_out += u64::from(messages);
         let key = key_of(&slot.info);
+        let entry_bytes = entry.data.len();
         let frame = codec::encode_message(message, entry.data);
         if slot.info.out.send(frame).await.is_err() {
             // The connection is gone; its cleanup will remove the consumer.
@@ -1185,6 +1231,8 @@ impl Dispatcher {
             return;
         }
         self.pending.insert(pos, PendingEntry { owner: key });
+        self.msg_out += u64::from(messages);
+        self.bytes_out += entry_bytes as u64;
     }
 }
 

@@ -8,6 +8,7 @@
 //! to a socket (frames go through the connections' outbound queues).
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
@@ -47,6 +48,10 @@ pub(crate) struct ProducerReg {
     pub(crate) out: mpsc::Sender<Outbound>,
     /// The connection's event queue.
     pub(crate) events: mpsc::Sender<ConnEvent>,
+    /// Client address (stats).
+    pub(crate) address: String,
+    /// Client version (stats).
+    pub(crate) client_version: String,
 }
 
 /// How a subscription is requested.
@@ -89,6 +94,8 @@ pub(crate) struct Topic {
     /// Producer name → highest sequence id appended (deduplication enabled).
     dedup: Option<Mutex<HashMap<String, i64>>>,
     self_ref: Weak<Topic>,
+    msg_in: AtomicU64,
+    bytes_in: AtomicU64,
 }
 
 /// Outcome of a dedup check on SEND.
@@ -113,12 +120,18 @@ impl Topic {
             subscribe_lock: tokio::sync::Mutex::new(0),
             dedup: dedup_enabled.then(|| Mutex::new(HashMap::new())),
             self_ref: self_ref.clone(),
+            msg_in: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
         })
     }
 
     /// Appends a stored entry. The append is issued before this returns, in
     /// call order; the future resolves once the entry is durable.
-    pub(crate) fn publish(&self, entry: Bytes) -> AppendFuture {
+    pub(crate) fn publish(&self, entry: Bytes, messages: u32) -> AppendFuture {
+        self.msg_in
+            .fetch_add(u64::from(messages), Ordering::Relaxed);
+        self.bytes_in
+            .fetch_add(entry.len() as u64, Ordering::Relaxed);
         let _writer = self.append_lock.lock();
         self.log.append(entry)
     }
@@ -329,6 +342,52 @@ impl Topic {
                 ServerError::ServiceNotReady,
                 "subscription is closing, retry",
             )),
+        }
+    }
+
+    /// A statistics snapshot (asks every subscription task once).
+    pub(crate) async fn stats(&self) -> crate::stats::TopicStats {
+        let mut publishers: Vec<crate::stats::PublisherStats> = self
+            .producers
+            .lock()
+            .iter()
+            .map(|(name, reg)| crate::stats::PublisherStats {
+                producer_name: name.clone(),
+                producer_id: reg.producer_id,
+                access_mode: if reg.exclusive { "Exclusive" } else { "Shared" }.to_string(),
+                address: reg.address.clone(),
+                client_version: reg.client_version.clone(),
+            })
+            .collect();
+        publishers.sort_by(|a, b| a.producer_name.cmp(&b.producer_name));
+        let handles: Vec<SubscriptionHandle> = self
+            .subscriptions
+            .lock()
+            .values()
+            .map(|e| e.handle.clone())
+            .collect();
+        let mut subscriptions = Vec::with_capacity(handles.len());
+        for handle in handles {
+            let (reply, answer) = oneshot::channel();
+            if handle.tx.send(SubCommand::SubStats { reply }).await.is_ok()
+                && let Ok(stats) = answer.await
+            {
+                subscriptions.push(stats);
+            }
+        }
+        subscriptions.sort_by(|a, b| a.name.cmp(&b.name));
+        let log = self.log.stats();
+        crate::stats::TopicStats {
+            topic: self.full_name.clone(),
+            msg_in_counter: self.msg_in.load(Ordering::Relaxed),
+            bytes_in_counter: self.bytes_in.load(Ordering::Relaxed),
+            msg_out_counter: subscriptions.iter().map(|s| s.msg_out_counter).sum(),
+            bytes_out_counter: subscriptions.iter().map(|s| s.bytes_out_counter).sum(),
+            entries: log.entries,
+            storage_size_bytes: log.size_bytes,
+            ledgers: log.ledgers,
+            publishers,
+            subscriptions,
         }
     }
 

@@ -340,3 +340,45 @@ async fn without_auto_creation_only_existing_topics_are_served() {
     assert_eq!(error.error, proto::ServerError::TopicNotFound as i32);
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn topic_stats_count_traffic_and_backlog() {
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("stats", 1).await;
+    client.subscribe("stats", "s", SubType::Shared, 1).await;
+    for seq in 0..3 {
+        client.produce(1, seq, b"0123456789").await;
+        receipt_seq(&client.recv().await);
+    }
+    client.flow(1, 2).await;
+    let first = message_of(&client.recv().await).0.message_id.clone();
+    message_of(&client.recv().await);
+    client
+        .send(proto::CommandAck {
+            consumer_id: 1,
+            ack_type: AckType::Individual as i32,
+            message_id: vec![first],
+            ..Default::default()
+        })
+        .await;
+    common::expect_nothing_but_pong(&mut client).await;
+    let stats = broker.topic_stats("stats").await.unwrap().unwrap();
+    assert_eq!(stats.topic, "persistent://public/default/stats");
+    assert_eq!(stats.msg_in_counter, 3);
+    assert_eq!(stats.entries, 3);
+    assert_eq!(stats.msg_out_counter, 2);
+    assert_eq!(stats.publishers.len(), 1);
+    assert_eq!(stats.publishers[0].producer_name, "standalone-0-0");
+    let sub = &stats.subscriptions[0];
+    assert_eq!((sub.name.as_str(), sub.sub_type.as_str()), ("s", "Shared"));
+    assert_eq!(sub.msg_backlog, 2);
+    assert_eq!(sub.unacked_messages, 1);
+    assert_eq!(sub.consumers[0].available_permits, 0);
+    assert_eq!(
+        broker.served_topics(),
+        vec!["persistent://public/default/stats"]
+    );
+    assert!(broker.topic_stats("other").await.unwrap().is_none());
+    broker.shutdown().await.unwrap();
+}
