@@ -12,7 +12,8 @@
 //!
 //! Run: `cargo bench -p vela-bookie --bench journal` (dir: env VELA_BENCH_DIR,
 //! default a temp dir under the workspace's target/; seconds per measured
-//! phase: env VELA_BENCH_SECS, default 5; the whole run stays under ~60 s).
+//! phase: env VELA_BENCH_SECS, default 5; the whole run stays under ~60 s;
+//! env VELA_BENCH_DEPTH1_ONLY=1 runs only the depth-1 comparison).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs::{File, OpenOptions};
@@ -359,6 +360,21 @@ fn main() {
     let load_before = loadavg();
     let (raw1, j1, j1_stats) = depth1(dir.path(), run);
     clear(dir.path());
+    if std::env::var("VELA_BENCH_DEPTH1_ONLY").is_ok() {
+        println!(
+            "depth 1: raw p50/p99/p99.9 {}/{}/{} µs, journal {}/{}/{} µs, journal fdatasync {}/{}/{} µs",
+            raw1.p50,
+            raw1.p99,
+            raw1.p999,
+            j1.p50,
+            j1.p99,
+            j1.p999,
+            j1_stats.fdatasync_us.p50,
+            j1_stats.fdatasync_us.p99,
+            j1_stats.fdatasync_us.p999
+        );
+        return;
+    }
     let raw_file = zero_filled(&dir.path().join("raw-bandwidth"), RAW_FILE_BYTES);
     let (t1k_fresh, raw_bw_1k, t1k, t1k_stats) = throughput(dir.path(), &raw_file, run, 1024, 256);
     clear_journal(dir.path());

@@ -199,6 +199,7 @@ pub(crate) fn prepare_file(
     config: &JournalConfig,
     backend: &Backend,
     file_id: u64,
+    zero_fill_first_chunk: bool,
 ) -> Result<(Arc<dyn JournalFile>, u64), JournalError> {
     let dir = &config.dir;
     let path = dir.join(NEXT_FILE_NAME);
@@ -238,7 +239,11 @@ pub(crate) fn prepare_file(
         }
     })?;
     let allocated = recycled_end.clamp(data_offset, cap);
-    let end = allocated.max((data_offset + config.prealloc_chunk_bytes).min(cap));
+    let end = if zero_fill_first_chunk {
+        allocated.max((data_offset + config.prealloc_chunk_bytes).min(cap))
+    } else {
+        allocated
+    };
     zero_fill(config, file.as_ref(), allocated, end)?;
     file.sync_data()
         .map_err(|e| JournalError::io("fdatasync", &path, e))?;
@@ -316,13 +321,13 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
     let chunk = config.prealloc_chunk_bytes;
     let step = ZERO_WRITE_BYTES.max(config.alignment_bytes) as u64;
     let cap = file_cap(config);
-    // Zero-filled but not yet synced: (file, bytes).
-    let mut dirty: Option<(Arc<dyn JournalFile>, u64)> = None;
+    let mut rate = WriterRate::new();
+    let mut direct: Option<(u64, Arc<dyn JournalFile>)> = None;
+    let mut direct_ok = true;
     loop {
         enum Work {
             Fill(Arc<dyn JournalFile>, u64, u64, u64),
-            Sync,
-            Next(u64),
+            Next(u64, bool),
         }
         let work = {
             let mut space = shared.lock_space();
@@ -330,56 +335,64 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                 if space.stop || shared.is_broken() {
                     return;
                 }
+                let fast = rate.is_fast(space.file_id, space.writer_offset);
                 let base = space.allocated_end.max(space.writer_reserved);
                 if space.next.is_none() && (base >= cap || space.writer_offset + 4 * chunk >= cap) {
-                    break Work::Next(space.file_id + 1);
+                    break Work::Next(space.file_id + 1, !fast);
                 }
-                if base < cap && base < space.writer_offset + 2 * chunk {
+                if !fast && base < cap && base < space.writer_offset + 2 * chunk {
                     let to = (base + step).min(cap);
                     space.filling = Some((space.file_id, base));
                     break Work::Fill(space.file.clone(), space.file_id, base, to);
                 }
-                if dirty.is_some() {
-                    break Work::Sync;
-                }
-                space = shared
+                (space, _) = shared
                     .space_cv
-                    .wait(space)
+                    .wait_timeout(space, WRITER_RATE_WINDOW)
                     .unwrap_or_else(|p| p.into_inner());
             }
         };
         let result = match work {
             Work::Fill(file, file_id, from, to) => {
-                let filled = zero_fill(config, file.as_ref(), from, to);
-                {
-                    let mut space = shared.lock_space();
-                    space.filling = None;
-                    if filled.is_ok() && space.file_id == file_id {
-                        space.allocated_end = space.allocated_end.max(to);
+                let fill_with = |target: &Arc<dyn JournalFile>| {
+                    zero_fill(config, target.as_ref(), from, to).and_then(|()| {
+                        target
+                            .sync_data()
+                            .map_err(|e| JournalError::io("fdatasync", target.path(), e))
+                    })
+                };
+                let mut filled = None;
+                if direct_ok {
+                    let target = zero_fill_handle(&shared, &mut direct, file_id, &file);
+                    if !Arc::ptr_eq(&target, &file) {
+                        match fill_with(&target) {
+                            Ok(()) => filled = Some(Ok(())),
+                            Err(e) => {
+                                // A filesystem that opens O_DIRECT but refuses its
+                                // writes: fill through the page cache from now on.
+                                tracing::warn!(error = %e, "journal: O_DIRECT zero-fill failed; using buffered zero-fill");
+                                direct_ok = false;
+                                direct = None;
+                            }
+                        }
                     }
-                    shared.space_cv.notify_all();
                 }
-                let same_file = dirty.as_ref().is_some_and(|(f, _)| Arc::ptr_eq(f, &file));
-                if !same_file {
-                    dirty = Some((file, 0));
+                let filled = filled.unwrap_or_else(|| fill_with(&file));
+                let mut space = shared.lock_space();
+                space.filling = None;
+                if filled.is_ok() && space.file_id == file_id {
+                    space.allocated_end = space.allocated_end.max(to);
                 }
-                if let Some((_, bytes)) = dirty.as_mut() {
-                    *bytes += to - from;
-                }
-                match filled {
-                    Ok(()) if dirty.as_ref().is_some_and(|(_, b)| *b >= step) => {
-                        sync_dirty(&mut dirty)
-                    }
-                    other => other,
-                }
+                shared.space_cv.notify_all();
+                filled
             }
-            Work::Sync => sync_dirty(&mut dirty),
-            Work::Next(file_id) => {
-                prepare_file(config, &shared.backend, file_id).map(|(file, end)| {
-                    let mut space = shared.lock_space();
-                    space.next = Some((file, end));
-                    shared.space_cv.notify_all();
-                })
+            Work::Next(file_id, zero_fill_first_chunk) => {
+                prepare_file(config, &shared.backend, file_id, zero_fill_first_chunk).map(
+                    |(file, end)| {
+                        let mut space = shared.lock_space();
+                        space.next = Some((file, end));
+                        shared.space_cv.notify_all();
+                    },
+                )
             }
         };
         if let Err(e) = result {
@@ -389,12 +402,90 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
     }
 }
 
-fn sync_dirty(dirty: &mut Option<(Arc<dyn JournalFile>, u64)>) -> Result<(), JournalError> {
-    if let Some((file, _)) = dirty.take() {
-        file.sync_data()
-            .map_err(|e| JournalError::io("fdatasync", file.path(), e))?;
+/// The handle zero-fill goes through: for the buffered backend, an O_DIRECT
+/// handle on the same file when the filesystem takes it, so the zeros never sit
+/// dirty in the page cache where a group's fdatasync (which flushes the whole
+/// file) would have to write them out; else the writer's own handle. Measured
+/// here at depth 1 (journal p50 minus raw p50, 3 runs each): +55..+77 µs with
+/// buffered zero-fill, -9..+61 µs (median +23) with O_DIRECT zero-fill.
+fn zero_fill_handle(
+    shared: &Shared,
+    direct: &mut Option<(u64, Arc<dyn JournalFile>)>,
+    file_id: u64,
+    file: &Arc<dyn JournalFile>,
+) -> Arc<dyn JournalFile> {
+    let buffered = matches!(
+        shared.backend,
+        Backend::Kind(super::config::JournalBackendKind::Buffered)
+    );
+    if !buffered || !shared.config.alignment_bytes.is_multiple_of(4096) {
+        return file.clone();
     }
-    Ok(())
+    if let Some((id, handle)) = direct.as_ref()
+        && *id == file_id
+    {
+        return handle.clone();
+    }
+    let direct_backend = Backend::Kind(super::config::JournalBackendKind::Direct);
+    match direct_backend.open(&file.path(), false) {
+        Ok(handle) => {
+            *direct = Some((file_id, handle.clone()));
+            handle
+        }
+        Err(_) => file.clone(),
+    }
+}
+
+/// How often the preallocator measures the writer's rate.
+const WRITER_RATE_WINDOW: Duration = Duration::from_millis(100);
+
+/// Above this rate of file consumption the preallocator stops zero-filling:
+/// groups are then large, so the allocation metadata their fdatasync commits is
+/// cheap next to their data, while zero-filling would double the bytes written.
+/// Depth-1 traffic of 1 KiB entries consumes ~30 MB/s (a 4 KiB block per
+/// ~130 µs) and keeps zero-filled space.
+const ZERO_FILL_WRITER_RATE_MAX_BYTES_PER_SEC: f64 = 128.0 * 1024.0 * 1024.0;
+
+/// The writer's recent rate of file consumption, sampled by the preallocator.
+#[derive(Debug)]
+struct WriterRate {
+    since: Instant,
+    file_id: u64,
+    offset: u64,
+    fast: bool,
+}
+
+impl WriterRate {
+    fn new() -> WriterRate {
+        WriterRate {
+            since: Instant::now(),
+            file_id: 0,
+            offset: 0,
+            fast: false,
+        }
+    }
+
+    /// Whether the writer consumed more than the limit over the last window.
+    fn is_fast(&mut self, file_id: u64, offset: u64) -> bool {
+        let elapsed = self.since.elapsed();
+        if elapsed >= WRITER_RATE_WINDOW {
+            // Across a rotation count the new file's part only (a lower bound).
+            let advanced = if file_id == self.file_id {
+                offset.saturating_sub(self.offset)
+            } else {
+                offset
+            };
+            self.fast =
+                advanced as f64 / elapsed.as_secs_f64() > ZERO_FILL_WRITER_RATE_MAX_BYTES_PER_SEC;
+            *self = WriterRate {
+                since: Instant::now(),
+                file_id,
+                offset,
+                fast: self.fast,
+            };
+        }
+        self.fast
+    }
 }
 
 // ---------------------------------------------------------------------------
