@@ -148,3 +148,20 @@ def test_batch_index_ack(client, topic):
     )
     again = drain(c)
     assert sorted(m.data() for m in again) == [b"b-3", b"b-4", b"b-5"]
+
+
+def test_delayed_delivery_on_shared(client, topic):
+    from datetime import timedelta
+
+    c = client.subscribe(topic, "delayed", consumer_type=pulsar.ConsumerType.Shared)
+    producer = client.create_producer(topic, batching_enabled=False)
+    start = time.time()
+    producer.send(b"later", deliver_after=timedelta(milliseconds=800))
+    producer.send(b"now")
+    first = c.receive(timeout_millis=5000)
+    assert first.data() == b"now"
+    c.acknowledge(first)
+    second = c.receive(timeout_millis=5000)
+    assert second.data() == b"later"
+    assert time.time() - start >= 0.7
+    c.acknowledge(second)

@@ -145,6 +145,14 @@ pub(crate) fn entry_message_count(entry: &[u8]) -> u32 {
         .map_or(1, |n| u32::try_from(n).unwrap_or(1).max(1))
 }
 
+/// Absolute delivery time of a stored entry in ms (`deliver_at_time`), if set.
+pub(crate) fn entry_deliver_at_ms(entry: &[u8]) -> Option<u64> {
+    metadata_slice(entry)
+        .and_then(|m| vela_wire::MetadataSummary::scan(m).ok())
+        .and_then(|s| s.deliver_at_time_ms)
+        .and_then(|t| u64::try_from(t).ok())
+}
+
 /// Publish time of a stored entry in ms (0 when unreadable).
 pub(crate) fn entry_publish_time_ms(entry: &[u8]) -> u64 {
     metadata_slice(entry)

@@ -11,6 +11,9 @@
 //! which go first; on Key_Shared, entries of one hash slot go out in log order
 //! (an entry waits in `replay` while an earlier one of its slot waits);
 //! nothing is sent to a consumer whose permits are ≤ 0.
+//! Delayed delivery (Shared only, as the Java broker's default): an entry
+//! whose `deliver_at_time` is in the future waits in `delayed` (in memory; a
+//! restart re-reads and re-delays it) and is replayed once due.
 //! Never: reads more than `READ_BATCH_ENTRIES_MAX` entries at once, holds more
 //! than `UNACKED_ENTRIES_MAX` unacked entries (dispatch pauses instead), or
 //! touches a connection other than through its outbound queue.
@@ -40,6 +43,9 @@ pub(crate) const UNACKED_ENTRIES_MAX: usize = 100_000;
 /// Entries waiting to be sent again. When reached no new entries are read
 /// until the replay set drains (it never drops entries).
 pub(crate) const REPLAY_ENTRIES_MAX: usize = 100_000;
+/// Delayed entries (deliver_at_time in the future) held per Shared
+/// subscription. When reached, no new entries are read until some are due.
+pub(crate) const DELAYED_ENTRIES_MAX: usize = 100_000;
 /// Commands queued for one subscription task; senders wait when it is full.
 pub(crate) const SUBSCRIPTION_COMMANDS_MAX: usize = 1024;
 /// Consumers attached to one subscription (Key_Shared AUTO_SPLIT can split the
@@ -461,6 +467,7 @@ pub(crate) fn spawn(
         msg_out: 0,
         bytes_out: 0,
         redelivered: 0,
+        delayed: BTreeSet::new(),
     };
     tokio::spawn(dispatcher.run(rx, on_end));
     handle
@@ -488,6 +495,8 @@ struct Dispatcher {
     msg_out: u64,
     bytes_out: u64,
     redelivered: u64,
+    /// Shared: entries whose deliver_at_time is in the future, by due time.
+    delayed: BTreeSet<(u64, Position)>,
 }
 
 enum Route {
@@ -509,12 +518,17 @@ impl Dispatcher {
             let waiting = self.caught_up && self.total_permits() > 0;
             let after = self.log.previous_position(self.read_position);
             let log = Arc::clone(&self.log);
+            let next_due = self.delayed.first().map(|(due_ms, _)| *due_ms);
+            let delay = next_due.map_or(std::time::Duration::ZERO, |due_ms| {
+                std::time::Duration::from_millis(due_ms.saturating_sub(now_ms()))
+            });
             let command = tokio::select! {
                 command = rx.recv() => match command {
                     Some(command) => Some(command),
                     None => break,
                 },
                 _ = log.wait_for_new_entries(after), if waiting => None,
+                _ = tokio::time::sleep(delay), if next_due.is_some() => None,
             };
             if self.log.is_closed() {
                 // The topic's log closed or failed: consumers reconnect (to a
@@ -952,6 +966,7 @@ impl Dispatcher {
         self.pending.clear();
         self.replay.clear();
         self.redelivery.clear();
+        self.delayed.clear();
         self.read_position = next;
         self.caught_up = false;
         tracing::info!(topic = %self.topic, subscription = %self.name, position = %next, "seek");
@@ -1013,6 +1028,7 @@ impl Dispatcher {
 
     /// Sends entries while some consumer has permits.
     async fn dispatch(&mut self) {
+        self.release_due();
         if self.consumers.is_empty() {
             return;
         }
@@ -1028,6 +1044,7 @@ impl Dispatcher {
             if self.total_permits() <= 0
                 || self.pending.len() >= UNACKED_ENTRIES_MAX
                 || self.replay.len() >= REPLAY_ENTRIES_MAX
+                || self.delayed.len() >= DELAYED_ENTRIES_MAX
             {
                 return;
             }
@@ -1059,6 +1076,16 @@ impl Dispatcher {
                     progressed = true;
                     continue;
                 }
+                if self.sub_type == SubType::Shared
+                    && let Some(due_ms) = codec::entry_deliver_at_ms(&entry.data)
+                    && due_ms > now_ms()
+                {
+                    // Delayed delivery: held until due, then replayed.
+                    self.delayed.insert((due_ms, pos));
+                    self.read_position = self.log.next_position(pos);
+                    progressed = true;
+                    continue;
+                }
                 let slot = entry_slot_if(&self.selector, &entry);
                 if self.selector.is_some() && stuck_slots.contains(&slot) {
                     // An earlier entry of this key slot waits: keep order.
@@ -1083,6 +1110,19 @@ impl Dispatcher {
             if !progressed {
                 return;
             }
+        }
+    }
+
+    /// Moves delayed entries that are due into the replay set.
+    fn release_due(&mut self) {
+        let now = now_ms();
+        while let Some(&(due_ms, pos)) = self.delayed.first() {
+            if due_ms > now {
+                return;
+            }
+            self.delayed.pop_first();
+            self.replay.insert(pos, u32::MAX);
+            self.caught_up = false;
         }
     }
 
@@ -1239,6 +1279,13 @@ impl Dispatcher {
 enum Flow {
     Continue,
     Stop,
+}
+
+/// Wall-clock time in ms (deliver_at_time is the producer's wall clock).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn key_of(info: &ConsumerInfo) -> ConsumerKey {
