@@ -128,6 +128,7 @@ impl Journal {
                 writer_reserved: config.data_offset(),
                 filling: None,
                 writer_offset: config.data_offset(),
+                written_bytes_total: 0,
                 next: None,
                 stop: false,
             }),

@@ -105,6 +105,8 @@ pub(crate) struct SpaceState {
     pub(crate) filling: Option<(u64, u64)>,
     /// Where the writer has written up to (published once per group).
     pub(crate) writer_offset: u64,
+    /// Bytes the writer has written since open, across files (for its rate).
+    pub(crate) written_bytes_total: u64,
     /// The next file, header synced, first chunk zero-filled, still named
     /// `NEXT_FILE_NAME`.
     pub(crate) next: Option<(Arc<dyn JournalFile>, u64)>,
@@ -335,7 +337,7 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                 if space.stop || shared.is_broken() {
                     return;
                 }
-                let fast = rate.is_fast(space.file_id, space.writer_offset);
+                let fast = rate.is_fast(space.written_bytes_total);
                 let base = space.allocated_end.max(space.writer_reserved);
                 if space.next.is_none() && (base >= cap || space.writer_offset + 4 * chunk >= cap) {
                     break Work::Next(space.file_id + 1, !fast);
@@ -450,8 +452,7 @@ const ZERO_FILL_WRITER_RATE_MAX_BYTES_PER_SEC: f64 = 128.0 * 1024.0 * 1024.0;
 #[derive(Debug)]
 struct WriterRate {
     since: Instant,
-    file_id: u64,
-    offset: u64,
+    written_bytes_total: u64,
     fast: bool,
 }
 
@@ -459,30 +460,20 @@ impl WriterRate {
     fn new() -> WriterRate {
         WriterRate {
             since: Instant::now(),
-            file_id: 0,
-            offset: 0,
+            written_bytes_total: 0,
             fast: false,
         }
     }
 
-    /// Whether the writer consumed more than the limit over the last window.
-    fn is_fast(&mut self, file_id: u64, offset: u64) -> bool {
+    /// Whether the writer wrote faster than the limit over the last window.
+    fn is_fast(&mut self, written_bytes_total: u64) -> bool {
         let elapsed = self.since.elapsed();
         if elapsed >= WRITER_RATE_WINDOW {
-            // Across a rotation count the new file's part only (a lower bound).
-            let advanced = if file_id == self.file_id {
-                offset.saturating_sub(self.offset)
-            } else {
-                offset
-            };
+            let advanced = written_bytes_total.saturating_sub(self.written_bytes_total);
             self.fast =
                 advanced as f64 / elapsed.as_secs_f64() > ZERO_FILL_WRITER_RATE_MAX_BYTES_PER_SEC;
-            *self = WriterRate {
-                since: Instant::now(),
-                file_id,
-                offset,
-                fast: self.fast,
-            };
+            self.since = Instant::now();
+            self.written_bytes_total = written_bytes_total;
         }
         self.fast
     }
@@ -658,7 +649,7 @@ impl Writer {
         let write_time = started.elapsed();
         let entries = waiters.len();
         self.offset += total as u64;
-        self.publish_offset();
+        self.publish_offset(total as u64);
         self.shared.force_pending.fetch_add(1, Ordering::SeqCst);
         self.send(ForceItem::Written {
             file: self.file.clone(),
@@ -677,10 +668,11 @@ impl Writer {
             .record_group(queue_wait, write_time, entries, total);
     }
 
-    fn publish_offset(&self) {
+    fn publish_offset(&self, group_bytes: u64) {
         let chunk = self.shared.config.prealloc_chunk_bytes;
         let mut space = self.shared.lock_space();
         space.writer_offset = self.offset;
+        space.written_bytes_total += group_bytes;
         if space.allocated_end < self.offset + 2 * chunk {
             self.shared.space_cv.notify_all();
         }
