@@ -165,3 +165,25 @@ def test_delayed_delivery_on_shared(client, topic):
     assert second.data() == b"later"
     assert time.time() - start >= 0.7
     c.acknowledge(second)
+
+
+def test_dead_letter_topic_after_max_redeliveries(client, topic):
+    dlq = topic + "-dlq"
+    dlq_consumer = client.subscribe(dlq, "dlq", initial_position=EARLIEST)
+    c = client.subscribe(
+        topic,
+        "s",
+        consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=EARLIEST,
+        negative_ack_redelivery_delay_ms=100,
+        dead_letter_policy=pulsar.ConsumerDeadLetterPolicy(max_redeliver_count=2, dead_letter_topic=dlq),
+    )
+    produce(client, topic, 1)
+    counts = []
+    for _ in range(3):
+        m = c.receive(timeout_millis=5000)
+        counts.append(m.redelivery_count())
+        c.negative_acknowledge(m)
+    assert counts == [0, 1, 2]
+    dead = dlq_consumer.receive(timeout_millis=10000)
+    assert dead.data() == b"m-0"
