@@ -788,6 +788,94 @@ mod tests {
     }
 
     #[test]
+    fn a_fence_answer_covers_every_add_acknowledged_on_the_ledger() {
+        // Two threads pipeline normal adds to one ledger while a third fences it.
+        // Every add answered OK was accepted before the fence, so it must be
+        // readable right when the fence is answered; adds after it are FENCED.
+        use std::sync::atomic::AtomicUsize;
+        let dir = tempfile::tempdir().unwrap();
+        let bookie = Arc::new(open(dir.path()));
+        let fenced = Arc::new(AtomicBool::new(false));
+        let submitted = Arc::new(AtomicUsize::new(0));
+        let results = Arc::new(Mutex::new(Vec::new()));
+        let adders: Vec<_> = (0..2u64)
+            .map(|thread| {
+                let (bookie, fenced, submitted, results) = (
+                    bookie.clone(),
+                    fenced.clone(),
+                    submitted.clone(),
+                    results.clone(),
+                );
+                std::thread::spawn(move || {
+                    let mut after_fence = 0;
+                    for index in 0.. {
+                        if fenced.load(Ordering::Acquire) {
+                            after_fence += 1;
+                            if after_fence > 50 {
+                                break;
+                            }
+                        }
+                        let entry_id = 2 * index + thread;
+                        let header = EntryHeader {
+                            ledger_id: 7,
+                            entry_id,
+                            last_add_confirmed: None,
+                            ledger_length: 0,
+                        };
+                        let results = results.clone();
+                        bookie.add(
+                            encode_entry(&header, b"x"),
+                            AddMode::Normal,
+                            move |result| {
+                                results.lock().unwrap().push((entry_id, result));
+                            },
+                        );
+                        submitted.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        while submitted.load(Ordering::Relaxed) < 500 {
+            std::thread::yield_now();
+        }
+        let (done, answer) = mpsc::channel();
+        bookie.fence(7, move |result| done.send(result).unwrap());
+        assert_eq!(answer.recv().unwrap(), Ok(()));
+        let last_at_fence = bookie.read_entry(7, LAST_ENTRY).unwrap().entry_id;
+        let readable_at_fence: std::collections::HashSet<u64> = (0..=last_at_fence)
+            .filter(|&entry_id| bookie.read_entry(7, entry_id).is_ok())
+            .collect();
+        fenced.store(true, Ordering::Release);
+        for adder in adders {
+            adder.join().unwrap();
+        }
+        let total = submitted.load(Ordering::Relaxed);
+        while results.lock().unwrap().len() < total {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let results = results.lock().unwrap();
+        let mut acked = 0;
+        let mut refused = 0;
+        for (entry_id, result) in results.iter() {
+            match result {
+                Ok(_) => {
+                    acked += 1;
+                    assert!(
+                        readable_at_fence.contains(entry_id),
+                        "entry {entry_id} was acknowledged but not visible when the fence was answered"
+                    );
+                }
+                Err(Status::Fenced) => refused += 1,
+                Err(other) => panic!("entry {entry_id}: unexpected {other:?}"),
+            }
+        }
+        assert!(
+            acked >= 500 && refused >= 100,
+            "acked {acked}, refused {refused}"
+        );
+    }
+
+    #[test]
     fn bad_headers_are_bad_requests() {
         let dir = tempfile::tempdir().unwrap();
         let bookie = open(dir.path());
