@@ -27,7 +27,8 @@ const LEDGERS_PER_ROUND: u64 = 4;
 const PAYLOAD_BYTES: usize = 1024;
 /// Adds in flight per ledger.
 const ADDS_IN_FLIGHT_PER_LEDGER: usize = 64;
-/// How long after the load starts the bookie is killed: 50..550 ms.
+/// How long after the round's first acknowledged add the bookie is killed:
+/// 50..550 ms.
 const KILL_AFTER_MS_MIN: u64 = 50;
 const KILL_AFTER_MS_SPAN: u64 = 500;
 
@@ -284,6 +285,16 @@ async fn acknowledged_entries_survive_kill_9() {
             load.spawn(load_ledger(client.clone(), seed, ledger_id, acked.clone()));
         }
         let kill_after = Duration::from_millis(KILL_AFTER_MS_MIN + rng.next() % KILL_AFTER_MS_SPAN);
+        // The kill clock starts at the round's first acknowledgement, so a slow
+        // machine still kills mid-load.
+        let first_ack_deadline = Instant::now() + Duration::from_secs(30);
+        while acked.lock().unwrap().entry_count() == before {
+            assert!(
+                Instant::now() < first_ack_deadline,
+                "round {round}: no add acknowledged in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         tokio::time::sleep(kill_after).await;
         tokio::task::spawn_blocking(move || bookie.kill_9())
             .await
