@@ -58,6 +58,7 @@ enum ReceiptJob {
     Send {
         sequence_id: u64,
         highest_sequence_id: u64,
+        received: Instant,
         append: AppendFuture,
         _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     },
@@ -105,6 +106,10 @@ pub(crate) async fn serve(
     // outstanding in practice; sized to never fill in normal operation.
     let (events_tx, events_rx) = mpsc::channel(2 * (limits.producers_max + limits.consumers_max));
     let id = service.next_conn_id();
+    service
+        .metrics
+        .active_connections
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut connection = Connection {
         id,
         peer,
@@ -123,6 +128,11 @@ pub(crate) async fn serve(
     let reason = connection.run(read_half, shutdown).await;
     tracing::info!(conn = id, %peer, reason = %reason.0, "connection closed");
     connection.cleanup().await;
+    connection
+        .service
+        .metrics
+        .active_connections
+        .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     drop(connection);
     let mut writer = writer;
     if tokio::time::timeout(WRITER_DRAIN_TIMEOUT, &mut writer)
@@ -617,7 +627,12 @@ impl Connection {
         topic.add_producer(&name, reg, access_mode)?;
         let (jobs, jobs_rx) =
             mpsc::channel(self.service.config.limits.pending_sends_max.max(1) + 1);
-        tokio::spawn(receipt_loop(body.producer_id, jobs_rx, self.out.clone()));
+        tokio::spawn(receipt_loop(
+            body.producer_id,
+            jobs_rx,
+            self.out.clone(),
+            Arc::clone(&self.service),
+        ));
         let exclusive = access_mode != proto::ProducerAccessMode::Shared;
         let last_sequence_id = topic.last_sequence_id(&name);
         tracing::debug!(conn = self.id, topic = %topic.full_name, producer = %name, "producer created");
@@ -651,6 +666,7 @@ impl Connection {
                 body.producer_id
             )));
         };
+        let received = Instant::now();
         let jobs = producer.jobs.clone();
         let sequence_id = body.sequence_id;
         let highest_sequence_id = body.highest_sequence_id.unwrap_or(0);
@@ -686,6 +702,7 @@ impl Connection {
             DedupCheck::Fresh => ReceiptJob::Send {
                 sequence_id,
                 highest_sequence_id,
+                received,
                 append: producer
                     .topic
                     .publish(entry, body.num_messages.unwrap_or(1).max(1) as u32),
@@ -1162,23 +1179,32 @@ async fn receipt_loop(
     producer_id: u64,
     mut jobs: mpsc::Receiver<ReceiptJob>,
     out: mpsc::Sender<Outbound>,
+    service: Arc<Service>,
 ) {
+    let metrics = &service.metrics;
     while let Some(job) = jobs.recv().await {
         let frame = match job {
             ReceiptJob::Send {
                 sequence_id,
                 highest_sequence_id,
+                received,
                 append,
                 _permits,
             } => match append.await {
-                Ok(position) => receipt(
-                    producer_id,
-                    sequence_id,
-                    highest_sequence_id,
-                    position.ledger_id,
-                    position.entry_id,
-                ),
+                Ok(position) => {
+                    metrics.publish_latency.record(received.elapsed());
+                    receipt(
+                        producer_id,
+                        sequence_id,
+                        highest_sequence_id,
+                        position.ledger_id,
+                        position.entry_id,
+                    )
+                }
                 Err(e) => {
+                    metrics
+                        .send_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(producer_id, sequence_id, error = %e, "append failed");
                     codec::encode_command(proto::CommandSendError {
                         producer_id,
@@ -1203,12 +1229,17 @@ async fn receipt_loop(
                 sequence_id,
                 code,
                 message,
-            } => codec::encode_command(proto::CommandSendError {
-                producer_id,
-                sequence_id,
-                error: code as i32,
-                message,
-            }),
+            } => {
+                metrics
+                    .send_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                codec::encode_command(proto::CommandSendError {
+                    producer_id,
+                    sequence_id,
+                    error: code as i32,
+                    message,
+                })
+            }
             ReceiptJob::Close { request_id } => {
                 let _ = out
                     .send(codec::encode_command(proto::CommandSuccess {

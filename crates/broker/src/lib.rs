@@ -3,7 +3,7 @@
 //!
 //! Owns: the TCP listener and connections (`connection`), the topics being
 //! served (`service`, `topic`), subscriptions and dispatch (`subscription`,
-//! `key_shared`), statistics snapshots (`stats`), tenants/namespaces/partitioned metadata (`admin`), schemas
+//! `key_shared`), statistics snapshots (`stats`), broker metrics (`metrics`), tenants/namespaces/partitioned metadata (`admin`), schemas
 //! (`schema`) and topic names (`topic_name`).
 //! Never: stores entries itself (`vela-log` does), unpacks a client's batch on
 //! the write path, or lets one bad client affect another connection.
@@ -21,6 +21,7 @@ pub mod config;
 mod connection;
 mod error;
 pub mod key_shared;
+pub mod metrics;
 pub mod schema;
 mod service;
 pub mod stats;
@@ -116,6 +117,11 @@ impl BrokerHandle {
             .create_partitioned_topic(&name, partitions)
             .await?;
         Ok(())
+    }
+
+    /// Broker-wide metrics (publish latency histogram, connections, send errors).
+    pub fn metrics(&self) -> metrics::BrokerMetricsSnapshot {
+        self.service.metrics.snapshot()
     }
 
     /// Full names of the topics this broker serves now.

@@ -43,6 +43,8 @@ pub(crate) struct Service {
     pub(crate) log_env: LogEnv,
     /// `pulsar://host:port` returned by lookups.
     pub(crate) advertised_url: String,
+    /// Broker-wide counters and histograms.
+    pub(crate) metrics: crate::metrics::BrokerMetrics,
     topics: Mutex<HashMap<String, TopicCell>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
@@ -62,6 +64,7 @@ impl Service {
             schemas: SchemaRegistry::new(meta),
             log_env,
             advertised_url,
+            metrics: crate::metrics::BrokerMetrics::default(),
             topics: Mutex::new(HashMap::new()),
             producer_names: AtomicU64::new(0),
             conn_ids: AtomicU64::new(1),

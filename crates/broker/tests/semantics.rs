@@ -380,5 +380,9 @@ async fn topic_stats_count_traffic_and_backlog() {
         vec!["persistent://public/default/stats"]
     );
     assert!(broker.topic_stats("other").await.unwrap().is_none());
+    let metrics = broker.metrics();
+    assert_eq!(metrics.publish_latency.count, 3);
+    assert_eq!(metrics.active_connections, 1);
+    assert_eq!(metrics.send_errors, 0);
     broker.shutdown().await.unwrap();
 }
