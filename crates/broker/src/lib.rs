@@ -159,7 +159,13 @@ async fn accept_loop(
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(joined) = connections.join_next(), if !connections.is_empty() => {
+                if let Err(e) = joined
+                    && e.is_panic()
+                {
+                    tracing::error!(error = %e, "connection task panicked (a broker bug)");
+                }
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     if connections.len() >= CONNECTIONS_MAX {
