@@ -1213,10 +1213,22 @@ impl Dispatcher {
                 }
             }
             SubType::Shared => {
+                // Round robin among the consumers with permits of the best
+                // (lowest) priority level, as the Java broker.
+                let Some(level) = self
+                    .consumers
+                    .iter()
+                    .filter(|c| c.permits > 0)
+                    .map(|c| c.info.priority_level)
+                    .min()
+                else {
+                    return Route::Stop;
+                };
                 let n = self.consumers.len();
                 for step in 0..n {
                     let index = (self.round_robin + step) % n;
-                    if self.consumers[index].permits > 0 {
+                    let candidate = &self.consumers[index];
+                    if candidate.permits > 0 && candidate.info.priority_level == level {
                         self.round_robin = (index + 1) % n;
                         return Route::Deliver(index);
                     }

@@ -386,3 +386,43 @@ async fn topic_stats_count_traffic_and_backlog() {
     assert_eq!(metrics.send_errors, 0);
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn shared_prefers_the_best_priority_level() {
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("prio", 1).await;
+    for (consumer_id, priority) in [(1u64, 1), (2, 0)] {
+        client
+            .send(proto::CommandSubscribe {
+                topic: "prio".into(),
+                subscription: "s".into(),
+                sub_type: SubType::Shared as i32,
+                consumer_id,
+                request_id: 10 + consumer_id,
+                priority_level: Some(priority),
+                ..Default::default()
+            })
+            .await;
+        assert!(client.recv().await.command.success.is_some());
+    }
+    client.flow(1, 10).await;
+    client.flow(2, 3).await;
+    for seq in 0..5 {
+        client.produce(1, seq, b"x").await;
+    }
+    let mut receipts = 0;
+    let mut by_consumer = std::collections::HashMap::<u64, u32>::new();
+    while receipts < 5 || by_consumer.values().sum::<u32>() < 5 {
+        let frame = client.recv().await;
+        if frame.command.send_receipt.is_some() {
+            receipts += 1;
+        } else if let Some(message) = &frame.command.message {
+            *by_consumer.entry(message.consumer_id).or_default() += 1;
+        }
+    }
+    // Priority 0 takes its 3 permits' worth first; the rest overflow to priority 1.
+    assert_eq!(by_consumer.get(&2), Some(&3));
+    assert_eq!(by_consumer.get(&1), Some(&2));
+    broker.shutdown().await.unwrap();
+}
