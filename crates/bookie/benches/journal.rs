@@ -90,7 +90,8 @@ fn zero_filled(path: &Path, bytes: u64) -> File {
 /// After a large write the device's flush stays slow until its cache drains
 /// (measured here: fdatasync p50 4 ms right after 144 MiB, 120 µs a few seconds
 /// later). Probe with 4 KiB write+fdatasync at offset 0 until 20 in a row come
-/// within 2x of the best seen, at most 5 s, so no phase pays for the last one.
+/// within 2x of the best seen, at most 5 s, so no phase (raw or journal) pays for
+/// the one before it.
 fn settle(file: &File) {
     let block = vec![0u8; 4096];
     let start = Instant::now();
@@ -200,6 +201,7 @@ fn depth1(dir: &Path, run: Duration) -> (Latency, Latency, JournalStats) {
     raw_depth1_slice(&raw_file, &mut offset, run / 2, &mut raw_h);
     let journal = open_journal(dir, None);
     journal_depth1_slice(&journal, Duration::from_millis(200), &mut histogram());
+    settle(&raw_file);
     journal_depth1_slice(&journal, run, &mut journal_h);
     let stats = journal.stats();
     journal.shutdown().unwrap();
@@ -262,6 +264,7 @@ fn throughput(
     depth: usize,
 ) -> (f64, f64, f64, JournalStats) {
     let payload = Bytes::from(vec![0xcdu8; payload_bytes]);
+    settle(raw_file);
     let journal = open_journal(dir, Some(BENCH_FILE_BYTES));
     let start = Instant::now();
     let mut bytes = 0;
@@ -276,6 +279,7 @@ fn throughput(
     let t = Instant::now();
     let mut raw_bytes = raw_bandwidth_slice(raw_file, &mut offset, run / 2);
     let mut raw_time = t.elapsed();
+    settle(raw_file);
     let journal = open_journal(dir, Some(BENCH_FILE_BYTES));
     let t = Instant::now();
     let journal_bytes = drive(&journal, run, &payload, depth, true);
