@@ -226,6 +226,13 @@ fn a_missing_mark_file_refuses_to_start() {
     assert!(matches!(err, JournalError::Corruption { .. }), "{err}");
 }
 
+#[derive(Debug, Clone, Copy)]
+enum Damage {
+    Truncate,
+    ZeroFrom,
+    FlipByte,
+}
+
 #[test]
 fn torn_tail_cut_at_every_offset_of_the_last_record_replays_the_prefix() {
     let dir = tempfile::tempdir().unwrap();
@@ -243,16 +250,18 @@ fn torn_tail_cut_at_every_offset_of_the_last_record_replays_the_prefix() {
     let last_start = marks[1].offset;
     let last_end = marks[2].offset;
     for cut in last_start..last_end {
-        for zero_fill in [false, true] {
+        for damage in [Damage::Truncate, Damage::ZeroFrom, Damage::FlipByte] {
             // Restore the directory to "just the crashed file".
             for f in journal_files(dir.path()) {
                 std::fs::remove_file(f).unwrap();
             }
             let mut bytes = pristine.clone();
-            if zero_fill {
-                bytes[cut as usize..].fill(0);
-            } else {
-                bytes.truncate(cut as usize);
+            match damage {
+                Damage::Truncate => bytes.truncate(cut as usize),
+                Damage::ZeroFrom => bytes[cut as usize..].fill(0),
+                // A bit flip inside the last record: caught by its crc, the tail
+                // of the newest file is cut there too.
+                Damage::FlipByte => bytes[cut as usize] ^= 0x40,
             }
             std::fs::write(&file, &bytes).unwrap();
 
@@ -260,7 +269,7 @@ fn torn_tail_cut_at_every_offset_of_the_last_record_replays_the_prefix() {
             assert_eq!(
                 records_of(&seen),
                 records[..2].to_vec(),
-                "cut {cut} zero {zero_fill}"
+                "cut {cut} {damage:?}"
             );
             if cut % 17 == 0 {
                 // After the repair, appends continue and replay sees both.
