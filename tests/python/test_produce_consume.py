@@ -120,3 +120,26 @@ def test_exclusive_producer_access_mode(client, topic):
 def test_unknown_namespace_is_refused(client):
     with pytest.raises(Exception):
         client.create_producer("persistent://no-such-tenant/ns/topic")
+
+
+def test_wait_for_exclusive_gets_the_topic_when_it_frees(client, topic):
+    first = client.create_producer(topic, access_mode=pulsar.ProducerAccessMode.Exclusive)
+    created = []
+
+    def wait():
+        created.append(client.create_producer(topic, access_mode=pulsar.ProducerAccessMode.WaitForExclusive))
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    waiter.join(0.5)
+    assert not created, "WaitForExclusive producer was ready while the topic was held"
+    first.close()
+    waiter.join(10)
+    assert created
+    created[0].send(b"mine now")
+
+
+def test_exclusive_with_fencing_takes_over(client, topic):
+    client.create_producer(topic, producer_name="old-one")
+    fencing = client.create_producer(topic, access_mode=pulsar.ProducerAccessMode.ExclusiveWithFencing)
+    fencing.send(b"fenced")

@@ -40,7 +40,7 @@ use crate::error::ServiceError;
 use crate::schema;
 use crate::service::Service;
 use crate::subscription::{ConnEvent, ConsumerInfo, SeekTarget, SubCommand, SubscriptionHandle};
-use crate::topic::{DedupCheck, ProducerReg, SubscribeRequest, Topic};
+use crate::topic::{Admission, DedupCheck, ProducerReg, SubscribeRequest, Topic};
 use crate::topic_name::{NamespaceName, TopicName};
 
 /// Read buffer size: one read syscall takes up to this much.
@@ -586,7 +586,8 @@ impl Connection {
                 .await;
         }
         match self.create_producer(&body).await {
-            Ok(success) => self.send(success).await,
+            Ok(Some(success)) => self.send(success).await,
+            Ok(None) => Ok(()),
             Err(e) => {
                 tracing::info!(conn = self.id, topic = %body.topic, error = %e, "PRODUCER refused");
                 self.send_error(request_id, e).await
@@ -597,7 +598,7 @@ impl Connection {
     async fn create_producer(
         &mut self,
         body: &proto::CommandProducer,
-    ) -> Result<proto::CommandProducerSuccess, ServiceError> {
+    ) -> Result<Option<proto::CommandProducerSuccess>, ServiceError> {
         let topic_name = TopicName::parse(&body.topic)?;
         let topic = self.service.topic(&topic_name, true).await?;
         let schema_version = match &body.schema {
@@ -624,7 +625,23 @@ impl Connection {
             address: self.peer.to_string(),
             client_version: self.client_version.clone(),
         };
-        topic.add_producer(&name, reg, access_mode)?;
+        let exclusive = access_mode != proto::ProducerAccessMode::Shared;
+        let last_sequence_id = topic.last_sequence_id(&name);
+        let success = proto::CommandProducerSuccess {
+            request_id: body.request_id,
+            producer_name: name.clone(),
+            last_sequence_id: Some(last_sequence_id),
+            schema_version: schema_version.map(schema::encode_version),
+            topic_epoch: exclusive.then_some(0),
+            producer_ready: Some(true),
+        };
+        // A waiting producer's "not ready" answer is queued by the topic
+        // under its lock, so it always precedes the later "ready" one.
+        let not_ready = codec::encode_command(proto::CommandProducerSuccess {
+            producer_ready: Some(false),
+            ..success.clone()
+        });
+        let admission = topic.add_producer(&name, reg, access_mode, body.request_id, not_ready)?;
         let (jobs, jobs_rx) =
             mpsc::channel(self.service.config.limits.pending_sends_max.max(1) + 1);
         tokio::spawn(receipt_loop(
@@ -633,8 +650,6 @@ impl Connection {
             self.out.clone(),
             Arc::clone(&self.service),
         ));
-        let exclusive = access_mode != proto::ProducerAccessMode::Shared;
-        let last_sequence_id = topic.last_sequence_id(&name);
         tracing::debug!(conn = self.id, topic = %topic.full_name, producer = %name, "producer created");
         self.producers.insert(
             body.producer_id,
@@ -644,14 +659,7 @@ impl Connection {
                 jobs,
             },
         );
-        Ok(proto::CommandProducerSuccess {
-            request_id: body.request_id,
-            producer_name: name,
-            last_sequence_id: Some(last_sequence_id),
-            schema_version: schema_version.map(schema::encode_version),
-            topic_epoch: exclusive.then_some(0),
-            producer_ready: Some(true),
-        })
+        Ok((admission == Admission::Ready).then_some(success))
     }
 
     async fn on_send(

@@ -7,7 +7,7 @@
 //! Never: waits for an append while holding a lock, parses payloads, or talks
 //! to a socket (frames go through the connections' outbound queues).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -54,6 +54,41 @@ pub(crate) struct ProducerReg {
     pub(crate) client_version: String,
 }
 
+/// Producers waiting for exclusive access (WaitForExclusive), per topic.
+/// When reached: PRODUCER gets ProducerBusy.
+pub(crate) const WAITING_PRODUCERS_MAX: usize = 1000;
+
+/// Outcome of registering a producer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admission {
+    /// It may send now.
+    Ready,
+    /// WaitForExclusive: queued; answered later.
+    Waiting,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    name: String,
+    reg: ProducerReg,
+    request_id: u64,
+}
+
+/// Tells a producer's connection the broker closed it.
+fn close_producer(reg: &ProducerReg) {
+    let _ = reg
+        .events
+        .try_send(ConnEvent::ProducerClosed(reg.producer_id));
+    let _ = reg
+        .out
+        .try_send(codec::encode_command(CommandCloseProducer {
+            producer_id: reg.producer_id,
+            request_id: u64::MAX,
+            assigned_broker_service_url: None,
+            assigned_broker_service_url_tls: None,
+        }));
+}
+
 /// How a subscription is requested.
 #[derive(Debug, Clone)]
 pub(crate) struct SubscribeRequest {
@@ -89,6 +124,7 @@ pub(crate) struct Topic {
     pub(crate) log: Arc<ManagedLog>,
     append_lock: Mutex<()>,
     producers: Mutex<HashMap<String, ProducerReg>>,
+    waiters: Mutex<VecDeque<Waiter>>,
     subscriptions: Mutex<HashMap<String, SubEntry>>,
     subscribe_lock: tokio::sync::Mutex<u64>,
     /// Producer name → highest sequence id appended (deduplication enabled).
@@ -116,6 +152,7 @@ impl Topic {
             log,
             append_lock: Mutex::new(()),
             producers: Mutex::new(HashMap::new()),
+            waiters: Mutex::new(VecDeque::new()),
             subscriptions: Mutex::new(HashMap::new()),
             subscribe_lock: tokio::sync::Mutex::new(0),
             dedup: dedup_enabled.then(|| Mutex::new(HashMap::new())),
@@ -164,56 +201,82 @@ impl Topic {
         }
     }
 
-    /// Registers a producer under `name`.
+    /// Registers a producer under `name`. WaitForExclusive on a busy topic
+    /// queues it (answered `Waiting`; a second PRODUCER_SUCCESS with
+    /// `request_id` goes out when it gets the topic); ExclusiveWithFencing
+    /// closes every other producer.
     pub(crate) fn add_producer(
         &self,
         name: &str,
         reg: ProducerReg,
         access_mode: ProducerAccessMode,
-    ) -> Result<(), ServiceError> {
+        request_id: u64,
+        not_ready_reply: Outbound,
+    ) -> Result<Admission, ServiceError> {
         let mut producers = self.producers.lock();
         if let Some(existing) = producers.get(name) {
             if existing.conn_id == reg.conn_id && existing.producer_id == reg.producer_id {
-                return Ok(());
+                return Ok(Admission::Ready);
             }
             if reg.epoch > existing.epoch {
                 // A reconnect of the same producer: the old one is replaced.
-                let old = existing.clone();
-                let _ = old
-                    .events
-                    .try_send(ConnEvent::ProducerClosed(old.producer_id));
-                let _ = old
-                    .out
-                    .try_send(codec::encode_command(CommandCloseProducer {
-                        producer_id: old.producer_id,
-                        request_id: u64::MAX,
-                        assigned_broker_service_url: None,
-                        assigned_broker_service_url_tls: None,
-                    }));
+                let exclusive = existing.exclusive;
+                close_producer(existing);
                 tracing::info!(topic = %self.full_name, producer = name, "producer replaced by a newer epoch");
-                producers.insert(name.to_string(), reg);
-                return Ok(());
+                producers.insert(name.to_string(), ProducerReg { exclusive, ..reg });
+                return Ok(Admission::Ready);
             }
             return Err(ServiceError::new(
                 ServerError::ProducerBusy,
                 format!("Producer with name '{name}' is already connected to topic"),
             ));
         }
+        let wants_exclusive = access_mode != ProducerAccessMode::Shared;
+        if access_mode == ProducerAccessMode::ExclusiveWithFencing {
+            for (_, other) in producers.drain() {
+                close_producer(&other);
+            }
+            tracing::info!(topic = %self.full_name, producer = name, "exclusive producer fenced the others");
+        }
         let exclusive_holder = producers
             .iter()
             .find(|(_, r)| r.exclusive)
             .map(|(n, _)| n.clone());
+        let busy = match &exclusive_holder {
+            Some(_) => true,
+            None => wants_exclusive && !producers.is_empty(),
+        };
+        if busy && access_mode == ProducerAccessMode::WaitForExclusive {
+            let mut waiters = self.waiters.lock();
+            if waiters.len() >= WAITING_PRODUCERS_MAX {
+                return Err(ServiceError::new(
+                    ServerError::ProducerBusy,
+                    "WAITING_PRODUCERS_MAX producers wait for this topic",
+                ));
+            }
+            if reg.out.try_send(not_ready_reply).is_err() {
+                return Err(ServiceError::new(
+                    ServerError::ServiceNotReady,
+                    "connection outbound queue full, retry",
+                ));
+            }
+            waiters.push_back(Waiter {
+                name: name.to_string(),
+                reg: ProducerReg {
+                    exclusive: true,
+                    ..reg
+                },
+                request_id,
+            });
+            return Ok(Admission::Waiting);
+        }
         if let Some(holder) = exclusive_holder {
             return Err(ServiceError::new(
                 ServerError::ProducerBusy,
                 format!("exclusive producer '{holder}' is already connected"),
             ));
         }
-        let wants_exclusive = matches!(
-            access_mode,
-            ProducerAccessMode::Exclusive | ProducerAccessMode::ExclusiveWithFencing
-        );
-        if wants_exclusive && !producers.is_empty() {
+        if busy {
             return Err(ServiceError::new(
                 ServerError::ProducerBusy,
                 "topic has existing shared producers",
@@ -232,10 +295,11 @@ impl Topic {
                 ..reg
             },
         );
-        Ok(())
+        Ok(Admission::Ready)
     }
 
-    /// Removes a producer if it is still the registered one.
+    /// Removes a producer (registered or waiting) if it is still the same
+    /// one; a freed topic goes to the first live waiting producer.
     pub(crate) fn remove_producer(&self, name: &str, conn_id: u64, producer_id: u64) {
         let mut producers = self.producers.lock();
         if producers
@@ -243,6 +307,29 @@ impl Topic {
             .is_some_and(|r| r.conn_id == conn_id && r.producer_id == producer_id)
         {
             producers.remove(name);
+        }
+        let mut waiters = self.waiters.lock();
+        waiters.retain(|w| !(w.reg.conn_id == conn_id && w.reg.producer_id == producer_id));
+        if !producers.is_empty() {
+            return;
+        }
+        while let Some(waiter) = waiters.pop_front() {
+            if waiter.reg.out.is_closed() {
+                continue;
+            }
+            let success = codec::encode_command(vela_wire::proto::CommandProducerSuccess {
+                request_id: waiter.request_id,
+                producer_name: waiter.name.clone(),
+                last_sequence_id: Some(self.last_sequence_id(&waiter.name)),
+                schema_version: None,
+                topic_epoch: Some(0),
+                producer_ready: Some(true),
+            });
+            if waiter.reg.out.try_send(success).is_ok() {
+                tracing::info!(topic = %self.full_name, producer = %waiter.name, "waiting exclusive producer got the topic");
+                producers.insert(waiter.name, waiter.reg);
+                return;
+            }
         }
     }
 
