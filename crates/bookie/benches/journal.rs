@@ -151,8 +151,9 @@ impl std::error::Error for Never {}
 
 /// Files of this size in the throughput phases, so a few seconds reach the
 /// steady state where retired files are reused (with the default 512 MiB that
-/// takes longer than the time budget; 64 MiB files cost ~1/3 of the 64 KiB
-/// throughput here in rotations: end record fdatasync, rename, directory fsync).
+/// takes longer than the time budget; 64 MiB files would rotate several times a
+/// second at these rates, each rotation an end-record fdatasync, a rename and a
+/// directory fsync on the writer thread).
 const BENCH_FILE_BYTES: u64 = 256 << 20;
 
 fn open_journal(dir: &Path, file_bytes_max: Option<u64>) -> Journal {
