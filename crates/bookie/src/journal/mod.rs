@@ -160,10 +160,20 @@ impl Journal {
             Box::new(move || writer::run_preallocator(s)),
         )?);
         let s = shared.clone();
-        threads.push(spawn(
+        let writer = spawn(
             "journal-writer",
             Box::new(move || writer::run_writer(s, to_force, file_id, file)),
-        )?);
+        );
+        match writer {
+            Ok(handle) => threads.push(handle),
+            Err(e) => {
+                // The force-write thread exits with the dropped sender; stop the
+                // preallocator too.
+                shared.space.lock().unwrap_or_else(|p| p.into_inner()).stop = true;
+                shared.space_cv.notify_all();
+                return Err(e);
+            }
+        }
         Ok(Journal {
             shared,
             threads: Mutex::new(threads),

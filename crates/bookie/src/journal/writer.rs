@@ -811,7 +811,10 @@ pub(crate) fn run_force_writer(shared: Arc<Shared>, from_writer: Receiver<ForceI
             return;
         };
         batch.push(first);
-        while let Ok(item) = from_writer.try_recv() {
+        while batch.len() < FORCE_WRITE_GROUPS_MAX {
+            let Ok(item) = from_writer.try_recv() else {
+                break;
+            };
             batch.push(item);
         }
         let mut stop = false;
