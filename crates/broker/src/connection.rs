@@ -1051,7 +1051,7 @@ impl Connection {
             Some(s) => proto::CommandConsumerStatsResponse {
                 request_id,
                 consumer_name: Some(s.name),
-                available_permits: Some(s.available_permits.clamp(0, u64::MAX as i64) as u64),
+                available_permits: Some(u64::try_from(s.available_permits.max(0)).unwrap_or(0)),
                 unacked_messages: Some(s.unacked_messages),
                 blocked_consumer_on_unacked_msgs: Some(false),
                 address: Some(s.address),

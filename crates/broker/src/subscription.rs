@@ -675,7 +675,9 @@ impl Dispatcher {
     }
 
     fn total_permits(&self) -> i64 {
-        self.consumers.iter().map(|s| s.permits.max(0)).sum()
+        self.consumers
+            .iter()
+            .fold(0i64, |sum, s| sum.saturating_add(s.permits.max(0)))
     }
 
     async fn add_consumer(

@@ -19,7 +19,12 @@ static PANICS: AtomicUsize = AtomicUsize::new(0);
 /// Every command type a client could send, with a default body and random
 /// ids filled in where the body has them.
 fn random_command(rng: &mut StdRng) -> BaseCommand {
-    let value = rng.random_range(2..70);
+    const CONSUMER_TYPES: [i32; 12] = [4, 4, 4, 10, 11, 11, 12, 16, 20, 25, 28, 29];
+    let value = if rng.random_bool(0.9) {
+        CONSUMER_TYPES[rng.random_range(0..CONSUMER_TYPES.len())]
+    } else {
+        rng.random_range(2..70)
+    };
     let Ok(kind) = Type::try_from(value) else {
         return BaseCommand {
             r#type: value,
@@ -36,8 +41,8 @@ fn random_command(rng: &mut StdRng) -> BaseCommand {
     }
     if let Some(body) = command.subscribe.as_mut() {
         body.consumer_id = id;
-        body.topic = ["t", "", "a/b", "persistent://nope/ns/t"][rng.random_range(0..4)].into();
-        body.subscription = ["s", ""][rng.random_range(0..2)].into();
+        body.topic = ["t", "t", "", "a/b", "persistent://nope/ns/t"][rng.random_range(0..5)].into();
+        body.subscription = ["s", "s", "", "other"][rng.random_range(0..4)].into();
         body.sub_type = rng.random_range(0..5);
         body.durable = Some(rng.random_bool(0.5));
         if rng.random_bool(0.3) {
@@ -50,7 +55,11 @@ fn random_command(rng: &mut StdRng) -> BaseCommand {
     }
     if let Some(body) = command.flow.as_mut() {
         body.consumer_id = id;
-        body.message_permits = rng.random();
+        body.message_permits = if rng.random_bool(0.3) {
+            u32::MAX
+        } else {
+            rng.random()
+        };
     }
     if let Some(body) = command.ack.as_mut() {
         body.consumer_id = id;
@@ -72,6 +81,21 @@ fn random_command(rng: &mut StdRng) -> BaseCommand {
     }
     if let Some(body) = command.redeliver_unacknowledged_messages.as_mut() {
         body.consumer_id = id;
+    }
+    if let Some(body) = command.consumer_stats.as_mut() {
+        body.consumer_id = id;
+    }
+    if let Some(body) = command.get_last_message_id.as_mut() {
+        body.consumer_id = id;
+    }
+    if let Some(body) = command.close_consumer.as_mut() {
+        body.consumer_id = id;
+    }
+    if let Some(body) = command.unsubscribe.as_mut() {
+        body.consumer_id = id;
+    }
+    if let Some(body) = command.close_producer.as_mut() {
+        body.producer_id = id;
     }
     if let Some(body) = command.get_topics_of_namespace.as_mut() {
         body.namespace = ["public/default", "x", ""][rng.random_range(0..3)].into();
@@ -108,11 +132,28 @@ async fn random_commands_never_panic_or_disturb_others() {
     };
     for round in 0..rounds {
         let mut client = if rng.random_bool(0.9) {
-            Client::connect(addr).await
+            let mut client = Client::connect(addr).await;
+            // Attach a few consumers first so that consumer commands hit
+            // live subscriptions.
+            for consumer_id in 0..4 {
+                let sub_type = rng.random_range(0..4);
+                client
+                    .send(proto::CommandSubscribe {
+                        topic: "t".into(),
+                        subscription: ["s", "other"][rng.random_range(0..2)].into(),
+                        sub_type,
+                        consumer_id,
+                        request_id: consumer_id,
+                        durable: Some(rng.random_bool(0.8)),
+                        ..Default::default()
+                    })
+                    .await;
+            }
+            client
         } else {
             Client::raw(addr).await
         };
-        for _ in 0..rng.random_range(1..30) {
+        for _ in 0..rng.random_range(1..60) {
             if rng.random_bool(0.05) {
                 let mut junk = vec![0u8; rng.random_range(0..64)];
                 rng.fill(&mut junk[..]);

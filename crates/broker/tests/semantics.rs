@@ -408,6 +408,16 @@ async fn shared_prefers_the_best_priority_level() {
     }
     client.flow(1, 10).await;
     client.flow(2, 3).await;
+    // CONSUMER_STATS goes through the subscription task after the FLOWs: its
+    // answer proves both were applied before anything is published.
+    client
+        .send(proto::CommandConsumerStats {
+            request_id: 20,
+            consumer_id: 2,
+        })
+        .await;
+    let stats = client.recv().await.command.consumer_stats_response.unwrap();
+    assert_eq!(stats.available_permits, Some(3));
     for seq in 0..5 {
         client.produce(1, seq, b"x").await;
     }
