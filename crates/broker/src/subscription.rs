@@ -43,6 +43,10 @@ pub(crate) const UNACKED_ENTRIES_MAX: usize = 100_000;
 /// Entries waiting to be sent again. When reached no new entries are read
 /// until the replay set drains (it never drops entries).
 pub(crate) const REPLAY_ENTRIES_MAX: usize = 100_000;
+/// Longest ack_set accepted in an ACK (64 messages per word: batches of up to
+/// 65536 messages, far above the clients' 1000-message default). Longer ones
+/// are refused, so a client cannot make the cursor keep megabytes per entry.
+pub(crate) const ACK_SET_WORDS_MAX: usize = 1024;
 /// Delayed entries (deliver_at_time in the future) held per Shared
 /// subscription. When reached, no new entries are read until some are due.
 pub(crate) const DELAYED_ENTRIES_MAX: usize = 100_000;
@@ -838,6 +842,10 @@ impl Dispatcher {
         } else {
             for id in &ids {
                 let pos = Position::new(id.ledger_id, id.entry_id);
+                if id.ack_set.len() > ACK_SET_WORDS_MAX {
+                    error = Some(format!("ack_set of {} words is too long", id.ack_set.len()));
+                    continue;
+                }
                 let ack_set: Vec<u64> = id.ack_set.iter().map(|w| *w as u64).collect();
                 let result = if cumulative {
                     if ack_set.is_empty() {
