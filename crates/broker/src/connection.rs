@@ -43,6 +43,12 @@ use crate::subscription::{ConnEvent, ConsumerInfo, SeekTarget, SubCommand, Subsc
 use crate::topic::{Admission, DedupCheck, ProducerReg, SubscribeRequest, Topic};
 use crate::topic_name::{NamespaceName, TopicName};
 
+/// Longest producer, subscription and consumer name kept (bytes). Names are
+/// map keys, cursor names and stats fields; Pulsar sets no limit, but real
+/// names are short and a bound keeps one client from pinning megabytes per
+/// name. Longer producer/subscription names are refused (NotAllowedError);
+/// consumer names are truncated.
+const NAME_BYTES_MAX: usize = 1024;
 /// Read buffer size: one read syscall takes up to this much.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
 /// iovecs per `writev` (Linux IOV_MAX is 1024).
@@ -608,6 +614,12 @@ impl Connection {
             _ => None,
         };
         let name = match body.producer_name.as_deref() {
+            Some(name) if name.len() > NAME_BYTES_MAX => {
+                return Err(ServiceError::new(
+                    ServerError::NotAllowedError,
+                    "producer name longer than NAME_BYTES_MAX",
+                ));
+            }
             Some(name) if !name.is_empty() => name.to_string(),
             _ => self.service.next_producer_name(),
         };
@@ -810,10 +822,10 @@ impl Connection {
         body: &proto::CommandSubscribe,
     ) -> Result<(), ServiceError> {
         let topic_name = TopicName::parse(&body.topic)?;
-        if body.subscription.is_empty() {
+        if body.subscription.is_empty() || body.subscription.len() > NAME_BYTES_MAX {
             return Err(ServiceError::new(
                 ServerError::NotAllowedError,
-                "empty subscription name",
+                "subscription name empty or longer than NAME_BYTES_MAX",
             ));
         }
         let topic = self
@@ -853,7 +865,13 @@ impl Connection {
         let info = ConsumerInfo {
             conn_id: self.id,
             consumer_id: body.consumer_id,
-            name: body.consumer_name.clone().unwrap_or_default(),
+            name: body
+                .consumer_name
+                .as_deref()
+                .unwrap_or_default()
+                .chars()
+                .take(NAME_BYTES_MAX)
+                .collect(),
             priority_level: body.priority_level.unwrap_or(0),
             out: self.out.clone(),
             events: self.events_tx.clone(),
