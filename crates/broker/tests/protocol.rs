@@ -437,3 +437,26 @@ async fn shutdown_closes_connections() {
     broker.shutdown().await.unwrap();
     client.expect_closed().await;
 }
+
+#[tokio::test]
+async fn tiny_pending_limits_pause_reads_without_deadlock() {
+    let broker = start_broker_with(|c| {
+        c.limits.pending_sends_max = 1;
+        c.limits.pending_send_bytes_max = 100;
+        c.limits.outbound_frames_max = 2;
+        c.limits.frames_per_wakeup_max = 1;
+    })
+    .await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("tiny", 1).await;
+    let mut frames = BytesMut::new();
+    for seq in 0..100 {
+        // Each frame is larger than the byte budget: it must still pass alone.
+        frames.extend_from_slice(&Client::send_frame(1, seq, &[7u8; 1024]));
+    }
+    client.send_bytes(&frames).await;
+    for seq in 0..100 {
+        assert_eq!(receipt_seq(&client.recv().await), seq);
+    }
+    broker.shutdown().await.unwrap();
+}
