@@ -3,10 +3,13 @@
 //!
 //! Owns: the TCP listener and connections (`connection`), the topics being
 //! served (`service`, `topic`), subscriptions and dispatch (`subscription`,
-//! `key_shared`), statistics snapshots (`stats`), broker metrics (`metrics`), tenants/namespaces/partitioned metadata (`admin`), schemas
-//! (`schema`) and topic names (`topic_name`).
+//! `key_shared`), statistics snapshots (`stats`), broker metrics
+//! (`metrics`), tenants/namespaces/partitioned metadata (`admin`), schemas
+//! (`schema`) and topic names (`topic_name`). Frames are decoded and encoded
+//! by `vela-wire` behind the small `codec` seam.
 //! Never: stores entries itself (`vela-log` does), unpacks a client's batch on
-//! the write path, or lets one bad client affect another connection.
+//! the write path, sends 0x0e02 broker entry metadata, or lets one bad client
+//! affect another connection.
 //!
 //! Write path: connection reader → `Topic::publish` (issues
 //! `ManagedLog::append` under a short lock, so entries keep SEND order) → the
@@ -14,6 +17,17 @@
 //! Read path: one task per subscription reads the log in bounded batches and
 //! sends MESSAGE frames (header + the stored entry, never copied) through each
 //! consumer connection's outbound queue.
+//!
+//! Bounds (named constants beside their use): connections
+//! ([`CONNECTIONS_MAX`]), topics (`service::TOPICS_MAX`), producers and
+//! consumers per connection and pending SEND count/bytes per connection
+//! ([`ConnectionLimits`]), producers/subscriptions per topic, consumers per
+//! subscription, unacked/replay/delayed entries per subscription, read batch
+//! size, ack_set length, name lengths, schema versions per topic.
+//!
+//! Not implemented yet: transactions, topic watchers, non-persistent topics,
+//! authentication, consumer epochs, deduplication state that survives a
+//! restart (the table is in memory), topic unload/delete/terminate.
 
 pub mod admin;
 mod codec;

@@ -71,7 +71,7 @@ pub(crate) struct BrokerMetrics {
     pub(crate) send_errors: AtomicU64,
 }
 
-/// A snapshot of [`BrokerMetrics`].
+/// A snapshot of the broker-wide counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BrokerMetricsSnapshot {
     /// SEND received → SEND_RECEIPT queued.
