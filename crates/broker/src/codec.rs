@@ -153,6 +153,17 @@ pub(crate) fn entry_deliver_at_ms(entry: &[u8]) -> Option<u64> {
         .and_then(|t| u64::try_from(t).ok())
 }
 
+/// Producer name and highest sequence id of a stored entry (for the
+/// deduplication table); `None` when unreadable.
+pub(crate) fn entry_producer_sequence(entry: &[u8]) -> Option<(String, i64)> {
+    let metadata = metadata_slice(entry)?;
+    let summary = vela_wire::MetadataSummary::scan(metadata).ok()?;
+    let name = std::str::from_utf8(summary.producer_name?.get(metadata)).ok()?;
+    let sequence_id = summary.sequence_id?;
+    let highest = summary.highest_sequence_id.unwrap_or(0).max(sequence_id);
+    Some((name.to_string(), i64::try_from(highest).ok()?))
+}
+
 /// Publish time of a stored entry in ms (0 when unreadable).
 pub(crate) fn entry_publish_time_ms(entry: &[u8]) -> u64 {
     metadata_slice(entry)

@@ -181,7 +181,9 @@ impl Service {
                 };
                 let log = ManagedLog::open(&self.log_env, &topic.log_name(), config).await?;
                 tracing::info!(topic = %full_name, "topic opened");
-                Ok::<_, ServiceError>(Topic::new(topic.clone(), log, dedup))
+                let served = Topic::new(topic.clone(), log, dedup);
+                served.rebuild_dedup().await?;
+                Ok::<_, ServiceError>(served)
             })
             .await?;
         Ok(Arc::clone(served))

@@ -54,6 +54,12 @@ pub(crate) struct ProducerReg {
     pub(crate) client_version: String,
 }
 
+/// Newest entries scanned to rebuild the deduplication table when a topic
+/// with deduplication opens (Pulsar snapshots every 1000 entries and replays
+/// the rest; we keep no snapshot, so the scan is bounded instead: producers
+/// silent for longer than this many entries lose their dedup state).
+pub(crate) const DEDUP_REBUILD_ENTRIES_MAX: usize = 100_000;
+
 /// Producers waiting for exclusive access (WaitForExclusive), per topic.
 /// When reached: PRODUCER gets ProducerBusy.
 pub(crate) const WAITING_PRODUCERS_MAX: usize = 1000;
@@ -171,6 +177,53 @@ impl Topic {
             .fetch_add(entry.len() as u64, Ordering::Relaxed);
         let _writer = self.append_lock.lock();
         self.log.append(entry)
+    }
+
+    /// Deduplication after a (re)open: rebuilds the table from the newest
+    /// `DEDUP_REBUILD_ENTRIES_MAX` entries of the log (producer name and
+    /// highest sequence id are in each entry's metadata), so a restarted
+    /// broker still drops the re-sends of producers that reconnect.
+    pub(crate) async fn rebuild_dedup(&self) -> Result<(), vela_log::LogError> {
+        let Some(table) = &self.dedup else {
+            return Ok(());
+        };
+        let Some(last) = self.log.last_confirmed() else {
+            return Ok(());
+        };
+        let mut start = last;
+        for _ in 1..DEDUP_REBUILD_ENTRIES_MAX {
+            match self.log.previous_position(start) {
+                Some(previous) => start = previous,
+                None => break,
+            }
+        }
+        let mut rebuilt: HashMap<String, i64> = HashMap::new();
+        let mut from = start;
+        loop {
+            let entries = self
+                .log
+                .read(from, crate::subscription::READ_BATCH_ENTRIES_MAX, 4 << 20)
+                .await?;
+            let Some(newest) = entries.last().map(|e| e.position) else {
+                break;
+            };
+            for entry in &entries {
+                if let Some((producer, highest)) = codec::entry_producer_sequence(&entry.data) {
+                    let slot = rebuilt.entry(producer).or_insert(-1);
+                    *slot = (*slot).max(highest);
+                }
+            }
+            if newest >= last {
+                break;
+            }
+            from = self.log.next_position(newest);
+        }
+        let mut table = table.lock();
+        for (producer, highest) in rebuilt {
+            let slot = table.entry(producer).or_insert(-1);
+            *slot = (*slot).max(highest);
+        }
+        Ok(())
     }
 
     /// Deduplication: records `highest_sequence_id` for `producer` unless it

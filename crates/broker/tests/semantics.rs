@@ -436,3 +436,59 @@ async fn shared_prefers_the_best_priority_level() {
     assert_eq!(by_consumer.get(&1), Some(&2));
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn deduplication_survives_a_broker_restart() {
+    let meta: std::sync::Arc<dyn vela_meta::MetadataStore> =
+        std::sync::Arc::new(vela_meta::MemoryStore::new());
+    let log_env = vela_log::LogEnv::new(
+        std::sync::Arc::clone(&meta),
+        std::sync::Arc::new(vela_log::memory::MemoryBackend(
+            vela_log::memory::MemoryLedgers::new(),
+        )),
+    );
+    let topic = "persistent://public/dd/t";
+    let producer = |epoch| proto::CommandProducer {
+        topic: topic.into(),
+        producer_id: 1,
+        request_id: 1,
+        producer_name: Some("p".into()),
+        epoch: Some(epoch),
+        ..Default::default()
+    };
+    let broker = common::start_broker_on(std::sync::Arc::clone(&meta), log_env.clone()).await;
+    broker
+        .admin()
+        .create_namespace(
+            &NamespaceName::parse("public/dd").unwrap(),
+            NamespacePolicies {
+                deduplication_enabled: Some(true),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.send(producer(0)).await;
+    assert!(client.recv().await.command.producer_success.is_some());
+    for seq in 0..4 {
+        client.produce(1, seq, b"x").await;
+        receipt_seq(&client.recv().await);
+    }
+    drop(client);
+    broker.shutdown().await.unwrap();
+
+    let broker = common::start_broker_on(meta, log_env).await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.send(producer(1)).await;
+    let success = client.recv().await.command.producer_success.unwrap();
+    assert_eq!(success.last_sequence_id, Some(3));
+    client.produce(1, 2, b"x").await; // a re-send after the restart
+    client.produce(1, 4, b"x").await;
+    let duplicate = client.recv().await.command.send_receipt.unwrap();
+    assert_eq!(duplicate.message_id.unwrap().entry_id, u64::MAX);
+    let fresh = client.recv().await.command.send_receipt.unwrap();
+    assert_eq!(fresh.sequence_id, 4);
+    assert_ne!(fresh.message_id.unwrap().entry_id, u64::MAX);
+    broker.shutdown().await.unwrap();
+}

@@ -232,3 +232,12 @@ pub async fn expect_nothing_but_pong(client: &mut Client) {
         frame.command
     );
 }
+
+/// A broker on the given metadata store and logs (to restart on the same state).
+pub async fn start_broker_on(
+    meta: Arc<dyn vela_meta::MetadataStore>,
+    log_env: vela_log::LogEnv,
+) -> BrokerHandle {
+    let config = BrokerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)));
+    Broker::start(config, meta, log_env).await.unwrap()
+}
