@@ -492,3 +492,54 @@ async fn deduplication_survives_a_broker_restart() {
     assert_ne!(fresh.message_id.unwrap().entry_id, u64::MAX);
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn acknowledgements_survive_a_broker_restart() {
+    let meta: std::sync::Arc<dyn vela_meta::MetadataStore> =
+        std::sync::Arc::new(vela_meta::MemoryStore::new());
+    let log_env = vela_log::LogEnv::new(
+        std::sync::Arc::clone(&meta),
+        std::sync::Arc::new(vela_log::memory::MemoryBackend(
+            vela_log::memory::MemoryLedgers::new(),
+        )),
+    );
+    let broker = common::start_broker_on(std::sync::Arc::clone(&meta), log_env.clone()).await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("durable", 1).await;
+    for seq in 0..5 {
+        client.produce(1, seq, b"x").await;
+        receipt_seq(&client.recv().await);
+    }
+    client.subscribe("durable", "s", SubType::Shared, 1).await;
+    client.flow(1, 100).await;
+    let mut ids: Vec<MessageIdData> = Vec::new();
+    for _ in 0..5 {
+        ids.push(message_of(&client.recv().await).0.message_id.clone());
+    }
+    // Ack 0, 1 and 3: 2 and 4 stay.
+    client
+        .send(proto::CommandAck {
+            consumer_id: 1,
+            ack_type: AckType::Individual as i32,
+            message_id: vec![ids[0].clone(), ids[1].clone(), ids[3].clone()],
+            request_id: Some(1),
+            ..Default::default()
+        })
+        .await;
+    assert!(client.recv().await.command.ack_response.is_some());
+    drop(client);
+    broker.shutdown().await.unwrap();
+
+    let broker = common::start_broker_on(meta, log_env).await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.subscribe("durable", "s", SubType::Shared, 1).await;
+    client.flow(1, 100).await;
+    let mut entries = vec![
+        message_of(&client.recv().await).0.message_id.entry_id,
+        message_of(&client.recv().await).0.message_id.entry_id,
+    ];
+    entries.sort_unstable();
+    assert_eq!(entries, vec![ids[2].entry_id, ids[4].entry_id]);
+    expect_nothing_but_pong(&mut client).await;
+    broker.shutdown().await.unwrap();
+}
