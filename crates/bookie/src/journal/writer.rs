@@ -324,12 +324,16 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
     let step = ZERO_WRITE_BYTES.max(config.alignment_bytes) as u64;
     let cap = file_cap(config);
     let mut rate = WriterRate::new();
-    let mut direct: Option<(u64, Arc<dyn JournalFile>)> = None;
+    let mut direct: Vec<(u64, Arc<dyn JournalFile>)> = Vec::with_capacity(3);
     let mut direct_ok = true;
+    // The next file has zero-fill not yet synced.
+    let mut next_unsynced: Option<Arc<dyn JournalFile>> = None;
     loop {
         enum Work {
-            Fill(Arc<dyn JournalFile>, u64, u64, u64),
+            /// Zero-fill [from, to) of `file` (id), then sync it if asked.
+            Fill(Arc<dyn JournalFile>, u64, u64, u64, bool),
             Next(u64, bool),
+            SyncNext(Arc<dyn JournalFile>),
         }
         let work = {
             let mut space = shared.lock_space();
@@ -339,13 +343,38 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                 }
                 let fast = rate.is_fast(space.written_bytes_total);
                 let base = space.allocated_end.max(space.writer_reserved);
-                if space.next.is_none() && (base >= cap || space.writer_offset + 4 * chunk >= cap) {
+                let next_urgent = space.writer_offset + 4 * chunk >= cap || base >= cap;
+                if space.next.is_none() && next_urgent {
                     break Work::Next(space.file_id + 1, !fast);
                 }
+                // 1. Lookahead in the current file (synced per step).
                 if !fast && base < cap && base < space.writer_offset + 2 * chunk {
                     let to = (base + step).min(cap);
                     space.filling = Some((space.file_id, base));
-                    break Work::Fill(space.file.clone(), space.file_id, base, to);
+                    break Work::Fill(space.file.clone(), space.file_id, base, to, true);
+                }
+                // 2. The next file, early, so it can be filled before it is used.
+                if space.next.is_none() {
+                    break Work::Next(space.file_id + 1, !fast);
+                }
+                // 3. Fill the next file, unsynced per step: its inode is not the
+                // one groups fdatasync, so this never lands in their syncs.
+                // Paced with the writer (filled about as far as the writer is
+                // in the current file, plus two chunks) so the zeros go out at
+                // the journal's own rate, not as one burst after each rotation.
+                if let Some((next, next_end)) = space.next.as_ref()
+                    && !fast
+                    && *next_end < cap
+                    && *next_end < space.writer_offset + 2 * chunk
+                {
+                    let (next, from) = (next.clone(), *next_end);
+                    let to = (from + step).min(cap);
+                    space.filling = Some((space.file_id + 1, from));
+                    break Work::Fill(next, space.file_id + 1, from, to, false);
+                }
+                // 4. One sync for the filled next file.
+                if let Some(next) = next_unsynced.take() {
+                    break Work::SyncNext(next);
                 }
                 (space, _) = shared
                     .space_cv
@@ -354,9 +383,12 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
             }
         };
         let result = match work {
-            Work::Fill(file, file_id, from, to) => {
+            Work::Fill(file, file_id, from, to, sync_after) => {
                 let fill_with = |target: &Arc<dyn JournalFile>| {
                     zero_fill(config, target.as_ref(), from, to).and_then(|()| {
+                        if !sync_after {
+                            return Ok(());
+                        }
                         target
                             .sync_data()
                             .map_err(|e| JournalError::io("fdatasync", target.path(), e))
@@ -373,7 +405,7 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                                 // writes: fill through the page cache from now on.
                                 tracing::warn!(error = %e, "journal: O_DIRECT zero-fill failed; using buffered zero-fill");
                                 direct_ok = false;
-                                direct = None;
+                                direct.clear();
                             }
                         }
                     }
@@ -381,8 +413,15 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                 let filled = filled.unwrap_or_else(|| fill_with(&file));
                 let mut space = shared.lock_space();
                 space.filling = None;
-                if filled.is_ok() && space.file_id == file_id {
-                    space.allocated_end = space.allocated_end.max(to);
+                if filled.is_ok() {
+                    if space.file_id == file_id {
+                        space.allocated_end = space.allocated_end.max(to);
+                    } else if let Some((next, next_end)) = space.next.as_mut()
+                        && Arc::ptr_eq(next, &file)
+                    {
+                        *next_end = (*next_end).max(to);
+                        next_unsynced = Some(file);
+                    }
                 }
                 shared.space_cv.notify_all();
                 filled
@@ -396,6 +435,9 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                     },
                 )
             }
+            Work::SyncNext(file) => file
+                .sync_data()
+                .map_err(|e| JournalError::io("fdatasync", file.path(), e)),
         };
         if let Err(e) = result {
             shared.fail(&e);
@@ -412,7 +454,7 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
 /// buffered zero-fill, -9..+61 µs (median +23) with O_DIRECT zero-fill.
 fn zero_fill_handle(
     shared: &Shared,
-    direct: &mut Option<(u64, Arc<dyn JournalFile>)>,
+    direct: &mut Vec<(u64, Arc<dyn JournalFile>)>,
     file_id: u64,
     file: &Arc<dyn JournalFile>,
 ) -> Arc<dyn JournalFile> {
@@ -423,15 +465,15 @@ fn zero_fill_handle(
     if !buffered || !shared.config.alignment_bytes.is_multiple_of(4096) {
         return file.clone();
     }
-    if let Some((id, handle)) = direct.as_ref()
-        && *id == file_id
-    {
+    if let Some((_, handle)) = direct.iter().find(|(id, _)| *id == file_id) {
         return handle.clone();
     }
     let direct_backend = Backend::Kind(super::config::JournalBackendKind::Direct);
     match direct_backend.open(&file.path(), false) {
         Ok(handle) => {
-            *direct = Some((file_id, handle.clone()));
+            // Handles for the current and the next file.
+            direct.retain(|(id, _)| *id + 1 >= file_id);
+            direct.push((file_id, handle.clone()));
             handle
         }
         Err(_) => file.clone(),
@@ -758,6 +800,9 @@ impl Writer {
                 .wait(space)
                 .unwrap_or_else(|p| p.into_inner());
         };
+        // Any zero-fill of it not yet synced must not ride on a group's sync.
+        file.sync_data()
+            .map_err(|e| JournalError::io("fdatasync", file.path(), e))?;
         install_file(&self.shared.config.dir, next_id, file.as_ref())?;
         space.file_id = next_id;
         space.file = file.clone();
