@@ -76,10 +76,11 @@ pub struct JournalConfig {
     /// A file is closed and the next one started once the next group would not fit
     /// below this size.
     pub file_bytes_max: u64,
-    /// The preallocation thread keeps up to two chunks of zero-filled space ahead
-    /// of the writer, and prepares the next file once the writer is within four
-    /// chunks of `file_bytes_max`. It fills in 1 MiB steps, each synced at once,
-    /// so a group's fdatasync never has to flush zeros or commit a size change.
+    /// Zero-fill lookahead: the preallocation thread keeps up to two chunks of
+    /// zero-filled space ahead of the writer (in the current file, and at the
+    /// same pace in the next file, which it prepares early), in 1 MiB steps, so a
+    /// group's fdatasync does not have to flush zeros or commit a size change.
+    /// The first chunk of a new file is filled before the file is used.
     pub prealloc_chunk_bytes: u64,
     /// Bound on queued appends; when full `append` returns `QueueFull`.
     pub queue_depth_max: usize,

@@ -312,12 +312,16 @@ fn file_cap(config: &JournalConfig) -> u64 {
 // Preallocator thread.
 // ---------------------------------------------------------------------------
 
-/// Keeps up to two chunks of zero-filled space ahead of the writer in the
-/// current file (up to its cap), in claimed steps, and prepares the next file
-/// once the writer is within four chunks of the cap. Each step is synced right
-/// away: dirty zeros or an uncommitted size change in the file would otherwise be
-/// flushed by the next group's fdatasync (measured: depth-1 p50 +110 µs when
-/// syncing once per 16 MiB chunk instead).
+/// Prepares the next file as soon as there is none (a reused file when one is
+/// free) and zero-fills it at the writer's pace (as far as the writer is in the
+/// current file plus two chunks), unsynced per step and synced once: that inode
+/// is not the one groups fdatasync, so the fill never rides on their syncs. In
+/// the current file (the first one after open, or when the next file could not
+/// be filled in time) it keeps up to two chunks zero-filled ahead of the writer
+/// in claimed steps, each synced right away: dirty zeros or an uncommitted size
+/// change there would be flushed by the next group's fdatasync (measured: depth-1
+/// p50 +110 µs when syncing once per 16 MiB chunk instead). Stops zero-filling
+/// while the writer is fast (see `ZERO_FILL_WRITER_RATE_MAX_BYTES_PER_SEC`).
 pub(crate) fn run_preallocator(shared: Arc<Shared>) {
     let config = &shared.config;
     let chunk = config.prealloc_chunk_bytes;
