@@ -340,6 +340,37 @@ impl Admin {
         }
     }
 
+    /// Forgets a (non-partitioned or partition) topic; absent is fine.
+    pub async fn unregister_topic(&self, topic: &TopicName) -> Result<(), AdminError> {
+        match self
+            .meta
+            .delete(&topic_key("topics", topic), ExpectedVersion::Any)
+            .await
+        {
+            Ok(()) | Err(MetaError::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes partitioned-topic metadata (the partitions themselves are
+    /// deleted by the broker first).
+    pub async fn delete_partitioned_metadata(&self, topic: &TopicName) -> Result<(), AdminError> {
+        match self
+            .meta
+            .delete(
+                &topic_key("partitioned-topics", &topic.base()),
+                ExpectedVersion::Any,
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(MetaError::NotFound { .. }) => {
+                Err(AdminError::NotFound(format!("partitioned topic {topic}")))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// True if the (non-partitioned or partition) topic was created.
     pub async fn topic_exists(&self, topic: &TopicName) -> Result<bool, AdminError> {
         Ok(self.meta.get(&topic_key("topics", topic)).await?.is_some())

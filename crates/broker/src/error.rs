@@ -20,6 +20,9 @@ pub enum BrokerError {
     /// A topic name given to the API is invalid.
     #[error(transparent)]
     InvalidName(#[from] InvalidName),
+    /// A request on a topic failed (same codes as the protocol's errors).
+    #[error(transparent)]
+    Service(#[from] ServiceError),
     /// Closing a topic's log failed at shutdown.
     #[error("log: {0}")]
     Log(#[from] vela_log::LogError),

@@ -153,6 +153,50 @@ impl BrokerHandle {
         }
     }
 
+    /// Unloads a served topic: producers and consumers get CLOSE_* and
+    /// re-attach (reopening it). `Ok(false)` when it was not served.
+    pub async fn unload_topic(&self, topic: &str) -> Result<bool, BrokerError> {
+        let name = TopicName::parse(topic)?;
+        Ok(self.service.unload(&name.to_string()).await?)
+    }
+
+    /// Deletes a topic: every partition of a partitioned topic (and its
+    /// metadata), or the topic itself. Clients are closed first.
+    pub async fn delete_topic(&self, topic: &str) -> Result<(), BrokerError> {
+        let name = TopicName::parse(topic)?;
+        if name.partition.is_none()
+            && let Some(partitions) = self.service.admin.partitions(&name).await?
+        {
+            for index in 0..partitions {
+                match self.service.delete_topic(&name.partition(index)).await {
+                    Ok(()) => {}
+                    Err(e) if e.code == vela_wire::proto::ServerError::TopicNotFound => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            self.service
+                .admin
+                .delete_partitioned_metadata(&name)
+                .await?;
+            return Ok(());
+        }
+        Ok(self.service.delete_topic(&name).await?)
+    }
+
+    /// Subscriptions of a topic (durable ones and the readers attached now);
+    /// opens the topic if needed. Fails with TopicNotFound when it does not exist.
+    pub async fn subscriptions(&self, topic: &str) -> Result<Vec<String>, BrokerError> {
+        let name = TopicName::parse(topic)?;
+        Ok(self.service.topic(&name, false).await?.subscription_names())
+    }
+
+    /// Deletes a subscription (its consumers are closed). `Ok(false)` when absent.
+    pub async fn unsubscribe(&self, topic: &str, subscription: &str) -> Result<bool, BrokerError> {
+        let name = TopicName::parse(topic)?;
+        let served = self.service.topic(&name, false).await?;
+        Ok(served.unsubscribe(subscription).await?)
+    }
+
     /// Stops accepting, closes every connection, then closes every topic's log.
     pub async fn shutdown(self) -> Result<(), BrokerError> {
         let _ = self.shutdown_tx.send(true);

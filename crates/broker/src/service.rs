@@ -210,6 +210,65 @@ impl Service {
             .and_then(|c| c.get().cloned())
     }
 
+    /// Unloads a served topic: its clients are closed (they look up again and
+    /// re-attach, reopening it). False when it was not served.
+    pub(crate) async fn unload(&self, full_name: &str) -> Result<bool, ServiceError> {
+        let served = self
+            .topics
+            .lock()
+            .remove(full_name)
+            .and_then(|c| c.get().cloned());
+        match served {
+            Some(topic) => {
+                topic.close().await?;
+                tracing::info!(topic = full_name, "topic unloaded");
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Deletes a (non-partitioned or partition) topic: clients closed, log,
+    /// cursors and ledgers deleted, registration removed.
+    pub(crate) async fn delete_topic(&self, topic: &TopicName) -> Result<(), ServiceError> {
+        let full_name = topic.to_string();
+        let served = self
+            .topics
+            .lock()
+            .remove(&full_name)
+            .and_then(|c| c.get().cloned());
+        let served = match served {
+            Some(served) => served,
+            None => {
+                if !self.admin.topic_exists(topic).await? {
+                    return Err(ServiceError::new(
+                        ServerError::TopicNotFound,
+                        format!("Topic {topic} does not exist"),
+                    ));
+                }
+                self.topic(topic, false).await?;
+                match self
+                    .topics
+                    .lock()
+                    .remove(&full_name)
+                    .and_then(|c| c.get().cloned())
+                {
+                    Some(served) => served,
+                    None => {
+                        return Err(ServiceError::new(
+                            ServerError::ServiceNotReady,
+                            "topic changed while deleting, retry",
+                        ));
+                    }
+                }
+            }
+        };
+        served.delete().await?;
+        self.admin.unregister_topic(topic).await?;
+        tracing::info!(topic = %full_name, "topic deleted");
+        Ok(())
+    }
+
     /// Closes every topic (shutdown).
     pub(crate) async fn close_topics(&self) -> Vec<vela_log::LogError> {
         let topics: Vec<Arc<Topic>> = self

@@ -531,8 +531,26 @@ impl Topic {
         }
     }
 
-    /// Stops every subscription task and closes the log.
+    /// Closes every producer (CLOSE_PRODUCER: clients look up again and
+    /// re-attach), stops every subscription task (consumers get
+    /// CLOSE_CONSUMER) and closes the log.
     pub(crate) async fn close(&self) -> Result<(), vela_log::LogError> {
+        self.detach_clients().await;
+        self.log.close().await
+    }
+
+    /// As [`Topic::close`], then deletes the log, its cursors and ledgers.
+    pub(crate) async fn delete(&self) -> Result<(), vela_log::LogError> {
+        self.detach_clients().await;
+        self.log.delete().await
+    }
+
+    async fn detach_clients(&self) {
+        let producers: Vec<ProducerReg> = self.producers.lock().drain().map(|(_, r)| r).collect();
+        for reg in &producers {
+            close_producer(reg);
+        }
+        self.waiters.lock().clear();
         let handles: Vec<SubscriptionHandle> = self
             .subscriptions
             .lock()
@@ -545,6 +563,41 @@ impl Topic {
                 let _ = done.await;
             }
         }
-        self.log.close().await
+    }
+
+    /// Drops a subscription and its cursor (admin unsubscribe): its consumers
+    /// get CLOSE_CONSUMER.
+    pub(crate) async fn unsubscribe(&self, subscription: &str) -> Result<bool, ServiceError> {
+        let handle = self
+            .subscriptions
+            .lock()
+            .get(subscription)
+            .map(|e| e.handle.clone());
+        if let Some(handle) = handle {
+            let (reply, answer) = oneshot::channel();
+            let command = SubCommand::Unsubscribe {
+                key: (0, 0),
+                force: true,
+                reply,
+            };
+            if handle.tx.send(command).await.is_ok() {
+                answer.await.unwrap_or(Ok(()))?;
+                return Ok(true);
+            }
+        }
+        if self.log.cursor_names().iter().any(|n| n == subscription) {
+            self.log.delete_cursor(subscription).await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Names of the durable subscriptions (cursors) and the readers now.
+    pub(crate) fn subscription_names(&self) -> Vec<String> {
+        let mut names = self.log.cursor_names();
+        names.extend(self.subscriptions.lock().keys().cloned());
+        names.sort();
+        names.dedup();
+        names
     }
 }

@@ -543,3 +543,71 @@ async fn acknowledgements_survive_a_broker_restart() {
     expect_nothing_but_pong(&mut client).await;
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn unload_delete_and_unsubscribe_from_the_api() {
+    let broker = common::start_broker_with(|c| c.auto_create_topics = false).await;
+    broker
+        .admin()
+        .register_topic(&vela_broker::TopicName::parse("admin-t").unwrap())
+        .await
+        .unwrap();
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("admin-t", 1).await;
+    client
+        .subscribe("admin-t", "s", SubType::Exclusive, 1)
+        .await;
+    client.produce(1, 0, b"x").await;
+    receipt_seq(&client.recv().await);
+    assert_eq!(broker.subscriptions("admin-t").await.unwrap(), vec!["s"]);
+
+    // Unload: both get CLOSE_*; the topic is served again on re-attach.
+    assert!(broker.unload_topic("admin-t").await.unwrap());
+    let mut closed = (false, false);
+    while closed != (true, true) {
+        let command = client.recv().await.command;
+        closed.0 |= command.close_producer.is_some();
+        closed.1 |= command.close_consumer.is_some();
+    }
+    assert!(broker.served_topics().is_empty());
+    client.create_producer("admin-t", 2).await;
+    client
+        .subscribe("admin-t", "s", SubType::Exclusive, 3)
+        .await;
+    client.flow(3, 10).await;
+    assert_eq!(message_of(&client.recv().await).1.as_ref(), b"x");
+
+    // Unsubscribe: the consumer is closed and the subscription is gone.
+    assert!(broker.unsubscribe("admin-t", "s").await.unwrap());
+    assert!(client.recv().await.command.close_consumer.is_some());
+    assert!(broker.subscriptions("admin-t").await.unwrap().is_empty());
+    assert!(!broker.unsubscribe("admin-t", "s").await.unwrap());
+
+    // Delete: the producer is closed and the topic no longer exists.
+    broker.delete_topic("admin-t").await.unwrap();
+    assert!(client.recv().await.command.close_producer.is_some());
+    client
+        .send(proto::CommandProducer {
+            topic: "admin-t".into(),
+            producer_id: 4,
+            request_id: 4,
+            ..Default::default()
+        })
+        .await;
+    let error = client.recv().await.command.error.unwrap();
+    assert_eq!(error.error, proto::ServerError::TopicNotFound as i32);
+
+    // A partitioned topic is deleted with its partitions.
+    broker.create_partitioned_topic("admin-p", 2).await.unwrap();
+    client.create_producer("admin-p-partition-0", 5).await;
+    broker.delete_topic("admin-p").await.unwrap();
+    assert!(
+        broker
+            .admin()
+            .partitions(&vela_broker::TopicName::parse("admin-p").unwrap())
+            .await
+            .unwrap()
+            .is_none()
+    );
+    broker.shutdown().await.unwrap();
+}
