@@ -144,3 +144,13 @@ def test_durable_subscription_resumes_after_acked_messages(client, topic):
     produce(client, topic, 2, prefix="later")
     c = client.subscribe(topic, "d", initial_position=EARLIEST)
     assert [m.data() for m in drain(c)] == [b"later-0", b"later-1"]
+
+
+def test_subscription_type_can_change_once_no_consumer_is_attached(client, topic):
+    c = client.subscribe(topic, "changing", consumer_type=pulsar.ConsumerType.Exclusive)
+    c.close()
+    c1 = client.subscribe(topic, "changing", consumer_type=pulsar.ConsumerType.Shared)
+    c2 = client.subscribe(topic, "changing", consumer_type=pulsar.ConsumerType.Shared)
+    c1.close()
+    c2.close()
+    client.subscribe(topic, "changing", consumer_type=pulsar.ConsumerType.KeyShared)

@@ -689,6 +689,17 @@ impl Dispatcher {
         info: ConsumerInfo,
         sub_type: SubType,
     ) -> Result<(), ServiceError> {
+        if self.consumers.is_empty() {
+            // No consumer attached: the new one decides the type (and the
+            // Key_Shared mode), as in the Java broker.
+            self.sub_type = sub_type;
+            self.active = None;
+            self.selector = match (sub_type, info.sticky_ranges.is_some()) {
+                (SubType::KeyShared, true) => Some(KeySharedSelector::sticky()),
+                (SubType::KeyShared, false) => Some(KeySharedSelector::auto_split()),
+                _ => None,
+            };
+        }
         if sub_type != self.sub_type {
             return Err(ServiceError::new(
                 ServerError::ConsumerBusy,
