@@ -776,7 +776,6 @@ impl Dispatcher {
         }
     }
 
-    /// Failover/Exclusive: the active consumer is the first by (priority, name).
     /// Failover/Exclusive: consumers sorted by (priority, name); the active
     /// one is the first, or for a partition `partition % count` among the
     /// highest-priority ones (as the Java broker spreads partitions).
@@ -851,8 +850,15 @@ impl Dispatcher {
             error =
                 Some("cumulative ack is not allowed on Shared and Key_Shared subscriptions".into());
         } else {
+            let last = self.log.last_confirmed();
             for id in &ids {
                 let pos = Position::new(id.ledger_id, id.entry_id);
+                if last.is_none_or(|last| pos > last) {
+                    // As the Java cursor: never mark beyond the last entry
+                    // (it would silently ack messages not yet published).
+                    error = Some(format!("ack of {pos}, beyond the last entry"));
+                    continue;
+                }
                 if id.ack_set.len() > ACK_SET_WORDS_MAX {
                     error = Some(format!("ack_set of {} words is too long", id.ack_set.len()));
                     continue;

@@ -460,3 +460,32 @@ async fn tiny_pending_limits_pause_reads_without_deadlock() {
     }
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn acks_beyond_the_last_entry_are_refused() {
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("beyond", 1).await;
+    client.subscribe("beyond", "s", SubType::Exclusive, 1).await;
+    client
+        .send(proto::CommandAck {
+            consumer_id: 1,
+            ack_type: AckType::Cumulative as i32,
+            message_id: vec![MessageIdData {
+                ledger_id: u64::MAX - 1,
+                entry_id: 5,
+                ..Default::default()
+            }],
+            request_id: Some(3),
+            ..Default::default()
+        })
+        .await;
+    let response = client.recv().await.command.ack_response.unwrap();
+    assert!(response.error.is_some());
+    // Messages published later are still delivered.
+    client.produce(1, 0, b"later").await;
+    receipt_seq(&client.recv().await);
+    client.flow(1, 10).await;
+    assert_eq!(message_of(&client.recv().await).1.as_ref(), b"later");
+    broker.shutdown().await.unwrap();
+}
