@@ -984,6 +984,12 @@ impl Dispatcher {
             Some(first) if next < first => first,
             _ => next,
         };
+        // Never past the end: a reset there would count future entries as acked.
+        let end = self
+            .log
+            .last_confirmed()
+            .map_or(Position::new(0, 0), |last| self.log.next_position(last));
+        let next = next.min(end);
         // As the Java broker: disconnect the consumers, then reset.
         self.close_all_consumers(None).await;
         self.acks

@@ -611,3 +611,44 @@ async fn unload_delete_and_unsubscribe_from_the_api() {
     );
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn seek_beyond_the_end_lands_at_the_end() {
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("seek-end", 1).await;
+    client.produce(1, 0, b"old").await;
+    receipt_seq(&client.recv().await);
+    client
+        .subscribe("seek-end", "s", SubType::Exclusive, 1)
+        .await;
+    client
+        .send(proto::CommandSeek {
+            consumer_id: 1,
+            request_id: 9,
+            message_id: Some(MessageIdData {
+                ledger_id: 1 << 40,
+                entry_id: 7,
+                ..Default::default()
+            }),
+            message_publish_time: None,
+        })
+        .await;
+    assert!(client.recv().await.command.close_consumer.is_some());
+    assert!(client.recv().await.command.success.is_some());
+    client
+        .subscribe("seek-end", "s", SubType::Exclusive, 1)
+        .await;
+    client.flow(1, 10).await;
+    client.produce(1, 1, b"new").await;
+    let mut got_new = false;
+    while !got_new {
+        let frame = client.recv().await;
+        if let Some(message) = &frame.command.message {
+            assert_eq!(message.consumer_id, 1);
+            assert_eq!(message_of(&frame).1.as_ref(), b"new");
+            got_new = true;
+        }
+    }
+    broker.shutdown().await.unwrap();
+}
