@@ -489,3 +489,47 @@ async fn acks_beyond_the_last_entry_are_refused() {
     assert_eq!(message_of(&client.recv().await).1.as_ref(), b"later");
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn v12_clients_get_no_newer_commands() {
+    let broker = start_broker().await;
+    let mut client = Client::raw(broker.pulsar_addr()).await;
+    client
+        .send(proto::CommandConnect {
+            client_version: "pulsar-rs-like".into(),
+            protocol_version: Some(12),
+            ..Default::default()
+        })
+        .await;
+    assert_eq!(
+        client
+            .recv()
+            .await
+            .command
+            .connected
+            .unwrap()
+            .protocol_version,
+        Some(12)
+    );
+    // Short topic names are expanded (pulsar-rs sends them as given).
+    client.create_producer("short-name", 1).await;
+    client.produce(1, 0, b"x").await;
+    receipt_seq(&client.recv().await);
+    client
+        .subscribe("short-name", "s", SubType::Exclusive, 1)
+        .await;
+    client.flow(1, 10).await;
+    let id = message_of(&client.recv().await).0.message_id.clone();
+    client
+        .send(proto::CommandAck {
+            consumer_id: 1,
+            ack_type: AckType::Individual as i32,
+            message_id: vec![id],
+            request_id: Some(5),
+            ..Default::default()
+        })
+        .await;
+    // No ACK_RESPONSE (a v17 command) for a v12 client: the next frame is PONG.
+    common::expect_nothing_but_pong(&mut client).await;
+    broker.shutdown().await.unwrap();
+}
