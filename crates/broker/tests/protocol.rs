@@ -533,3 +533,73 @@ async fn v12_clients_get_no_newer_commands() {
     common::expect_nothing_but_pong(&mut client).await;
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn schema_registry_over_the_protocol() {
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    let schema = |data: &[u8]| proto::Schema {
+        name: "s".into(),
+        schema_data: bytes::Bytes::copy_from_slice(data),
+        r#type: proto::schema::Type::Json as i32,
+        properties: vec![],
+    };
+    client
+        .send(proto::CommandGetSchema {
+            request_id: 1,
+            topic: "sch".into(),
+            schema_version: None,
+        })
+        .await;
+    let missing = client.recv().await.command.get_schema_response.unwrap();
+    assert_eq!(
+        missing.error_code,
+        Some(proto::ServerError::TopicNotFound as i32)
+    );
+    for (request_id, data, version) in [
+        (2, b"{\"a\":1}", 0u64),
+        (3, b"{\"b\":2}", 1),
+        (4, b"{\"a\":1}", 0),
+    ] {
+        client
+            .send(proto::CommandGetOrCreateSchema {
+                request_id,
+                topic: "sch".into(),
+                schema: schema(data),
+                producer_name: None,
+            })
+            .await;
+        let response = client
+            .recv()
+            .await
+            .command
+            .get_or_create_schema_response
+            .unwrap();
+        assert_eq!(
+            response.schema_version.unwrap().as_ref(),
+            version.to_be_bytes()
+        );
+    }
+    // A producer with a schema learns its version (8 bytes, big-endian).
+    client
+        .send(proto::CommandProducer {
+            topic: "sch".into(),
+            producer_id: 1,
+            request_id: 5,
+            schema: Some(schema(b"{\"b\":2}")),
+            ..Default::default()
+        })
+        .await;
+    let success = client.recv().await.command.producer_success.unwrap();
+    assert_eq!(success.schema_version.unwrap().as_ref(), 1u64.to_be_bytes());
+    client
+        .send(proto::CommandGetSchema {
+            request_id: 6,
+            topic: "sch".into(),
+            schema_version: Some(bytes::Bytes::copy_from_slice(&0u64.to_be_bytes())),
+        })
+        .await;
+    let first = client.recv().await.command.get_schema_response.unwrap();
+    assert_eq!(first.schema.unwrap().schema_data.as_ref(), b"{\"a\":1}");
+    broker.shutdown().await.unwrap();
+}
