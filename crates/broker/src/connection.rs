@@ -356,8 +356,9 @@ impl Connection {
                 match command.redeliver_unacknowledged_messages {
                     Some(body) => {
                         let ids = body.message_ids;
+                        let epoch = body.consumer_epoch;
                         self.forward_to_subscription(body.consumer_id, |key| {
-                            SubCommand::Redeliver { key, ids }
+                            SubCommand::Redeliver { key, ids, epoch }
                         })
                         .await
                     }
@@ -878,6 +879,7 @@ impl Connection {
             protocol_version: self.protocol_version,
             sticky_ranges,
             address: self.peer.to_string(),
+            epoch: body.consumer_epoch,
         };
         let sub = topic.subscribe(&request, info).await?;
         tracing::debug!(conn = self.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");

@@ -26,7 +26,7 @@
 //! size, ack_set length, name lengths, schema versions per topic.
 //!
 //! Not implemented yet: transactions, topic watchers, non-persistent topics,
-//! authentication, consumer epochs, topic termination.
+//! authentication, topic termination.
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 

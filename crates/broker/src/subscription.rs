@@ -78,6 +78,9 @@ pub(crate) struct ConsumerInfo {
     pub(crate) sticky_ranges: Option<Vec<(i32, i32)>>,
     /// Client address for stats.
     pub(crate) address: String,
+    /// Consumer epoch from SUBSCRIBE (Java clients, Exclusive/Failover);
+    /// stamped on every MESSAGE when set.
+    pub(crate) epoch: Option<u64>,
 }
 
 /// A consumer is identified by (connection id, consumer id).
@@ -163,6 +166,8 @@ pub(crate) enum SubCommand {
     Redeliver {
         /// Consumer.
         key: ConsumerKey,
+        /// The client's new consumer epoch (redeliver-all from Java clients).
+        epoch: Option<u64>,
         /// Entries to redeliver.
         ids: Vec<MessageIdData>,
     },
@@ -365,6 +370,8 @@ impl MemoryAcks {
 #[derive(Debug)]
 struct Slot {
     info: ConsumerInfo,
+    /// Current consumer epoch (raised by redeliver-all).
+    epoch: Option<u64>,
     /// Key_Shared: a consumer that joined while entries were out gets no
     /// entry at or after this position until every earlier entry is acked
     /// (the Java broker's "recently joined consumers"), so a key moving to it
@@ -590,7 +597,7 @@ impl Dispatcher {
                 ids,
                 request_id,
             } => self.ack(key, ack_type, ids, request_id).await,
-            SubCommand::Redeliver { key, ids } => self.redeliver(key, &ids),
+            SubCommand::Redeliver { key, ids, epoch } => self.redeliver(key, &ids, epoch),
             SubCommand::Seek { target, reply } => {
                 let result = self.seek(target).await;
                 let _ = reply.send(result);
@@ -740,6 +747,7 @@ impl Dispatcher {
             && (!self.pending.is_empty() || !self.replay.is_empty()))
         .then_some(self.read_position);
         self.consumers.push(Slot {
+            epoch: info.epoch,
             info,
             fence,
             permits: 0,
@@ -932,7 +940,15 @@ impl Dispatcher {
         self.redelivery.remove(&pos);
     }
 
-    fn redeliver(&mut self, key: ConsumerKey, ids: &[MessageIdData]) {
+    fn redeliver(&mut self, key: ConsumerKey, ids: &[MessageIdData], epoch: Option<u64>) {
+        if ids.is_empty()
+            && let Some(epoch) = epoch
+            && let Some(slot) = self.slot_mut(key)
+        {
+            // Entries stamped with an older epoch are dropped by the client;
+            // they are all in `pending` and come again below.
+            slot.epoch = Some(slot.epoch.map_or(epoch, |e| e.max(epoch)));
+        }
         let positions: Vec<Position> = if ids.is_empty() {
             self.pending
                 .iter()
@@ -1301,7 +1317,7 @@ impl Dispatcher {
             },
             redelivery_count: (redelivery_count > 0).then_some(redelivery_count),
             ack_set,
-            consumer_epoch: None,
+            consumer_epoch: slot.epoch,
         };
         slot.permits -= i64::from(messages);
         slot.unacked += 1;

@@ -652,3 +652,39 @@ async fn seek_beyond_the_end_lands_at_the_end() {
     }
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn consumer_epochs_are_stamped_and_raised_by_redeliver_all() {
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("epoch", 1).await;
+    client.produce(1, 0, b"x").await;
+    receipt_seq(&client.recv().await);
+    client
+        .send(proto::CommandSubscribe {
+            topic: "epoch".into(),
+            subscription: "s".into(),
+            sub_type: SubType::Exclusive as i32,
+            consumer_id: 1,
+            request_id: 2,
+            initial_position: Some(proto::command_subscribe::InitialPosition::Earliest as i32),
+            consumer_epoch: Some(0),
+            ..Default::default()
+        })
+        .await;
+    assert!(client.recv().await.command.success.is_some());
+    client.flow(1, 10).await;
+    assert_eq!(message_of(&client.recv().await).0.consumer_epoch, Some(0));
+    client
+        .send(proto::CommandRedeliverUnacknowledgedMessages {
+            consumer_id: 1,
+            message_ids: vec![],
+            consumer_epoch: Some(1),
+        })
+        .await;
+    let frame = client.recv().await;
+    let (message, _) = message_of(&frame);
+    assert_eq!(message.consumer_epoch, Some(1));
+    assert_eq!(message.redelivery_count, Some(1));
+    broker.shutdown().await.unwrap();
+}
