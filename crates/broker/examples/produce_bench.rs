@@ -3,7 +3,7 @@
 //! the same run as the baseline. Prints figures and ratios; asserts nothing.
 //!
 //! Usage: `cargo run --release -p vela-broker --example produce_bench -- [MESSAGES] [PAYLOAD_BYTES]`
-//! (defaults 40000 and 1024; more than 50000 crosses a ledger rollover). Runs a few seconds.
+//! (defaults 40000 and 1024: below the 50000-entry ledger rollover). Runs a few seconds.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -56,7 +56,9 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let mut args = std::env::args().skip(1);
-    let messages: u64 = args.next().map_or(40_000, |a| a.parse().expect("MESSAGES"));
+    let messages: u64 = args
+        .next()
+        .map_or(40_000, |a| a.parse().expect("MESSAGES"));
     let payload_bytes: usize = args
         .next()
         .map_or(1024, |a| a.parse().expect("PAYLOAD_BYTES"));
@@ -111,6 +113,21 @@ async fn main() {
         .write_all(&command(proto::CommandConnect {
             client_version: "bench".into(),
             protocol_version: Some(21),
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+    read_frames(&mut stream, &mut buf, &mut decoder, |_| false).await;
+    // Subscribe first: without a subscription (and with no retention) the
+    // log trims consumed ledgers, as Pulsar does.
+    stream
+        .write_all(&command(proto::CommandSubscribe {
+            topic: "bench".into(),
+            subscription: "s".into(),
+            sub_type: SubType::Exclusive as i32,
+            consumer_id: 1,
+            request_id: 2,
+            initial_position: Some(proto::command_subscribe::InitialPosition::Earliest as i32),
             ..Default::default()
         }))
         .await
@@ -171,19 +188,6 @@ async fn main() {
 
     // Consume everything back.
     let mut stream = reader.reunite(writer).unwrap();
-    stream
-        .write_all(&command(proto::CommandSubscribe {
-            topic: "bench".into(),
-            subscription: "s".into(),
-            sub_type: SubType::Exclusive as i32,
-            consumer_id: 1,
-            request_id: 2,
-            initial_position: Some(proto::command_subscribe::InitialPosition::Earliest as i32),
-            ..Default::default()
-        }))
-        .await
-        .unwrap();
-    read_frames(&mut stream, &mut buf, &mut decoder, |_| false).await;
     let start = Instant::now();
     stream
         .write_all(&command(proto::CommandFlow {
