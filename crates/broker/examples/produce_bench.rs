@@ -56,9 +56,7 @@ async fn main() {
         .with_writer(std::io::stderr)
         .init();
     let mut args = std::env::args().skip(1);
-    let messages: u64 = args
-        .next()
-        .map_or(40_000, |a| a.parse().expect("MESSAGES"));
+    let messages: u64 = args.next().map_or(40_000, |a| a.parse().expect("MESSAGES"));
     let payload_bytes: usize = args
         .next()
         .map_or(1024, |a| a.parse().expect("PAYLOAD_BYTES"));

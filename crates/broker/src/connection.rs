@@ -855,6 +855,11 @@ impl Connection {
             }
             _ => (false, None),
         };
+        let allow_out_of_order = body
+            .key_shared_meta
+            .as_ref()
+            .and_then(|m| m.allow_out_of_order_delivery)
+            .unwrap_or(false);
         let request = SubscribeRequest {
             subscription: body.subscription.clone(),
             sub_type,
@@ -880,6 +885,7 @@ impl Connection {
             sticky_ranges,
             address: self.peer.to_string(),
             epoch: body.consumer_epoch,
+            allow_out_of_order,
         };
         let sub = topic.subscribe(&request, info).await?;
         tracing::debug!(conn = self.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");

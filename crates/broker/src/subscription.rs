@@ -81,6 +81,8 @@ pub(crate) struct ConsumerInfo {
     /// Consumer epoch from SUBSCRIBE (Java clients, Exclusive/Failover);
     /// stamped on every MESSAGE when set.
     pub(crate) epoch: Option<u64>,
+    /// Key_Shared allowOutOfOrderDelivery: no fence when joining.
+    pub(crate) allow_out_of_order: bool,
 }
 
 /// A consumer is identified by (connection id, consumer id).
@@ -744,6 +746,7 @@ impl Dispatcher {
             .map_err(|e| ServiceError::new(ServerError::ConsumerAssignError, e.to_string()))?;
         }
         let fence = (self.sub_type == SubType::KeyShared
+            && !info.allow_out_of_order
             && (!self.pending.is_empty() || !self.replay.is_empty()))
         .then_some(self.read_position);
         self.consumers.push(Slot {

@@ -688,3 +688,47 @@ async fn consumer_epochs_are_stamped_and_raised_by_redeliver_all() {
     assert_eq!(message.redelivery_count, Some(1));
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn key_shared_out_of_order_consumers_get_moved_keys_at_once() {
+    let broker = start_broker().await;
+    let addr = broker.pulsar_addr();
+    let key = (0..1000)
+        .map(|i| format!("key-{i}"))
+        .find(|k| vela_broker::key_shared::slot_of(k.as_bytes()) <= 32_768)
+        .unwrap();
+    let mut producer = Client::connect(addr).await;
+    producer.create_producer("ks-ooo", 1).await;
+    let mut a = Client::connect(addr).await;
+    a.subscribe("ks-ooo", "s", SubType::KeyShared, 1).await;
+    a.flow(1, 100).await;
+    let with_key = |seq| proto::MessageMetadata {
+        ordering_key: Some(key.clone().into_bytes().into()),
+        ..metadata(seq)
+    };
+    producer.produce_with(1, 0, with_key(0), b"first").await;
+    receipt_seq(&producer.recv().await);
+    message_of(&a.recv().await);
+    let mut b = Client::connect(addr).await;
+    b.send(proto::CommandSubscribe {
+        topic: "ks-ooo".into(),
+        subscription: "s".into(),
+        sub_type: SubType::KeyShared as i32,
+        consumer_id: 2,
+        request_id: 2,
+        key_shared_meta: Some(proto::KeySharedMeta {
+            key_shared_mode: proto::KeySharedMode::AutoSplit as i32,
+            hash_ranges: vec![],
+            allow_out_of_order_delivery: Some(true),
+        }),
+        ..Default::default()
+    })
+    .await;
+    assert!(b.recv().await.command.success.is_some());
+    b.flow(2, 100).await;
+    producer.produce_with(1, 1, with_key(1), b"second").await;
+    receipt_seq(&producer.recv().await);
+    // No fence: "second" arrives while "first" is still unacked.
+    assert_eq!(message_of(&b.recv().await).1.as_ref(), b"second");
+    broker.shutdown().await.unwrap();
+}
