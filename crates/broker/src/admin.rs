@@ -63,6 +63,19 @@ pub struct NamespacePolicies {
 }
 
 impl NamespacePolicies {
+    /// Checks `1 <= Qa <= Qw <= E` when a persistence is set.
+    pub fn validate(&self) -> Result<(), AdminError> {
+        if let Some((ensemble, write_quorum, ack_quorum)) = self.persistence
+            && !(ack_quorum >= 1 && ack_quorum <= write_quorum && write_quorum <= ensemble)
+        {
+            return Err(AdminError::Invalid(format!(
+                "persistence needs 1 <= ack quorum ({ack_quorum}) <= write quorum \
+                 ({write_quorum}) <= ensemble ({ensemble})"
+            )));
+        }
+        Ok(())
+    }
+
     /// The persistence to use, falling back to `default`.
     pub fn persistence_or(&self, default: PersistenceConfig) -> PersistenceConfig {
         match self.persistence {
@@ -205,6 +218,7 @@ impl Admin {
         ns: &NamespaceName,
         policies: NamespacePolicies,
     ) -> Result<(), AdminError> {
+        policies.validate()?;
         if !self.tenant_exists(&ns.tenant).await? {
             return Err(AdminError::NotFound(format!("tenant {}", ns.tenant)));
         }
@@ -221,6 +235,40 @@ impl Admin {
         {
             Ok(_) => Ok(()),
             Err(MetaError::Exists { .. }) => Err(AdminError::Exists(format!("namespace {ns}"))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes an empty tenant (no namespaces left).
+    pub async fn delete_tenant(&self, tenant: &str) -> Result<(), AdminError> {
+        if !self.namespaces(tenant).await?.is_empty() {
+            return Err(AdminError::Exists(format!("namespaces in tenant {tenant}")));
+        }
+        match self
+            .meta
+            .delete(&tenant_key(tenant), ExpectedVersion::Any)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(MetaError::NotFound { .. }) => {
+                Err(AdminError::NotFound(format!("tenant {tenant}")))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Deletes an empty namespace (no topics, no partitioned topics left).
+    pub async fn delete_namespace(&self, ns: &NamespaceName) -> Result<(), AdminError> {
+        if !self.topics_of_namespace(ns).await?.is_empty() {
+            return Err(AdminError::Exists(format!("topics in namespace {ns}")));
+        }
+        match self
+            .meta
+            .delete(&namespace_key(ns), ExpectedVersion::Any)
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(MetaError::NotFound { .. }) => Err(AdminError::NotFound(format!("namespace {ns}"))),
             Err(e) => Err(e.into()),
         }
     }
@@ -257,6 +305,7 @@ impl Admin {
         ns: &NamespaceName,
         policies: &NamespacePolicies,
     ) -> Result<(), AdminError> {
+        policies.validate()?;
         let key = namespace_key(ns);
         if self.meta.get(&key).await?.is_none() {
             return Err(AdminError::NotFound(format!("namespace {ns}")));
@@ -446,6 +495,32 @@ mod tests {
                 "persistent://public/default/plain",
             ]
         );
+        let bad = NamespacePolicies {
+            persistence: Some((1, 2, 1)),
+            ..Default::default()
+        };
+        let other = NamespaceName::parse("public/other").unwrap();
+        assert!(matches!(
+            admin.create_namespace(&other, bad).await,
+            Err(AdminError::Invalid(_))
+        ));
+        admin
+            .create_namespace(&other, NamespacePolicies::default())
+            .await
+            .unwrap();
+        assert!(matches!(
+            admin.delete_namespace(&ns).await,
+            Err(AdminError::Exists(_))
+        ));
+        assert!(matches!(
+            admin.delete_tenant("public").await,
+            Err(AdminError::Exists(_))
+        ));
+        admin.delete_namespace(&other).await.unwrap();
+        assert!(matches!(
+            admin.delete_namespace(&other).await,
+            Err(AdminError::NotFound(_))
+        ));
         let missing = TopicName::parse("nope/ns/x").unwrap();
         assert!(matches!(
             admin.create_partitioned_topic(&missing, 2).await,
