@@ -3,7 +3,8 @@
 //! Owns: the map from full topic name to [`Topic`] (each opened once, even
 //! when many connections ask at the same time), the rules deciding whether a
 //! topic may be served (namespace exists, partition index in range,
-//! auto-creation), broker-assigned producer names and connection ids.
+//! auto-creation), unloading and deleting topics, broker-assigned producer
+//! names, connection ids and the broker-wide metrics.
 //! Never: speaks the protocol (connections do) or stores entries (logs do).
 
 use std::collections::HashMap;

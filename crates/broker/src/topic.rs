@@ -2,8 +2,10 @@
 //!
 //! Owns: the single-writer order of appends (one short lock around
 //! `ManagedLog::append`, which only issues the add), producer name uniqueness
-//! and access modes, epoch-based producer replacement, the in-memory
-//! deduplication table, and the map of subscription tasks.
+//! and access modes (Shared, Exclusive, WaitForExclusive queue,
+//! ExclusiveWithFencing), epoch-based producer replacement, the
+//! deduplication table (rebuilt from the log's newest entries on open), the
+//! map of subscription tasks, and closing/deleting the topic's clients and log.
 //! Never: waits for an append while holding a lock, parses payloads, or talks
 //! to a socket (frames go through the connections' outbound queues).
 
