@@ -67,3 +67,26 @@ def test_incompatible_schema_type_is_refused(client, topic):
         assert "Incompatible" in str(e) or "incompatible" in str(e).lower()
     else:
         raise AssertionError("a JSON producer on a string topic was accepted")
+
+
+def test_failover_spreads_partitions_across_consumers(client):
+    sub = "fo-spread"
+    c1 = client.subscribe(PARTITIONED, sub, consumer_type=pulsar.ConsumerType.Failover, consumer_name="a")
+    c2 = client.subscribe(PARTITIONED, sub, consumer_type=pulsar.ConsumerType.Failover, consumer_name="b")
+    producer = client.create_producer(PARTITIONED, batching_enabled=False)
+    for i in range(40):
+        producer.send(b"f-%d" % i, partition_key="key-%d" % i)
+    topics_of = {1: set(), 2: set()}
+    total = 0
+    for index, consumer in ((1, c1), (2, c2)):
+        while True:
+            try:
+                msg = consumer.receive(timeout_millis=1000)
+            except pulsar.Timeout:
+                break
+            topics_of[index].add(msg.topic_name())
+            consumer.acknowledge(msg)
+            total += 1
+    assert total == 40
+    assert topics_of[1] and topics_of[2]
+    assert not topics_of[1] & topics_of[2], "a partition was active on both consumers"
