@@ -387,6 +387,9 @@ struct Slot {
 #[derive(Debug, Clone, Copy)]
 struct PendingEntry {
     owner: ConsumerKey,
+    /// Key_Shared hash slot (0 otherwise), kept so a replayed entry still
+    /// blocks later entries of its key.
+    slot: u32,
 }
 
 /// Handle to a running subscription task.
@@ -772,15 +775,15 @@ impl Dispatcher {
             selector.remove(key_hash(key));
         }
         // Every entry it had not acked goes back to the replay set.
-        let owned: Vec<Position> = self
+        let owned: Vec<(Position, u32)> = self
             .pending
             .iter()
             .filter(|(_, p)| p.owner == key)
-            .map(|(pos, _)| *pos)
+            .map(|(pos, p)| (*pos, p.slot))
             .collect();
-        for pos in owned {
+        for (pos, slot) in owned {
             self.pending.remove(&pos);
-            self.replay.insert(pos, u32::MAX);
+            self.replay.insert(pos, slot);
         }
         if self.sub_type == SubType::Failover || self.sub_type == SubType::Exclusive {
             self.pick_active().await;
@@ -806,15 +809,15 @@ impl Dispatcher {
         let changed = best != self.active;
         if changed && let Some(old) = self.active {
             // Entries the old active consumer had not acked go to the new one.
-            let owned: Vec<Position> = self
+            let owned: Vec<(Position, u32)> = self
                 .pending
                 .iter()
                 .filter(|(_, p)| p.owner == old)
-                .map(|(pos, _)| *pos)
+                .map(|(pos, p)| (*pos, p.slot))
                 .collect();
-            for pos in owned {
+            for (pos, slot) in owned {
                 self.pending.remove(&pos);
-                self.replay.insert(pos, u32::MAX);
+                self.replay.insert(pos, slot);
             }
         }
         self.active = best;
@@ -965,15 +968,14 @@ impl Dispatcher {
                 .collect()
         };
         for pos in positions {
-            self.pending.remove(&pos);
+            let hash_slot = self.pending.remove(&pos).map_or(u32::MAX, |p| p.slot);
             if let Some(slot) = self.slot_mut(key) {
                 slot.unacked = slot.unacked.saturating_sub(1);
             }
             self.redelivered += 1;
             let count = self.redelivery.entry(pos).or_insert(0);
             *count = count.saturating_add(1);
-            // Key_Shared slots are recomputed lazily at replay time.
-            self.replay.insert(pos, u32::MAX);
+            self.replay.insert(pos, hash_slot);
         }
         self.caught_up = false;
     }
@@ -1072,8 +1074,8 @@ impl Dispatcher {
             });
             let _ = slot.info.out.send(frame).await;
         }
-        for (pos, _) in std::mem::take(&mut self.pending) {
-            self.replay.insert(pos, u32::MAX);
+        for (pos, pending) in std::mem::take(&mut self.pending) {
+            self.replay.insert(pos, pending.slot);
         }
         self.active = None;
     }
@@ -1148,7 +1150,7 @@ impl Dispatcher {
                 }
                 match self.route(slot, pos, &HashSet::new()) {
                     Route::Deliver(index) => {
-                        self.deliver(index, entry).await;
+                        self.deliver(index, entry, slot).await;
                     }
                     Route::Hold => {
                         stuck_slots.insert(slot);
@@ -1226,7 +1228,7 @@ impl Dispatcher {
             match self.route(slot, pos, &stuck_consumers) {
                 Route::Deliver(index) => {
                     self.replay.remove(&pos);
-                    self.deliver(index, entry).await;
+                    self.deliver(index, entry, slot).await;
                     progressed = true;
                 }
                 Route::Hold => {
@@ -1300,7 +1302,7 @@ impl Dispatcher {
         }
     }
 
-    async fn deliver(&mut self, index: usize, entry: LogEntry) {
+    async fn deliver(&mut self, index: usize, entry: LogEntry, hash_slot: u32) {
         let pos = entry.position;
         let messages = codec::entry_message_count(&entry.data);
         let redelivery_count = self.redelivery.get(&pos).copied().unwrap_or(0);
@@ -1331,10 +1333,16 @@ impl Dispatcher {
         if slot.info.out.send(frame).await.is_err() {
             // The connection is gone; its cleanup will remove the consumer.
             slot.permits = 0;
-            self.replay.insert(pos, u32::MAX);
+            self.replay.insert(pos, hash_slot);
             return;
         }
-        self.pending.insert(pos, PendingEntry { owner: key });
+        self.pending.insert(
+            pos,
+            PendingEntry {
+                owner: key,
+                slot: hash_slot,
+            },
+        );
         self.msg_out += u64::from(messages);
         self.bytes_out += entry_bytes as u64;
     }
