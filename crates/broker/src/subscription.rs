@@ -47,6 +47,9 @@ pub(crate) const REPLAY_ENTRIES_MAX: usize = 100_000;
 /// 65536 messages, far above the clients' 1000-message default). Longer ones
 /// are refused, so a client cannot make the cursor keep megabytes per entry.
 pub(crate) const ACK_SET_WORDS_MAX: usize = 1024;
+/// Pause before dispatching again after a failed log read (a bookie
+/// hiccup); the entries stay pending in the replay set or the log.
+pub(crate) const READ_RETRY_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
 /// Delayed entries (deliver_at_time in the future) held per Shared
 /// subscription. When reached, no new entries are read until some are due.
 pub(crate) const DELAYED_ENTRIES_MAX: usize = 100_000;
@@ -484,6 +487,7 @@ pub(crate) fn spawn(
         bytes_out: 0,
         redelivered: 0,
         delayed: BTreeSet::new(),
+        read_retry_at: None,
     };
     tokio::spawn(dispatcher.run(rx, on_end));
     handle
@@ -513,6 +517,8 @@ struct Dispatcher {
     redelivered: u64,
     /// Shared: entries whose deliver_at_time is in the future, by due time.
     delayed: BTreeSet<(u64, Position)>,
+    /// When to dispatch again after a failed log read.
+    read_retry_at: Option<tokio::time::Instant>,
 }
 
 enum Route {
@@ -538,6 +544,7 @@ impl Dispatcher {
             let delay = next_due.map_or(std::time::Duration::ZERO, |due_ms| {
                 std::time::Duration::from_millis(due_ms.saturating_sub(now_ms()))
             });
+            let retry_at = self.read_retry_at.unwrap_or_else(tokio::time::Instant::now);
             let command = tokio::select! {
                 command = rx.recv() => match command {
                     Some(command) => Some(command),
@@ -545,6 +552,10 @@ impl Dispatcher {
                 },
                 _ = log.wait_for_new_entries(after), if waiting => None,
                 _ = tokio::time::sleep(delay), if next_due.is_some() => None,
+                _ = tokio::time::sleep_until(retry_at), if self.read_retry_at.is_some() => {
+                    self.read_retry_at = None;
+                    None
+                }
             };
             if self.log.is_closed() {
                 // The topic's log closed or failed: consumers reconnect (to a
@@ -838,17 +849,26 @@ impl Dispatcher {
         }
     }
 
-    async fn read_one(&self, pos: Position) -> Option<LogEntry> {
+    /// The entry at `pos`: `Ok(None)` when it no longer exists (trimmed),
+    /// `Err` on a read failure (the caller retries later).
+    async fn read_one(&mut self, pos: Position) -> Result<Option<LogEntry>, ()> {
         match self.log.read(pos, 1, READ_BATCH_BYTES_MAX).await {
             Ok(mut entries) if !entries.is_empty() && entries[0].position == pos => {
-                Some(entries.swap_remove(0))
+                Ok(Some(entries.swap_remove(0)))
             }
-            Ok(_) => None,
+            Ok(_) => Ok(None),
             Err(e) => {
                 tracing::warn!(topic = %self.topic, subscription = %self.name, error = %e, "read failed");
-                None
+                self.schedule_read_retry();
+                Err(())
             }
         }
+    }
+
+    /// After a failed read: dispatch again after `READ_RETRY_DELAY` (a
+    /// subscription must not stall until the next client command).
+    fn schedule_read_retry(&mut self) {
+        self.read_retry_at = Some(tokio::time::Instant::now() + READ_RETRY_DELAY);
     }
 
     async fn ack(
@@ -1112,6 +1132,7 @@ impl Dispatcher {
                 Err(e) => {
                     tracing::warn!(topic = %self.topic, subscription = %self.name, error = %e, "read failed");
                     self.caught_up = false;
+                    self.schedule_read_retry();
                     return;
                 }
             };
@@ -1215,10 +1236,14 @@ impl Dispatcher {
                 progressed = true;
                 continue;
             }
-            let Some(entry) = self.read_one(pos).await else {
-                self.replay.remove(&pos);
-                progressed = true;
-                continue;
+            let entry = match self.read_one(pos).await {
+                Ok(Some(entry)) => entry,
+                Ok(None) => {
+                    self.replay.remove(&pos);
+                    progressed = true;
+                    continue;
+                }
+                Err(()) => break,
             };
             let slot = entry_slot_if(&self.selector, &entry);
             self.replay.insert(pos, slot);
