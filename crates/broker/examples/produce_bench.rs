@@ -194,12 +194,37 @@ async fn main() {
         }))
         .await
         .unwrap();
+    // Ack cumulatively every ACK_EVERY messages, as clients do (the broker
+    // pauses a subscription with UNACKED_ENTRIES_MAX entries outstanding).
+    const ACK_EVERY: u64 = 1000;
     let mut received = 0u64;
-    read_frames(&mut stream, &mut buf, &mut decoder, |frame| {
-        received += u64::from(frame.command.message.is_some());
-        received < messages
-    })
-    .await;
+    let mut acked = 0u64;
+    while received < messages {
+        let mut last_id = None;
+        while let Some(frame) = decoder.decode(&mut buf).unwrap() {
+            if let Some(message) = &frame.command.message {
+                received += 1;
+                last_id = Some(message.message_id.clone());
+            }
+        }
+        if let Some(id) = last_id
+            && (received - acked >= ACK_EVERY || received == messages)
+        {
+            acked = received;
+            stream
+                .write_all(&command(proto::CommandAck {
+                    consumer_id: 1,
+                    ack_type: proto::command_ack::AckType::Cumulative as i32,
+                    message_id: vec![id],
+                    ..Default::default()
+                }))
+                .await
+                .unwrap();
+        }
+        if received < messages && stream.read_buf(&mut buf).await.unwrap() == 0 {
+            panic!("broker closed the connection");
+        }
+    }
     let consume = start.elapsed();
     broker.shutdown().await.unwrap();
 
