@@ -10,7 +10,11 @@ mod bookie_cmd;
 use clap::{Parser, Subcommand};
 
 #[derive(Debug, Parser)]
-#[command(name = "vela", version, about = "A durable, replicated, Pulsar-compatible message broker")]
+#[command(
+    name = "vela",
+    version,
+    about = "A durable, replicated, Pulsar-compatible message broker"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
