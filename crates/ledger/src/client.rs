@@ -24,7 +24,7 @@ use crate::recovery;
 use crate::stats::{LedgerStats, Stats};
 use crate::store;
 use crate::transport::{BookieError, BookieTransport};
-use crate::types::{BookieId, LedgerId, Quorum};
+use crate::types::{BookieId, EntryId, LedgerId, Quorum};
 use crate::writer::{LedgerWriter, PENDING_ADDS_MAX, PENDING_BYTES_MAX};
 
 /// Tunables of a ledger client.
@@ -161,6 +161,23 @@ impl LedgerClient {
         let mut reader = LedgerReader::new(self.core.clone(), ledger_id, metadata);
         if !reader.is_closed() {
             reader.read_lac().await?;
+        }
+        Ok(reader)
+    }
+
+    /// Opens a ledger for reading up to `confirmed`, an entry the caller knows
+    /// was acknowledged (it wrote the ledger, or saw the add complete), without
+    /// asking bookies for the LAC. Reading past `confirmed` of an open ledger is
+    /// refused as usual.
+    pub async fn open_for_read_confirmed(
+        &self,
+        ledger_id: LedgerId,
+        confirmed: EntryId,
+    ) -> Result<LedgerReader, LedgerError> {
+        let metadata = store::read(&self.core.store, ledger_id).await?.metadata;
+        let mut reader = LedgerReader::new(self.core.clone(), ledger_id, metadata);
+        if !reader.is_closed() {
+            reader.assume_confirmed(confirmed);
         }
         Ok(reader)
     }

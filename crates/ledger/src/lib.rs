@@ -53,4 +53,6 @@ pub use reader::{LedgerReader, READ_RANGE_ENTRIES_MAX, READ_RANGE_PARALLELISM};
 pub use stats::{LatencySummary, LedgerStats};
 pub use transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
 pub use types::{BookieId, EntryId, LedgerId, Quorum, QuorumError};
-pub use writer::{LedgerWriter, PENDING_ADDS_MAX, PENDING_BYTES_MAX, PendingAdd};
+pub use writer::{
+    AddCallback, AddPermit, LedgerWriter, PENDING_ADDS_MAX, PENDING_BYTES_MAX, PendingAdd,
+};

@@ -76,6 +76,13 @@ impl LedgerReader {
         self.last_readable
     }
 
+    /// Raises the readable end of an open ledger to `confirmed`, which the
+    /// caller knows was acknowledged. Never lowers it.
+    pub(crate) fn assume_confirmed(&mut self, confirmed: EntryId) {
+        debug_assert!(!self.is_closed());
+        self.last_readable = self.last_readable.max(Some(confirmed));
+    }
+
     /// Reads entry `entry_id` and returns its payload.
     pub async fn read(&self, entry_id: EntryId) -> Result<Bytes, LedgerError> {
         if self.last_readable.is_none_or(|last| entry_id > last) {

@@ -72,10 +72,40 @@ const BOOKIE_QUARANTINE: std::time::Duration = std::time::Duration::from_secs(30
 /// Published by the writer task for `LedgerWriter::last_add_confirmed`.
 const LAC_NONE: u64 = u64::MAX;
 
+/// Called once with an add's outcome, on the writer task, in entry order.
+pub type AddCallback = Box<dyn FnOnce(Result<EntryId, LedgerError>) + Send>;
+
+/// Where an add's outcome goes: the `PendingAdd` of `submit`, or the callback
+/// of `submit_reserved` (one hop less on the write path).
+enum AddReply {
+    Channel(oneshot::Sender<Result<EntryId, LedgerError>>),
+    Callback(AddCallback),
+}
+
+impl AddReply {
+    fn send(self, result: Result<EntryId, LedgerError>) {
+        match self {
+            AddReply::Channel(sender) => {
+                let _ = sender.send(result);
+            }
+            AddReply::Callback(callback) => callback(result),
+        }
+    }
+}
+
+/// The writer's budget for one add (a slot of `pending_adds_max` and the
+/// payload's bytes of `pending_bytes_max`), taken by `reserve`/`try_reserve`
+/// and spent by `submit_reserved`. Dropping it gives the budget back.
+#[derive(Debug)]
+pub struct AddPermit {
+    permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    payload_bytes: usize,
+}
+
 enum Command {
     Add {
         payload: Bytes,
-        reply: oneshot::Sender<Result<EntryId, LedgerError>>,
+        reply: AddReply,
         permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
         submitted_at: tokio::time::Instant,
     },
@@ -196,12 +226,19 @@ impl LedgerWriter {
     /// returns the handle that resolves once the entry is acknowledged. Entry ids
     /// follow the order in which `submit` calls return.
     pub async fn submit(&self, payload: Bytes) -> Result<PendingAdd, LedgerError> {
-        if payload.len() > ENTRY_PAYLOAD_BYTES_MAX {
-            return Err(LedgerError::PayloadTooLarge {
-                len_bytes: payload.len(),
-                max_bytes: ENTRY_PAYLOAD_BYTES_MAX,
-            });
-        }
+        let permit = self.reserve(payload.len()).await?;
+        let (reply, receiver) = oneshot::channel();
+        self.queue_add(permit, payload, AddReply::Channel(reply))?;
+        Ok(PendingAdd {
+            ledger_id: self.ledger_id,
+            reply: receiver,
+        })
+    }
+
+    /// Takes the budget for an add of `payload_bytes`, waiting while the writer
+    /// is at its pending bound.
+    pub async fn reserve(&self, payload_bytes: usize) -> Result<AddPermit, LedgerError> {
+        self.check_payload(payload_bytes)?;
         let gone = |_| LedgerError::WriterGone(self.ledger_id);
         let count = self
             .count_budget
@@ -213,25 +250,94 @@ impl LedgerWriter {
         let bytes = self
             .bytes_budget
             .clone()
-            .acquire_many_owned(payload.len() as u32)
+            .acquire_many_owned(payload_bytes as u32)
             .await
             .map_err(gone)?;
-        let (reply, receiver) = oneshot::channel();
+        Ok(AddPermit {
+            permits: (count, bytes),
+            payload_bytes,
+        })
+    }
+
+    /// Takes the budget for an add of `payload_bytes` if the writer is below
+    /// its pending bound now; `Ok(None)` when it is at the bound.
+    pub fn try_reserve(&self, payload_bytes: usize) -> Result<Option<AddPermit>, LedgerError> {
+        use tokio::sync::TryAcquireError;
+        self.check_payload(payload_bytes)?;
+        let gone = LedgerError::WriterGone(self.ledger_id);
+        let count = match self.count_budget.clone().try_acquire_owned() {
+            Ok(permit) => permit,
+            Err(TryAcquireError::NoPermits) => return Ok(None),
+            Err(TryAcquireError::Closed) => return Err(gone),
+        };
+        // Fits u32: checked against ENTRY_PAYLOAD_BYTES_MAX above.
+        let bytes = match self
+            .bytes_budget
+            .clone()
+            .try_acquire_many_owned(payload_bytes as u32)
+        {
+            Ok(permit) => permit,
+            Err(TryAcquireError::NoPermits) => return Ok(None),
+            Err(TryAcquireError::Closed) => return Err(gone),
+        };
+        Ok(Some(AddPermit {
+            permits: (count, bytes),
+            payload_bytes,
+        }))
+    }
+
+    /// Queues an add with a budget taken before; never waits. `done` is called
+    /// exactly once: on the writer task in entry order once the add is
+    /// acknowledged or failed, or at once if the writer is gone. Entry ids follow
+    /// the order of `submit_reserved` (and `submit`) calls.
+    pub fn submit_reserved(&self, permit: AddPermit, payload: Bytes, done: AddCallback) {
+        assert_eq!(
+            permit.payload_bytes,
+            payload.len(),
+            "an add permit is spent on the payload it was reserved for"
+        );
+        if let Err(error) = self.queue_add(permit, payload, AddReply::Callback(done)) {
+            debug_assert!(matches!(error, LedgerError::WriterGone(_)));
+        }
+    }
+
+    fn check_payload(&self, payload_bytes: usize) -> Result<(), LedgerError> {
+        if payload_bytes > ENTRY_PAYLOAD_BYTES_MAX {
+            return Err(LedgerError::PayloadTooLarge {
+                len_bytes: payload_bytes,
+                max_bytes: ENTRY_PAYLOAD_BYTES_MAX,
+            });
+        }
+        Ok(())
+    }
+
+    /// Hands an add to the writer task. On failure the reply has been told.
+    fn queue_add(
+        &self,
+        permit: AddPermit,
+        payload: Bytes,
+        reply: AddReply,
+    ) -> Result<(), LedgerError> {
         let command = Command::Add {
             payload,
             reply,
-            permits: (count, bytes),
+            permits: permit.permits,
             submitted_at: tokio::time::Instant::now(),
         };
-        // The channel holds more than the count budget, so this never waits long.
-        self.commands
-            .send(command)
-            .await
-            .map_err(|_| LedgerError::WriterGone(self.ledger_id))?;
-        Ok(PendingAdd {
-            ledger_id: self.ledger_id,
-            reply: receiver,
-        })
+        // The channel holds more commands than the count budget has permits (plus
+        // the one close), and every queued add holds a permit: it is never full.
+        match self.commands.try_send(command) {
+            Ok(()) => Ok(()),
+            Err(mpsc::error::TrySendError::Full(command))
+            | Err(mpsc::error::TrySendError::Closed(command)) => {
+                debug_assert!(self.commands.is_closed(), "writer command queue full");
+                let gone = LedgerError::WriterGone(self.ledger_id);
+                if let Command::Add { reply, .. } = command {
+                    reply.send(Err(gone.clone()));
+                }
+                Err(gone)
+            }
+        }
     }
 
     /// Adds one entry and waits until it is acknowledged.
@@ -240,8 +346,8 @@ impl LedgerWriter {
     }
 
     /// Waits for every pending add, then closes the ledger (CAS to CLOSED with the
-    /// last entry and length). Returns the closed metadata.
-    pub async fn close(self) -> Result<LedgerMetadata, LedgerError> {
+    /// last entry and length). Returns the closed metadata. Adds after it fail.
+    pub async fn close(&self) -> Result<LedgerMetadata, LedgerError> {
         let (reply, receiver) = oneshot::channel();
         self.commands
             .send(Command::Close { reply })
@@ -266,7 +372,7 @@ struct PendingEntry {
     packaged: Bytes,
     /// Ensemble indices (bit i = index i) that acked.
     acked: u64,
-    reply: oneshot::Sender<Result<EntryId, LedgerError>>,
+    reply: AddReply,
     submitted_at: tokio::time::Instant,
     _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
@@ -360,12 +466,12 @@ impl WriterTask {
     fn on_add(
         &mut self,
         payload: Bytes,
-        reply: oneshot::Sender<Result<EntryId, LedgerError>>,
+        reply: AddReply,
         permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
         submitted_at: tokio::time::Instant,
     ) {
         if let Some(reason) = &self.broken {
-            let _ = reply.send(Err(LedgerError::WriterFailed {
+            reply.send(Err(LedgerError::WriterFailed {
                 ledger_id: self.ledger_id,
                 reason: Arc::new(reason.clone()),
             }));
@@ -463,7 +569,7 @@ impl WriterTask {
             self.changes_without_progress = 0;
             self.core.stats.record_add(done.submitted_at.elapsed());
             self.published_lac.store(done.entry_id.0, Ordering::Release);
-            let _ = done.reply.send(Ok(done.entry_id));
+            done.reply.send(Ok(done.entry_id));
         }
     }
 
@@ -480,7 +586,7 @@ impl WriterTask {
                 .fetch_add(1, Ordering::Relaxed);
         }
         for pending in self.pending.drain(..) {
-            let _ = pending.reply.send(Err(error.clone()));
+            pending.reply.send(Err(error.clone()));
         }
         self.failed_indices.clear();
         self.inflight.abort_all();

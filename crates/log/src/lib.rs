@@ -28,9 +28,11 @@ mod error;
 mod format;
 mod log;
 pub mod memory;
+mod replicated;
 mod store;
 
 pub use backend::{LedgerBackend, LedgerBackendError, Persistence, RecoveredLedger};
 pub use cursor::{Cursor, CursorStart};
 pub use error::LogError;
 pub use log::{AppendFuture, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog};
+pub use replicated::{OVERFLOW_BYTES_MAX, ReplicatedLedgers};
