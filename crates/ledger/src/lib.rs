@@ -12,8 +12,9 @@
 //! - `client`: `LedgerClient`: create (ids from `vela_meta::IdAllocator`,
 //!   bookies from `vela_meta::registry`), open, recover, delete, stats;
 //! - `transport`: the `BookieTransport` seam, with `sim::SimCluster` (in-memory
-//!   bookies with fault injection, for tests here and in crates above) and
-//!   `BookieClientTransport` (real bookies over `vela_bookie::client`);
+//!   bookies with fault injection, for tests here and in crates above),
+//!   `BookieClientTransport` (real bookies over `vela_bookie::client`) and
+//!   `local::LocalBookies` (bookies in this process, for `vela standalone`);
 //! - `entry`: packaging, over `vela_bookie::entry` (which owns the format).
 //!
 //! Bounds: pending adds per writer (`PENDING_ADDS_MAX`, `PENDING_BYTES_MAX`;
@@ -32,6 +33,7 @@ mod bookie_client;
 mod client;
 mod entry;
 mod error;
+mod local;
 mod placement;
 mod reader;
 mod recovery;
@@ -48,6 +50,7 @@ pub use bookie_client::BookieClientTransport;
 pub use client::{LedgerClient, LedgerConfig};
 pub use entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};
 pub use error::LedgerError;
+pub use local::{LOCAL_READS_IN_FLIGHT_MAX, LocalBookies};
 pub use metadata::{LedgerMetadata, LedgerState};
 pub use reader::{LedgerReader, READ_RANGE_ENTRIES_MAX, READ_RANGE_PARALLELISM};
 pub use stats::{LatencySummary, LedgerStats};
