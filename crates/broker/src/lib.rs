@@ -35,6 +35,7 @@ mod codec;
 pub mod config;
 mod connection;
 mod error;
+mod http;
 pub mod key_shared;
 pub mod metrics;
 pub mod schema;
@@ -56,6 +57,7 @@ use vela_meta::MetadataStore;
 pub use admin::{Admin, AdminError, NamespacePolicies};
 pub use config::{BrokerConfig, ConnectionLimits, PersistenceConfig};
 pub use error::{BrokerError, ServiceError};
+pub use http::HttpServer;
 pub use stats::{ConsumerStats, PublisherStats, SubscriptionStats, TopicStats};
 pub use topic_name::{NamespaceName, TopicName};
 
@@ -105,6 +107,11 @@ pub struct BrokerHandle {
 }
 
 impl BrokerHandle {
+    /// Starts the HTTP listener (admin API, health) on `addr`.
+    pub async fn start_http(&self, addr: SocketAddr) -> Result<HttpServer, BrokerError> {
+        HttpServer::start(addr, Arc::clone(&self.service)).await
+    }
+
     /// Address the Pulsar listener is bound to.
     pub fn pulsar_addr(&self) -> SocketAddr {
         self.pulsar_addr

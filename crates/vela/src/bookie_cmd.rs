@@ -5,8 +5,9 @@
 //! print `vela bookie listening on ADDR` once ready (scripts and tests parse it;
 //! `--port 0` picks a free port), stop cleanly on SIGINT/SIGTERM (stop
 //! accepting, close connections, sync and close the journal, checkpoint), exit
-//! non-zero if the bookie fails (a failed fdatasync or checkpoint).
-//! Never: registers in a metadata store (issue 3 adds that).
+//! non-zero if the bookie fails (a failed fdatasync or checkpoint). With
+//! `--metadata URL` it registers itself as available (an ephemeral key, gone
+//! when the process stops or its session expires) so ledger clients find it.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -14,10 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Args, ValueEnum};
+use clap::Args;
 use vela_bookie::bookie::{Bookie, BookieConfig};
-use vela_bookie::journal::{JournalBackendKind, JournalSync};
 use vela_bookie::server::Server;
+use vela_meta::registry::{BookieId, BookieInfo};
+
+use crate::process::{StopSignals, announce};
+use crate::registration::{REGISTRATION_TTL, Registration};
+use crate::storage_args::StorageArgs;
 
 /// How often the serving loop checks whether the bookie has failed.
 const FAILURE_POLL_INTERVAL: Duration = Duration::from_millis(500);
@@ -37,72 +42,28 @@ pub(crate) struct BookieArgs {
     /// Port to listen on (0: pick a free one; the ready line says which).
     #[arg(long, default_value_t = 3181)]
     port: u16,
-    /// When an ADD is acknowledged: after fdatasync (survives power loss), or
-    /// `off`: after the write only (survives a crash of the bookie, not of the
-    /// machine).
-    #[arg(long, value_enum, default_value_t = SyncArg::Fdatasync)]
-    journal_sync: SyncArg,
-    /// Journal file backend: page cache, or O_DIRECT.
-    #[arg(long, value_enum, default_value_t = BackendArg::Buffered)]
-    journal_backend: BackendArg,
-    /// Longest time a journal group waits for more records, in microseconds
-    /// (groups are written at once when the queue is empty).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
-    journal_group_wait_us: u64,
-    /// Adds queued for the journal at most; past it ADDs get TOO_MANY_REQUESTS.
-    #[arg(long, default_value_t = vela_bookie::journal::JOURNAL_QUEUE_DEPTH_MAX as u64,
-          value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
-    journal_queue_depth: u64,
-    /// Write cache budget in MiB (both halves); a flush starts at a quarter of it.
-    /// At least 11 (two maximal entries).
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(11..=1_048_576))]
-    write_cache_mb: u64,
-    /// Read cache budget in MiB.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
-    read_cache_mb: u64,
-    /// Checkpoint (flush the write cache to entry logs) at least this often, ms.
-    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
-    flush_interval_ms: u64,
-    /// Run storage garbage collection this often, seconds.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
-    gc_interval_s: u64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum SyncArg {
-    Fdatasync,
-    Off,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-enum BackendArg {
-    Buffered,
-    Direct,
+    /// Metadata store to register in (`etcd://host:2379[,host:port...]`,
+    /// `file:///dir`); without it the bookie does not register.
+    #[arg(long, value_name = "URL")]
+    metadata: Option<String>,
+    /// Id the bookie registers under (what ledger metadata records). Keep it
+    /// stable across restarts. Default: the advertised address.
+    #[arg(long, value_name = "ID")]
+    bookie_id: Option<String>,
+    /// `host:port` clients connect to. Default: the bound address and port.
+    #[arg(long, value_name = "HOST:PORT")]
+    advertised_address: Option<String>,
+    /// Rack (failure domain) label for placement.
+    #[arg(long, value_name = "RACK")]
+    rack: Option<String>,
+    #[command(flatten)]
+    storage: StorageArgs,
 }
 
 impl BookieArgs {
     fn config(&self) -> BookieConfig {
         let mut config = BookieConfig::new(&self.journal_dir, &self.ledger_dir);
-        config.journal.sync = match self.journal_sync {
-            SyncArg::Fdatasync => JournalSync::Fdatasync,
-            SyncArg::Off => JournalSync::Off,
-        };
-        config.journal.backend = match self.journal_backend {
-            BackendArg::Buffered => JournalBackendKind::Buffered,
-            BackendArg::Direct => JournalBackendKind::Direct,
-        };
-        config.journal.group_wait_max = Duration::from_micros(self.journal_group_wait_us);
-        // Range-checked by clap (1..=1_048_576): fits usize.
-        config.journal.queue_depth_max = self.journal_queue_depth as usize;
-        config.storage.write_cache_bytes_max = self.write_cache_mb << 20;
-        config.storage.flush_threshold_bytes = config.storage.write_cache_bytes_max / 4;
-        config.storage.read_cache_bytes_max = self.read_cache_mb << 20;
-        config.storage.read_ahead_bytes_max = config
-            .storage
-            .read_ahead_bytes_max
-            .min(config.storage.read_cache_bytes_max);
-        config.storage.flush_interval = Duration::from_millis(self.flush_interval_ms);
-        config.gc_interval = Duration::from_secs(self.gc_interval_s);
+        self.storage.apply(&mut config);
         config
     }
 }
@@ -128,7 +89,7 @@ pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
         .thread_name("vela-bookie-net")
         .build()
         .context("cannot start the tokio runtime")?;
-    let served = runtime.block_on(serve(addr, bookie.clone()));
+    let served = runtime.block_on(serve(&args, addr, bookie.clone()));
     // Outside the runtime: shutdown blocks on the journal threads.
     drop(runtime);
     bookie.shutdown();
@@ -144,41 +105,56 @@ pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
 }
 
 /// Serves until SIGINT, SIGTERM or a bookie failure.
-async fn serve(addr: SocketAddr, bookie: Arc<Bookie>) -> anyhow::Result<()> {
+async fn serve(args: &BookieArgs, addr: SocketAddr, bookie: Arc<Bookie>) -> anyhow::Result<()> {
     let server = Server::bind(addr, bookie.clone())
         .await
         .with_context(|| format!("cannot listen on {addr} (--bind, --port)"))?;
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot install the SIGTERM handler")?;
+    let mut signals = StopSignals::install()?;
     let local_addr = server.local_addr();
-    {
-        use std::io::Write;
-        let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "vela bookie listening on {local_addr}")
-            .context("cannot write to stdout")?;
-        stdout.flush().context("cannot write to stdout")?;
-    }
+    let registration = match &args.metadata {
+        None => None,
+        Some(url) => {
+            let store = vela_meta::open_store(url)
+                .await
+                .with_context(|| format!("cannot open the metadata store (--metadata {url})"))?;
+            let address = args
+                .advertised_address
+                .clone()
+                .unwrap_or_else(|| local_addr.to_string());
+            let id = BookieId::new(args.bookie_id.clone().unwrap_or_else(|| address.clone()))
+                .context("bad --bookie-id")?;
+            let info = BookieInfo {
+                address,
+                rack: args.rack.clone(),
+            };
+            // A previous process of this bookie may still be registered until
+            // its session expires.
+            let wait_max = REGISTRATION_TTL * 3;
+            Some(Registration::start(store, id, info, wait_max).await?)
+        }
+    };
+    announce(&format!("vela bookie listening on {local_addr}"))?;
     tracing::info!(%local_addr, "vela bookie serving");
+    // On stop, deregister first: clients stop picking this bookie before it
+    // closes its connections. (Dropping a registration closes it too.)
     let stop = async move {
         let mut failure_poll = tokio::time::interval(FAILURE_POLL_INTERVAL);
         loop {
             tokio::select! {
-                _ = tokio::signal::ctrl_c() => {
-                    tracing::info!("SIGINT: stopping");
-                    return;
-                }
-                _ = terminate.recv() => {
-                    tracing::info!("SIGTERM: stopping");
-                    return;
+                signal = signals.recv() => {
+                    tracing::info!("{signal}: stopping");
+                    break;
                 }
                 _ = failure_poll.tick() => {
                     if bookie.failure().is_some() {
-                        return;
+                        break;
                     }
                 }
             }
         }
+        if let Some(registration) = registration {
+            registration.close().await;
+        }
     };
-    server.run(stop).await.context("bookie server failed")?;
-    Ok(())
+    server.run(stop).await.context("bookie server failed")
 }

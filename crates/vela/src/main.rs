@@ -6,6 +6,10 @@
 //! naming the field, and the process exits with status 2.
 
 mod bookie_cmd;
+mod process;
+mod registration;
+mod standalone;
+mod storage_args;
 
 use clap::{Parser, Subcommand};
 
@@ -24,6 +28,9 @@ struct Cli {
 enum Command {
     /// Run a storage node (journal + ledger storage) serving the bookie protocol.
     Bookie(bookie_cmd::BookieArgs),
+    /// Run everything on one machine: embedded metadata, N bookies and a broker
+    /// in one process, listening on 127.0.0.1.
+    Standalone(standalone::StandaloneArgs),
 }
 
 fn main() {
@@ -31,6 +38,7 @@ fn main() {
     init_logging();
     let result = match cli.command {
         Command::Bookie(args) => bookie_cmd::run(args),
+        Command::Standalone(args) => standalone::run(args),
     };
     if let Err(error) = result {
         eprintln!("vela: {error:#}");

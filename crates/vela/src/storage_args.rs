@@ -1,0 +1,83 @@
+//! Bookie storage flags shared by `vela bookie` and `vela standalone`: the
+//! journal's durability and group commit, cache sizes, flush and gc periods.
+//!
+//! Owns: the flag names, their ranges (clap rejects a bad value naming the
+//! flag) and turning them into a `BookieConfig`'s journal and storage parts.
+
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use vela_bookie::bookie::BookieConfig;
+use vela_bookie::journal::{JournalBackendKind, JournalSync};
+
+/// Journal and ledger-storage tuning of a bookie.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct StorageArgs {
+    /// When an ADD is acknowledged: after fdatasync (survives power loss), or
+    /// `off`: after the write only (survives a crash of the bookie, not of the
+    /// machine).
+    #[arg(long, value_enum, default_value_t = SyncArg::Fdatasync)]
+    journal_sync: SyncArg,
+    /// Journal file backend: page cache, or O_DIRECT.
+    #[arg(long, value_enum, default_value_t = BackendArg::Buffered)]
+    journal_backend: BackendArg,
+    /// Longest time a journal group waits for more records, in microseconds
+    /// (groups are written at once when the queue is empty).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
+    journal_group_wait_us: u64,
+    /// Adds queued for the journal at most; past it ADDs get TOO_MANY_REQUESTS.
+    #[arg(long, default_value_t = vela_bookie::journal::JOURNAL_QUEUE_DEPTH_MAX as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    journal_queue_depth: u64,
+    /// Write cache budget in MiB (both halves); a flush starts at a quarter of it.
+    /// At least 11 (two maximal entries).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(11..=1_048_576))]
+    write_cache_mb: u64,
+    /// Read cache budget in MiB.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
+    read_cache_mb: u64,
+    /// Checkpoint (flush the write cache to entry logs) at least this often, ms.
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
+    flush_interval_ms: u64,
+    /// Run storage garbage collection this often, seconds.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    gc_interval_s: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum SyncArg {
+    Fdatasync,
+    Off,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    Buffered,
+    Direct,
+}
+
+impl StorageArgs {
+    /// Applies the flags to `config` (whose directories are already set).
+    pub(crate) fn apply(&self, config: &mut BookieConfig) {
+        config.journal.sync = match self.journal_sync {
+            SyncArg::Fdatasync => JournalSync::Fdatasync,
+            SyncArg::Off => JournalSync::Off,
+        };
+        config.journal.backend = match self.journal_backend {
+            BackendArg::Buffered => JournalBackendKind::Buffered,
+            BackendArg::Direct => JournalBackendKind::Direct,
+        };
+        config.journal.group_wait_max = Duration::from_micros(self.journal_group_wait_us);
+        // Range-checked by clap (1..=1_048_576): fits usize.
+        config.journal.queue_depth_max = self.journal_queue_depth as usize;
+        config.storage.write_cache_bytes_max = self.write_cache_mb << 20;
+        config.storage.flush_threshold_bytes = config.storage.write_cache_bytes_max / 4;
+        config.storage.read_cache_bytes_max = self.read_cache_mb << 20;
+        config.storage.read_ahead_bytes_max = config
+            .storage
+            .read_ahead_bytes_max
+            .min(config.storage.read_cache_bytes_max);
+        config.storage.flush_interval = Duration::from_millis(self.flush_interval_ms);
+        config.gc_interval = Duration::from_secs(self.gc_interval_s);
+    }
+}
