@@ -19,10 +19,12 @@ use bytes::{BufMut, Bytes, BytesMut};
 const HEADER_FIELDS_BYTES: usize = 32;
 /// Bytes before the payload: the header fields plus the CRC32C.
 pub const ENTRY_HEADER_BYTES: usize = HEADER_FIELDS_BYTES + 4;
-/// Largest packaged entry, header included. BookKeeper caps frames at 5 MiB, and
-/// Pulsar's default max message size (5 MiB) fits under it; the protocol's frame
-/// limit is this plus room for its own header.
-pub const ENTRY_BYTES_MAX: usize = 5 * 1024 * 1024;
+/// Largest packaged entry, header included: a Pulsar message of the default
+/// max size (5 MiB) plus its metadata (a broker frame may be 5 MiB + 10 KiB,
+/// as Pulsar sets BookKeeper's `nettyMaxFrameSizeBytes`), with room to spare.
+/// The protocol's frame limit is this plus room for its own header.
+pub const ENTRY_BYTES_MAX: usize = 5 * 1024 * 1024 + 32 * 1024;
+const _: () = assert!(ENTRY_BYTES_MAX <= crate::storage::ENTRY_PAYLOAD_BYTES_MAX as usize);
 /// Largest payload a packaged entry can carry.
 pub const ENTRY_PAYLOAD_BYTES_MAX: usize = ENTRY_BYTES_MAX - ENTRY_HEADER_BYTES;
 

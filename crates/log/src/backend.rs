@@ -114,6 +114,13 @@ pub trait LedgerBackend: Send + Sync + fmt::Debug {
 
     /// Deletes a ledger and its entries everywhere.
     fn delete(&self, ledger_id: u64) -> BoxFuture<'_, Result<(), LedgerBackendError>>;
+
+    /// Largest entry an appender accepts. Larger appends are refused by the
+    /// log before they reach the ledger (an add failing in the ledger would
+    /// stop the log's appends).
+    fn entry_bytes_max(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// The writer of one open ledger.

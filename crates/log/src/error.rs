@@ -20,6 +20,15 @@ pub enum LogError {
     /// Appends waiting for a new ledger exceed their byte bound.
     #[error("log {0}: too many appends waiting for a ledger rollover")]
     Overloaded(String),
+    /// An entry larger than the ledgers can store; refused before it is
+    /// issued (the log goes on).
+    #[error("entry of {len_bytes} bytes is over the {max_bytes}-byte limit of a ledger entry")]
+    EntryTooLarge {
+        /// Size of the refused entry.
+        len_bytes: usize,
+        /// The backend's limit.
+        max_bytes: usize,
+    },
     /// A cursor keeps too many individually acknowledged entries.
     #[error(
         "cursor {0}: too many individually acknowledged entries above the mark-delete position"

@@ -342,6 +342,14 @@ impl ManagedLog {
     /// append happens whether or not the future is polled.
     pub fn append(&self, data: Bytes) -> AppendFuture {
         let (done, receiver) = oneshot::channel();
+        let max_bytes = self.shared.env.ledgers.entry_bytes_max();
+        if data.len() > max_bytes {
+            let _ = done.send(Err(LogError::EntryTooLarge {
+                len_bytes: data.len(),
+                max_bytes,
+            }));
+            return AppendFuture(receiver);
+        }
         let _issuing = self.shared.issue_lock.lock();
         let appender = {
             let mut state = self.shared.state.lock();

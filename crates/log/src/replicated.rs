@@ -176,6 +176,10 @@ impl LedgerBackend for ReplicatedLedgers {
         })
     }
 
+    fn entry_bytes_max(&self) -> usize {
+        vela_ledger::ENTRY_PAYLOAD_BYTES_MAX
+    }
+
     fn delete(&self, ledger_id: u64) -> BoxFuture<'_, Result<(), LedgerBackendError>> {
         self.readers.lock().remove(&ledger_id);
         Box::pin(async move {

@@ -191,3 +191,21 @@ async fn appends_go_on_when_a_bookie_dies() {
     }
     assert_eq!(read_all(&log).await, (0..20).map(entry).collect::<Vec<_>>());
 }
+
+#[tokio::test]
+async fn an_entry_too_large_for_a_ledger_is_refused_and_the_log_goes_on() {
+    let cluster = Cluster::new(1).await;
+    let env = cluster.env(64);
+    let log = ManagedLog::open(&env, "t/ns/persistent/large", config(Persistence::SINGLE))
+        .await
+        .unwrap();
+    let too_large = Bytes::from(vec![7u8; vela_ledger::ENTRY_PAYLOAD_BYTES_MAX + 1]);
+    let refused = log.append(too_large).await;
+    assert!(
+        matches!(refused, Err(LogError::EntryTooLarge { .. })),
+        "{refused:?}"
+    );
+    let largest = Bytes::from(vec![8u8; vela_ledger::ENTRY_PAYLOAD_BYTES_MAX]);
+    log.append(largest.clone()).await.unwrap();
+    log.append(entry(1)).await.unwrap();
+}

@@ -37,6 +37,13 @@ use crate::process::{StopSignals, announce};
 use crate::registration::Registration;
 use crate::storage_args::StorageArgs;
 
+// Every message the broker accepts (its largest frame's payload section) fits
+// in one ledger entry: the log never has to refuse one.
+const _: () = assert!(
+    vela_broker::config::MAX_MESSAGE_SIZE_BYTES + vela_broker::config::FRAME_PADDING_BYTES
+        <= vela_ledger::ENTRY_PAYLOAD_BYTES_MAX
+);
+
 /// Bookies one standalone process runs at most.
 const BOOKIES_MAX: u8 = 16;
 
