@@ -274,7 +274,7 @@ def test_lookup_and_partitioned_metadata(broker):
 def test_keepalive_closes_a_silent_connection():
     from conftest import start_broker, stop_broker
 
-    b = start_broker(["--keepalive-ms", "500"])
+    b = start_broker(["--keepalive-s", "1"])
     try:
         sock = connect(b)
         # The broker pings; a client that never answers is closed after one round.
