@@ -30,10 +30,7 @@ fi
 # etcd-client and pulsar (dev-dependency) run protoc from their build scripts.
 export PROTOC="${PROTOC:-$(command -v protoc)}"
 
-if ! python3 -c 'import pulsar' >/dev/null 2>&1; then
-  step "installing the official Python client (pulsar-client)"
-  python3 -m pip install --quiet --disable-pip-version-check pulsar-client
-fi
+# Python packages of the official-client suite are installed by tests/python.sh.
 
 # --- checks ---------------------------------------------------------------------
 step "cargo fmt --check"
