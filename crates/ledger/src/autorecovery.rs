@@ -161,12 +161,13 @@ impl AutoRecovery {
     }
 
     /// Runs passes every `scan_interval` while this process holds the leader
-    /// key; waits for it otherwise. Returns when `stop` turns true.
+    /// key; waits for it otherwise. Returns when `stop` turns true or its
+    /// sender is dropped.
     pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
         let store = self.client.core().store.clone();
         loop {
             let session = tokio::select! {
-                _ = stop.wait_for(|stopped| *stopped) => return,
+                _ = until_stopped(&mut stop) => return,
                 leader = become_leader(&store) => leader,
             };
             let session = match session {
@@ -174,14 +175,14 @@ impl AutoRecovery {
                 Ok(None) => {
                     // Someone else leads; look again in a while.
                     tokio::select! {
-                        _ = stop.wait_for(|stopped| *stopped) => return,
+                        _ = until_stopped(&mut stop) => return,
                         _ = tokio::time::sleep(self.config.scan_interval.min(LEADER_TTL)) => continue,
                     }
                 }
                 Err(error) => {
                     tracing::warn!(%error, "auto-recovery cannot reach the metadata store");
                     tokio::select! {
-                        _ = stop.wait_for(|stopped| *stopped) => return,
+                        _ = until_stopped(&mut stop) => return,
                         _ = tokio::time::sleep(LEADER_TTL) => continue,
                     }
                 }
@@ -196,7 +197,7 @@ impl AutoRecovery {
                     Err(error) => tracing::warn!(%error, "auto-recovery pass failed"),
                 }
                 tokio::select! {
-                    _ = stop.wait_for(|stopped| *stopped) => {
+                    _ = until_stopped(&mut stop) => {
                         let _ = session.close().await;
                         return;
                     }
@@ -209,6 +210,12 @@ impl AutoRecovery {
             }
         }
     }
+}
+
+/// Resolves once `stop` is true or its sender is gone. Returns nothing, so no
+/// borrow of the watch value lives across an `.await` (keeps `run` `Send`).
+async fn until_stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|stopped| *stopped).await.map(|_| ());
 }
 
 /// Takes the leader key with a fresh session; `None` when another holds it.
