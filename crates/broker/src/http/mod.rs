@@ -271,9 +271,11 @@ async fn metrics(State(service): Shared) -> Response {
 }
 
 /// `GET /admin/v2/vela/write-path[?topic=T]`: count, mean and percentiles
-/// of each write-path stage (µs); with a topic, its own broker publish and
-/// storage write latencies are added (stages below the log are shared by
-/// every topic).
+/// of each write-path stage (µs), with the bucket counts (bounds in
+/// `bucket_bounds_us`, the last bucket is the overflow) so a caller can
+/// subtract two snapshots; with a topic, its own broker publish and storage
+/// write latencies come first (stages below the log are shared by every
+/// topic).
 async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<Response> {
     let mut rows = Vec::new();
     let mut add = |stage: &str, scope: &str, latency: &crate::metrics::LatencySnapshot| {
@@ -286,6 +288,7 @@ async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<
             "p50_us": latency.quantile_us(0.5),
             "p99_us": latency.quantile_us(0.99),
             "p999_us": latency.quantile_us(0.999),
+            "buckets": latency.buckets.to_vec(),
         }));
     };
     let topic = params.get("topic").filter(|t| !t.is_empty());
@@ -324,5 +327,10 @@ async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<
             add(stage.as_str(), &s.instance, &s.latency);
         }
     }
-    Ok(axum::Json(json!({ "topic": topic, "stages": rows })).into_response())
+    Ok(axum::Json(json!({
+        "topic": topic,
+        "bucket_bounds_us": crate::metrics::LATENCY_BOUNDS_US.to_vec(),
+        "stages": rows,
+    }))
+    .into_response())
 }
