@@ -568,7 +568,7 @@ impl Connection {
                         request_id,
                         producer_name: name,
                         last_sequence_id: Some(last_sequence_id),
-                        schema_version: None,
+                        schema_version: Some(Bytes::new()),
                         topic_epoch: None,
                         producer_ready: Some(true),
                     })
@@ -647,7 +647,13 @@ impl Connection {
             request_id: body.request_id,
             producer_name: name.clone(),
             last_sequence_id: Some(last_sequence_id),
-            schema_version: schema_version.map(schema::encode_version),
+            // The Java client reads schema_version unconditionally; the Java
+            // broker sends an empty one for a topic without schema.
+            schema_version: Some(
+                schema_version
+                    .map(schema::encode_version)
+                    .unwrap_or_default(),
+            ),
             topic_epoch: exclusive.then_some(0),
             producer_ready: Some(true),
         };

@@ -383,7 +383,7 @@ impl Topic {
                 request_id: waiter.request_id,
                 producer_name: waiter.name.clone(),
                 last_sequence_id: Some(self.last_sequence_id(&waiter.name)),
-                schema_version: None,
+                schema_version: Some(Bytes::new()),
                 topic_epoch: Some(0),
                 producer_ready: Some(true),
             });
@@ -709,7 +709,7 @@ impl Topic {
         }
         if self.subscription_names().iter().any(|n| n == name) {
             return Err(AdminError::Exists(format!(
-                "Subscription {name} already exists for topic {}",
+                "Subscription {name} for topic {}",
                 self.full_name
             )));
         }
