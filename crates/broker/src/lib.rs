@@ -39,6 +39,7 @@ mod error;
 mod http;
 pub mod key_shared;
 pub mod metrics;
+pub mod ownership;
 pub mod schema;
 mod service;
 pub mod stats;

@@ -144,6 +144,10 @@ impl LedgerClient {
         ))
     }
 
+    pub(crate) fn core(&self) -> &Arc<ClientCore> {
+        &self.core
+    }
+
     /// Figures of this client's writers and recoveries (for metrics).
     pub fn stats(&self) -> LedgerStats {
         self.core.stats.snapshot()

@@ -7,6 +7,7 @@
 
 mod admin_cmd;
 mod bookie_cmd;
+mod perf;
 mod process;
 mod registration;
 mod standalone;
@@ -36,6 +37,8 @@ enum Command {
     /// Run everything on one machine: embedded metadata, N bookies and a broker
     /// in one process, listening on 127.0.0.1.
     Standalone(standalone::StandaloneArgs),
+    /// Load generators (pulsar-perf's flags): produce, consume, disk.
+    Perf(perf::PerfArgs),
 }
 
 fn main() {
@@ -45,6 +48,7 @@ fn main() {
         Command::Admin(args) => admin_cmd::run(args),
         Command::Bookie(args) => bookie_cmd::run(args),
         Command::Standalone(args) => standalone::run(args),
+        Command::Perf(args) => perf::run(args),
     };
     if let Err(error) = result {
         eprintln!("vela: {error:#}");
