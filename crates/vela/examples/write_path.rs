@@ -9,7 +9,7 @@
 //! client-measured publish latency (target: within 10 %). It prints; it never
 //! asserts (DESIGN §9: benchmarks print figures).
 //!
-//! Usage (tests/write_path.sh starts a standalone and runs this):
+//! Usage (bench/write_path.sh starts a standalone and runs this):
 //! `cargo run --release -p vela --example write_path -- PULSAR_URL HTTP_URL [MESSAGES] [PAYLOAD_BYTES]`
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]

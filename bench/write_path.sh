@@ -4,7 +4,7 @@
 # write-path stage's mean/p50, the stage sum and its ratio to the measured
 # publish latency. A benchmark: prints figures, asserts nothing. Not part of
 # ./test.sh (its figures need a quiet machine).
-#   tests/write_path.sh [--release] [--bookies N] [--messages N] [--size BYTES]
+#   bench/write_path.sh [--release] [--bookies N] [--messages N] [--size BYTES]
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$ROOT"
