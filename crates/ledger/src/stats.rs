@@ -83,6 +83,12 @@ impl Stats {
         self.add_us.lock().saturating_record(us);
     }
 
+    /// A copy of the add-latency histogram (µs), for exporters that need its
+    /// whole distribution rather than a few percentiles.
+    pub(crate) fn add_histogram(&self) -> Histogram<u64> {
+        self.add_us.lock().clone()
+    }
+
     pub(crate) fn snapshot(&self) -> LedgerStats {
         let add_us = {
             let h = self.add_us.lock();
