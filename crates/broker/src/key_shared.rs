@@ -1,6 +1,6 @@
 //! Key_Shared routing: which consumer of a subscription gets a message key.
 //!
-//! Owns: the sticky-key hash (Murmur3-32, seed 0, masked to 31 bits, as the Java
+//! Owns: the sticky-key hash (`vela_wire::hash::murmur3_32_masked`, as the Java
 //! broker's `Murmur3_32Hash.makeHash`), the 65536-slot hash space, and the two
 //! selectors: AUTO_SPLIT (a new consumer takes the upper half of the largest
 //! range; a removed consumer's range goes to its neighbour) and STICKY (ranges
@@ -18,34 +18,9 @@ const _: () = assert!(HASH_RANGE_SIZE.is_power_of_two());
 /// Key used for messages without ordering key and partition key.
 pub const NONE_KEY: &[u8] = b"NONE_KEY";
 
-/// Murmur3 x86 32-bit, seed 0, then `& i32::MAX` (Java's `makeHash`).
+/// The sticky-key hash of a key (Java's `Murmur3_32Hash.makeHash`).
 pub fn sticky_key_hash(key: &[u8]) -> u32 {
-    const C1: u32 = 0xcc9e_2d51;
-    const C2: u32 = 0x1b87_3593;
-    fn mix_k1(k1: u32) -> u32 {
-        k1.wrapping_mul(C1).rotate_left(15).wrapping_mul(C2)
-    }
-    let mut h1: u32 = 0;
-    let mut chunks = key.chunks_exact(4);
-    for chunk in &mut chunks {
-        let k1 = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
-        h1 ^= mix_k1(k1);
-        h1 = h1.rotate_left(13).wrapping_mul(5).wrapping_add(0xe654_6b64);
-    }
-    let mut k1: u32 = 0;
-    for (i, byte) in chunks.remainder().iter().enumerate() {
-        k1 ^= u32::from(*byte) << (i * 8);
-    }
-    h1 ^= mix_k1(k1);
-    // The length is mixed in as a Java int: truncation of absurd lengths is
-    // what Java does too.
-    h1 ^= key.len() as u32;
-    h1 ^= h1 >> 16;
-    h1 = h1.wrapping_mul(0x85eb_ca6b);
-    h1 ^= h1 >> 13;
-    h1 = h1.wrapping_mul(0xc2b2_ae35);
-    h1 ^= h1 >> 16;
-    h1 & 0x7fff_ffff
+    vela_wire::hash::murmur3_32_masked(key)
 }
 
 /// The slot of a key in `0..HASH_RANGE_SIZE`.
@@ -215,15 +190,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn murmur3_matches_reference_vectors() {
-        // MurmurHash3_x86_32 reference values with seed 0, masked to 31 bits.
-        assert_eq!(sticky_key_hash(b""), 0);
-        assert_eq!(sticky_key_hash(b"hello"), 0x248b_fa47 & 0x7fff_ffff);
-        assert_eq!(sticky_key_hash(b"Hello, world!"), 0xc036_3e43 & 0x7fff_ffff);
-        assert_eq!(
-            sticky_key_hash(b"The quick brown fox jumps over the lazy dog"),
-            0x2e4f_f723 & 0x7fff_ffff
-        );
+    fn none_key_has_a_slot() {
         assert!(slot_of(NONE_KEY) < HASH_RANGE_SIZE);
     }
 

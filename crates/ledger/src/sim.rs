@@ -45,6 +45,9 @@ pub struct SimFaults {
     pub sync_delay: Duration,
     /// Requests answered with `BookieError::Io` without effect.
     pub error_per_mille: u32,
+    /// Requests refused with `BookieError::TooManyRequests` without effect
+    /// (a full journal queue or write cache: back-pressure).
+    pub overloaded_per_mille: u32,
     /// Requests lost on the way in: no effect, no answer.
     pub drop_request_per_mille: u32,
     /// Answers lost on the way out: the request took effect, no answer.
@@ -58,6 +61,7 @@ impl Default for SimFaults {
             delay_max: Duration::from_micros(200),
             sync_delay: Duration::from_micros(100),
             error_per_mille: 0,
+            overloaded_per_mille: 0,
             drop_request_per_mille: 0,
             drop_response_per_mille: 0,
         }
@@ -114,6 +118,7 @@ struct Plan {
     delay_out: Duration,
     sync_delay: Duration,
     error: bool,
+    overloaded: bool,
     drop_request: bool,
     drop_response: bool,
 }
@@ -241,6 +246,7 @@ impl SimCluster {
             delay_out,
             sync_delay: faults.sync_delay,
             error: chance(faults.error_per_mille),
+            overloaded: chance(faults.overloaded_per_mille),
             drop_request: chance(faults.drop_request_per_mille),
             drop_response: chance(faults.drop_response_per_mille),
         }
@@ -270,6 +276,7 @@ impl SimCluster {
                     None => Err(BookieError::UnknownBookie(bookie.0.clone())),
                     Some(b) if !b.alive => Err(BookieError::ConnectionLost("refused".into())),
                     Some(_) if plan.error => Err(BookieError::Io("injected error".into())),
+                    Some(_) if plan.overloaded => Err(BookieError::TooManyRequests),
                     Some(b) => work(b).map(|answer| (answer, b.epoch)),
                 }
             };

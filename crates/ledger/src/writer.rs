@@ -69,6 +69,12 @@ const ENSEMBLE_CHANGE_BACKOFF_MAX: std::time::Duration = std::time::Duration::fr
 /// registration expires (metadata sessions time out in ~30 s).
 const BOOKIE_QUARANTINE: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Pause before asking an overloaded bookie (TOO_MANY_REQUESTS) again; grows
+/// with the add's age up to the max, so a bookie that stays full is asked
+/// about 20 times a second until the add timeout makes it a failure.
+const OVERLOAD_RETRY_DELAY_MIN: std::time::Duration = std::time::Duration::from_millis(1);
+const OVERLOAD_RETRY_DELAY_MAX: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Published by the writer task for `LedgerWriter::last_add_confirmed`.
 const LAC_NONE: u64 = u64::MAX;
 
@@ -545,6 +551,7 @@ impl WriterTask {
                 }
             }
             Err(BookieError::Fenced) => self.fail(LedgerError::Fenced(self.ledger_id)),
+            Err(BookieError::TooManyRequests) if self.retry_when_overloaded(&response) => {}
             Err(error) => {
                 tracing::warn!(
                     ledger = %self.ledger_id, entry = %response.entry_id, bookie = %response.bookie,
@@ -553,6 +560,57 @@ impl WriterTask {
                 self.failed_indices.insert(response.index);
             }
         }
+    }
+
+    /// A bookie refused an add for lack of room (journal queue or write cache
+    /// full): back-pressure, not a failure. Asks the same bookie again after a
+    /// pause that grows with the add's age, until the add timeout; then (or if
+    /// the add is settled already) returns `false` to treat it as a failure.
+    fn retry_when_overloaded(&mut self, response: &Response) -> bool {
+        let timeout = self.core.config.add_timeout;
+        let Some(pending) = self.pending_entry(response.entry_id) else {
+            // Acknowledged already (by others of its write set): nothing to do.
+            return true;
+        };
+        let waited = pending.submitted_at.elapsed();
+        if waited >= timeout {
+            return false;
+        }
+        let packaged = pending.packaged.clone();
+        let delay = (waited / 8).clamp(OVERLOAD_RETRY_DELAY_MIN, OVERLOAD_RETRY_DELAY_MAX);
+        let (core, ledger_id, entry_id, index) = (
+            self.core.clone(),
+            self.ledger_id,
+            response.entry_id,
+            response.index,
+        );
+        let bookie = response.bookie.clone();
+        self.inflight.spawn(async move {
+            tokio::time::sleep(delay).await;
+            let request =
+                core.transport
+                    .add(&bookie, ledger_id, entry_id, packaged, AddMode::Normal);
+            let result = match tokio::time::timeout(timeout, request).await {
+                Ok(result) => result,
+                Err(_) => Err(BookieError::Timeout),
+            };
+            Response {
+                entry_id,
+                index,
+                bookie,
+                result,
+            }
+        });
+        true
+    }
+
+    /// The pending add of `entry_id`, if not acknowledged yet.
+    fn pending_entry(&self, entry_id: EntryId) -> Option<&PendingEntry> {
+        let front = self.pending.front()?;
+        let offset = entry_id.0.checked_sub(front.entry_id.0)?;
+        let pending = self.pending.get(usize::try_from(offset).ok()?)?;
+        debug_assert_eq!(pending.entry_id, entry_id);
+        Some(pending)
     }
 
     /// Acknowledges adds in order while the head has Qa acks.

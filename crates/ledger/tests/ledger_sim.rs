@@ -805,3 +805,59 @@ async fn unavailable_metadata_store_during_cas_is_ridden_out() {
         assert_eq!(reader.last_readable(), Some(EntryId(2)));
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn an_overloaded_bookie_slows_adds_down_without_an_ensemble_change() {
+    // One bookie refusing half the adds with TOO_MANY_REQUESTS: back-pressure.
+    // With no spare bookie, treating it as a failure would fail the writer.
+    let h = Harness::new(5, 1).await;
+    h.cluster.set_faults(
+        &h.bookies[0],
+        SimFaults {
+            overloaded_per_mille: 500,
+            ..SimFaults::default()
+        },
+    );
+    let writer = h
+        .client()
+        .create(quorum(1, 1, 1), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    let mut pending = Vec::new();
+    for e in 0..200 {
+        pending.push(writer.submit(payload(id, e)).await.unwrap());
+    }
+    for (e, add) in pending.into_iter().enumerate() {
+        assert_eq!(add.await.unwrap(), EntryId(e as u64));
+    }
+    let closed = writer.close().await.unwrap();
+    assert_eq!(closed.ensembles.len(), 1, "no ensemble change");
+    h.cluster.set_faults(&h.bookies[0], SimFaults::default());
+    let reader = h.client().open_for_read(id).await.unwrap();
+    assert_eq!(read_all(&reader).await.len(), 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bookie_overloaded_past_the_add_timeout_is_replaced() {
+    let h = Harness::new(6, 2).await;
+    let writer = h
+        .client()
+        .create(quorum(1, 1, 1), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    let first = h.client().metadata(id).await.unwrap().last_ensemble().1[0].clone();
+    h.cluster.set_faults(
+        &first,
+        SimFaults {
+            overloaded_per_mille: 1000,
+            ..SimFaults::default()
+        },
+    );
+    assert_eq!(writer.add(payload(id, 0)).await.unwrap(), EntryId(0));
+    // Nothing was acknowledged before the change, so the new ensemble
+    // replaces the first one from entry 0.
+    let metadata = h.client().metadata(id).await.unwrap();
+    assert_ne!(metadata.last_ensemble().1[0], first);
+}

@@ -322,6 +322,9 @@ fn random_faults(rng: &mut StdRng, profile: Profile) -> SimFaults {
     }
     if profile.errors && rng.random_bool(0.5) {
         faults.error_per_mille = rng.random_range(0..300);
+        if rng.random_bool(0.5) {
+            faults.overloaded_per_mille = rng.random_range(0..300);
+        }
     }
     faults
 }

@@ -6,6 +6,7 @@
 //! naming the field, and the process exits with status 2.
 
 mod bookie_cmd;
+mod perf;
 mod process;
 mod registration;
 mod standalone;
@@ -31,6 +32,8 @@ enum Command {
     /// Run everything on one machine: embedded metadata, N bookies and a broker
     /// in one process, listening on 127.0.0.1.
     Standalone(standalone::StandaloneArgs),
+    /// Load generators (pulsar-perf's flags): produce, consume, disk.
+    Perf(perf::PerfArgs),
 }
 
 fn main() {
@@ -39,6 +42,7 @@ fn main() {
     let result = match cli.command {
         Command::Bookie(args) => bookie_cmd::run(args),
         Command::Standalone(args) => standalone::run(args),
+        Command::Perf(args) => perf::run(args),
     };
     if let Err(error) = result {
         eprintln!("vela: {error:#}");

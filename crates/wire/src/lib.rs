@@ -22,6 +22,7 @@
 //! - `metadata`: [`MetadataSummary`], an allocation-free scan of the
 //!   MessageMetadata fields the broker reads per message.
 //! - `batch`, `compression`: the batch payload format and the five codecs.
+//! - `hash`: the key hash (partition routing, Key_Shared slots).
 //!
 //! Error policy for a server: after [`WireError::ChecksumMismatch`] answer
 //! SEND_ERROR(ChecksumError) with the command it carries and keep reading;
@@ -33,6 +34,7 @@ pub mod command;
 pub mod compression;
 mod error;
 pub mod frame;
+pub mod hash;
 pub mod metadata;
 
 /// Prost types generated from `proto/pulsar.proto` (package `pulsar.proto`).
