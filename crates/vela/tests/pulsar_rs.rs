@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use futures::StreamExt;
-use pulsar::compression::{Compression, CompressionLz4};
+use pulsar::compression::{Compression, CompressionSnappy, CompressionZstd};
 use pulsar::consumer::{DeadLetterPolicy, InitialPosition, Message};
 use pulsar::proto::CompressionType;
 use pulsar::routing_policy::RoutingPolicy;
@@ -252,7 +252,8 @@ async fn produce_consume_in_order(name: &str, options: ProducerOptions) {
     let topic = topic(name);
     let batched = options.batch_size.is_some();
     let compression = match options.compression {
-        Some(Compression::Lz4(_)) => CompressionType::Lz4,
+        Some(Compression::Zstd(_)) => CompressionType::Zstd,
+        Some(Compression::Snappy(_)) => CompressionType::Snappy,
         _ => CompressionType::None,
     };
     let mut consumer = subscribe(&client, &topic, "sub", SubType::Exclusive).await;
@@ -301,10 +302,6 @@ async fn produce_consume_in_order(name: &str, options: ProducerOptions) {
     producer.close().await.unwrap();
 }
 
-fn lz4() -> Option<Compression> {
-    Some(Compression::Lz4(CompressionLz4::default()))
-}
-
 #[tokio::test]
 async fn produce_consume_in_order_unbatched() {
     produce_consume_in_order("unbatched", ProducerOptions::default()).await;
@@ -320,22 +317,22 @@ async fn produce_consume_in_order_batched() {
 }
 
 #[tokio::test]
-async fn produce_consume_in_order_lz4() {
+async fn produce_consume_in_order_zstd() {
     let options = ProducerOptions {
-        compression: lz4(),
+        compression: Some(Compression::Zstd(CompressionZstd::default())),
         ..Default::default()
     };
-    produce_consume_in_order("lz4", options).await;
+    produce_consume_in_order("zstd", options).await;
 }
 
 #[tokio::test]
-async fn produce_consume_in_order_batched_lz4() {
+async fn produce_consume_in_order_batched_snappy() {
     let options = ProducerOptions {
         batch_size: Some(BATCH_MESSAGES),
-        compression: lz4(),
+        compression: Some(Compression::Snappy(CompressionSnappy::default())),
         ..Default::default()
     };
-    produce_consume_in_order("batched-lz4", options).await;
+    produce_consume_in_order("batched-snappy", options).await;
 }
 
 /// A cumulative ack covers everything up to the acked message: a new
