@@ -119,6 +119,15 @@ pub struct BookieStats {
     pub storage: StorageStats,
 }
 
+/// Latency distributions of the bookie's write-path stages (µs).
+#[derive(Debug, Clone)]
+pub struct BookieHistograms {
+    /// `Bookie::add` to durable completion, per accepted add.
+    pub add_us: Histogram<u64>,
+    /// Journal stages (per group or per fdatasync).
+    pub journal: crate::journal::JournalHistograms,
+}
+
 /// A storage node. `Send + Sync`: share it in an `Arc`.
 #[derive(Debug)]
 pub struct Bookie {
@@ -424,6 +433,15 @@ impl Bookie {
             checkpoint_us: summary(&lock(&self.sync.checkpoint_latency)),
             journal: self.journal.stats(),
             storage: self.storage.stats(),
+        }
+    }
+
+    /// Whole latency distributions (µs) of the bookie's write-path stages
+    /// since it opened: copies for metrics exporters (take them per scrape).
+    pub fn latency_histograms(&self) -> BookieHistograms {
+        BookieHistograms {
+            add_us: lock(&self.add_latency).clone(),
+            journal: self.journal.latency_histograms(),
         }
     }
 

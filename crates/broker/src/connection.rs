@@ -65,7 +65,10 @@ enum ReceiptJob {
         sequence_id: u64,
         highest_sequence_id: u64,
         received: Instant,
+        /// When the append was issued (storage write latency starts).
+        issued: Instant,
         append: AppendFuture,
+        topic_metrics: Arc<crate::metrics::TopicMetrics>,
         _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     },
     Duplicate {
@@ -565,7 +568,7 @@ impl Connection {
                         request_id,
                         producer_name: name,
                         last_sequence_id: Some(last_sequence_id),
-                        schema_version: None,
+                        schema_version: Some(Bytes::new()),
                         topic_epoch: None,
                         producer_ready: Some(true),
                     })
@@ -644,7 +647,13 @@ impl Connection {
             request_id: body.request_id,
             producer_name: name.clone(),
             last_sequence_id: Some(last_sequence_id),
-            schema_version: schema_version.map(schema::encode_version),
+            // The Java client reads schema_version unconditionally; the Java
+            // broker sends an empty one for a topic without schema.
+            schema_version: Some(
+                schema_version
+                    .map(schema::encode_version)
+                    .unwrap_or_default(),
+            ),
             topic_epoch: exclusive.then_some(0),
             producer_ready: Some(true),
         };
@@ -724,9 +733,11 @@ impl Connection {
                 sequence_id,
                 highest_sequence_id,
                 received,
+                issued: Instant::now(),
                 append: producer
                     .topic
                     .publish(entry, body.num_messages.unwrap_or(1).max(1) as u32),
+                topic_metrics: Arc::clone(&producer.topic.metrics),
                 _permits: (send_permit, bytes_permit),
             },
         };
@@ -1222,11 +1233,19 @@ async fn receipt_loop(
                 sequence_id,
                 highest_sequence_id,
                 received,
+                issued,
                 append,
+                topic_metrics,
                 _permits,
             } => match append.await {
                 Ok(position) => {
-                    metrics.publish_latency.record(received.elapsed());
+                    let durable = Instant::now();
+                    topic_metrics
+                        .storage_write_latency
+                        .record(durable.saturating_duration_since(issued));
+                    let publish = durable.saturating_duration_since(received);
+                    metrics.publish_latency.record(publish);
+                    topic_metrics.publish_latency.record(publish);
                     receipt(
                         producer_id,
                         sequence_id,

@@ -58,9 +58,11 @@ impl From<AdminError> for ServiceError {
     fn from(e: AdminError) -> Self {
         let code = match &e {
             AdminError::NotFound(_) => ServerError::TopicNotFound,
-            AdminError::Invalid(_) => ServerError::InvalidTopicName,
-            AdminError::Exists(_) => ServerError::NotAllowedError,
+            AdminError::Invalid(_) | AdminError::BadRequest(_) => ServerError::InvalidTopicName,
+            AdminError::Exists(_) | AdminError::NotAllowed(_) => ServerError::NotAllowedError,
+            AdminError::Busy(_) => ServerError::ConsumerBusy,
             AdminError::Meta(_) | AdminError::Corrupt { .. } => ServerError::MetadataError,
+            AdminError::Service(service) => return service.clone(),
         };
         ServiceError::new(code, e.to_string())
     }

@@ -4,7 +4,8 @@
 //! Owns: the TCP listener and connections (`connection`), the topics being
 //! served (`service`, `topic`), subscriptions and dispatch (`subscription`,
 //! `key_shared`), statistics snapshots (`stats`), broker metrics
-//! (`metrics`), tenants/namespaces/partitioned metadata (`admin`), schemas
+//! (`metrics`), tenants/namespaces/partitioned metadata and their REST JSON
+//! (`admin`), the HTTP admin API, lookup and `/metrics` (`http`), schemas
 //! (`schema`) and topic names (`topic_name`). Frames are decoded and encoded
 //! by `vela-wire` behind the small `codec` seam.
 //! Never: stores entries itself (`vela-log` does), unpacks a client's batch on
@@ -38,6 +39,7 @@ mod error;
 mod http;
 pub mod key_shared;
 pub mod metrics;
+pub mod ownership;
 pub mod schema;
 mod service;
 pub mod stats;
@@ -58,6 +60,7 @@ pub use admin::{Admin, AdminError, NamespacePolicies};
 pub use config::{BrokerConfig, ConnectionLimits, PersistenceConfig};
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
+pub use metrics::{LatencySnapshot, Stage, StageLatency, WritePathSource};
 pub use stats::{ConsumerStats, PublisherStats, SubscriptionStats, TopicStats};
 pub use topic_name::{NamespaceName, TopicName};
 
@@ -139,6 +142,21 @@ impl BrokerHandle {
             .create_partitioned_topic(&name, partitions)
             .await?;
         Ok(())
+    }
+
+    /// Registers a source of write-path stages below the broker (the ledger
+    /// client's adds, the bookies' adds and journal stages) for `/metrics`
+    /// and the write-path breakdown. At most `metrics::WRITE_PATH_SOURCES_MAX`.
+    pub fn add_write_path_source(
+        &self,
+        source: Arc<dyn metrics::WritePathSource>,
+    ) -> Result<(), BrokerError> {
+        Ok(self.service.add_write_path_source(source)?)
+    }
+
+    /// Every write-path stage now: broker publish, then the registered sources'.
+    pub fn write_path(&self) -> Vec<metrics::StageLatency> {
+        self.service.write_path()
     }
 
     /// Broker-wide metrics (publish latency histogram, connections, send errors).

@@ -17,9 +17,10 @@ use vela_log::{LogConfig, LogEnv, ManagedLog, Persistence};
 use vela_meta::MetadataStore;
 use vela_wire::proto::ServerError;
 
-use crate::admin::Admin;
+use crate::admin::{Admin, NamespacePolicies};
 use crate::config::{BrokerConfig, CLUSTER_NAME};
 use crate::error::ServiceError;
+use crate::metrics::{Stage, StageLatency, WritePathSource};
 use crate::schema::SchemaRegistry;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};
@@ -46,6 +47,10 @@ pub(crate) struct Service {
     pub(crate) advertised_url: String,
     /// Broker-wide counters and histograms.
     pub(crate) metrics: crate::metrics::BrokerMetrics,
+    /// `http://host:port` of the HTTP listener, once started (lookups).
+    pub(crate) http_url: std::sync::OnceLock<String>,
+    /// Write-path stages below the broker (ledger client, bookies).
+    pub(crate) write_path_sources: Mutex<Vec<Arc<dyn WritePathSource>>>,
     topics: Mutex<HashMap<String, TopicCell>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
@@ -66,6 +71,8 @@ impl Service {
             log_env,
             advertised_url,
             metrics: crate::metrics::BrokerMetrics::default(),
+            http_url: std::sync::OnceLock::new(),
+            write_path_sources: Mutex::new(Vec::new()),
             topics: Mutex::new(HashMap::new()),
             producer_names: AtomicU64::new(0),
             conn_ids: AtomicU64::new(1),
@@ -268,6 +275,66 @@ impl Service {
         self.admin.unregister_topic(topic).await?;
         tracing::info!(topic = %full_name, "topic deleted");
         Ok(())
+    }
+
+    /// Applies a namespace's (new) policies to its served topics: the
+    /// persistence reaches each topic's next ledger (the open one keeps its
+    /// replication, as in Pulsar). Deduplication changes apply when a topic
+    /// next opens.
+    pub(crate) fn apply_policies(
+        &self,
+        ns: &crate::topic_name::NamespaceName,
+        policies: &NamespacePolicies,
+    ) {
+        let persistence = policies.persistence_or(self.config.default_persistence);
+        let served: Vec<Arc<Topic>> = self
+            .topics
+            .lock()
+            .values()
+            .filter_map(|c| c.get().cloned())
+            .filter(|t| t.name.namespace == *ns)
+            .collect();
+        for topic in served {
+            let result = topic.log.set_persistence(Persistence {
+                ensemble: persistence.ensemble,
+                write_quorum: persistence.write_quorum,
+                ack_quorum: persistence.ack_quorum,
+            });
+            if let Err(error) = result {
+                tracing::warn!(topic = %topic.full_name, %error, "persistence not applied");
+            }
+        }
+    }
+
+    /// Registers a source of write-path stages (ledger client, bookies).
+    pub(crate) fn add_write_path_source(
+        &self,
+        source: Arc<dyn WritePathSource>,
+    ) -> Result<(), ServiceError> {
+        let mut sources = self.write_path_sources.lock();
+        if sources.len() >= crate::metrics::WRITE_PATH_SOURCES_MAX {
+            return Err(ServiceError::new(
+                ServerError::NotAllowedError,
+                "WRITE_PATH_SOURCES_MAX sources are registered",
+            ));
+        }
+        sources.push(source);
+        Ok(())
+    }
+
+    /// Every write-path stage: the broker's publish latency, then the
+    /// registered sources' stages.
+    pub(crate) fn write_path(&self) -> Vec<StageLatency> {
+        let mut stages = vec![StageLatency {
+            stage: Stage::BrokerPublish,
+            instance: "broker".to_string(),
+            latency: self.metrics.publish_latency.snapshot(),
+        }];
+        let sources: Vec<Arc<dyn WritePathSource>> = self.write_path_sources.lock().clone();
+        for source in sources {
+            stages.extend(source.stages());
+        }
+        stages
     }
 
     /// Closes every topic (shutdown).

@@ -1,11 +1,56 @@
 //! Point-in-time statistics of served topics, for the admin API and metrics.
 //!
 //! Owns: the public, plain-data shapes ([`TopicStats`], [`PublisherStats`],
-//! [`SubscriptionStats`], [`ConsumerStats`]). Counters are totals since the
-//! topic was opened on this broker; rates are left to the caller (difference
-//! of two snapshots). Never: serializes (the HTTP layer maps these to
-//! Pulsar's JSON) or blocks a connection (a snapshot asks each subscription
-//! task once).
+//! [`SubscriptionStats`], [`ConsumerStats`]) and the [`RateMeter`] that turns
+//! counters into rates. Counters are totals since the topic was opened on
+//! this broker; rates are per second over the time since the previous
+//! snapshot (at least [`RATE_WINDOW_MIN`]; a snapshot taken sooner repeats
+//! the last rates). Never: serializes (the HTTP layer maps these to Pulsar's
+//! JSON) or blocks a connection (a snapshot asks each subscription task once).
+
+use std::time::{Duration, Instant};
+
+use vela_log::Position;
+
+use crate::metrics::LatencySnapshot;
+
+/// Shortest interval rates are computed over (two scrapes closer than this
+/// share the same rates instead of dividing by a tiny interval).
+pub const RATE_WINDOW_MIN: Duration = Duration::from_secs(1);
+
+/// Per-second rates of `N` counters over the time between two reads.
+#[derive(Debug, Clone)]
+pub struct RateMeter<const N: usize> {
+    last_at: Instant,
+    last: [u64; N],
+    rates: [f64; N],
+}
+
+impl<const N: usize> RateMeter<N> {
+    /// A meter starting from these counter values now.
+    pub fn new(counters: [u64; N]) -> RateMeter<N> {
+        RateMeter {
+            last_at: Instant::now(),
+            last: counters,
+            rates: [0.0; N],
+        }
+    }
+
+    /// Rates since the previous read (recomputed when at least
+    /// `RATE_WINDOW_MIN` passed, else the previous rates).
+    pub fn rates(&mut self, now: Instant, counters: [u64; N]) -> [f64; N] {
+        let elapsed = now.saturating_duration_since(self.last_at);
+        if elapsed >= RATE_WINDOW_MIN {
+            let seconds = elapsed.as_secs_f64();
+            for ((rate, now), before) in self.rates.iter_mut().zip(counters).zip(self.last) {
+                *rate = now.saturating_sub(before) as f64 / seconds;
+            }
+            self.last = counters;
+            self.last_at = now;
+        }
+        self.rates
+    }
+}
 
 /// One topic.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -26,6 +71,20 @@ pub struct TopicStats {
     pub storage_size_bytes: u64,
     /// Ledgers of the log.
     pub ledgers: usize,
+    /// Messages published per second.
+    pub msg_rate_in: f64,
+    /// Bytes published per second.
+    pub msg_throughput_in: f64,
+    /// Messages delivered per second, all subscriptions.
+    pub msg_rate_out: f64,
+    /// Bytes delivered per second, all subscriptions.
+    pub msg_throughput_out: f64,
+    /// Producer deduplication is on.
+    pub deduplication_enabled: bool,
+    /// SEND received → receipt queued, on this topic.
+    pub publish_latency: LatencySnapshot,
+    /// Append issued → durable, on this topic.
+    pub storage_write_latency: LatencySnapshot,
     /// Producers attached.
     pub publishers: Vec<PublisherStats>,
     /// Subscriptions, by name.
@@ -66,6 +125,18 @@ pub struct SubscriptionStats {
     pub bytes_out_counter: u64,
     /// Redelivered entries (nacks, closes, ack timeouts).
     pub msg_redeliver_counter: u64,
+    /// Messages delivered per second.
+    pub msg_rate_out: f64,
+    /// Bytes delivered per second.
+    pub msg_throughput_out: f64,
+    /// Entries redelivered per second.
+    pub msg_rate_redeliver: f64,
+    /// Entries acknowledged by message expiry (admin expire, TTL).
+    pub msg_expired_counter: u64,
+    /// Everything at or before it is acknowledged.
+    pub mark_delete: Option<Position>,
+    /// Next position the dispatcher reads.
+    pub read_position: Option<Position>,
     /// Consumers attached.
     pub consumers: Vec<ConsumerStats>,
 }

@@ -204,6 +204,17 @@ pub(crate) enum SubCommand {
         /// Snapshot.
         reply: oneshot::Sender<crate::stats::SubscriptionStats>,
     },
+    /// Admin skip / expire / clear-backlog: acknowledge everything up to
+    /// `position` (consumers stay attached; entries out to them at or before
+    /// it are forgotten).
+    AckUpTo {
+        /// Last position acknowledged.
+        position: Position,
+        /// Count the entries acknowledged as expired (stats).
+        expired: bool,
+        /// Outcome.
+        reply: oneshot::Sender<Result<(), ServiceError>>,
+    },
     /// The mark-delete position (GET_LAST_MESSAGE_ID).
     MarkDelete {
         /// Position.
@@ -488,6 +499,8 @@ pub(crate) fn spawn(
         redelivered: 0,
         delayed: BTreeSet::new(),
         read_retry_at: None,
+        expired: 0,
+        rates: crate::stats::RateMeter::new([0; 3]),
     };
     tokio::spawn(dispatcher.run(rx, on_end));
     handle
@@ -519,6 +532,10 @@ struct Dispatcher {
     delayed: BTreeSet<(u64, Position)>,
     /// When to dispatch again after a failed log read.
     read_retry_at: Option<tokio::time::Instant>,
+    /// Entries acknowledged by message expiry.
+    expired: u64,
+    /// msg_out, bytes_out, redelivered → rates.
+    rates: crate::stats::RateMeter<3>,
 }
 
 enum Route {
@@ -651,6 +668,14 @@ impl Dispatcher {
             SubCommand::SubStats { reply } => {
                 let _ = reply.send(self.stats());
             }
+            SubCommand::AckUpTo {
+                position,
+                expired,
+                reply,
+            } => {
+                let result = self.ack_up_to(position, expired);
+                let _ = reply.send(result);
+            }
             SubCommand::MarkDelete { reply } => {
                 let _ = reply.send(self.acks.mark_delete());
             }
@@ -663,7 +688,36 @@ impl Dispatcher {
         Flow::Continue
     }
 
-    fn stats(&self) -> crate::stats::SubscriptionStats {
+    /// Acknowledges everything up to `position` (admin skip/expire).
+    fn ack_up_to(&mut self, position: Position, expired: bool) -> Result<(), ServiceError> {
+        let backlog_before = self.acks.backlog(&self.log);
+        self.acks
+            .ack_cumulative(&self.log, position)
+            .map_err(ServiceError::from)?;
+        let done: Vec<Position> = self.pending.range(..=position).map(|(p, _)| *p).collect();
+        for p in done {
+            self.forget(p);
+        }
+        let above = Position::new(position.ledger_id, position.entry_id.saturating_add(1));
+        self.replay = self.replay.split_off(&above);
+        self.delayed.retain(|(_, p)| *p > position);
+        self.redelivery.retain(|p, _| *p > position);
+        if self.read_position <= position {
+            self.read_position = self.log.next_position(position);
+        }
+        if expired {
+            let backlog_after = self.acks.backlog(&self.log);
+            self.expired += backlog_before.saturating_sub(backlog_after);
+        }
+        self.caught_up = false;
+        Ok(())
+    }
+
+    fn stats(&mut self) -> crate::stats::SubscriptionStats {
+        let [msg_rate_out, msg_throughput_out, msg_rate_redeliver] = self.rates.rates(
+            std::time::Instant::now(),
+            [self.msg_out, self.bytes_out, self.redelivered],
+        );
         let sub_type = match self.sub_type {
             SubType::Exclusive => "Exclusive",
             SubType::Shared => "Shared",
@@ -679,6 +733,12 @@ impl Dispatcher {
             msg_out_counter: self.msg_out,
             bytes_out_counter: self.bytes_out,
             msg_redeliver_counter: self.redelivered,
+            msg_rate_out,
+            msg_throughput_out,
+            msg_rate_redeliver,
+            msg_expired_counter: self.expired,
+            mark_delete: self.acks.mark_delete(),
+            read_position: Some(self.read_position),
             consumers: self
                 .consumers
                 .iter()
@@ -1001,36 +1061,7 @@ impl Dispatcher {
     }
 
     async fn seek(&mut self, target: SeekTarget) -> Result<(), ServiceError> {
-        let next = match target {
-            SeekTarget::MessageId {
-                ledger_id,
-                entry_id,
-            } => {
-                let earliest = ledger_id == u64::MAX && entry_id == u64::MAX;
-                let latest = ledger_id == i64::MAX as u64 && entry_id == i64::MAX as u64;
-                if earliest {
-                    Position::new(0, 0)
-                } else if latest {
-                    match self.log.last_confirmed() {
-                        Some(last) => self.log.next_position(last),
-                        None => Position::new(0, 0),
-                    }
-                } else {
-                    Position::new(ledger_id, entry_id)
-                }
-            }
-            SeekTarget::PublishTime(time_ms) => self.find_by_publish_time(time_ms).await?,
-        };
-        let next = match self.log.first_position() {
-            Some(first) if next < first => first,
-            _ => next,
-        };
-        // Never past the end: a reset there would count future entries as acked.
-        let end = self
-            .log
-            .last_confirmed()
-            .map_or(Position::new(0, 0), |last| self.log.next_position(last));
-        let next = next.min(end);
+        let next = resolve_seek(&self.log, target).await?;
         // As the Java broker: disconnect the consumers, then reset.
         self.close_all_consumers(None).await;
         self.acks
@@ -1045,29 +1076,6 @@ impl Dispatcher {
         self.caught_up = false;
         tracing::info!(topic = %self.topic, subscription = %self.name, position = %next, "seek");
         Ok(())
-    }
-
-    /// First position whose entry was published at or after `time_ms` (the
-    /// position after the last entry when none is).
-    async fn find_by_publish_time(&self, time_ms: u64) -> Result<Position, ServiceError> {
-        let mut from = Position::new(0, 0);
-        loop {
-            let entries = self
-                .log
-                .read(from, READ_BATCH_ENTRIES_MAX, READ_BATCH_BYTES_MAX)
-                .await
-                .map_err(ServiceError::from)?;
-            let Some(last) = entries.last().map(|e| e.position) else {
-                return Ok(from);
-            };
-            for entry in &entries {
-                let published = codec::entry_publish_time_ms(&entry.data);
-                if published >= time_ms {
-                    return Ok(entry.position);
-                }
-            }
-            from = self.log.next_position(last);
-        }
     }
 
     async fn close_all_consumers(&mut self, except_reply_for: Option<ConsumerKey>) {
@@ -1385,6 +1393,80 @@ enum Flow {
 }
 
 /// Wall-clock time in ms (deliver_at_time is the producer's wall clock).
+/// The next position to deliver after a seek to `target`, clamped to the
+/// entries the log holds (never past the end: a reset there would count
+/// future entries as acknowledged).
+pub(crate) async fn resolve_seek(
+    log: &ManagedLog,
+    target: SeekTarget,
+) -> Result<Position, ServiceError> {
+    let next = match target {
+        SeekTarget::MessageId {
+            ledger_id,
+            entry_id,
+        } => {
+            let earliest = ledger_id == u64::MAX && entry_id == u64::MAX;
+            let latest = ledger_id == i64::MAX as u64 && entry_id == i64::MAX as u64;
+            if earliest {
+                Position::new(0, 0)
+            } else if latest {
+                match log.last_confirmed() {
+                    Some(last) => log.next_position(last),
+                    None => Position::new(0, 0),
+                }
+            } else {
+                Position::new(ledger_id, entry_id)
+            }
+        }
+        SeekTarget::PublishTime(time_ms) => first_published_at_or_after(log, time_ms)
+            .await
+            .map_err(ServiceError::from)?,
+    };
+    let next = match log.first_position() {
+        Some(first) if next < first => first,
+        _ => next,
+    };
+    let end = log
+        .last_confirmed()
+        .map_or(Position::new(0, 0), |last| log.next_position(last));
+    Ok(next.min(end))
+}
+
+/// First position whose entry was published at or after `time_ms`, or the
+/// position after the last entry when none is. A binary search over the
+/// log's entries (Pulsar's message finder does the same): publish times are
+/// taken as non-decreasing in log order, which holds per producer; it reads
+/// about log2(entries) single entries.
+pub(crate) async fn first_published_at_or_after(
+    log: &ManagedLog,
+    time_ms: u64,
+) -> Result<Position, vela_log::LogError> {
+    let Some(last) = log.last_confirmed() else {
+        return Ok(Position::new(0, 0));
+    };
+    let end = log.next_position(last);
+    let total = log.entries_between(None, last);
+    // Invariant: entries before index `low` are older; from `high` on, newer.
+    let (mut low, mut high) = (0u64, total);
+    while low < high {
+        let middle = low + (high - low) / 2;
+        let Some(position) = log.position_after(None, middle + 1) else {
+            high = middle;
+            continue;
+        };
+        let entries = log.read(position, 1, 1).await?;
+        let published = entries
+            .first()
+            .map_or(u64::MAX, |e| codec::entry_publish_time_ms(&e.data));
+        if published >= time_ms {
+            high = middle;
+        } else {
+            low = middle + 1;
+        }
+    }
+    Ok(log.position_after(None, low + 1).unwrap_or(end))
+}
+
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -21,6 +21,7 @@ use vela_wire::proto::{
     CommandCloseProducer, ProducerAccessMode, ServerError, command_subscribe::SubType,
 };
 
+use crate::admin::AdminError;
 use crate::codec::{self, Outbound};
 use crate::error::ServiceError;
 use crate::subscription::{
@@ -140,6 +141,10 @@ pub(crate) struct Topic {
     self_ref: Weak<Topic>,
     msg_in: AtomicU64,
     bytes_in: AtomicU64,
+    /// Publish and storage-write latencies of this topic.
+    pub(crate) metrics: Arc<crate::metrics::TopicMetrics>,
+    /// msg_in, bytes_in, msg_out, bytes_out → rates.
+    rates: Mutex<crate::stats::RateMeter<4>>,
 }
 
 /// Outcome of a dedup check on SEND.
@@ -167,6 +172,8 @@ impl Topic {
             self_ref: self_ref.clone(),
             msg_in: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
+            metrics: Arc::default(),
+            rates: Mutex::new(crate::stats::RateMeter::new([0; 4])),
         })
     }
 
@@ -376,7 +383,7 @@ impl Topic {
                 request_id: waiter.request_id,
                 producer_name: waiter.name.clone(),
                 last_sequence_id: Some(self.last_sequence_id(&waiter.name)),
-                schema_version: None,
+                schema_version: Some(Bytes::new()),
                 topic_epoch: Some(0),
                 producer_ready: Some(true),
             });
@@ -517,17 +524,64 @@ impl Topic {
                 subscriptions.push(stats);
             }
         }
+        // Durable subscriptions without consumers have no task: their
+        // cursor still holds a backlog.
+        for name in self.log.cursor_names() {
+            if subscriptions.iter().any(|s| s.name == name) {
+                continue;
+            }
+            if let Some(cursor) = self.log.cursor(&name) {
+                let mark_delete = cursor.mark_delete_position();
+                subscriptions.push(crate::stats::SubscriptionStats {
+                    name,
+                    sub_type: "Exclusive".to_string(),
+                    durable: true,
+                    msg_backlog: cursor.backlog_entries(),
+                    mark_delete,
+                    read_position: Some(match mark_delete {
+                        Some(md) => self.log.next_position(md),
+                        None => self.log.first_position().unwrap_or(Position::new(0, 0)),
+                    }),
+                    ..Default::default()
+                });
+            }
+        }
         subscriptions.sort_by(|a, b| a.name.cmp(&b.name));
         let log = self.log.stats();
+        let msg_in_counter = self.msg_in.load(Ordering::Relaxed);
+        let bytes_in_counter = self.bytes_in.load(Ordering::Relaxed);
+        let msg_out_counter = subscriptions.iter().map(|s| s.msg_out_counter).sum();
+        let bytes_out_counter = subscriptions.iter().map(|s| s.bytes_out_counter).sum();
+        let [
+            msg_rate_in,
+            msg_throughput_in,
+            msg_rate_out,
+            msg_throughput_out,
+        ] = self.rates.lock().rates(
+            std::time::Instant::now(),
+            [
+                msg_in_counter,
+                bytes_in_counter,
+                msg_out_counter,
+                bytes_out_counter,
+            ],
+        );
         crate::stats::TopicStats {
             topic: self.full_name.clone(),
-            msg_in_counter: self.msg_in.load(Ordering::Relaxed),
-            bytes_in_counter: self.bytes_in.load(Ordering::Relaxed),
-            msg_out_counter: subscriptions.iter().map(|s| s.msg_out_counter).sum(),
-            bytes_out_counter: subscriptions.iter().map(|s| s.bytes_out_counter).sum(),
+            msg_in_counter,
+            bytes_in_counter,
+            msg_out_counter,
+            bytes_out_counter,
             entries: log.entries,
             storage_size_bytes: log.size_bytes,
             ledgers: log.ledgers,
+            msg_rate_in,
+            msg_throughput_in,
+            msg_rate_out,
+            msg_throughput_out,
+            deduplication_enabled: self.dedup.is_some(),
+            publish_latency: self.metrics.publish_latency.snapshot(),
+            storage_write_latency: self.metrics.storage_write_latency.snapshot(),
             publishers,
             subscriptions,
         }
@@ -601,5 +655,215 @@ impl Topic {
         names.sort();
         names.dedup();
         names
+    }
+}
+
+/// Where an admin-created subscription starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SubscriptionStart {
+    /// Before the oldest entry.
+    Earliest,
+    /// After the newest entry.
+    Latest,
+    /// At this entry (it is the first delivered).
+    At(Position),
+}
+
+/// Admin operations on subscriptions (pulsar-admin `topics create-subscription`,
+/// `reset-cursor`, `skip`, `clear-backlog`, `expire-messages`). A subscription
+/// with a running task (consumers attached, or a reader) is changed by that
+/// task; a durable one without consumers through its cursor directly.
+impl Topic {
+    fn live_subscription(&self, name: &str) -> Option<SubscriptionHandle> {
+        self.subscriptions
+            .lock()
+            .get(name)
+            .map(|e| e.handle.clone())
+            .filter(|h| !h.tx.is_closed())
+    }
+
+    fn not_found(&self, name: &str) -> AdminError {
+        AdminError::NotFound(format!(
+            "Subscription {name} not found for topic {}",
+            self.full_name
+        ))
+    }
+
+    /// True while producers or consumers are attached.
+    pub(crate) async fn has_clients(&self) -> bool {
+        if !self.producers.lock().is_empty() {
+            return true;
+        }
+        let stats = self.stats().await;
+        stats.subscriptions.iter().any(|s| !s.consumers.is_empty())
+    }
+
+    /// Creates a durable subscription (its cursor) without a consumer.
+    pub(crate) async fn create_subscription(
+        &self,
+        name: &str,
+        start: SubscriptionStart,
+    ) -> Result<(), AdminError> {
+        if name.is_empty() {
+            return Err(AdminError::BadRequest("empty subscription name".into()));
+        }
+        if self.subscription_names().iter().any(|n| n == name) {
+            return Err(AdminError::Exists(format!(
+                "Subscription {name} for topic {}",
+                self.full_name
+            )));
+        }
+        let cursor_start = match start {
+            SubscriptionStart::Earliest => CursorStart::Earliest,
+            SubscriptionStart::Latest | SubscriptionStart::At(_) => CursorStart::Latest,
+        };
+        let cursor = self
+            .log
+            .open_cursor(name, cursor_start)
+            .await
+            .map_err(ServiceError::from)?;
+        if let SubscriptionStart::At(position) = start {
+            let target = crate::subscription::SeekTarget::MessageId {
+                ledger_id: position.ledger_id,
+                entry_id: position.entry_id,
+            };
+            let next = crate::subscription::resolve_seek(&self.log, target).await?;
+            cursor.reset(next).await.map_err(ServiceError::from)?;
+        }
+        Ok(())
+    }
+
+    /// Moves a subscription to `target` (its consumers are disconnected and
+    /// re-attach there, as on SEEK).
+    pub(crate) async fn reset_cursor(
+        &self,
+        name: &str,
+        target: crate::subscription::SeekTarget,
+    ) -> Result<(), AdminError> {
+        if let Some(handle) = self.live_subscription(name) {
+            let (reply, answer) = oneshot::channel();
+            if handle
+                .tx
+                .send(SubCommand::Seek { target, reply })
+                .await
+                .is_ok()
+            {
+                return match answer.await {
+                    Ok(result) => Ok(result?),
+                    Err(_) => Err(ServiceError::new(
+                        ServerError::ServiceNotReady,
+                        "subscription is closing, retry",
+                    )
+                    .into()),
+                };
+            }
+        }
+        let Some(cursor) = self.log.cursor(name) else {
+            return Err(self.not_found(name));
+        };
+        let next = crate::subscription::resolve_seek(&self.log, target).await?;
+        cursor.reset(next).await.map_err(ServiceError::from)?;
+        tracing::info!(topic = %self.full_name, subscription = name, position = %next, "cursor reset");
+        Ok(())
+    }
+
+    /// The subscription's mark-delete position (`Ok(None)`: nothing acked).
+    async fn mark_delete_of(&self, name: &str) -> Result<Option<Position>, AdminError> {
+        if let Some(handle) = self.live_subscription(name) {
+            let (reply, answer) = oneshot::channel();
+            if handle
+                .tx
+                .send(SubCommand::MarkDelete { reply })
+                .await
+                .is_ok()
+                && let Ok(position) = answer.await
+            {
+                return Ok(position);
+            }
+        }
+        match self.log.cursor(name) {
+            Some(cursor) => Ok(cursor.mark_delete_position()),
+            None => Err(self.not_found(name)),
+        }
+    }
+
+    /// Acknowledges everything up to `position`.
+    async fn ack_up_to(
+        &self,
+        name: &str,
+        position: Position,
+        expired: bool,
+    ) -> Result<(), AdminError> {
+        if let Some(handle) = self.live_subscription(name) {
+            let (reply, answer) = oneshot::channel();
+            let command = SubCommand::AckUpTo {
+                position,
+                expired,
+                reply,
+            };
+            if handle.tx.send(command).await.is_ok() {
+                return match answer.await {
+                    Ok(result) => Ok(result?),
+                    Err(_) => Err(ServiceError::new(
+                        ServerError::ServiceNotReady,
+                        "subscription is closing, retry",
+                    )
+                    .into()),
+                };
+            }
+        }
+        let Some(cursor) = self.log.cursor(name) else {
+            return Err(self.not_found(name));
+        };
+        cursor
+            .ack_cumulative(position)
+            .map_err(ServiceError::from)?;
+        Ok(())
+    }
+
+    /// Skips `count` entries after the mark-delete position (`None`: the
+    /// whole backlog, pulsar-admin `clear-backlog`). Entries acknowledged
+    /// individually in that range count among the skipped ones.
+    pub(crate) async fn skip(&self, name: &str, count: Option<u64>) -> Result<(), AdminError> {
+        let mark_delete = self.mark_delete_of(name).await?;
+        let Some(last) = self.log.last_confirmed() else {
+            return Ok(());
+        };
+        let target = match count {
+            None => last,
+            Some(0) => return Ok(()),
+            Some(count) => self.log.position_after(mark_delete, count).unwrap_or(last),
+        };
+        if Some(target) <= mark_delete {
+            return Ok(());
+        }
+        self.ack_up_to(name, target, false).await?;
+        tracing::info!(topic = %self.full_name, subscription = name, up_to = %target, "skipped entries");
+        Ok(())
+    }
+
+    /// Acknowledges every entry published more than `age` ago.
+    pub(crate) async fn expire(
+        &self,
+        name: &str,
+        age: std::time::Duration,
+    ) -> Result<(), AdminError> {
+        let mark_delete = self.mark_delete_of(name).await?;
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let cutoff_ms = now_ms.saturating_sub(age.as_millis() as u64);
+        let first_kept = crate::subscription::first_published_at_or_after(&self.log, cutoff_ms)
+            .await
+            .map_err(ServiceError::from)?;
+        let Some(target) = self.log.previous_position(first_kept) else {
+            return Ok(());
+        };
+        if Some(target) <= mark_delete {
+            return Ok(());
+        }
+        self.ack_up_to(name, target, true).await?;
+        tracing::info!(topic = %self.full_name, subscription = name, up_to = %target, "expired entries");
+        Ok(())
     }
 }

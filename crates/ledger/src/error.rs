@@ -83,6 +83,16 @@ pub enum LedgerError {
         /// The last readable entry (`None`: nothing readable).
         last: Option<EntryId>,
     },
+    /// Auto-recovery could not copy an entry to its replacement bookie.
+    #[error("re-replication of entry {entry_id} of ledger {ledger_id} failed: {reason}")]
+    Rereplication {
+        /// The ledger.
+        ledger_id: LedgerId,
+        /// The entry.
+        entry_id: EntryId,
+        /// What the target bookie answered.
+        reason: String,
+    },
     /// A range read with `first > last` or more than its entry limit.
     #[error("bad range {first}..={last} (at most {max_entries} entries)")]
     BadRange {

@@ -15,7 +15,9 @@
 //!   bookies with fault injection, for tests here and in crates above),
 //!   `BookieClientTransport` (real bookies over `vela_bookie::client`) and
 //!   `local::LocalBookies` (bookies in this process, for `vela standalone`);
-//! - `entry`: packaging, over `vela_bookie::entry` (which owns the format).
+//! - `entry`: packaging, over `vela_bookie::entry` (which owns the format);
+//! - `autorecovery`: `AutoRecovery` copies the entries of lost bookies to
+//!   replacements until every entry again has Qw copies.
 //!
 //! Bounds: pending adds per writer (`PENDING_ADDS_MAX`, `PENDING_BYTES_MAX`;
 //! `submit` waits), segments per ledger (`metadata::ENSEMBLES_MAX`), CAS and
@@ -29,6 +31,7 @@
 //! implements consensus (the metadata store's CAS decides races), decides
 //! "missing" from an error or timeout, or holds a lock across an `.await`.
 
+mod autorecovery;
 mod bookie_client;
 mod client;
 mod entry;
@@ -46,6 +49,9 @@ pub mod sim;
 pub mod transport;
 pub mod types;
 
+pub use autorecovery::{
+    AUTORECOVERY_LEADER_KEY, AutoRecovery, AutoRecoveryConfig, COPIES_IN_FLIGHT_MAX, PassReport,
+};
 pub use bookie_client::BookieClientTransport;
 pub use client::{LedgerClient, LedgerConfig};
 pub use entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};

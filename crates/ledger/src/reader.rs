@@ -201,16 +201,41 @@ impl LedgerReader {
 }
 
 /// Reads one entry from its write set, in order, failing over; returns the
-/// packaged bytes and the payload.
+/// header and the payload.
 pub(crate) async fn read_entry(
     core: &ClientCore,
     ledger_id: LedgerId,
     metadata: &LedgerMetadata,
     entry_id: EntryId,
 ) -> Result<(crate::entry::EntryHeader, Bytes), LedgerError> {
+    read_verified(core, ledger_id, metadata, entry_id, &[])
+        .await
+        .map(|verified| (verified.header, verified.payload))
+}
+
+/// An entry read from a bookie whose CRC and ids checked out.
+pub(crate) struct VerifiedEntry {
+    pub(crate) header: crate::entry::EntryHeader,
+    pub(crate) payload: Bytes,
+    /// The entry exactly as stored (for copying it to another bookie).
+    pub(crate) packaged: Bytes,
+}
+
+/// Reads one entry from its write set (skipping `skip`), in order, failing over
+/// on errors, timeouts and corrupt answers.
+pub(crate) async fn read_verified(
+    core: &ClientCore,
+    ledger_id: LedgerId,
+    metadata: &LedgerMetadata,
+    entry_id: EntryId,
+    skip: &[BookieId],
+) -> Result<VerifiedEntry, LedgerError> {
     let mut errors: Vec<(BookieId, BookieError)> = Vec::new();
     let mut corrupt: Option<LedgerError> = None;
     for bookie in metadata.write_set(entry_id) {
+        if skip.contains(&bookie) {
+            continue;
+        }
         let request = core
             .transport
             .read(&bookie, ledger_id, entry_id, ReadMode::Normal);
@@ -219,9 +244,18 @@ pub(crate) async fn read_entry(
             .unwrap_or(Err(BookieError::Timeout));
         match answer {
             Ok(packaged) => match unpackage(&packaged, ledger_id, entry_id) {
-                Ok(found) => return Ok(found),
+                Ok((header, payload)) => {
+                    return Ok(VerifiedEntry {
+                        header,
+                        payload,
+                        packaged,
+                    });
+                }
                 Err(error) => {
                     tracing::warn!(ledger = %ledger_id, entry = %entry_id, %bookie, %error, "corrupt entry");
+                    core.stats
+                        .corrupt_reads
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     corrupt = Some(LedgerError::Corrupt { bookie, error });
                 }
             },

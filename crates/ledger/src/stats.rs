@@ -42,6 +42,13 @@ pub struct LedgerStats {
     pub recoveries: u64,
     /// Writers stopped because their ledger was fenced.
     pub writers_fenced: u64,
+    /// Entries a bookie returned that failed their CRC or id check (read
+    /// from another replica instead).
+    pub corrupt_reads: u64,
+    /// Entries copied to a replacement bookie by auto-recovery.
+    pub entries_rereplicated: u64,
+    /// Ledger segments whose lost bookie auto-recovery replaced.
+    pub segments_rereplicated: u64,
 }
 
 #[derive(Debug)]
@@ -50,6 +57,9 @@ pub(crate) struct Stats {
     pub(crate) ensemble_changes: AtomicU64,
     pub(crate) recoveries: AtomicU64,
     pub(crate) writers_fenced: AtomicU64,
+    pub(crate) corrupt_reads: AtomicU64,
+    pub(crate) entries_rereplicated: AtomicU64,
+    pub(crate) segments_rereplicated: AtomicU64,
 }
 
 impl Stats {
@@ -62,12 +72,21 @@ impl Stats {
             ensemble_changes: AtomicU64::new(0),
             recoveries: AtomicU64::new(0),
             writers_fenced: AtomicU64::new(0),
+            corrupt_reads: AtomicU64::new(0),
+            entries_rereplicated: AtomicU64::new(0),
+            segments_rereplicated: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn record_add(&self, latency: Duration) {
         let us = (latency.as_micros() as u64).clamp(1, LATENCY_US_MAX);
         self.add_us.lock().saturating_record(us);
+    }
+
+    /// A copy of the add-latency histogram (µs), for exporters that need its
+    /// whole distribution rather than a few percentiles.
+    pub(crate) fn add_histogram(&self) -> Histogram<u64> {
+        self.add_us.lock().clone()
     }
 
     pub(crate) fn snapshot(&self) -> LedgerStats {
@@ -86,6 +105,9 @@ impl Stats {
             ensemble_changes: self.ensemble_changes.load(Ordering::Relaxed),
             recoveries: self.recoveries.load(Ordering::Relaxed),
             writers_fenced: self.writers_fenced.load(Ordering::Relaxed),
+            corrupt_reads: self.corrupt_reads.load(Ordering::Relaxed),
+            entries_rereplicated: self.entries_rereplicated.load(Ordering::Relaxed),
+            segments_rereplicated: self.segments_rereplicated.load(Ordering::Relaxed),
         }
     }
 }

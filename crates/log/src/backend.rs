@@ -65,6 +65,19 @@ pub struct RecoveredLedger {
     pub size_bytes: u64,
 }
 
+/// Replication and placement of one ledger (admin internal stats).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LedgerDescription {
+    /// Replication the ledger was created with.
+    pub persistence: Persistence,
+    /// `OPEN`, `IN_RECOVERY` or `CLOSED`.
+    pub state: String,
+    /// Segments: first entry id and the bookies holding the segment.
+    pub ensembles: Vec<(u64, Vec<String>)>,
+    /// Creation time, ms since the Unix epoch.
+    pub ctime_ms: u64,
+}
+
 /// Failures the log sees from its ledgers.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LedgerBackendError {
@@ -114,6 +127,16 @@ pub trait LedgerBackend: Send + Sync + fmt::Debug {
 
     /// Deletes a ledger and its entries everywhere.
     fn delete(&self, ledger_id: u64) -> BoxFuture<'_, Result<(), LedgerBackendError>>;
+
+    /// Replication and placement of a ledger; `None` when the backend keeps
+    /// no such metadata (in-memory ledgers).
+    fn describe(
+        &self,
+        ledger_id: u64,
+    ) -> BoxFuture<'_, Result<Option<LedgerDescription>, LedgerBackendError>> {
+        let _ = ledger_id;
+        Box::pin(async { Ok(None) })
+    }
 
     /// Largest entry an appender accepts. Larger appends are refused by the
     /// log before they reach the ledger (an add failing in the ledger would

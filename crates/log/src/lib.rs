@@ -31,8 +31,10 @@ pub mod memory;
 mod replicated;
 mod store;
 
-pub use backend::{LedgerBackend, LedgerBackendError, Persistence, RecoveredLedger};
+pub use backend::{
+    LedgerBackend, LedgerBackendError, LedgerDescription, Persistence, RecoveredLedger,
+};
 pub use cursor::{Cursor, CursorStart};
 pub use error::LogError;
-pub use log::{AppendFuture, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog};
+pub use log::{AppendFuture, LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog};
 pub use replicated::{OVERFLOW_BYTES_MAX, ReplicatedLedgers};

@@ -19,7 +19,9 @@ use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 
 use crate::Position;
-use crate::backend::{LedgerAppender, LedgerBackend, LedgerBackendError, Persistence};
+use crate::backend::{
+    LedgerAppender, LedgerBackend, LedgerBackendError, LedgerDescription, Persistence,
+};
 use crate::cursor::{Cursor, CursorStart};
 use crate::error::LogError;
 use crate::format::{self, LedgerInfo, LogInfo};
@@ -109,6 +111,19 @@ pub struct LogEntry {
     pub data: Bytes,
 }
 
+/// One ledger of a log, for stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerSummary {
+    /// Ledger id.
+    pub ledger_id: u64,
+    /// Confirmed entries.
+    pub entries: u64,
+    /// Their payload bytes.
+    pub size_bytes: u64,
+    /// When the log created it (ms since the Unix epoch).
+    pub created_unix_ms: u64,
+}
+
 /// Sizes of a log, for stats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct LogStats {
@@ -187,6 +202,9 @@ pub(crate) struct Shared {
     pub(crate) name: String,
     pub(crate) env: LogEnv,
     pub(crate) config: LogConfig,
+    /// Replication of the next ledger created (starts as `config.persistence`;
+    /// `ManagedLog::set_persistence` changes it, the open ledger keeps its own).
+    persistence: Mutex<Persistence>,
     state: Mutex<State>,
     issue_lock: Mutex<()>,
     meta_lock: tokio::sync::Mutex<()>,
@@ -297,6 +315,7 @@ impl ManagedLog {
         let shared = Arc::new(Shared {
             name: name.to_string(),
             env: env.clone(),
+            persistence: Mutex::new(config.persistence),
             config,
             state: Mutex::new(State {
                 ledgers: info.ledgers,
@@ -510,6 +529,51 @@ impl ManagedLog {
             size_bytes: state.ledgers.iter().map(|l| l.size_bytes).sum(),
             ledgers: state.ledgers.len(),
         }
+    }
+
+    /// Replication the next ledger will get (the open ledger keeps its own).
+    pub fn persistence(&self) -> Persistence {
+        *self.shared.persistence.lock()
+    }
+
+    /// Sets the replication of the ledgers created from now on: the open
+    /// ledger keeps its replication, the next rollover uses this one.
+    pub fn set_persistence(&self, persistence: Persistence) -> Result<(), LogError> {
+        persistence.validate().map_err(LogError::Config)?;
+        *self.shared.persistence.lock() = persistence;
+        Ok(())
+    }
+
+    /// The ledgers the log holds, oldest first (the last one is being written
+    /// while the log is open).
+    pub fn ledgers(&self) -> Vec<LedgerSummary> {
+        self.shared
+            .state
+            .lock()
+            .ledgers
+            .iter()
+            .map(|l| LedgerSummary {
+                ledger_id: l.ledger_id,
+                entries: l.entries,
+                size_bytes: l.size_bytes,
+                created_unix_ms: l.created_unix_ms,
+            })
+            .collect()
+    }
+
+    /// Replication and placement of one ledger, as its backend stores them.
+    pub async fn describe_ledger(
+        &self,
+        ledger_id: u64,
+    ) -> Result<Option<LedgerDescription>, LogError> {
+        Ok(self.shared.env.ledgers.describe(ledger_id).await?)
+    }
+
+    /// The `count`-th confirmed entry after `after` (`after = None`: from the
+    /// start; `count = 1` is the next entry). `None` when the log holds fewer.
+    pub fn position_after(&self, after: Option<Position>, count: u64) -> Option<Position> {
+        let state = self.shared.state.lock();
+        position_after(&state.ledgers, after, count)
     }
 
     /// Ids of the ledgers the log holds, oldest first.
@@ -755,12 +819,8 @@ impl Shared {
             self.fail(old.ledger_id(), error.into());
             return;
         }
-        let created = match self
-            .env
-            .ledgers
-            .create(self.config.persistence, &self.name)
-            .await
-        {
+        let persistence = *self.persistence.lock();
+        let created = match self.env.ledgers.create(persistence, &self.name).await {
             Ok(created) => created,
             Err(error) => {
                 self.fail(old.ledger_id(), error.into());
@@ -1007,6 +1067,32 @@ fn previous_position(ledgers: &[LedgerInfo], position: Position) -> Option<Posit
         .rev()
         .find(|ledger| ledger.ledger_id < position.ledger_id && ledger.entries > 0)
         .map(|ledger| Position::new(ledger.ledger_id, ledger.entries - 1))
+}
+
+fn position_after(ledgers: &[LedgerInfo], after: Option<Position>, count: u64) -> Option<Position> {
+    if count == 0 {
+        return after;
+    }
+    let mut left = count;
+    for ledger in ledgers {
+        if ledger.entries == 0 {
+            continue;
+        }
+        let first = match after {
+            Some(after) if ledger.ledger_id < after.ledger_id => continue,
+            Some(after) if ledger.ledger_id == after.ledger_id => after.entry_id + 1,
+            _ => 0,
+        };
+        if first >= ledger.entries {
+            continue;
+        }
+        let available = ledger.entries - first;
+        if left <= available {
+            return Some(Position::new(ledger.ledger_id, first + left - 1));
+        }
+        left -= available;
+    }
+    None
 }
 
 fn entries_between(ledgers: &[LedgerInfo], after: Option<Position>, up_to: Position) -> u64 {

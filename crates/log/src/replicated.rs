@@ -17,13 +17,13 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 use vela_ledger::{
-    AddCallback, EntryId, LedgerClient, LedgerError, LedgerId, LedgerReader, LedgerWriter, Quorum,
-    READ_RANGE_ENTRIES_MAX,
+    AddCallback, EntryId, LedgerClient, LedgerError, LedgerId, LedgerReader, LedgerState,
+    LedgerWriter, Quorum, READ_RANGE_ENTRIES_MAX,
 };
 
 use crate::backend::{
     AddCallback as LogAddCallback, BoxFuture, LedgerAppender, LedgerBackend, LedgerBackendError,
-    Persistence, RecoveredLedger,
+    LedgerDescription, Persistence, RecoveredLedger,
 };
 
 /// Payload bytes of adds waiting for the writer's budget, per ledger. The
@@ -178,6 +178,41 @@ impl LedgerBackend for ReplicatedLedgers {
 
     fn entry_bytes_max(&self) -> usize {
         vela_ledger::ENTRY_PAYLOAD_BYTES_MAX
+    }
+
+    fn describe(
+        &self,
+        ledger_id: u64,
+    ) -> BoxFuture<'_, Result<Option<LedgerDescription>, LedgerBackendError>> {
+        Box::pin(async move {
+            let metadata = self
+                .client
+                .metadata(LedgerId(ledger_id))
+                .await
+                .map_err(backend_error)?;
+            let narrow = |n: usize| u8::try_from(n).unwrap_or(u8::MAX);
+            let state = match metadata.state {
+                LedgerState::Open => "OPEN",
+                LedgerState::InRecovery => "IN_RECOVERY",
+                LedgerState::Closed => "CLOSED",
+            };
+            Ok(Some(LedgerDescription {
+                persistence: Persistence {
+                    ensemble: narrow(metadata.quorum.ensemble_size()),
+                    write_quorum: narrow(metadata.quorum.write_quorum()),
+                    ack_quorum: narrow(metadata.quorum.ack_quorum()),
+                },
+                state: state.to_string(),
+                ensembles: metadata
+                    .ensembles
+                    .iter()
+                    .map(|(first, bookies)| {
+                        (first.0, bookies.iter().map(|b| b.0.clone()).collect())
+                    })
+                    .collect(),
+                ctime_ms: metadata.ctime_ms,
+            }))
+        })
     }
 
     fn delete(&self, ledger_id: u64) -> BoxFuture<'_, Result<(), LedgerBackendError>> {

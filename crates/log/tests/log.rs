@@ -265,3 +265,94 @@ async fn deleting_a_log_removes_its_ledgers_and_metadata() {
     assert_eq!(fresh.last_confirmed(), None);
     assert!(fresh.cursor_names().is_empty());
 }
+
+/// Records the replication each ledger was created with.
+#[derive(Debug)]
+struct RecordingBackend {
+    inner: MemoryBackend,
+    created: parking_lot::Mutex<Vec<vela_log::Persistence>>,
+}
+
+impl vela_log::LedgerBackend for RecordingBackend {
+    fn create(
+        &self,
+        persistence: vela_log::Persistence,
+        log_name: &str,
+    ) -> vela_log::backend::BoxFuture<
+        '_,
+        Result<Arc<dyn vela_log::backend::LedgerAppender>, vela_log::LedgerBackendError>,
+    > {
+        self.created.lock().push(persistence);
+        self.inner.create(persistence, log_name)
+    }
+
+    fn recover(
+        &self,
+        ledger_id: u64,
+    ) -> vela_log::backend::BoxFuture<
+        '_,
+        Result<vela_log::RecoveredLedger, vela_log::LedgerBackendError>,
+    > {
+        self.inner.recover(ledger_id)
+    }
+
+    fn read(
+        &self,
+        ledger_id: u64,
+        first_entry_id: u64,
+        last_entry_id: u64,
+    ) -> vela_log::backend::BoxFuture<'_, Result<Vec<Bytes>, vela_log::LedgerBackendError>> {
+        self.inner.read(ledger_id, first_entry_id, last_entry_id)
+    }
+
+    fn delete(
+        &self,
+        ledger_id: u64,
+    ) -> vela_log::backend::BoxFuture<'_, Result<(), vela_log::LedgerBackendError>> {
+        self.inner.delete(ledger_id)
+    }
+}
+
+#[tokio::test]
+async fn set_persistence_reaches_the_next_ledger_only() {
+    let backend = Arc::new(RecordingBackend {
+        inner: MemoryBackend(MemoryLedgers::new()),
+        created: parking_lot::Mutex::new(Vec::new()),
+    });
+    let env = LogEnv::new(Arc::new(vela_meta::MemoryStore::new()), backend.clone());
+    let log = ManagedLog::open(&env, "t/ns/persistent/p", small_ledgers())
+        .await
+        .unwrap();
+    log.open_cursor("keep", CursorStart::Earliest)
+        .await
+        .unwrap();
+    let wide = vela_log::Persistence {
+        ensemble: 3,
+        write_quorum: 2,
+        ack_quorum: 2,
+    };
+    assert!(
+        log.set_persistence(vela_log::Persistence {
+            ensemble: 1,
+            write_quorum: 2,
+            ack_quorum: 1,
+        })
+        .is_err()
+    );
+    append_all(&log, 0..2).await;
+    log.set_persistence(wide).unwrap();
+    assert_eq!(log.persistence(), wide);
+    // The open ledger keeps its replication; the rollover at 3 entries uses the new one.
+    append_all(&log, 2..4).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let created = backend.created.lock().clone();
+    assert_eq!(created.len(), 2, "{created:?}");
+    assert_eq!(created[0], vela_log::Persistence::SINGLE);
+    assert_eq!(created[1], wide);
+    // position_after counts confirmed entries across ledgers.
+    let ledgers = log.ledgers();
+    assert_eq!(ledgers.iter().map(|l| l.entries).sum::<u64>(), 4);
+    let first = log.position_after(None, 1).unwrap();
+    assert_eq!(log.position_after(Some(first), 3), log.last_confirmed());
+    assert_eq!(log.position_after(None, 5), None);
+}

@@ -123,6 +123,20 @@ impl Session {
         }
     }
 
+    /// Like [`Session::close`], through a shared reference (for a session
+    /// shared by several users of one process).
+    pub async fn close_shared(&self) -> Result<(), MetaError> {
+        match &self.control {
+            Some(control) if self.is_alive() => control.close(self.id).await,
+            _ => Ok(()),
+        }
+    }
+
+    /// The session's state as a watch: it changes once, when the session ends.
+    pub fn state_watch(&self) -> watch::Receiver<SessionState> {
+        self.state.clone()
+    }
+
     /// `Ok` if this session belongs to `store_id` and is alive.
     pub(crate) fn check_usable(&self, store_id: u64) -> Result<(), MetaError> {
         if self.store_id != store_id {

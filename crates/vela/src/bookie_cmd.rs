@@ -56,6 +56,14 @@ pub(crate) struct BookieArgs {
     /// Rack (failure domain) label for placement.
     #[arg(long, value_name = "RACK")]
     rack: Option<String>,
+    /// Do not take part in auto-recovery (which, with --metadata, runs in one
+    /// bookie at a time and copies a lost bookie's entries elsewhere).
+    #[arg(long)]
+    no_autorecovery: bool,
+    /// Seconds a bookie may stay unregistered before auto-recovery copies its
+    /// entries to other bookies.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
+    lost_bookie_grace_s: u64,
     #[command(flatten)]
     storage: StorageArgs,
 }
@@ -104,6 +112,32 @@ pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
     }
 }
 
+/// Runs auto-recovery in the background for as long as the process lives
+/// (it leads only while it holds the leader key).
+fn start_autorecovery(store: Arc<dyn vela_meta::MetadataStore>, lost_grace: Duration) {
+    let transport = vela_ledger::BookieClientTransport::new(
+        store.clone(),
+        vela_bookie::client::ClientConfig::default(),
+    );
+    let client = vela_ledger::LedgerClient::new(
+        store,
+        Arc::new(transport),
+        vela_ledger::LedgerConfig::default(),
+    );
+    let config = vela_ledger::AutoRecoveryConfig {
+        lost_grace,
+        ..vela_ledger::AutoRecoveryConfig::default()
+    };
+    // Never told to stop: it ends with the runtime.
+    let (_stop, stopped) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        let _keep = _stop;
+        vela_ledger::AutoRecovery::new(client, config)
+            .run(stopped)
+            .await;
+    });
+}
+
 /// Serves until SIGINT, SIGTERM or a bookie failure.
 async fn serve(args: &BookieArgs, addr: SocketAddr, bookie: Arc<Bookie>) -> anyhow::Result<()> {
     let server = Server::bind(addr, bookie.clone())
@@ -130,7 +164,11 @@ async fn serve(args: &BookieArgs, addr: SocketAddr, bookie: Arc<Bookie>) -> anyh
             // A previous process of this bookie may still be registered until
             // its session expires.
             let wait_max = REGISTRATION_TTL * 3;
-            Some(Registration::start(store, id, info, wait_max).await?)
+            let registration = Registration::start(store.clone(), id, info, wait_max).await?;
+            if !args.no_autorecovery {
+                start_autorecovery(store, Duration::from_secs(args.lost_bookie_grace_s));
+            }
+            Some(registration)
         }
     };
     announce(&format!("vela bookie listening on {local_addr}"))?;

@@ -5,12 +5,14 @@
 //! logic (that lives in the crates); a bad flag or config value is reported
 //! naming the field, and the process exits with status 2.
 
+mod admin_cmd;
 mod bookie_cmd;
 mod perf;
 mod process;
 mod registration;
 mod standalone;
 mod storage_args;
+mod write_path_source;
 
 use clap::{Parser, Subcommand};
 
@@ -27,6 +29,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Administer a broker over its HTTP API (pulsar-admin's commands), and
+    /// show the write-path latency breakdown.
+    Admin(admin_cmd::AdminArgs),
     /// Run a storage node (journal + ledger storage) serving the bookie protocol.
     Bookie(bookie_cmd::BookieArgs),
     /// Run everything on one machine: embedded metadata, N bookies and a broker
@@ -40,6 +45,7 @@ fn main() {
     let cli = Cli::parse();
     init_logging();
     let result = match cli.command {
+        Command::Admin(args) => admin_cmd::run(args),
         Command::Bookie(args) => bookie_cmd::run(args),
         Command::Standalone(args) => standalone::run(args),
         Command::Perf(args) => perf::run(args),

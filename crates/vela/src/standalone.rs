@@ -36,6 +36,7 @@ use vela_meta::{FileStore, MetadataStore};
 use crate::process::{StopSignals, announce};
 use crate::registration::Registration;
 use crate::storage_args::StorageArgs;
+use crate::write_path_source::StandaloneStages;
 
 // Every message the broker accepts (its largest frame's payload section) fits
 // in one ledger entry: the log never has to refuse one.
@@ -263,6 +264,7 @@ async fn serve(
 
     let transport = LocalBookies::new(bookies.iter().cloned());
     let ledgers = LedgerClient::new(store.clone(), Arc::new(transport), LedgerConfig::default());
+    let stages = StandaloneStages::new(ledgers.clone(), bookies.to_vec());
     let log_env = LogEnv::new(store.clone(), Arc::new(ReplicatedLedgers::new(ledgers)));
 
     let mut config = BrokerConfig::new(SocketAddr::new(args.bind, args.port));
@@ -278,6 +280,9 @@ async fn serve(
                 args.bind, args.port
             )
         })?;
+    broker
+        .add_write_path_source(Arc::new(stages))
+        .context("cannot register the write-path stages")?;
     let http_addr = SocketAddr::new(args.bind, args.http_port);
     let http = broker
         .start_http(http_addr)

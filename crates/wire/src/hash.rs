@@ -46,7 +46,10 @@ mod tests {
         // masked to 31 bits.
         assert_eq!(murmur3_32_masked(b""), 0);
         assert_eq!(murmur3_32_masked(b"hello"), 0x248b_fa47 & 0x7fff_ffff);
-        assert_eq!(murmur3_32_masked(b"Hello, world!"), 0xc036_3e43 & 0x7fff_ffff);
+        assert_eq!(
+            murmur3_32_masked(b"Hello, world!"),
+            0xc036_3e43 & 0x7fff_ffff
+        );
         assert_eq!(
             murmur3_32_masked(b"The quick brown fox jumps over the lazy dog"),
             0x2e4f_f723 & 0x7fff_ffff

@@ -46,7 +46,7 @@ pub use config::{
 };
 pub use error::JournalError;
 pub use format::JournalRecord;
-pub use stats::{JournalStats, StageSummary};
+pub use stats::{JournalHistograms, JournalStats, StageSummary};
 
 use std::fs::File;
 use std::path::Path;
@@ -266,6 +266,11 @@ impl Journal {
     /// Stage latency and group size percentiles.
     pub fn stats(&self) -> JournalStats {
         self.shared.stats.snapshot()
+    }
+
+    /// Copies of the stage latency histograms (for metrics exporters).
+    pub fn latency_histograms(&self) -> JournalHistograms {
+        self.shared.stats.latency_histograms()
     }
 
     /// Writes and syncs everything queued, closes the file with an end record and

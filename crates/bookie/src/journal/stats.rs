@@ -47,6 +47,19 @@ pub struct JournalStats {
     pub unfilled_writes: u64,
 }
 
+/// Whole latency distributions (µs) of the journal stages since it opened,
+/// for metrics exporters. One sample per group (queue wait of its oldest
+/// record, its write) or per fdatasync.
+#[derive(Debug, Clone)]
+pub struct JournalHistograms {
+    /// Queue wait of each group's oldest record.
+    pub queue_wait_us: Histogram<u64>,
+    /// Write of each group.
+    pub write_us: Histogram<u64>,
+    /// Each fdatasync.
+    pub fdatasync_us: Histogram<u64>,
+}
+
 fn new_histogram() -> Histogram<u64> {
     // 1 .. 1 hour in µs (or bytes up to 3.6 GB), 3 significant digits.
     #[allow(clippy::unwrap_used)] // constant, valid bounds
@@ -157,6 +170,24 @@ impl StatsCell {
     pub(crate) fn record_done(&self, oldest_append_to_done: Duration) {
         if let Ok(mut s) = self.sync.lock() {
             record(&mut s.append_to_done_us, micros(oldest_append_to_done));
+        }
+    }
+
+    /// Copies of the stage latency histograms (µs): queue wait, write, fdatasync.
+    pub(crate) fn latency_histograms(&self) -> JournalHistograms {
+        let empty = new_histogram();
+        let (queue_wait_us, write_us) = match self.writer.lock() {
+            Ok(w) => (w.queue_wait_us.clone(), w.write_us.clone()),
+            Err(_) => (empty.clone(), empty.clone()),
+        };
+        let fdatasync_us = match self.sync.lock() {
+            Ok(s) => s.fdatasync_us.clone(),
+            Err(_) => empty,
+        };
+        JournalHistograms {
+            queue_wait_us,
+            write_us,
+            fdatasync_us,
         }
     }
 

@@ -9,9 +9,14 @@
 //!   topic or a partition that exists)
 //!
 //! Local names are percent-encoded in keys so any topic name makes a valid key.
+//! Pulsar's REST JSON shapes are in `json` (serialization at the edge; the
+//! records above are Vela's own).
 //! Never: opens logs or talks to clients; the broker's service decides when
 //! to call these.
 
+pub mod json;
+
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -46,12 +51,24 @@ pub enum AdminError {
     /// The namespace or tenant is absent.
     #[error("{0} does not exist")]
     NotFound(String),
-    /// A request argument is invalid.
+    /// A request argument breaks a policy rule (Pulsar answers 412).
     #[error("invalid: {0}")]
     Invalid(String),
+    /// A request is malformed (Pulsar answers 400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// Clients are attached and the operation was not forced (412).
+    #[error("{0}")]
+    Busy(String),
+    /// The operation does not apply to this kind of object (405).
+    #[error("{0}")]
+    NotAllowed(String),
+    /// The operation on a topic failed.
+    #[error(transparent)]
+    Service(#[from] crate::error::ServiceError),
 }
 
-/// A namespace's policies (subset of Pulsar's `Policies`).
+/// A namespace's policies (subset of Pulsar's `Policies`), as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamespacePolicies {
     /// Replication of the namespace's topics: (E, Qw, Qa); `None` = broker default.
@@ -60,18 +77,101 @@ pub struct NamespacePolicies {
     /// Producer deduplication by (producer name, sequence id).
     #[serde(default)]
     pub deduplication_enabled: Option<bool>,
+    /// How long and how much consumed data is kept.
+    #[serde(default)]
+    pub retention: Option<RetentionPolicy>,
+    /// Messages older than this are acknowledged for every subscription.
+    #[serde(default)]
+    pub message_ttl_seconds: Option<u32>,
+    /// Backlog quotas by type (`destination_storage`, `message_age`).
+    #[serde(default)]
+    pub backlog_quotas: BTreeMap<String, BacklogQuota>,
 }
 
+/// Retention of consumed data (Pulsar's RetentionPolicies): −1 = no limit,
+/// both 0 = no retention.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetentionPolicy {
+    /// Minutes consumed data is kept.
+    pub time_minutes: i32,
+    /// MiB of consumed data kept.
+    pub size_mb: i64,
+}
+
+/// A backlog quota (Pulsar's BacklogQuota).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BacklogQuota {
+    /// Backlog bytes allowed (−1: no limit).
+    pub limit_bytes: i64,
+    /// Age of the oldest unacknowledged message allowed, seconds (−1: none).
+    pub limit_seconds: i32,
+    /// `producer_request_hold`, `producer_exception` or `consumer_backlog_eviction`.
+    pub policy: String,
+}
+
+/// Backlog quota types Pulsar knows.
+pub const BACKLOG_QUOTA_TYPES: [&str; 2] = ["destination_storage", "message_age"];
+/// Backlog quota policies Pulsar knows.
+pub const BACKLOG_QUOTA_POLICIES: [&str; 3] = [
+    "producer_request_hold",
+    "producer_exception",
+    "consumer_backlog_eviction",
+];
+
+/// Largest ensemble a namespace may ask for (Pulsar's
+/// `managedLedgerMaxEnsembleSize` default is 5; Vela's ensembles are bounded
+/// by the standalone bookie count, 16).
+pub const ENSEMBLE_MAX: u8 = 16;
+
 impl NamespacePolicies {
-    /// Checks `1 <= Qa <= Qw <= E` when a persistence is set.
+    /// Checks every policy as Pulsar does (400 on a bad value).
     pub fn validate(&self) -> Result<(), AdminError> {
-        if let Some((ensemble, write_quorum, ack_quorum)) = self.persistence
-            && !(ack_quorum >= 1 && ack_quorum <= write_quorum && write_quorum <= ensemble)
-        {
-            return Err(AdminError::Invalid(format!(
-                "persistence needs 1 <= ack quorum ({ack_quorum}) <= write quorum \
-                 ({write_quorum}) <= ensemble ({ensemble})"
-            )));
+        if let Some((ensemble, write_quorum, ack_quorum)) = self.persistence {
+            if ensemble == 0 || ensemble > ENSEMBLE_MAX {
+                return Err(AdminError::BadRequest(format!(
+                    "Bookkeeper-Ensemble must be <= {ENSEMBLE_MAX} and > 0."
+                )));
+            }
+            if !(ack_quorum >= 1 && ack_quorum <= write_quorum && write_quorum <= ensemble) {
+                return Err(AdminError::BadRequest(format!(
+                    "Bookkeeper Ensemble ({ensemble}) >= WriteQuorum ({write_quorum}) >= \
+                     AckQuorum ({ack_quorum})"
+                )));
+            }
+        }
+        if let Some(retention) = self.retention {
+            if retention.size_mb < -1 {
+                return Err(AdminError::BadRequest(
+                    "Invalid retention policy: size limit must be >= -1".into(),
+                ));
+            }
+            if retention.time_minutes < -1 {
+                return Err(AdminError::BadRequest(
+                    "Invalid retention policy: time limit must be >= -1".into(),
+                ));
+            }
+            if (retention.time_minutes == 0) != (retention.size_mb == 0) {
+                return Err(AdminError::BadRequest(
+                    "Invalid retention policy: Setting a single time or size limit to 0 is \
+                     invalid when one of the limits has a non-zero value. Use the value of -1 \
+                     instead of 0 to ignore a specific limit. To disable retention both limits \
+                     must be set to 0."
+                        .into(),
+                ));
+            }
+        }
+        for (kind, quota) in &self.backlog_quotas {
+            if !BACKLOG_QUOTA_TYPES.contains(&kind.as_str()) {
+                return Err(AdminError::BadRequest(format!(
+                    "unknown backlog quota type {kind}"
+                )));
+            }
+            if !BACKLOG_QUOTA_POLICIES.contains(&quota.policy.as_str()) {
+                return Err(AdminError::BadRequest(format!(
+                    "unknown backlog quota policy {}",
+                    quota.policy
+                )));
+            }
         }
         Ok(())
     }
@@ -87,6 +187,17 @@ impl NamespacePolicies {
             None => default,
         }
     }
+}
+
+/// A tenant's configuration (Pulsar's TenantInfo), as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantInfo {
+    /// Roles allowed to administer the tenant (kept, not enforced: no auth yet).
+    #[serde(default)]
+    pub admin_roles: Vec<String>,
+    /// Clusters the tenant may use.
+    #[serde(default)]
+    pub allowed_clusters: Vec<String>,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -187,18 +298,58 @@ impl Admin {
         }
     }
 
-    /// Creates a tenant.
+    /// Creates a tenant allowed on the local cluster.
     pub async fn create_tenant(&self, tenant: &str) -> Result<(), AdminError> {
+        let info = TenantInfo {
+            admin_roles: Vec::new(),
+            allowed_clusters: vec![crate::config::CLUSTER_NAME.to_string()],
+        };
+        self.create_tenant_with(tenant, &info).await
+    }
+
+    /// Creates a tenant with its configuration.
+    pub async fn create_tenant_with(
+        &self,
+        tenant: &str,
+        info: &TenantInfo,
+    ) -> Result<(), AdminError> {
         let key = tenant_key(tenant);
+        let value = serde_json::to_vec(info).map_err(|e| AdminError::Invalid(e.to_string()))?;
         match self
             .meta
-            .put(&key, Bytes::from_static(b"{}"), ExpectedVersion::Absent)
+            .put(&key, Bytes::from(value), ExpectedVersion::Absent)
             .await
         {
             Ok(_) => Ok(()),
             Err(MetaError::Exists { .. }) => Err(AdminError::Exists(format!("tenant {tenant}"))),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// A tenant's configuration, `None` when it does not exist.
+    pub async fn tenant_info(&self, tenant: &str) -> Result<Option<TenantInfo>, AdminError> {
+        let key = tenant_key(tenant);
+        let Some((value, _)) = self.meta.get(&key).await? else {
+            return Ok(None);
+        };
+        let info = serde_json::from_slice(&value).map_err(|e| AdminError::Corrupt {
+            key,
+            reason: e.to_string(),
+        })?;
+        Ok(Some(info))
+    }
+
+    /// Replaces a tenant's configuration.
+    pub async fn update_tenant(&self, tenant: &str, info: &TenantInfo) -> Result<(), AdminError> {
+        let key = tenant_key(tenant);
+        let Some((_, version)) = self.meta.get(&key).await? else {
+            return Err(AdminError::NotFound(format!("Tenant {tenant} not found")));
+        };
+        let value = serde_json::to_vec(info).map_err(|e| AdminError::Invalid(e.to_string()))?;
+        self.meta
+            .put(&key, Bytes::from(value), ExpectedVersion::Is(version))
+            .await?;
+        Ok(())
     }
 
     /// True if the tenant exists.
@@ -373,6 +524,87 @@ impl Admin {
         }
     }
 
+    /// Creates a non-partitioned topic: `Exists` when it (or a partitioned
+    /// topic of that name) exists already.
+    pub async fn create_topic(&self, topic: &TopicName) -> Result<(), AdminError> {
+        if self.namespace_policies(&topic.namespace).await?.is_none() {
+            return Err(AdminError::NotFound(format!(
+                "Namespace {} does not exist",
+                topic.namespace
+            )));
+        }
+        if topic.partition.is_none() && self.partitions(topic).await?.is_some() {
+            return Err(AdminError::Exists(format!(
+                "Partitioned topic {topic} already exists"
+            )));
+        }
+        match self
+            .meta
+            .put(
+                &topic_key("topics", topic),
+                Bytes::from_static(b"{}"),
+                ExpectedVersion::Absent,
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(MetaError::Exists { .. }) => Err(AdminError::Exists(format!(
+                "This topic already exists: {topic}"
+            ))),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Base names of the namespace's partitioned topics, sorted.
+    pub async fn partitioned_topics_of_namespace(
+        &self,
+        ns: &NamespaceName,
+    ) -> Result<Vec<String>, AdminError> {
+        let domain = "persistent";
+        let dir = format!("{}/{domain}", namespace_dir("partitioned-topics", ns));
+        let mut out: Vec<String> = self
+            .meta
+            .children(&dir)
+            .await?
+            .iter()
+            .map(|local| format!("{domain}://{ns}/{}", decode_segment(local)))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Raises the partition count of a partitioned topic (never lowers it:
+    /// partitions hold data).
+    pub async fn update_partitioned_topic(
+        &self,
+        topic: &TopicName,
+        partitions: u32,
+    ) -> Result<(), AdminError> {
+        let key = topic_key("partitioned-topics", &topic.base());
+        let Some((value, version)) = self.meta.get(&key).await? else {
+            return Err(AdminError::NotFound(format!(
+                "Partitioned Topic {topic} not found"
+            )));
+        };
+        let current: PartitionedMetadata =
+            serde_json::from_slice(&value).map_err(|e| AdminError::Corrupt {
+                key: key.clone(),
+                reason: e.to_string(),
+            })?;
+        if partitions <= current.partitions || partitions > PARTITIONS_MAX {
+            return Err(AdminError::Invalid(format!(
+                "partitions can only grow, up to {PARTITIONS_MAX}: {} -> {partitions}",
+                current.partitions
+            )));
+        }
+        let value = serde_json::to_vec(&PartitionedMetadata { partitions })
+            .map_err(|e| AdminError::Invalid(e.to_string()))?;
+        self.meta
+            .put(&key, Bytes::from(value), ExpectedVersion::Is(version))
+            .await?;
+        Ok(())
+    }
+
     /// Records that a (non-partitioned or partition) topic exists.
     pub async fn register_topic(&self, topic: &TopicName) -> Result<(), AdminError> {
         match self
@@ -502,7 +734,7 @@ mod tests {
         let other = NamespaceName::parse("public/other").unwrap();
         assert!(matches!(
             admin.create_namespace(&other, bad).await,
-            Err(AdminError::Invalid(_))
+            Err(AdminError::BadRequest(_))
         ));
         admin
             .create_namespace(&other, NamespacePolicies::default())

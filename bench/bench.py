@@ -1,0 +1,1048 @@
+#!/usr/bin/env python3
+"""Vela's seed benchmarks, and the same scenarios on Apache Pulsar.
+
+Each scenario runs against a fresh standalone (fresh data directory, free
+ports on 127.0.0.1), once with 1 bookie and once with 3 bookies at
+E=2 Qw=2 Qa=2, and prints a table. Beside the figures: the raw
+pwrite+fdatasync latency of the same data directory (`vela perf disk`),
+measured at the start of the scenario. Run several scenarios (or `all`) to
+get the combined table with ratios, startup time to the first acknowledged
+message, and resident memory idle and under load.
+
+Standard library only. `bench/run.sh` builds Vela (and installs Pulsar)
+first; see bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+import plot  # noqa: E402  (bench/plot.py)
+
+PULSAR_HOME = HERE / "pulsar"
+PULSAR_LIB = PULSAR_HOME / "dist" / "lib"
+
+# "As fast as possible" for pulsar-perf, whose rate limiter needs a rate.
+PULSAR_PERF_UNLIMITED_RATE = 10_000_000
+# Outstanding messages per producer in the batched scenarios (pulsar-perf's
+# default of 0 means unbounded: latency then measures only the queue).
+ASYNC_OUTSTANDING = 1000
+# Pulsar's JVM flags as `bin/pulsar` uses them (heap as in pulsar_env.sh);
+# PULSAR_MEM / PULSAR_GC override them as with `bin/pulsar`.
+PULSAR_MEM_DEFAULT = "-Xms2g -Xmx2g -XX:MaxDirectMemorySize=4g"
+PULSAR_GC_DEFAULT = (
+    "-XX:+UseG1GC -XX:MaxGCPauseMillis=10 -XX:+ParallelRefProcEnabled "
+    "-XX:+UnlockExperimentalVMOptions -XX:+DoEscapeAnalysis "
+    "-XX:G1NewSizePercent=50 -XX:+DisableExplicitGC"
+)
+JVM_MODULE_FLAGS = [
+    "--add-opens", "java.base/java.nio=ALL-UNNAMED",
+    "--add-opens", "java.base/sun.nio.ch=ALL-UNNAMED",
+    "--add-opens", "java.base/jdk.internal.misc=ALL-UNNAMED",
+    "--add-opens", "java.base/java.lang=ALL-UNNAMED",
+    "--add-opens", "java.base/java.util=ALL-UNNAMED",
+    "--add-opens", "java.base/sun.net=ALL-UNNAMED",
+    "--add-exports", "java.base/jdk.internal.platform=ALL-UNNAMED",
+    "--add-opens", "java.management/sun.management=ALL-UNNAMED",
+    "--add-opens", "jdk.management/com.sun.management.internal=ALL-UNNAMED",
+]
+PULSAR_PERF_MEM = "-Xms512m -Xmx1g"
+
+
+# ---------------------------------------------------------------- scenarios
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    title: str
+    kind: str  # "sync", "async" or "e2e"
+    size: int
+    compression: str = "none"
+    rate: int = 0  # 0: as fast as possible
+    # Clients that drive Pulsar in this scenario; the first is the reference
+    # for the ratios. Vela is always driven by `vela perf`.
+    pulsar_clients: tuple = ("pulsar-perf",)
+
+    @property
+    def batching(self) -> bool:
+        return self.kind != "sync"
+
+    @property
+    def outstanding(self) -> int:
+        return 1 if self.kind == "sync" else ASYNC_OUTSTANDING
+
+
+SCENARIOS = {
+    s.name: s
+    for s in [
+        Scenario("sync-1k", "sync 1 KiB", "sync", 1024,
+                 pulsar_clients=("pulsar-perf", "vela-perf")),
+        Scenario("sync-128", "sync 128 B", "sync", 128),
+        Scenario("sync-16k", "sync 16 KiB", "sync", 16 * 1024),
+        Scenario("sync-512k", "sync 512 KiB", "sync", 512 * 1024),
+        Scenario("async-1k", "async batched 1 KiB", "async", 1024),
+        Scenario("async-128-lz4", "async batched 128 B LZ4", "async", 128,
+                 compression="lz4"),
+        # pulsar-perf's consumer measures end-to-end latency in whole ms
+        # (publish time); `vela perf` stamps µs into the payload, so the
+        # ratio uses `vela perf` on both systems.
+        Scenario("e2e-10k", "end-to-end at 10k msg/s", "e2e", 1024, rate=10_000,
+                 pulsar_clients=("vela-perf", "pulsar-perf")),
+    ]
+}
+
+BOOKIE_SETUPS = {1: "1 bookie", 3: "3 bookies E2/Qw2/Qa2"}
+
+
+@dataclass
+class Options:
+    duration: int
+    warmup: int
+    disk_seconds: int
+    data_root: Path
+    vela: Path
+    keep_data: bool
+    verbose: bool
+    log_dir: Path
+
+
+# ------------------------------------------------------------ process care
+
+CHILDREN: set = set()
+
+
+def spawn(cmd, log_path: Path, **kwargs) -> subprocess.Popen:
+    """Starts `cmd` in its own process group with stdout+stderr in log_path."""
+    log = open(log_path, "ab")
+    proc = subprocess.Popen(
+        [str(c) for c in cmd], stdout=log, stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL, start_new_session=True, **kwargs)
+    log.close()
+    CHILDREN.add(proc)
+    return proc
+
+
+def stop(proc: subprocess.Popen, grace: float = 20.0) -> None:
+    """SIGTERM to the process group we started, SIGKILL after `grace` s."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    CHILDREN.discard(proc)
+
+
+def stop_all_children(*_args) -> None:
+    for proc in list(CHILDREN):
+        stop(proc, grace=5.0)
+
+
+def on_signal(signum, _frame):
+    stop_all_children()
+    sys.exit(128 + signum)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return False
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.2)
+            try:
+                s.connect(("127.0.0.1", port))
+                return True
+            except OSError:
+                time.sleep(0.002)
+    return False
+
+
+def rss_mib(pid: int) -> float | None:
+    """VmRSS of `pid` in MiB, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+class Fail(Exception):
+    """A step of the benchmark failed; the message says which and why."""
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join("    " + line[:300] for line in text[-lines:])
+
+
+# ----------------------------------------------------------------- servers
+
+class Server:
+    """A running standalone: its URLs, pid and the startup figures."""
+
+    system = ""
+
+    def __init__(self, bookies: int, data_dir: Path, opts: Options):
+        self.bookies = bookies
+        self.data_dir = data_dir
+        self.opts = opts
+        self.proc: subprocess.Popen | None = None
+        self.service_url = ""
+        self.admin_url = ""
+        self.ready_ms: float | None = None  # first acknowledged message
+        self.idle_rss_mib: float | None = None
+        self.log_path = opts.log_dir / f"{data_dir.name}.server.log"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def probe_first_ack(self, started: float, timeout: float) -> None:
+        """Sends one message until it is acknowledged; ready_ms is from the
+        spawn of the server to that acknowledgement."""
+        deadline = started + timeout
+        attempts = 0
+        while True:
+            attempts += 1
+            result = subprocess.run(
+                [str(self.opts.vela), "perf", "produce",
+                 "persistent://public/default/startup-probe",
+                 "-u", self.service_url, "-m", "1", "-r", "0", "-o", "1",
+                 "--disable-batching", "--json"],
+                capture_output=True, text=True, timeout=max(5.0, timeout))
+            if result.returncode == 0:
+                try:
+                    summary = json.loads(result.stdout.strip().splitlines()[-1])
+                except (ValueError, IndexError):
+                    summary = {}
+                if summary.get("messages") == 1:
+                    self.ready_ms = (time.monotonic() - started) * 1000.0
+                    return
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise Fail(
+                    f"{self.system} never acknowledged a first message "
+                    f"({attempts} attempts): {result.stderr.strip()[-300:]}\n"
+                    f"  server log {self.log_path}:\n{tail(self.log_path)}")
+            time.sleep(0.05)
+
+    def settle_and_measure_idle(self) -> None:
+        time.sleep(3.0)
+        self.idle_rss_mib = rss_mib(self.pid)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc, grace=20.0)
+        if not self.opts.keep_data:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+
+class VelaServer(Server):
+    system = "vela"
+
+    def start(self) -> None:
+        cmd = [self.opts.vela, "standalone", "--data-dir", self.data_dir,
+               "--port", "0", "--http-port", "0", "--bookies", str(self.bookies)]
+        if self.bookies == 3:
+            cmd += ["--ensemble-size", "2", "--write-quorum", "2", "--ack-quorum", "2"]
+        started = time.monotonic()
+        self.proc = spawn(cmd, self.log_path)
+        deadline = started + 60
+        pattern = re.compile(r"ready in \d+ ms: (pulsar://\S+) (http://\S+)")
+        while True:
+            match = pattern.search(self.log_path.read_text(errors="replace"))
+            if match:
+                self.service_url, self.admin_url = match.group(1), match.group(2)
+                break
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise Fail(f"vela standalone did not get ready:\n{tail(self.log_path)}")
+            time.sleep(0.001)
+        self.probe_first_ack(started, timeout=60)
+        self.settle_and_measure_idle()
+
+
+class PulsarServer(Server):
+    system = "pulsar"
+
+    def write_config(self, broker_port: int, web_port: int) -> Path:
+        quorum = 2 if self.bookies == 3 else 1
+        conf = self.data_dir / "standalone.conf"
+        template = (PULSAR_HOME / "standalone.conf.in").read_text()
+        conf.write_text(template.format(
+            broker_port=broker_port, web_port=web_port, quorum=quorum))
+        return conf
+
+    def start(self) -> None:
+        if not PULSAR_LIB.is_dir():
+            raise Fail("Apache Pulsar is not installed: run bench/pulsar/install.sh")
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        for attempt in range(3):
+            broker_port, web_port = free_port(), free_port()
+            conf = self.write_config(broker_port, web_port)
+            cmd = (["java"] + os.environ.get("PULSAR_MEM", PULSAR_MEM_DEFAULT).split()
+                   + os.environ.get("PULSAR_GC", PULSAR_GC_DEFAULT).split()
+                   + JVM_MODULE_FLAGS
+                   + ["-Dpulsar.allocator.exit_on_oom=true",
+                      "-Dio.netty.recycler.maxCapacityPerThread=4096",
+                      f"-Dlog4j2.configurationFile={PULSAR_HOME / 'log4j2.xml'}",
+                      "-cp", f"{PULSAR_LIB}/*",
+                      "org.apache.pulsar.PulsarStandaloneStarter",
+                      "--config", conf, "--no-functions-worker", "--no-stream-storage",
+                      "--num-bookies", str(self.bookies),
+                      "--metadata-dir", self.data_dir / "metadata",
+                      "--bookkeeper-dir", self.data_dir / "bookkeeper"])
+            started = time.monotonic()
+            self.proc = spawn(cmd, self.log_path, cwd=self.data_dir)
+            if wait_for_port(broker_port, self.proc, timeout=180):
+                break
+            log = self.log_path.read_text(errors="replace")
+            stop(self.proc)
+            if "Address already in use" in log and attempt < 2:
+                continue  # a port taken between our check and Pulsar's bind
+            raise Fail(f"Pulsar standalone did not open its port:\n{tail(self.log_path, 30)}")
+        self.service_url = f"pulsar://127.0.0.1:{broker_port}"
+        self.admin_url = f"http://127.0.0.1:{web_port}"
+        self.probe_first_ack(started, timeout=180)
+        self.settle_and_measure_idle()
+
+
+# ----------------------------------------------------------------- clients
+
+@dataclass
+class Figures:
+    """One measured run, normalized across tools."""
+    system: str
+    bookies: int
+    client: str
+    messages_per_s: float | None = None
+    mb_per_s: float | None = None
+    latency_ms: dict = field(default_factory=dict)  # mean p50 p95 p99 p999 p9999 max
+    curve: list = field(default_factory=list)  # (percentile, ms)
+    failures: int = 0
+    peak_rss_mib: float | None = None
+    ready_ms: float | None = None
+    idle_rss_mib: float | None = None
+    note: str = ""
+
+
+def watch(proc: subprocess.Popen, server: Server, timeout: float,
+          log_path: Path | None = None, done_marker: str | None = None,
+          done_grace: float = 3.0) -> float | None:
+    """Waits for a client, sampling the server's RSS every 0.25 s; returns
+    the peak. With done_marker: once that text is in the log, waits
+    done_grace s more, then stops the client (pulsar-perf idles up to 10 s
+    after its test duration before it prints its summary and exits)."""
+    peak = None
+    deadline = time.monotonic() + timeout
+    done_at = None
+    while proc.poll() is None:
+        rss = rss_mib(server.pid)
+        if rss is not None:
+            peak = rss if peak is None else max(peak, rss)
+        if time.monotonic() > deadline:
+            stop(proc, grace=10.0)
+            raise Fail(f"client ran past {timeout:.0f} s")
+        if done_marker and log_path is not None and done_at is None:
+            if done_marker in log_path.read_text(errors="replace"):
+                done_at = time.monotonic()
+        if done_at is not None and time.monotonic() - done_at > done_grace:
+            stop(proc, grace=15.0)
+            break
+        time.sleep(0.25)
+    CHILDREN.discard(proc)
+    return peak
+
+
+def vela_perf_produce_cmd(opts: Options, sc: Scenario, url: str, topic: str,
+                          duration: int, warmup: int) -> list:
+    cmd = [opts.vela, "perf", "produce", topic, "-u", url,
+           "-r", str(sc.rate), "-s", str(sc.size), "-o", str(sc.outstanding),
+           "-z", sc.compression, "--test-duration", str(duration),
+           "--warmup", str(warmup), "-i", "5", "--json"]
+    if not sc.batching:
+        cmd.append("--disable-batching")
+    return cmd
+
+
+def parse_vela_json(path: Path) -> dict:
+    for line in reversed(path.read_text(errors="replace").splitlines()):
+        line = line.strip()
+        if line.startswith("{") and '"latency_ms"' in line:
+            return json.loads(line)
+    raise Fail(f"no --json summary from vela perf:\n{tail(path)}")
+
+
+def figures_from_vela(summary: dict, fig: Figures) -> Figures:
+    fig.messages_per_s = summary["messages_per_s"]
+    fig.mb_per_s = summary["mb_per_s"]
+    fig.latency_ms = summary["latency_ms"]
+    fig.curve = [tuple(p) for p in summary.get("latency_curve_ms", [])]
+    fig.failures = summary.get("failures", 0)
+    return fig
+
+
+def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figures:
+    fig = Figures(server.system, server.bookies, "vela-perf")
+    topic = f"persistent://public/default/{sc.name}-{tag}"
+    base = opts.log_dir / f"{server.data_dir.name}.{tag}"
+    if sc.kind != "e2e":
+        out = Path(f"{base}.produce.log")
+        proc = spawn(vela_perf_produce_cmd(opts, sc, server.service_url, topic,
+                                           opts.duration, opts.warmup), out)
+        fig.peak_rss_mib = watch(proc, server, timeout=opts.duration + 120)
+        if proc.returncode != 0:
+            raise Fail(f"vela perf produce failed:\n{tail(out)}")
+        return figures_from_vela(parse_vela_json(out), fig)
+    # End to end: the consumer subscribes first, then the producer runs.
+    cons_out = Path(f"{base}.consume.log")
+    prod_out = Path(f"{base}.produce.log")
+    slack = 3
+    consumer = spawn([opts.vela, "perf", "consume", topic, "-u", server.service_url,
+                      "--subscription-position", "latest",
+                      "--test-duration", str(opts.duration + slack),
+                      "--warmup", str(opts.warmup + 1), "-i", "5", "--json"], cons_out)
+    time.sleep(1.0)
+    producer = spawn(vela_perf_produce_cmd(opts, sc, server.service_url, topic,
+                                           opts.duration, opts.warmup), prod_out)
+    fig.peak_rss_mib = watch(producer, server, timeout=opts.duration + 120)
+    watch(consumer, server, timeout=slack + 60)
+    if producer.returncode != 0:
+        raise Fail(f"vela perf produce failed:\n{tail(prod_out)}")
+    if consumer.returncode != 0:
+        raise Fail(f"vela perf consume failed:\n{tail(cons_out)}")
+    fig = figures_from_vela(parse_vela_json(cons_out), fig)
+    # The consumer's own rate spans its longer run; report what was sent.
+    sent = parse_vela_json(prod_out)
+    fig.messages_per_s, fig.mb_per_s = sent["messages_per_s"], sent["mb_per_s"]
+    fig.note = "e2e: from a µs send stamp in the payload; msg/s: the producer's"
+    return fig
+
+
+def pulsar_perf_cmd(opts: Options, sub: str, args: list) -> list:
+    return (["java"] + PULSAR_PERF_MEM.split() + JVM_MODULE_FLAGS
+            + [f"-Dlog4j2.configurationFile={PULSAR_HOME / 'log4j2-perf.xml'}",
+               "-cp", f"{PULSAR_LIB}/*",
+               "org.apache.pulsar.testclient.PulsarPerfTestTool",
+               PULSAR_HOME / "client.conf", sub] + args)
+
+
+LATENCY_LINE = re.compile(
+    r"Aggregated latency stats --- Latency: mean:\s*([\d.]+) ms - med:\s*([\d.]+)"
+    r" - 95pct:\s*([\d.]+) - 99pct:\s*([\d.]+) - 99\.9pct:\s*([\d.]+)"
+    r" - 99\.99pct:\s*([\d.]+) - 99\.999pct:\s*([\d.]+) - Max:\s*([\d.]+)")
+CLIENT_STATS_LINE = re.compile(r"^(\d{13}) .*Ack received rate: ([\d.]+) ack/s")
+PRODUCERS_CREATED = re.compile(r"^(\d{13}) Created \d+ producers")
+
+
+def parse_pulsar_latency(path: Path) -> tuple:
+    match = None
+    for match in LATENCY_LINE.finditer(path.read_text(errors="replace")):
+        pass
+    if match is None:
+        raise Fail(f"no aggregated latency line from pulsar-perf:\n{tail(path)}")
+    mean, p50, p95, p99, p999, p9999, p99999, mx = (float(g) for g in match.groups())
+    latency = {"mean": mean, "p50": p50, "p95": p95, "p99": p99, "p999": p999,
+               "p9999": p9999, "max": mx}
+    curve = [(50.0, p50), (95.0, p95), (99.0, p99), (99.9, p999), (99.99, p9999),
+             (99.999, p99999), (100.0, mx)]
+    return latency, curve
+
+
+def pulsar_throughput(path: Path, duration: int, warmup: int) -> float | None:
+    """Acknowledged msg/s after the warm-up, from the client's own stats
+    lines (-i 1: one line a second with its ack rate). pulsar-perf's
+    "Aggregated throughput" counts the warm-up and the idle time until its
+    10 s report loop notices the end, so it is not used."""
+    created = None
+    points = []
+    for line in path.read_text(errors="replace").splitlines():
+        m = PRODUCERS_CREATED.match(line)
+        if m and created is None:
+            created = int(m.group(1)) / 1000.0
+            continue
+        m = CLIENT_STATS_LINE.match(line)
+        if m:
+            points.append((int(m.group(1)) / 1000.0, float(m.group(2))))
+    if created is None or len(points) < 2:
+        return None
+    start, end = created + warmup, created + duration
+    acked = 0.0
+    span = 0.0
+    for (t0, _), (t1, rate) in zip(points, points[1:]):
+        if t0 >= start and t1 <= end:
+            acked += rate * (t1 - t0)
+            span += t1 - t0
+    return acked / span if span > 0 else None
+
+
+def run_pulsar_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figures:
+    fig = Figures(server.system, server.bookies, "pulsar-perf")
+    topic = f"persistent://public/default/{sc.name}-{tag}"
+    base = opts.log_dir / f"{server.data_dir.name}.{tag}"
+    rate = sc.rate or PULSAR_PERF_UNLIMITED_RATE
+    produce_args = ["-u", server.service_url, "-r", str(rate), "-s", str(sc.size),
+                    "-o", str(sc.outstanding), "-z", sc.compression.upper(),
+                    "-time", str(opts.duration), "--warmup-time", str(opts.warmup),
+                    "-i", "1", topic]
+    if not sc.batching:
+        produce_args.insert(0, "-db")
+    prod_out = Path(f"{base}.produce.log")
+    if sc.kind != "e2e":
+        proc = spawn(pulsar_perf_cmd(opts, "produce", produce_args), prod_out)
+        fig.peak_rss_mib = watch(proc, server, timeout=opts.duration + 180,
+                                 log_path=prod_out, done_marker="DONE (reached")
+        fig.latency_ms, fig.curve = parse_pulsar_latency(prod_out)
+        fig.messages_per_s = pulsar_throughput(prod_out, opts.duration, opts.warmup)
+        if fig.messages_per_s is not None:
+            fig.mb_per_s = fig.messages_per_s * sc.size / 1e6
+        return fig
+    cons_out = Path(f"{base}.consume.log")
+    slack = 8  # the consumer's JVM starts, then the producer's
+    consumer = spawn(pulsar_perf_cmd(opts, "consume", [
+        "-u", server.service_url, "-ss", "sub", "-sp", "Latest",
+        "-time", str(opts.duration + slack), "-i", "0", topic]), cons_out)
+    deadline = time.monotonic() + 120
+    while "Start receiving" not in cons_out.read_text(errors="replace") \
+            and "Created 1 consumers" not in cons_out.read_text(errors="replace"):
+        if consumer.poll() is not None or time.monotonic() > deadline:
+            raise Fail(f"pulsar-perf consume did not subscribe:\n{tail(cons_out)}")
+        time.sleep(0.1)
+    producer = spawn(pulsar_perf_cmd(opts, "produce", produce_args), prod_out)
+    fig.peak_rss_mib = watch(producer, server, timeout=opts.duration + 180,
+                             log_path=prod_out, done_marker="DONE (reached")
+    watch(consumer, server, timeout=slack + 120)
+    fig.latency_ms, fig.curve = parse_pulsar_latency(cons_out)
+    fig.messages_per_s = pulsar_throughput(prod_out, opts.duration, opts.warmup)
+    if fig.messages_per_s is not None:
+        fig.mb_per_s = fig.messages_per_s * sc.size / 1e6
+    fig.note = "e2e: from the publish time, in whole ms (pulsar-perf's consumer); msg/s: the producer's"
+    return fig
+
+
+# ------------------------------------------------------------ measurement
+
+def measure_disk(opts: Options, where: Path) -> dict:
+    where.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        [str(opts.vela), "perf", "disk", "--dir", str(where), "--size", "1024",
+         "--test-duration", str(opts.disk_seconds), "--json"],
+        capture_output=True, text=True, timeout=opts.disk_seconds + 120)
+    if result.returncode != 0:
+        raise Fail(f"vela perf disk failed: {result.stderr.strip()}")
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    return summary["latency_ms"]
+
+
+def run_scenario(opts: Options, sc: Scenario, systems: list, bookie_setups: list) -> dict:
+    print(f"\n== {sc.name}: {sc.title} ==", flush=True)
+    started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    disk = measure_disk(opts, opts.data_root)
+    print(f"   raw fdatasync of {opts.data_root} (4 KiB blocks, depth 1): "
+          f"p50 {disk['p50']:.3f} ms  p99 {disk['p99']:.3f} ms  p99.9 {disk['p999']:.3f} ms",
+          flush=True)
+    rows = []
+    for system in systems:
+        for bookies in bookie_setups:
+            data_dir = opts.data_root / f"{sc.name}-{system}-{bookies}b"
+            shutil.rmtree(data_dir, ignore_errors=True)
+            server = (VelaServer if system == "vela" else PulsarServer)(bookies, data_dir, opts)
+            clients = ["vela-perf"] if system == "vela" else list(sc.pulsar_clients)
+            label = f"{system} {BOOKIE_SETUPS[bookies]}"
+            try:
+                print(f"   {label}: starting", flush=True)
+                server.start()
+                print(f"   {label}: first ack after {server.ready_ms:.0f} ms, "
+                      f"idle RSS {server.idle_rss_mib:.0f} MiB", flush=True)
+                for client in clients:
+                    runner = run_vela_perf if client == "vela-perf" else run_pulsar_perf
+                    fig = runner(opts, sc, server, client)
+                    fig.ready_ms, fig.idle_rss_mib = server.ready_ms, server.idle_rss_mib
+                    rows.append(fig)
+                    print(f"   {label} ({client}): " + one_line(fig), flush=True)
+            except Fail as error:
+                print(f"   {label}: FAILED: {error}", flush=True)
+                rows.append(Figures(system, bookies, clients[0], note=f"failed: {str(error).splitlines()[0]}"))
+            finally:
+                server.stop()
+    result = {"scenario": sc.name, "title": sc.title, "kind": sc.kind,
+              "started_at": started_at, "disk_ms": disk,
+              "rows": [fig.__dict__ for fig in rows]}
+    print()
+    print(scenario_table(result))
+    return result
+
+
+# ------------------------------------------------------------------ output
+
+def fmt(value, digits=3) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float) and digits == 0:
+        return f"{value:,.0f}"
+    return f"{value:.{digits}f}"
+
+
+def one_line(fig: Figures) -> str:
+    lat = fig.latency_ms
+    return (f"{fmt(fig.messages_per_s, 0)} msg/s, {fmt(fig.mb_per_s, 1)} MB/s, "
+            f"p50 {fmt(lat.get('p50'))} p99 {fmt(lat.get('p99'))} "
+            f"p99.9 {fmt(lat.get('p999'))} max {fmt(lat.get('max'))} ms"
+            + (f", peak RSS {fmt(fig.peak_rss_mib, 0)} MiB" if fig.peak_rss_mib else ""))
+
+
+def text_table(headers: list, rows: list) -> str:
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h))
+              for i, h in enumerate(headers)]
+    def line(cells):
+        return "  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths)))
+    out = [line(headers), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def md_table(headers: list, rows: list) -> str:
+    out = ["| " + " | ".join(headers) + " |",
+           "|" + "|".join("---" if i == 0 else "---:" for i in range(len(headers))) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+SCENARIO_HEADERS = ["system", "bookies", "client", "msg/s", "MB/s", "mean", "p50",
+                    "p95", "p99", "p99.9", "p99.99", "max", "disk p50", "disk p99"]
+
+
+def scenario_rows(result: dict) -> list:
+    disk = result["disk_ms"]
+    rows = []
+    for r in result["rows"]:
+        lat = r["latency_ms"]
+        rows.append([r["system"], r["bookies"], r["client"] + (" *" if r["note"].startswith("failed") else ""),
+                     fmt(r["messages_per_s"], 0), fmt(r["mb_per_s"], 1),
+                     *(fmt(lat.get(k)) for k in ("mean", "p50", "p95", "p99", "p999", "p9999", "max")),
+                     fmt(disk["p50"]), fmt(disk["p99"])])
+    return rows
+
+
+def scenario_table(result: dict, markdown: bool = False) -> str:
+    title = (f"{result['scenario']}: {result['title']} "
+             f"(latency ms{'; end-to-end, from the consumer' if result['kind'] == 'e2e' else ''})")
+    table = (md_table if markdown else text_table)(SCENARIO_HEADERS, scenario_rows(result))
+    notes = [f"{r['system']} {r['bookies']}b {r['client']}: {r['note']}"
+             for r in result["rows"] if r["note"]]
+    body = title + "\n\n" + table if markdown else title + "\n" + table
+    if notes:
+        body += ("\n\n" if markdown else "\n") + "\n".join(
+            ("- " if markdown else "  note: ") + n for n in notes)
+    return body
+
+
+def find_row(result: dict, system: str, bookies: int, client: str | None = None):
+    for r in result["rows"]:
+        if r["system"] == system and r["bookies"] == bookies and (client is None or r["client"] == client) \
+                and r["latency_ms"]:
+            return r
+    return None
+
+
+def ratio(a, b) -> str:
+    if a is None or b is None or b == 0:
+        return "-"
+    return f"{a / b:.1f}x"
+
+
+def combined_rows(results: list, bookie_setups: list) -> list:
+    rows = []
+    for res in results:
+        sc = SCENARIOS[res["scenario"]]
+        for bookies in bookie_setups:
+            vela = find_row(res, "vela", bookies)
+            pulsar = find_row(res, "pulsar", bookies, sc.pulsar_clients[0])
+            vl = vela["latency_ms"] if vela else {}
+            pl = pulsar["latency_ms"] if pulsar else {}
+            v_rate = vela["messages_per_s"] if vela else None
+            p_rate = pulsar["messages_per_s"] if pulsar else None
+            rows.append([
+                res["scenario"], bookies, fmt(res["disk_ms"]["p50"]),
+                fmt(vl.get("p50")), fmt(vl.get("p99")), fmt(vl.get("p999")), fmt(v_rate, 0),
+                fmt(pl.get("p50")), fmt(pl.get("p99")), fmt(pl.get("p999")), fmt(p_rate, 0),
+                ratio(pl.get("p50"), vl.get("p50")), ratio(pl.get("p999"), vl.get("p999")),
+                ratio(v_rate, p_rate),
+            ])
+    return rows
+
+
+COMBINED_HEADERS = ["scenario", "bk", "disk p50", "vela p50", "vela p99", "vela p99.9",
+                    "vela msg/s", "pulsar p50", "pulsar p99", "pulsar p99.9", "pulsar msg/s",
+                    "P/V p50", "P/V p99.9", "V/P msg/s"]
+
+
+def startup_memory(results: list, systems: list, bookie_setups: list) -> dict:
+    """Per (system, bookies): median time to first ack and idle RSS over all
+    the fresh starts of the run; RSS under load = peak while the async 1 KiB
+    producer ran (else the peak of any run)."""
+    out = {}
+    for system in systems:
+        for bookies in bookie_setups:
+            rows = [r for res in results for r in res["rows"]
+                    if r["system"] == system and r["bookies"] == bookies and r["ready_ms"]]
+            if not rows:
+                continue
+            load = [r["peak_rss_mib"] for res in results if res["scenario"] == "async-1k"
+                    for r in res["rows"] if r["system"] == system and r["bookies"] == bookies
+                    and r["peak_rss_mib"]]
+            source = "async-1k"
+            if not load:
+                load = [r["peak_rss_mib"] for r in rows if r["peak_rss_mib"]]
+                source = "any run"
+            out[(system, bookies)] = {
+                "ready_ms": statistics.median(r["ready_ms"] for r in rows),
+                "ready_ms_all": sorted(round(r["ready_ms"]) for r in rows),
+                "idle_rss_mib": statistics.median(r["idle_rss_mib"] for r in rows if r["idle_rss_mib"]),
+                "load_rss_mib": max(load) if load else None,
+                "load_source": source,
+            }
+    return out
+
+
+def startup_rows(sm: dict, bookie_setups: list) -> list:
+    rows = []
+    for bookies in bookie_setups:
+        v, p = sm.get(("vela", bookies)), sm.get(("pulsar", bookies))
+        rows.append([
+            BOOKIE_SETUPS[bookies],
+            fmt(v and v["ready_ms"], 0), fmt(p and p["ready_ms"], 0),
+            ratio(p and p["ready_ms"], v and v["ready_ms"]),
+            fmt(v and v["idle_rss_mib"], 0), fmt(p and p["idle_rss_mib"], 0),
+            fmt(v and v["load_rss_mib"], 0), fmt(p and p["load_rss_mib"], 0),
+            ratio(p and p["load_rss_mib"], v and v["load_rss_mib"]),
+        ])
+    return rows
+
+
+STARTUP_HEADERS = ["setup", "vela ready ms", "pulsar ready ms", "P/V ready",
+                   "vela idle MiB", "pulsar idle MiB", "vela load MiB", "pulsar load MiB",
+                   "P/V load RSS"]
+
+
+def targets(results: list, sm: dict, bookie_setups: list) -> list:
+    """Issue 5's targets: (target, setup, measured, met)."""
+    by = {res["scenario"]: res for res in results}
+    out = []
+    def verdict(ok):
+        return "-" if ok is None else ("met" if ok else "NOT met")
+    for bookies in bookie_setups:
+        setup = BOOKIE_SETUPS[bookies]
+        sync = by.get("sync-1k")
+        if sync:
+            v = find_row(sync, "vela", bookies)
+            p = find_row(sync, "pulsar", bookies, "pulsar-perf")
+            disk = sync["disk_ms"]["p50"]
+            budget = 0.100 if bookies == 1 else 0.150
+            if v:
+                vp50 = v["latency_ms"]["p50"]
+                out.append([f"sync 1 KiB p50 <= fdatasync p50 + {budget * 1000:.0f} us"
+                            + ("" if bookies == 1 else " (DESIGN: 2 copies)"), setup,
+                            f"{vp50:.3f} ms vs {disk:.3f} + {budget:.3f} ms",
+                            verdict(vp50 <= disk + budget)])
+            if v and p:
+                r50 = p["latency_ms"]["p50"] / v["latency_ms"]["p50"]
+                r999 = p["latency_ms"]["p999"] / v["latency_ms"]["p999"]
+                out.append(["sync 1 KiB p50 >= 3x lower than Pulsar", setup,
+                            f"{r50:.1f}x ({v['latency_ms']['p50']:.3f} vs {p['latency_ms']['p50']:.3f} ms)",
+                            verdict(r50 >= 3)])
+                out.append(["sync 1 KiB p99.9 >= 10x lower than Pulsar", setup,
+                            f"{r999:.1f}x ({v['latency_ms']['p999']:.3f} vs {p['latency_ms']['p999']:.3f} ms)",
+                            verdict(r999 >= 10)])
+        asyn = by.get("async-1k")
+        if asyn:
+            v = find_row(asyn, "vela", bookies)
+            p = find_row(asyn, "pulsar", bookies, "pulsar-perf")
+            if v and p and v["messages_per_s"] and p["messages_per_s"]:
+                r = v["messages_per_s"] / p["messages_per_s"]
+                out.append(["async batched 1 KiB throughput >= 2x Pulsar", setup,
+                            f"{r:.1f}x ({v['messages_per_s']:,.0f} vs {p['messages_per_s']:,.0f} msg/s)",
+                            verdict(r >= 2)])
+        v, p = sm.get(("vela", bookies)), sm.get(("pulsar", bookies))
+        if v and p:
+            if v["load_rss_mib"] and p["load_rss_mib"]:
+                r = p["load_rss_mib"] / v["load_rss_mib"]
+                out.append(["RSS under load <= 1/10 of Pulsar", setup,
+                            f"{r:.1f}x ({v['load_rss_mib']:.0f} vs {p['load_rss_mib']:.0f} MiB)",
+                            verdict(r >= 10)])
+            r = p["ready_ms"] / v["ready_ms"]
+            out.append(["ready >= 50x sooner (to first ack)", setup,
+                        f"{r:.0f}x ({v['ready_ms']:.0f} vs {p['ready_ms']:.0f} ms)",
+                        verdict(r >= 50)])
+    return out
+
+
+TARGET_HEADERS = ["target", "setup", "measured", "verdict"]
+
+
+def machine_state() -> dict:
+    """Load and the busiest processes other than this benchmark's."""
+    ps = subprocess.run(["ps", "-eo", "pid,pcpu,rss,comm,args", "--sort=-pcpu"],
+                        capture_output=True, text=True).stdout.splitlines()[1:]
+    ours = {str(p.pid) for p in CHILDREN} | {str(os.getpid())}
+    heavy = []
+    for line in ps[:12]:
+        parts = line.split(None, 4)
+        if len(parts) < 5 or parts[0] in ours:
+            continue
+        if float(parts[1]) >= 10.0:
+            heavy.append(f"{parts[3]} ({parts[1]}% CPU): {parts[4][:100]}")
+    return {"loadavg": os.getloadavg(), "heavy": heavy,
+            "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def command_output(cmd: list) -> str:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def machine_description(opts: Options) -> dict:
+    cpu = ""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+        mem_kib = next(int(l.split()[1]) for l in open("/proc/meminfo") if l.startswith("MemTotal"))
+    except (OSError, StopIteration):
+        mem_kib = 0
+    df = command_output(["df", "-T", "-h", str(opts.data_root)]).splitlines()
+    fs = " ".join(df[1].split()[:3]) if len(df) > 1 else ""
+    mount = command_output(["findmnt", "-n", "-o", "SOURCE,FSTYPE,OPTIONS", "-T", str(opts.data_root)])
+    dev = (mount.split() or [""])[0]
+    rotational = ""
+    if dev.startswith("/dev/"):
+        name = Path(dev).name
+        rot = Path(f"/sys/block/{name}/queue/rotational")
+        if rot.exists():
+            rotational = "rotational" if rot.read_text().strip() == "1" else "non-rotational"
+    pulsar_jar = sorted(PULSAR_LIB.glob("pulsar-broker-[0-9]*.jar")) if PULSAR_LIB.is_dir() else []
+    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()
+    return {
+        "cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(mem_kib / 1024 / 1024, 1),
+        "data_dir": str(opts.data_root), "filesystem": fs, "mount": mount, "disk": rotational,
+        "kernel": platform.release(),
+        "vela": command_output([str(opts.vela), "--version"]) + " @ "
+        + command_output(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"]),
+        "rustc": command_output(["rustc", "--version"]),
+        "java": java[0] if java else "",
+        "pulsar": pulsar_jar[0].stem.replace("pulsar-broker-", "Apache Pulsar ") if pulsar_jar else "not installed",
+        "python": platform.python_version(),
+    }
+
+
+def report(results, sm, bookie_setups, opts, machine, before, after, markdown) -> str:
+    parts = []
+    table = md_table if markdown else text_table
+    if markdown:
+        parts.append("# Vela vs Apache Pulsar: the seed benchmarks\n")
+        parts.append("Generated by `bench/run.sh` (bench/bench.py); every figure below comes from "
+                     "one run on one machine. Latencies in ms; `P/V` = Pulsar / Vela "
+                     "(latency: how many times lower Vela's is), `V/P` = Vela / Pulsar (throughput).\n")
+        parts.append("## Machine\n")
+        parts.append("\n".join(f"- {k}: {v}" for k, v in machine.items()) + "\n")
+        parts.append(f"- run: {opts.duration} s per scenario run, of which {opts.warmup} s "
+                     f"warm-up left out; disk test {opts.disk_seconds} s per scenario\n")
+        parts.append("## Machine state during the run\n")
+        for label, state in (("start", before), ("end", after)):
+            la = ", ".join(f"{x:.2f}" for x in state["loadavg"])
+            parts.append(f"- {label} ({state['at']}): load average {la}")
+            for h in state["heavy"]:
+                parts.append(f"  - busy: {h}")
+        busy = before["heavy"] or after["heavy"] or max(before["loadavg"][0], after["loadavg"][0]) > 1.5
+        parts.append("\n" + ("**Other heavy processes shared this 2-core machine during the run: "
+                             "latencies (tails above all) are inflated and noisy. Re-run "
+                             "`bench/run.sh` on a quiet machine before quoting these numbers.**"
+                             if busy else "The machine was quiet (no other heavy process seen).") + "\n")
+        parts.append("## Targets (issue 5)\n")
+    else:
+        parts.append("== Targets (issue 5) ==")
+    parts.append(table(TARGET_HEADERS, targets(results, sm, bookie_setups)))
+    parts.append("" if not markdown else "")
+    parts.append("## Combined\n" if markdown else "\n== Combined (latency ms) ==")
+    parts.append(table(COMBINED_HEADERS, combined_rows(results, bookie_setups)))
+    if markdown:
+        parts.append("\nPulsar columns: pulsar-perf, except e2e-10k where both systems are "
+                     "driven by `vela perf` (pulsar-perf's consumer measures in whole ms); "
+                     "all clients are in the per-scenario tables below.\n")
+    parts.append("## Startup and memory\n" if markdown else "\n== Startup (spawn to first acknowledged message) and resident memory ==")
+    parts.append(table(STARTUP_HEADERS, startup_rows(sm, bookie_setups)))
+    if markdown:
+        parts.append("\nready: median over every fresh start of the run (one per scenario), from "
+                     "spawning the process to the first acknowledged message (probe: `vela perf "
+                     "produce -m 1`, retried every 50 ms). idle: VmRSS 3 s after that. load: peak "
+                     "VmRSS (sampled every 250 ms) while the async batched 1 KiB producer ran. "
+                     f"Pulsar's JVM runs with `{os.environ.get('PULSAR_MEM', PULSAR_MEM_DEFAULT)}` "
+                     "(bin/pulsar's default heap; PULSAR_MEM overrides).\n")
+        for key, v in sorted(sm.items()):
+            parts.append(f"- {key[0]} {BOOKIE_SETUPS[key[1]]}: ready ms per start {v['ready_ms_all']}")
+        parts.append("\n## Scenarios\n")
+        for res in results:
+            parts.append("### " + scenario_table(res, markdown=True) + "\n")
+    return "\n".join(parts)
+
+
+# ------------------------------------------------------------------- main
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenarios", nargs="*", default=["all"],
+                        help=f"scenarios to run: all, or any of {', '.join(SCENARIOS)}")
+    parser.add_argument("--systems", default=os.environ.get("BENCH_SYSTEMS", "vela,pulsar"),
+                        help="comma-separated: vela, pulsar (default: both)")
+    parser.add_argument("--bookies", default=os.environ.get("BENCH_BOOKIES", "1,3"),
+                        help="comma-separated bookie setups: 1, 3 (default: both)")
+    parser.add_argument("--duration", type=int, default=int(os.environ.get("BENCH_DURATION", 15)),
+                        help="seconds per run, warm-up included (default 15; BENCH_DURATION)")
+    parser.add_argument("--warmup", type=int, default=int(os.environ.get("BENCH_WARMUP", 5)),
+                        help="seconds of warm-up left out of the figures (default 5; BENCH_WARMUP)")
+    parser.add_argument("--long", action="store_true",
+                        help="longer runs: 120 s each with 20 s of warm-up, 30 s disk test")
+    parser.add_argument("--disk-seconds", type=int,
+                        default=int(os.environ.get("BENCH_DISK_SECONDS", 5)))
+    parser.add_argument("--data-root", type=Path,
+                        default=Path(os.environ.get("BENCH_DATA", ROOT / "target" / "bench-data")),
+                        help="where the standalones keep their data (default target/bench-data)")
+    parser.add_argument("--out", type=Path, default=ROOT / "target" / "bench-results",
+                        help="where results, logs and the plot go (default target/bench-results)")
+    parser.add_argument("--markdown", type=Path, help="also write the report as Markdown here")
+    parser.add_argument("--update-results", action="store_true",
+                        help="after a full run (every scenario, both systems, both setups) "
+                             "write bench/RESULTS.md and bench/sync-1k-latency.svg")
+    parser.add_argument("--vela", type=Path, default=ROOT / "target" / "release" / "vela")
+    parser.add_argument("--keep-data", action="store_true")
+    args = parser.parse_args()
+
+    names = list(SCENARIOS) if "all" in args.scenarios else args.scenarios
+    full_run = False
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s) {unknown}; known: all, {', '.join(SCENARIOS)}")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if any(s not in ("vela", "pulsar") for s in systems):
+        parser.error("--systems takes vela and/or pulsar")
+    bookie_setups = [int(b) for b in args.bookies.split(",") if b.strip()]
+    if any(b not in BOOKIE_SETUPS for b in bookie_setups):
+        parser.error("--bookies takes 1 and/or 3")
+    if args.long:
+        args.duration, args.warmup, args.disk_seconds = 120, 20, 30
+    full_run = (set(names) == set(SCENARIOS) and set(systems) == {"vela", "pulsar"}
+                and set(bookie_setups) == set(BOOKIE_SETUPS))
+    if args.update_results and full_run and not args.markdown:
+        args.markdown = HERE / "RESULTS.md"
+    elif args.update_results:
+        print("note: not a full run (every scenario, both systems, both setups): "
+              "bench/RESULTS.md is left as it is")
+    if args.warmup >= args.duration:
+        parser.error("--warmup must be shorter than --duration")
+    if not args.vela.is_file():
+        parser.error(f"{args.vela} not found: cargo build --release -p vela (bench/run.sh does it)")
+    if "pulsar" in systems and not PULSAR_LIB.is_dir():
+        parser.error("Apache Pulsar is not installed: run bench/pulsar/install.sh "
+                     "(or --systems vela)")
+
+    run_id = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    log_dir = args.out / f"logs-{run_id}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    args.data_root.mkdir(parents=True, exist_ok=True)
+    opts = Options(args.duration, args.warmup, args.disk_seconds, args.data_root.resolve(),
+                   args.vela.resolve(), args.keep_data, False, log_dir)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    machine = machine_description(opts)
+    before = machine_state()
+    if before["heavy"]:
+        print("warning: other busy processes on this machine; latencies will be noisy:")
+        for h in before["heavy"]:
+            print("  " + h)
+    print(f"logs in {log_dir}")
+    results = []
+    try:
+        for name in names:
+            results.append(run_scenario(opts, SCENARIOS[name], systems, bookie_setups))
+    finally:
+        stop_all_children()
+    after = machine_state()
+
+    sm = startup_memory(results, systems, bookie_setups)
+    print()
+    print(report(results, sm, bookie_setups, opts, machine, before, after, markdown=False))
+
+    raw = {"machine": machine, "state_before": before, "state_after": after,
+           "options": {"duration": opts.duration, "warmup": opts.warmup,
+                       "disk_seconds": opts.disk_seconds},
+           "results": results,
+           "startup_memory": {f"{k[0]}-{k[1]}": v for k, v in sm.items()}}
+    json_path = args.out / "results.json"
+    json_path.write_text(json.dumps(raw, indent=1))
+    svg_path = args.out / "sync-1k-latency.svg"
+    sync = next((r for r in results if r["scenario"] == "sync-1k"), None)
+    if sync:
+        series = [(f"{r['system']} {BOOKIE_SETUPS[r['bookies']]} ({r['client']})", r["curve"])
+                  for r in sync["rows"] if r["curve"]]
+        plot.write_svg(svg_path, "sync 1 KiB publish latency (fsync on; lower is better)", series)
+        print(f"\nplot: {svg_path}")
+    if args.markdown:
+        md = report(results, sm, bookie_setups, opts, machine, before, after, markdown=True)
+        if sync:
+            md += ("\n## Plot\n\n![sync 1 KiB latency percentiles](sync-1k-latency.svg)\n")
+        args.markdown.write_text(md + "\n")
+        if sync and args.markdown.parent.resolve() != args.out.resolve():
+            shutil.copy(svg_path, args.markdown.parent / svg_path.name)
+        print(f"markdown: {args.markdown}")
+    print(f"raw results: {json_path}")
+    failed = [r for res in results for r in res["rows"] if r["note"].startswith("failed")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,707 @@
+//! Pulsar's admin REST JSON shapes, at the edge: request bodies parsed into
+//! the broker's own types, and the broker's stats turned into Pulsar's
+//! response documents (TopicStats, PartitionedTopicStats,
+//! PersistentTopicInternalStats, Policies, TenantInfo, LookupData).
+//!
+//! Owns: field names and defaults as Pulsar's Java classes serialize them (the
+//! Java admin client ignores unknown keys, so documents carry the keys it
+//! reads; lists and maps are never null). Never: touches the metadata store
+//! or topics; parsing failures are `AdminError::BadRequest`, never panics.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use vela_log::{LedgerDescription, LedgerSummary, Position};
+
+use super::{AdminError, BacklogQuota, NamespacePolicies, RetentionPolicy, TenantInfo};
+use crate::config::CLUSTER_NAME;
+use crate::stats::{SubscriptionStats, TopicStats};
+
+/// Parses a JSON body (an empty body parses as JSON `null`).
+pub fn parse_body<T: for<'de> Deserialize<'de>>(body: &[u8], what: &str) -> Result<T, AdminError> {
+    let text = if body.iter().all(u8::is_ascii_whitespace) {
+        &b"null"[..]
+    } else {
+        body
+    };
+    serde_json::from_slice(text)
+        .map_err(|e| AdminError::BadRequest(format!("cannot parse {what}: {e}")))
+}
+
+/// Pulsar's PersistencePolicies.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PersistenceJson {
+    /// E.
+    #[serde(default)]
+    pub bookkeeper_ensemble: i64,
+    /// Qw.
+    #[serde(default)]
+    pub bookkeeper_write_quorum: i64,
+    /// Qa.
+    #[serde(default)]
+    pub bookkeeper_ack_quorum: i64,
+    /// Not applied by Vela (cursors persist at `cursor_persist_interval`).
+    #[serde(default)]
+    pub managed_ledger_max_mark_delete_rate: f64,
+    /// Not applied by Vela.
+    #[serde(default)]
+    pub managed_ledger_storage_class_name: Option<String>,
+}
+
+impl PersistenceJson {
+    /// From the stored (E, Qw, Qa).
+    pub fn from_policy((ensemble, write_quorum, ack_quorum): (u8, u8, u8)) -> PersistenceJson {
+        PersistenceJson {
+            bookkeeper_ensemble: i64::from(ensemble),
+            bookkeeper_write_quorum: i64::from(write_quorum),
+            bookkeeper_ack_quorum: i64::from(ack_quorum),
+            managed_ledger_max_mark_delete_rate: 0.0,
+            managed_ledger_storage_class_name: None,
+        }
+    }
+
+    /// To the stored (E, Qw, Qa); values out of range are a bad request.
+    pub fn to_policy(&self) -> Result<(u8, u8, u8), AdminError> {
+        let narrow = |value: i64, name: &str| {
+            u8::try_from(value).map_err(|_| {
+                AdminError::BadRequest(format!("Bookkeeper-{name} must be <= 255 and > 0."))
+            })
+        };
+        Ok((
+            narrow(self.bookkeeper_ensemble, "Ensemble")?,
+            narrow(self.bookkeeper_write_quorum, "WriteQuorum")?,
+            narrow(self.bookkeeper_ack_quorum, "AckQuorum")?,
+        ))
+    }
+}
+
+/// Pulsar's RetentionPolicies.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RetentionJson {
+    /// Minutes (−1: no limit).
+    #[serde(default)]
+    pub retention_time_in_minutes: i32,
+    /// MiB (−1: no limit).
+    #[serde(default, rename = "retentionSizeInMB")]
+    pub retention_size_in_mb: i64,
+}
+
+impl From<RetentionPolicy> for RetentionJson {
+    fn from(policy: RetentionPolicy) -> Self {
+        RetentionJson {
+            retention_time_in_minutes: policy.time_minutes,
+            retention_size_in_mb: policy.size_mb,
+        }
+    }
+}
+
+impl From<RetentionJson> for RetentionPolicy {
+    fn from(json: RetentionJson) -> Self {
+        RetentionPolicy {
+            time_minutes: json.retention_time_in_minutes,
+            size_mb: json.retention_size_in_mb,
+        }
+    }
+}
+
+/// Pulsar's BacklogQuota (`limit` is the deprecated twin of `limitSize`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BacklogQuotaJson {
+    /// Deprecated name of `limitSize`.
+    #[serde(default)]
+    pub limit: Option<i64>,
+    /// Backlog bytes allowed.
+    #[serde(default)]
+    pub limit_size: Option<i64>,
+    /// Age of the oldest unacknowledged message allowed, seconds.
+    #[serde(default)]
+    pub limit_time: Option<i32>,
+    /// What happens when exceeded.
+    #[serde(default)]
+    pub policy: Option<String>,
+}
+
+impl BacklogQuotaJson {
+    /// From the stored quota.
+    pub fn from_quota(quota: &BacklogQuota) -> BacklogQuotaJson {
+        BacklogQuotaJson {
+            limit: Some(quota.limit_bytes),
+            limit_size: Some(quota.limit_bytes),
+            limit_time: Some(quota.limit_seconds),
+            policy: Some(quota.policy.clone()),
+        }
+    }
+
+    /// To the stored quota (Pulsar's defaults: no limit, producer_request_hold).
+    pub fn to_quota(&self) -> BacklogQuota {
+        BacklogQuota {
+            limit_bytes: self.limit_size.or(self.limit).unwrap_or(-1),
+            limit_seconds: self.limit_time.unwrap_or(-1),
+            policy: self
+                .policy
+                .clone()
+                .unwrap_or_else(|| "producer_request_hold".to_string()),
+        }
+    }
+}
+
+/// Pulsar's TenantInfo.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantInfoJson {
+    /// Admin roles.
+    #[serde(default)]
+    pub admin_roles: Vec<String>,
+    /// Allowed clusters.
+    #[serde(default)]
+    pub allowed_clusters: Vec<String>,
+}
+
+impl From<TenantInfo> for TenantInfoJson {
+    fn from(info: TenantInfo) -> Self {
+        TenantInfoJson {
+            admin_roles: info.admin_roles,
+            allowed_clusters: info.allowed_clusters,
+        }
+    }
+}
+
+impl TenantInfoJson {
+    /// Checks the clusters as Pulsar does (412) and converts.
+    pub fn to_info(&self) -> Result<TenantInfo, AdminError> {
+        if self.allowed_clusters.is_empty()
+            || self.allowed_clusters.iter().any(|c| c.trim().is_empty())
+        {
+            return Err(AdminError::Invalid("Clusters can not be empty".into()));
+        }
+        if let Some(unknown) = self.allowed_clusters.iter().find(|c| *c != CLUSTER_NAME) {
+            return Err(AdminError::Invalid(format!(
+                "Clusters do not exist: {unknown}"
+            )));
+        }
+        Ok(TenantInfo {
+            admin_roles: self.admin_roles.clone(),
+            allowed_clusters: self.allowed_clusters.clone(),
+        })
+    }
+}
+
+/// The parts of a Policies body (namespace creation) Vela applies.
+#[derive(Debug, Default, Deserialize)]
+pub struct PoliciesBody {
+    #[serde(default)]
+    persistence: Option<PersistenceJson>,
+    #[serde(default)]
+    retention_policies: Option<RetentionJson>,
+    #[serde(default)]
+    message_ttl_in_seconds: Option<i64>,
+    #[serde(default, rename = "deduplicationEnabled")]
+    deduplication_enabled: Option<bool>,
+    #[serde(default)]
+    backlog_quota_map: BTreeMap<String, BacklogQuotaJson>,
+    #[serde(default)]
+    replication_clusters: Vec<String>,
+}
+
+impl PoliciesBody {
+    /// The namespace policies it asks for.
+    pub fn to_policies(&self) -> Result<NamespacePolicies, AdminError> {
+        if let Some(unknown) = self
+            .replication_clusters
+            .iter()
+            .find(|c| *c != CLUSTER_NAME)
+        {
+            return Err(AdminError::Invalid(format!(
+                "Invalid cluster id: {unknown}"
+            )));
+        }
+        let message_ttl_seconds = match self.message_ttl_in_seconds {
+            Some(ttl) => Some(ttl_seconds(ttl)?),
+            None => None,
+        };
+        Ok(NamespacePolicies {
+            persistence: self
+                .persistence
+                .as_ref()
+                .map(|p| p.to_policy())
+                .transpose()?,
+            deduplication_enabled: self.deduplication_enabled,
+            retention: self.retention_policies.map(RetentionPolicy::from),
+            message_ttl_seconds,
+            backlog_quotas: self
+                .backlog_quota_map
+                .iter()
+                .map(|(kind, quota)| (kind.clone(), quota.to_quota()))
+                .collect(),
+        })
+    }
+}
+
+/// A message TTL from a request (Pulsar: 412 when negative).
+pub fn ttl_seconds(value: i64) -> Result<u32, AdminError> {
+    u32::try_from(value).map_err(|_| AdminError::Invalid("Invalid value for message TTL".into()))
+}
+
+/// Pulsar's Policies document for GET on a namespace.
+pub fn policies_json(policies: &NamespacePolicies) -> Value {
+    let backlog: BTreeMap<&String, BacklogQuotaJson> = policies
+        .backlog_quotas
+        .iter()
+        .map(|(kind, quota)| (kind, BacklogQuotaJson::from_quota(quota)))
+        .collect();
+    json!({
+        "auth_policies": {
+            "namespace_auth": {},
+            "destination_auth": {},
+            "subscription_auth_roles": {}
+        },
+        "replication_clusters": [CLUSTER_NAME],
+        "bundles": {"boundaries": ["0x00000000", "0xffffffff"], "numBundles": 1},
+        "backlog_quota_map": backlog,
+        "clusterDispatchRate": {},
+        "topicDispatchRate": {},
+        "subscriptionDispatchRate": {},
+        "replicatorDispatchRate": {},
+        "clusterSubscribeRate": {},
+        "persistence": policies.persistence.map(PersistenceJson::from_policy),
+        "deduplicationEnabled": policies.deduplication_enabled,
+        "latency_stats_sample_rate": {},
+        "message_ttl_in_seconds": policies.message_ttl_seconds,
+        "retention_policies": policies.retention.map(RetentionJson::from),
+        "deleted": false,
+        "encryption_required": false,
+        "subscription_auth_mode": "None",
+        "properties": {}
+    })
+}
+
+/// Pulsar's MessageId/ResetCursorData body: `ledgerId`, `entryId` (−1, −1 is
+/// earliest; i64::MAX, i64::MAX is latest), `isExcluded`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MessageIdJson {
+    /// Ledger.
+    pub ledger_id: i64,
+    /// Entry.
+    pub entry_id: i64,
+    /// Start after the entry instead of at it.
+    #[serde(default)]
+    pub is_excluded: bool,
+}
+
+impl MessageIdJson {
+    /// Earliest (−1:−1)?
+    pub fn is_earliest(&self) -> bool {
+        self.ledger_id < 0 || self.entry_id < 0
+    }
+
+    /// Latest (i64::MAX:i64::MAX)?
+    pub fn is_latest(&self) -> bool {
+        self.ledger_id == i64::MAX && self.entry_id == i64::MAX
+    }
+}
+
+fn position_text(position: Option<Position>) -> String {
+    match position {
+        Some(p) => format!("{}:{}", p.ledger_id, p.entry_id),
+        None => "-1:-1".to_string(),
+    }
+}
+
+fn subscription_json(sub: &SubscriptionStats) -> Value {
+    let consumers: Vec<Value> = sub
+        .consumers
+        .iter()
+        .map(|c| {
+            json!({
+                "msgRateOut": 0.0,
+                "msgThroughputOut": 0.0,
+                "bytesOutCounter": 0,
+                "msgOutCounter": c.msg_out_counter,
+                "msgRateRedeliver": 0.0,
+                "chunkedMessageRate": 0.0,
+                "consumerName": c.consumer_name,
+                "availablePermits": c.available_permits,
+                "unackedMessages": c.unacked_messages,
+                "avgMessagesPerEntry": 0,
+                "blockedConsumerOnUnackedMsgs": false,
+                "address": c.address,
+                "connectedSince": "",
+                "clientVersion": "",
+                "lastAckedTimestamp": 0,
+                "lastConsumedTimestamp": 0,
+                "lastConsumedFlowTimestamp": 0,
+                "metadata": {}
+            })
+        })
+        .collect();
+    json!({
+        "msgRateOut": sub.msg_rate_out,
+        "msgThroughputOut": sub.msg_throughput_out,
+        "bytesOutCounter": sub.bytes_out_counter,
+        "msgOutCounter": sub.msg_out_counter,
+        "msgRateRedeliver": sub.msg_rate_redeliver,
+        "messageAckRate": 0.0,
+        "chunkedMessageRate": 0,
+        "msgBacklog": sub.msg_backlog,
+        "backlogSize": -1,
+        "earliestMsgPublishTimeInBacklog": 0,
+        "msgBacklogNoDelayed": sub.msg_backlog,
+        "blockedSubscriptionOnUnackedMsgs": false,
+        "msgDelayed": 0,
+        "msgInReplay": 0,
+        "unackedMessages": sub.unacked_messages,
+        "type": sub.sub_type,
+        "activeConsumerName": sub.consumers.first().map(|c| c.consumer_name.clone()),
+        "msgRateExpired": 0.0,
+        "totalMsgExpired": sub.msg_expired_counter,
+        "lastExpireTimestamp": 0,
+        "lastConsumedFlowTimestamp": 0,
+        "lastConsumedTimestamp": 0,
+        "lastAckedTimestamp": 0,
+        "lastMarkDeleteAdvancedTimestamp": 0,
+        "consumers": consumers,
+        "isDurable": sub.durable,
+        "isReplicated": false,
+        "allowOutOfOrderDelivery": false,
+        "consumersAfterMarkDeletePosition": {},
+        "nonContiguousDeletedMessagesRanges": 0,
+        "nonContiguousDeletedMessagesRangesSerializedSize": 0,
+        "delayedMessageIndexSizeInBytes": 0,
+        "subscriptionProperties": {},
+        "filterProcessedMsgCount": 0,
+        "filterAcceptedMsgCount": 0,
+        "filterRejectedMsgCount": 0,
+        "filterRescheduledMsgCount": 0
+    })
+}
+
+/// Pulsar's TopicStats document.
+pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
+    let publishers: Vec<Value> = stats
+        .publishers
+        .iter()
+        .map(|p| {
+            json!({
+                "accessMode": p.access_mode,
+                "msgRateIn": 0.0,
+                "msgThroughputIn": 0.0,
+                "averageMsgSize": 0.0,
+                "chunkedMessageRate": 0.0,
+                "producerId": p.producer_id,
+                "supportsPartialProducer": false,
+                "producerName": p.producer_name,
+                "address": p.address,
+                "connectedSince": "",
+                "clientVersion": p.client_version,
+                "metadata": {}
+            })
+        })
+        .collect();
+    let subscriptions: serde_json::Map<String, Value> = stats
+        .subscriptions
+        .iter()
+        .map(|s| (s.name.clone(), subscription_json(s)))
+        .collect();
+    let average_msg_size = if stats.msg_in_counter == 0 {
+        0.0
+    } else {
+        stats.bytes_in_counter as f64 / stats.msg_in_counter as f64
+    };
+    let backlog_size: u64 = stats
+        .subscriptions
+        .iter()
+        .map(|s| s.msg_backlog)
+        .max()
+        .unwrap_or(0);
+    json!({
+        "msgRateIn": stats.msg_rate_in,
+        "msgThroughputIn": stats.msg_throughput_in,
+        "msgRateOut": stats.msg_rate_out,
+        "msgThroughputOut": stats.msg_throughput_out,
+        "bytesInCounter": stats.bytes_in_counter,
+        "msgInCounter": stats.msg_in_counter,
+        "systemTopicBytesInCounter": 0,
+        "bytesOutCounter": stats.bytes_out_counter,
+        "msgOutCounter": stats.msg_out_counter,
+        "bytesOutInternalCounter": 0,
+        "averageMsgSize": average_msg_size,
+        "msgChunkPublished": false,
+        "storageSize": stats.storage_size_bytes,
+        "backlogSize": backlog_size,
+        "backlogQuotaLimitSize": -1,
+        "backlogQuotaLimitTime": -1,
+        "oldestBacklogMessageAgeSeconds": -1,
+        "publishRateLimitedTimes": 0,
+        "earliestMsgPublishTimeInBacklogs": 0,
+        "offloadedStorageSize": 0,
+        "lastOffloadLedgerId": 0,
+        "lastOffloadSuccessTimeStamp": 0,
+        "lastOffloadFailureTimeStamp": 0,
+        "ongoingTxnCount": 0,
+        "abortedTxnCount": 0,
+        "committedTxnCount": 0,
+        "waitingPublishers": 0,
+        "publishers": publishers,
+        "subscriptions": subscriptions,
+        "replication": {},
+        "deduplicationStatus": if stats.deduplication_enabled { "Enabled" } else { "Disabled" },
+        "nonContiguousDeletedMessagesRanges": 0,
+        "nonContiguousDeletedMessagesRangesSerializedSize": 0,
+        "delayedMessageIndexSizeInBytes": 0,
+        "compaction": {
+            "lastCompactionRemovedEventCount": 0,
+            "lastCompactionSucceedTimestamp": 0,
+            "lastCompactionFailedTimestamp": 0,
+            "lastCompactionDurationTimeInMills": 0
+        },
+        "ownerBroker": owner_broker
+    })
+}
+
+/// Sums partitions' stats into one (Pulsar's partitioned-stats aggregate).
+pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
+    let mut out = TopicStats {
+        topic: topic.to_string(),
+        ..TopicStats::default()
+    };
+    let mut subscriptions: BTreeMap<String, SubscriptionStats> = BTreeMap::new();
+    for p in partitions {
+        out.msg_in_counter += p.msg_in_counter;
+        out.bytes_in_counter += p.bytes_in_counter;
+        out.msg_out_counter += p.msg_out_counter;
+        out.bytes_out_counter += p.bytes_out_counter;
+        out.entries += p.entries;
+        out.storage_size_bytes += p.storage_size_bytes;
+        out.ledgers += p.ledgers;
+        out.msg_rate_in += p.msg_rate_in;
+        out.msg_throughput_in += p.msg_throughput_in;
+        out.msg_rate_out += p.msg_rate_out;
+        out.msg_throughput_out += p.msg_throughput_out;
+        out.deduplication_enabled |= p.deduplication_enabled;
+        out.publish_latency.merge(&p.publish_latency);
+        out.storage_write_latency.merge(&p.storage_write_latency);
+        out.publishers.extend(p.publishers.iter().cloned());
+        for s in &p.subscriptions {
+            let merged = subscriptions
+                .entry(s.name.clone())
+                .or_insert_with(|| SubscriptionStats {
+                    name: s.name.clone(),
+                    sub_type: s.sub_type.clone(),
+                    durable: s.durable,
+                    ..SubscriptionStats::default()
+                });
+            merged.msg_backlog += s.msg_backlog;
+            merged.unacked_messages += s.unacked_messages;
+            merged.msg_out_counter += s.msg_out_counter;
+            merged.bytes_out_counter += s.bytes_out_counter;
+            merged.msg_redeliver_counter += s.msg_redeliver_counter;
+            merged.msg_rate_out += s.msg_rate_out;
+            merged.msg_throughput_out += s.msg_throughput_out;
+            merged.msg_rate_redeliver += s.msg_rate_redeliver;
+            merged.msg_expired_counter += s.msg_expired_counter;
+            merged.consumers.extend(s.consumers.iter().cloned());
+        }
+    }
+    out.subscriptions = subscriptions.into_values().collect();
+    out
+}
+
+/// Pulsar's PartitionedTopicStats document.
+pub fn partitioned_stats_json(
+    topic: &str,
+    partitions: &[TopicStats],
+    partition_count: u32,
+    per_partition: bool,
+    owner_broker: &str,
+) -> Value {
+    let mut document = topic_stats_json(&aggregate(topic, partitions), owner_broker);
+    let per: serde_json::Map<String, Value> = if per_partition {
+        partitions
+            .iter()
+            .map(|p| (p.topic.clone(), topic_stats_json(p, owner_broker)))
+            .collect()
+    } else {
+        serde_json::Map::new()
+    };
+    if let Value::Object(map) = &mut document {
+        map.insert("metadata".into(), json!({ "partitions": partition_count }));
+        map.insert("partitions".into(), Value::Object(per));
+    }
+    document
+}
+
+/// BookKeeper's LedgerMetadata text, as Pulsar puts it in internal stats.
+pub fn ledger_metadata_text(description: &LedgerDescription) -> String {
+    let ensembles: Vec<String> = description
+        .ensembles
+        .iter()
+        .map(|(first, bookies)| format!("{first}=[{}]", bookies.join(", ")))
+        .collect();
+    format!(
+        "LedgerMetadata{{formatVersion=3, ensembleSize={}, writeQuorumSize={}, \
+         ackQuorumSize={}, state={}, digestType=CRC32C, password=base64:, ensembles={{{}}}, \
+         ctime={}}}",
+        description.persistence.ensemble,
+        description.persistence.write_quorum,
+        description.persistence.ack_quorum,
+        description.state,
+        ensembles.join(", "),
+        description.ctime_ms
+    )
+}
+
+/// Inputs of an internal-stats document.
+#[derive(Debug)]
+pub struct InternalStatsInput<'a> {
+    /// The log's ledgers, oldest first (the last is being written).
+    pub ledgers: &'a [LedgerSummary],
+    /// Metadata text per ledger (only with `?metadata=true`).
+    pub metadata: &'a BTreeMap<u64, String>,
+    /// Newest confirmed entry.
+    pub last_confirmed: Option<Position>,
+    /// Entries appended since the topic opened here.
+    pub entries_added: u64,
+    /// Subscriptions (mark-delete and read positions).
+    pub subscriptions: &'a [SubscriptionStats],
+}
+
+/// Pulsar's PersistentTopicInternalStats document.
+pub fn internal_stats_json(input: &InternalStatsInput<'_>) -> Value {
+    let ledgers: Vec<Value> = input
+        .ledgers
+        .iter()
+        .map(|l| {
+            json!({
+                "ledgerId": l.ledger_id,
+                "entries": l.entries,
+                "size": l.size_bytes,
+                "timestamp": l.created_unix_ms,
+                "offloaded": false,
+                "underReplicated": false,
+                "metadata": input.metadata.get(&l.ledger_id),
+            })
+        })
+        .collect();
+    let current = input.ledgers.last();
+    let cursors: serde_json::Map<String, Value> = input
+        .subscriptions
+        .iter()
+        .filter(|s| s.durable)
+        .map(|s| {
+            (
+                s.name.clone(),
+                json!({
+                    "markDeletePosition": position_text(s.mark_delete),
+                    "readPosition": position_text(s.read_position),
+                    "waitingReadOp": false,
+                    "pendingReadOps": 0,
+                    "messagesConsumedCounter": s.msg_out_counter,
+                    "cursorLedger": -1,
+                    "cursorLedgerLastEntry": -1,
+                    "individuallyDeletedMessages": "[]",
+                    "lastLedgerSwitchTimestamp": "",
+                    "state": "Open",
+                    "active": !s.consumers.is_empty(),
+                    "numberOfEntriesSinceFirstNotAckedMessage": s.msg_backlog,
+                    "totalNonContiguousDeletedMessagesRange": 0,
+                    "subscriptionHavePendingRead": false,
+                    "subscriptionHavePendingReplayRead": false,
+                    "properties": {}
+                }),
+            )
+        })
+        .collect();
+    let last_confirmed = match (input.last_confirmed, current) {
+        (Some(p), _) => position_text(Some(p)),
+        (None, Some(l)) => format!("{}:-1", l.ledger_id),
+        (None, None) => "-1:-1".to_string(),
+    };
+    json!({
+        "entriesAddedCounter": input.entries_added,
+        "numberOfEntries": input.ledgers.iter().map(|l| l.entries).sum::<u64>(),
+        "totalSize": input.ledgers.iter().map(|l| l.size_bytes).sum::<u64>(),
+        "currentLedgerEntries": current.map_or(0, |l| l.entries),
+        "currentLedgerSize": current.map_or(0, |l| l.size_bytes),
+        "lastLedgerCreatedTimestamp": current.map_or(String::new(), |l| l.created_unix_ms.to_string()),
+        "waitingCursorsCount": 0,
+        "pendingAddEntriesCount": 0,
+        "lastConfirmedEntry": last_confirmed,
+        "state": "LedgerOpened",
+        "ledgers": ledgers,
+        "cursors": cursors,
+        "schemaLedgers": [],
+        "compactedLedger": {
+            "ledgerId": -1, "entries": -1, "size": -1, "offloaded": false, "underReplicated": false
+        }
+    })
+}
+
+/// Pulsar's LookupData.
+pub fn lookup_json(broker_url: &str, http_url: &str) -> Value {
+    json!({
+        "brokerUrl": broker_url,
+        "brokerUrlTls": "",
+        "brokerUrlSsl": "",
+        "httpUrl": http_url,
+        "httpUrlTls": "",
+        "nativeUrl": broker_url
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_parse_with_pulsars_names() {
+        let p: PersistenceJson = parse_body(
+            br#"{"bookkeeperEnsemble":2,"bookkeeperWriteQuorum":2,"bookkeeperAckQuorum":1,
+                "managedLedgerMaxMarkDeleteRate":0.0,"managedLedgerStorageClassName":null}"#,
+            "persistence",
+        )
+        .unwrap();
+        assert_eq!(p.to_policy().unwrap(), (2, 2, 1));
+        let r: RetentionJson = parse_body(
+            br#"{"retentionTimeInMinutes":60,"retentionSizeInMB":-1}"#,
+            "r",
+        )
+        .unwrap();
+        assert_eq!(RetentionPolicy::from(r).size_mb, -1);
+        let q: BacklogQuotaJson = parse_body(
+            br#"{"limitSize":10,"limitTime":-1,"policy":"producer_exception"}"#,
+            "q",
+        )
+        .unwrap();
+        assert_eq!(q.to_quota().limit_bytes, 10);
+        assert!(parse_body::<PersistenceJson>(b"{nope", "persistence").is_err());
+        let empty: Option<PoliciesBody> = parse_body(b"", "policies").unwrap();
+        assert!(empty.is_none());
+        let bad = PersistenceJson {
+            bookkeeper_ensemble: 300,
+            ..PersistenceJson::from_policy((1, 1, 1))
+        };
+        assert!(bad.to_policy().is_err());
+    }
+
+    #[test]
+    fn stats_documents_keep_lists_and_maps() {
+        let stats = TopicStats {
+            topic: "persistent://public/default/t".into(),
+            msg_in_counter: 3,
+            ..TopicStats::default()
+        };
+        let doc = topic_stats_json(&stats, "127.0.0.1:8080");
+        assert_eq!(doc["msgInCounter"], 3);
+        assert!(doc["publishers"].is_array());
+        assert!(doc["subscriptions"].is_object());
+        let doc = partitioned_stats_json("t", &[stats.clone(), stats], 2, true, "b");
+        assert_eq!(doc["msgInCounter"], 6);
+        assert_eq!(doc["metadata"]["partitions"], 2);
+    }
+}

@@ -1,0 +1,473 @@
+//! Clusters, tenants, namespaces and namespace policies (Pulsar's
+//! `ClustersBase`, `TenantsBase`, `NamespacesBase` routes).
+//!
+//! Policy changes are stored, then applied to the namespace's served topics
+//! (`Service::apply_policies`: a new persistence reaches each topic's next
+//! ledger). Retention, message TTL and backlog quotas are stored and served
+//! back; the broker does not enforce them yet.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use serde_json::{Value, json};
+
+use super::{ApiError, ApiResult, Params, Shared, no_content};
+use crate::admin::NamespacePolicies;
+use crate::admin::json::{
+    self, BacklogQuotaJson, PersistenceJson, PoliciesBody, RetentionJson, TenantInfoJson,
+    parse_body,
+};
+use crate::config::CLUSTER_NAME;
+use crate::service::Service;
+use crate::topic_name::NamespaceName;
+
+pub(super) fn routes() -> Router<Arc<Service>> {
+    Router::new()
+        .route("/admin/v2/clusters", get(clusters))
+        .route("/admin/v2/tenants", get(tenants))
+        .route(
+            "/admin/v2/tenants/{tenant}",
+            get(get_tenant)
+                .put(create_tenant)
+                .post(update_tenant)
+                .delete(delete_tenant),
+        )
+        .route("/admin/v2/namespaces/{tenant}", get(namespaces))
+        .route(
+            "/admin/v2/namespaces/{tenant}/{namespace}",
+            get(get_namespace)
+                .put(create_namespace)
+                .delete(delete_namespace),
+        )
+        .route(
+            "/admin/v2/namespaces/{tenant}/{namespace}/topics",
+            get(namespace_topics),
+        )
+        .route(
+            "/admin/v2/namespaces/{tenant}/{namespace}/persistence",
+            get(get_persistence)
+                .post(set_persistence)
+                .delete(remove_persistence),
+        )
+        .route(
+            "/admin/v2/namespaces/{tenant}/{namespace}/retention",
+            get(get_retention)
+                .post(set_retention)
+                .delete(remove_retention),
+        )
+        .route(
+            "/admin/v2/namespaces/{tenant}/{namespace}/messageTTL",
+            get(get_ttl).post(set_ttl).delete(remove_ttl),
+        )
+        .route(
+            "/admin/v2/namespaces/{tenant}/{namespace}/deduplication",
+            get(get_dedup).post(set_dedup).delete(remove_dedup),
+        )
+        .route(
+            "/admin/v2/namespaces/{tenant}/{namespace}/backlogQuotaMap",
+            get(get_backlog_quotas),
+        )
+        .route(
+            "/admin/v2/namespaces/{tenant}/{namespace}/backlogQuota",
+            axum::routing::post(set_backlog_quota).delete(remove_backlog_quota),
+        )
+}
+
+async fn clusters() -> axum::Json<Value> {
+    axum::Json(json!([CLUSTER_NAME]))
+}
+
+async fn tenants(State(service): Shared) -> ApiResult<axum::Json<Vec<String>>> {
+    Ok(axum::Json(service.admin.tenants().await?))
+}
+
+fn check_tenant_name(tenant: &str) -> ApiResult<()> {
+    // The same rule as namespace names (Pulsar's NamedEntity.checkName).
+    NamespaceName::parse(&format!("{tenant}/x"))
+        .map(|_| ())
+        .map_err(|_| ApiError::new(StatusCode::PRECONDITION_FAILED, "Tenant name is not valid"))
+}
+
+async fn get_tenant(
+    State(service): Shared,
+    Path(tenant): Path<String>,
+) -> ApiResult<axum::Json<TenantInfoJson>> {
+    match service.admin.tenant_info(&tenant).await? {
+        Some(info) => Ok(axum::Json(info.into())),
+        None => Err(ApiError::not_found("Tenant does not exist")),
+    }
+}
+
+async fn create_tenant(
+    State(service): Shared,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    check_tenant_name(&tenant)?;
+    let info: Option<TenantInfoJson> = parse_body(&body, "TenantInfo")?;
+    let info = info.unwrap_or_default().to_info()?;
+    match service.admin.create_tenant_with(&tenant, &info).await {
+        Err(crate::admin::AdminError::Exists(_)) => {
+            Err(ApiError::new(StatusCode::CONFLICT, "Tenant already exist"))
+        }
+        other => {
+            other?;
+            no_content()
+        }
+    }
+}
+
+async fn update_tenant(
+    State(service): Shared,
+    Path(tenant): Path<String>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let info: Option<TenantInfoJson> = parse_body(&body, "TenantInfo")?;
+    let info = info.unwrap_or_default().to_info()?;
+    service.admin.update_tenant(&tenant, &info).await?;
+    no_content()
+}
+
+async fn delete_tenant(
+    State(service): Shared,
+    Path(tenant): Path<String>,
+    Query(params): Params,
+) -> ApiResult<StatusCode> {
+    if super::flag(&params, "force") {
+        return Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Broker doesn't allow forced deletion of tenants",
+        ));
+    }
+    if !service.admin.tenant_exists(&tenant).await? {
+        return Err(ApiError::not_found("Tenant doesn't exist"));
+    }
+    if !service.admin.namespaces(&tenant).await?.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "The tenant still has active namespaces",
+        ));
+    }
+    service.admin.delete_tenant(&tenant).await?;
+    no_content()
+}
+
+async fn namespaces(
+    State(service): Shared,
+    Path(tenant): Path<String>,
+) -> ApiResult<axum::Json<Vec<String>>> {
+    if !service.admin.tenant_exists(&tenant).await? {
+        return Err(ApiError::not_found("Tenant does not exist"));
+    }
+    Ok(axum::Json(service.admin.namespaces(&tenant).await?))
+}
+
+fn namespace_of(tenant: &str, namespace: &str) -> ApiResult<NamespaceName> {
+    NamespaceName::parse(&format!("{tenant}/{namespace}")).map_err(|_| {
+        ApiError::new(
+            StatusCode::PRECONDITION_FAILED,
+            "Namespace name is not valid",
+        )
+    })
+}
+
+/// The namespace's policies, or 404 as Pulsar answers it.
+async fn policies_of(service: &Service, ns: &NamespaceName) -> ApiResult<NamespacePolicies> {
+    service
+        .admin
+        .namespace_policies(ns)
+        .await?
+        .ok_or_else(|| ApiError::not_found("Namespace does not exist"))
+}
+
+/// Reads, changes and stores a namespace's policies, then applies them.
+async fn update_policies(
+    service: &Service,
+    tenant: &str,
+    namespace: &str,
+    change: impl FnOnce(&mut NamespacePolicies),
+) -> ApiResult<StatusCode> {
+    let ns = namespace_of(tenant, namespace)?;
+    let mut policies = policies_of(service, &ns).await?;
+    change(&mut policies);
+    service.admin.set_namespace_policies(&ns, &policies).await?;
+    service.apply_policies(&ns, &policies);
+    no_content()
+}
+
+async fn get_namespace(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<axum::Json<Value>> {
+    let ns = namespace_of(&tenant, &namespace)?;
+    let policies = policies_of(&service, &ns).await?;
+    Ok(axum::Json(json::policies_json(&policies)))
+}
+
+async fn create_namespace(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let ns = namespace_of(&tenant, &namespace)?;
+    let body: Option<PoliciesBody> = parse_body(&body, "Policies")?;
+    let policies = match body {
+        Some(body) => body.to_policies()?,
+        None => NamespacePolicies::default(),
+    };
+    if !service.admin.tenant_exists(&tenant).await? {
+        return Err(ApiError::not_found("Tenant does not exist"));
+    }
+    match service.admin.create_namespace(&ns, policies).await {
+        Err(crate::admin::AdminError::Exists(_)) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "Namespace already exists",
+        )),
+        other => {
+            other?;
+            no_content()
+        }
+    }
+}
+
+async fn delete_namespace(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+    Query(params): Params,
+) -> ApiResult<StatusCode> {
+    let ns = namespace_of(&tenant, &namespace)?;
+    policies_of(&service, &ns).await?;
+    if super::flag(&params, "force") {
+        return Err(ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "Broker doesn't allow forced deletion of namespaces",
+        ));
+    }
+    if !service.admin.topics_of_namespace(&ns).await?.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "Cannot delete non empty namespace",
+        ));
+    }
+    service.admin.delete_namespace(&ns).await?;
+    no_content()
+}
+
+async fn namespace_topics(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+    Query(params): Params,
+) -> ApiResult<axum::Json<Vec<String>>> {
+    let ns = namespace_of(&tenant, &namespace)?;
+    policies_of(&service, &ns).await?;
+    if params
+        .get("mode")
+        .is_some_and(|m| m.eq_ignore_ascii_case("NON_PERSISTENT"))
+    {
+        return Ok(axum::Json(Vec::new()));
+    }
+    Ok(axum::Json(service.admin.topics_of_namespace(&ns).await?))
+}
+
+/// A policy's value, or JSON `null` when unset (the Java client reads it as
+/// no value).
+fn optional<T: serde::Serialize>(value: Option<T>) -> ApiResult<axum::Json<Value>> {
+    let value = serde_json::to_value(value)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    Ok(axum::Json(value))
+}
+
+async fn get_persistence(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<axum::Json<Value>> {
+    let ns = namespace_of(&tenant, &namespace)?;
+    let policies = policies_of(&service, &ns).await?;
+    optional(policies.persistence.map(PersistenceJson::from_policy))
+}
+
+async fn set_persistence(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let persistence: Option<PersistenceJson> = parse_body(&body, "PersistencePolicies")?;
+    let Some(persistence) = persistence else {
+        return Err(ApiError::bad_request(
+            "persistence policies should not be null",
+        ));
+    };
+    let persistence = persistence.to_policy()?;
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.persistence = Some(persistence)
+    })
+    .await
+}
+
+async fn remove_persistence(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    update_policies(&service, &tenant, &namespace, |p| p.persistence = None).await
+}
+
+async fn get_retention(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<axum::Json<Value>> {
+    let ns = namespace_of(&tenant, &namespace)?;
+    let policies = policies_of(&service, &ns).await?;
+    optional(policies.retention.map(RetentionJson::from))
+}
+
+async fn set_retention(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let retention: Option<RetentionJson> = parse_body(&body, "RetentionPolicies")?;
+    let Some(retention) = retention else {
+        return Err(ApiError::bad_request(
+            "retention policies should not be null",
+        ));
+    };
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.retention = Some(retention.into())
+    })
+    .await
+}
+
+async fn remove_retention(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    update_policies(&service, &tenant, &namespace, |p| p.retention = None).await
+}
+
+async fn get_ttl(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<axum::Json<Value>> {
+    let ns = namespace_of(&tenant, &namespace)?;
+    optional(policies_of(&service, &ns).await?.message_ttl_seconds)
+}
+
+async fn set_ttl(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let ttl: Option<i64> = parse_body(&body, "message TTL")?;
+    let Some(ttl) = ttl else {
+        return Err(ApiError::bad_request("message TTL should not be null"));
+    };
+    let ttl = json::ttl_seconds(ttl)?;
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.message_ttl_seconds = Some(ttl)
+    })
+    .await
+}
+
+async fn remove_ttl(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.message_ttl_seconds = None
+    })
+    .await
+}
+
+async fn get_dedup(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<axum::Json<Value>> {
+    let ns = namespace_of(&tenant, &namespace)?;
+    optional(policies_of(&service, &ns).await?.deduplication_enabled)
+}
+
+async fn set_dedup(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let enabled: Option<bool> = parse_body(&body, "deduplication flag")?;
+    let Some(enabled) = enabled else {
+        return Err(ApiError::bad_request(
+            "deduplication flag should not be null",
+        ));
+    };
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.deduplication_enabled = Some(enabled)
+    })
+    .await
+}
+
+async fn remove_dedup(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.deduplication_enabled = None
+    })
+    .await
+}
+
+async fn get_backlog_quotas(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<axum::Json<Value>> {
+    let ns = namespace_of(&tenant, &namespace)?;
+    let policies = policies_of(&service, &ns).await?;
+    let map: serde_json::Map<String, Value> = policies
+        .backlog_quotas
+        .iter()
+        .map(|(kind, quota)| {
+            let value =
+                serde_json::to_value(BacklogQuotaJson::from_quota(quota)).unwrap_or(Value::Null);
+            (kind.clone(), value)
+        })
+        .collect();
+    Ok(axum::Json(Value::Object(map)))
+}
+
+fn quota_type(params: &std::collections::HashMap<String, String>) -> String {
+    params
+        .get("backlogQuotaType")
+        .cloned()
+        .unwrap_or_else(|| "destination_storage".to_string())
+}
+
+async fn set_backlog_quota(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+    Query(params): Params,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let quota: Option<BacklogQuotaJson> = parse_body(&body, "BacklogQuota")?;
+    let Some(quota) = quota else {
+        return Err(ApiError::bad_request("backlog quota should not be null"));
+    };
+    let kind = quota_type(&params);
+    let quota = quota.to_quota();
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.backlog_quotas.insert(kind, quota);
+    })
+    .await
+}
+
+async fn remove_backlog_quota(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+    Query(params): Params,
+) -> ApiResult<StatusCode> {
+    let kind = quota_type(&params);
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.backlog_quotas.remove(&kind);
+    })
+    .await
+}

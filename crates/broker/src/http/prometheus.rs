@@ -1,0 +1,414 @@
+//! `/metrics`: the Prometheus text format (version 0.0.4), written by hand.
+//!
+//! Why by hand rather than with `prometheus-client`: every value here is a
+//! snapshot taken at scrape time (topics come and go, counters live in the
+//! topics and subscriptions), and Pulsar's names do not follow that crate's
+//! conventions (gauges per latency bucket such as
+//! `pulsar_storage_write_latency_le_0_5`, latencies in ms, counters whose
+//! `_total` the crate would add again). Writing the format directly is ~150
+//! lines; the Python test parses it with the reference parser.
+//!
+//! Families: broker-wide (`pulsar_active_connections`,
+//! `pulsar_broker_publish_latency` summary in ms, `pulsar_broker_topics_count`,
+//! `vela_send_errors_total`, `vela_write_path_latency_seconds` histogram with
+//! `stage` and `instance` labels), then per topic with Pulsar's names and
+//! `cluster`/`namespace`/`topic` labels, then per subscription.
+//! Never: holds a lock while formatting, or panics on odd topic names
+//! (label values are escaped).
+
+use std::fmt::Write as _;
+
+use crate::config::CLUSTER_NAME;
+use crate::metrics::{LatencySnapshot, PULSAR_LATENCY_BUCKETS};
+use crate::service::Service;
+use crate::stats::TopicStats;
+use crate::topic_name::TopicName;
+
+/// Bucket bounds (µs) of the write-path histograms in `/metrics`: a 1-2-5
+/// series from 10 µs to 10 s (every bound is a histogram bound, so counts
+/// are exact).
+const STAGE_EXPORT_BOUNDS_US: [u64; 19] = [
+    10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000,
+    500_000, 1_000_000, 2_000_000, 5_000_000, 10_000_000,
+];
+
+/// Quantiles of `pulsar_broker_publish_latency` (as Pulsar's summary).
+const SUMMARY_QUANTILES: [f64; 7] = [0.0, 0.5, 0.95, 0.99, 0.999, 0.9999, 1.0];
+
+fn escape(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+fn labels(pairs: &[(&str, &str)]) -> String {
+    let inner: Vec<String> = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}=\"{}\"", escape(v)))
+        .collect();
+    format!("{{{}}}", inner.join(","))
+}
+
+fn number(value: f64) -> String {
+    if value.is_finite() {
+        format!("{value}")
+    } else {
+        "NaN".to_string()
+    }
+}
+
+struct Writer {
+    out: String,
+}
+
+impl Writer {
+    fn family(&mut self, name: &str, kind: &str, help: &str) {
+        let _ = writeln!(self.out, "# HELP {name} {help}");
+        let _ = writeln!(self.out, "# TYPE {name} {kind}");
+    }
+
+    fn sample(&mut self, name: &str, labels: &str, value: f64) {
+        let _ = writeln!(self.out, "{name}{labels} {}", number(value));
+    }
+}
+
+/// One topic's labels and stats.
+struct TopicRow {
+    labels: Vec<(String, String)>,
+    stats: TopicStats,
+}
+
+impl TopicRow {
+    fn labels(&self, extra: &[(&str, &str)]) -> String {
+        let mut pairs: Vec<(&str, &str)> = self
+            .labels
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        pairs.extend_from_slice(extra);
+        labels(&pairs)
+    }
+}
+
+/// The whole `/metrics` document.
+pub(super) async fn render(service: &Service) -> String {
+    let mut rows = Vec::new();
+    for name in service.served_topics() {
+        let Some(topic) = service.served_topic(&name) else {
+            continue;
+        };
+        let namespace = TopicName::parse(&name)
+            .map(|t| t.namespace.to_string())
+            .unwrap_or_default();
+        rows.push(TopicRow {
+            labels: vec![
+                ("cluster".into(), CLUSTER_NAME.into()),
+                ("namespace".into(), namespace),
+                ("topic".into(), name),
+            ],
+            stats: topic.stats().await,
+        });
+    }
+    let mut w = Writer { out: String::new() };
+    broker_families(service, rows.len(), &mut w);
+    topic_families(&rows, &mut w);
+    w.out
+}
+
+fn broker_families(service: &Service, topics: usize, w: &mut Writer) {
+    let cluster = labels(&[("cluster", CLUSTER_NAME)]);
+    let snapshot = service.metrics.snapshot();
+    w.family(
+        "pulsar_active_connections",
+        "gauge",
+        "Open client connections.",
+    );
+    w.sample(
+        "pulsar_active_connections",
+        &cluster,
+        snapshot.active_connections as f64,
+    );
+    w.family(
+        "pulsar_broker_topics_count",
+        "gauge",
+        "Topics served by this broker.",
+    );
+    w.sample("pulsar_broker_topics_count", &cluster, topics as f64);
+    w.family(
+        "vela_send_errors_total",
+        "counter",
+        "SEND_ERRORs answered (checksum, persistence failures).",
+    );
+    w.sample(
+        "vela_send_errors_total",
+        &cluster,
+        snapshot.send_errors as f64,
+    );
+
+    let publish = &snapshot.publish_latency;
+    w.family(
+        "pulsar_broker_publish_latency",
+        "summary",
+        "Broker publish latency in ms (SEND received to receipt queued).",
+    );
+    for q in SUMMARY_QUANTILES {
+        let value = publish.quantile_us(q);
+        let quantile = format!("{q}");
+        let l = labels(&[("cluster", CLUSTER_NAME), ("quantile", &quantile)]);
+        w.sample("pulsar_broker_publish_latency", &l, value / 1000.0);
+    }
+    w.sample(
+        "pulsar_broker_publish_latency_count",
+        &cluster,
+        publish.count as f64,
+    );
+    w.sample(
+        "pulsar_broker_publish_latency_sum",
+        &cluster,
+        publish.sum_us as f64 / 1000.0,
+    );
+
+    let name = "vela_write_path_latency_seconds";
+    w.family(
+        name,
+        "histogram",
+        "Latency of each write-path stage (journal stages: per group or per fdatasync).",
+    );
+    for stage in service.write_path() {
+        let stage_name = stage.stage.as_str();
+        let instance = stage.instance.as_str();
+        for bound in STAGE_EXPORT_BOUNDS_US {
+            let le = number(bound as f64 / 1e6);
+            let l = labels(&[("stage", stage_name), ("instance", instance), ("le", &le)]);
+            w.sample(
+                &format!("{name}_bucket"),
+                &l,
+                stage.latency.count_le(bound) as f64,
+            );
+        }
+        let l = labels(&[
+            ("stage", stage_name),
+            ("instance", instance),
+            ("le", "+Inf"),
+        ]);
+        w.sample(&format!("{name}_bucket"), &l, stage.latency.count as f64);
+        let l = labels(&[("stage", stage_name), ("instance", instance)]);
+        w.sample(
+            &format!("{name}_sum"),
+            &l,
+            stage.latency.sum_us as f64 / 1e6,
+        );
+        w.sample(&format!("{name}_count"), &l, stage.latency.count as f64);
+    }
+}
+
+type Getter = fn(&TopicStats) -> f64;
+
+fn topic_families(rows: &[TopicRow], w: &mut Writer) {
+    let gauges: [(&str, &str, &str, Getter); 12] = [
+        (
+            "pulsar_rate_in",
+            "gauge",
+            "Messages published per second.",
+            |s| s.msg_rate_in,
+        ),
+        (
+            "pulsar_rate_out",
+            "gauge",
+            "Messages delivered per second.",
+            |s| s.msg_rate_out,
+        ),
+        (
+            "pulsar_throughput_in",
+            "gauge",
+            "Bytes published per second.",
+            |s| s.msg_throughput_in,
+        ),
+        (
+            "pulsar_throughput_out",
+            "gauge",
+            "Bytes delivered per second.",
+            |s| s.msg_throughput_out,
+        ),
+        (
+            "pulsar_in_messages_total",
+            "counter",
+            "Messages published.",
+            |s| s.msg_in_counter as f64,
+        ),
+        (
+            "pulsar_in_bytes_total",
+            "counter",
+            "Bytes published.",
+            |s| s.bytes_in_counter as f64,
+        ),
+        (
+            "pulsar_out_messages_total",
+            "counter",
+            "Messages delivered.",
+            |s| s.msg_out_counter as f64,
+        ),
+        (
+            "pulsar_out_bytes_total",
+            "counter",
+            "Bytes delivered.",
+            |s| s.bytes_out_counter as f64,
+        ),
+        (
+            "pulsar_storage_size",
+            "gauge",
+            "Bytes held by the topic's log.",
+            |s| s.storage_size_bytes as f64,
+        ),
+        (
+            "pulsar_msg_backlog",
+            "gauge",
+            "Entries not acknowledged, summed over subscriptions.",
+            |s| s.subscriptions.iter().map(|x| x.msg_backlog).sum::<u64>() as f64,
+        ),
+        (
+            "pulsar_producers_count",
+            "gauge",
+            "Producers attached.",
+            |s| s.publishers.len() as f64,
+        ),
+        (
+            "pulsar_subscriptions_count",
+            "gauge",
+            "Subscriptions.",
+            |s| s.subscriptions.len() as f64,
+        ),
+    ];
+    for (name, kind, help, get) in gauges {
+        w.family(name, kind, help);
+        for row in rows {
+            w.sample(name, &row.labels(&[]), get(&row.stats));
+        }
+    }
+    w.family("pulsar_consumers_count", "gauge", "Consumers attached.");
+    for row in rows {
+        let consumers: usize = row
+            .stats
+            .subscriptions
+            .iter()
+            .map(|s| s.consumers.len())
+            .sum();
+        w.sample("pulsar_consumers_count", &row.labels(&[]), consumers as f64);
+    }
+    storage_write_latency(rows, w);
+    subscription_families(rows, w);
+}
+
+fn storage_write_latency(rows: &[TopicRow], w: &mut Writer) {
+    let per_row: Vec<[u64; PULSAR_LATENCY_BUCKETS.len() + 1]> = rows
+        .iter()
+        .map(|r| r.stats.storage_write_latency.pulsar_buckets())
+        .collect();
+    let suffixes = PULSAR_LATENCY_BUCKETS
+        .iter()
+        .map(|(_, suffix)| *suffix)
+        .chain(std::iter::once("overflow"));
+    for (index, suffix) in suffixes.enumerate() {
+        let name = format!("pulsar_storage_write_latency_le_{suffix}");
+        w.family(
+            &name,
+            "gauge",
+            "Entries whose storage write took at most this many ms.",
+        );
+        for (row, buckets) in rows.iter().zip(&per_row) {
+            w.sample(&name, &row.labels(&[]), buckets[index] as f64);
+        }
+    }
+    let latency = |row: &TopicRow| -> LatencySnapshot { row.stats.storage_write_latency };
+    w.family(
+        "pulsar_storage_write_latency_count",
+        "gauge",
+        "Storage writes.",
+    );
+    for row in rows {
+        w.sample(
+            "pulsar_storage_write_latency_count",
+            &row.labels(&[]),
+            latency(row).count as f64,
+        );
+    }
+    w.family(
+        "pulsar_storage_write_latency_sum",
+        "gauge",
+        "Total storage write time, ms.",
+    );
+    for row in rows {
+        let sum_ms = latency(row).sum_us as f64 / 1000.0;
+        w.sample("pulsar_storage_write_latency_sum", &row.labels(&[]), sum_ms);
+    }
+}
+
+fn subscription_families(rows: &[TopicRow], w: &mut Writer) {
+    type SubGetter = fn(&crate::stats::SubscriptionStats) -> f64;
+    let families: [(&str, &str, SubGetter); 5] = [
+        (
+            "pulsar_subscription_back_log",
+            "Entries not acknowledged.",
+            |s| s.msg_backlog as f64,
+        ),
+        (
+            "pulsar_subscription_unacked_messages",
+            "Entries delivered, not acknowledged.",
+            |s| s.unacked_messages as f64,
+        ),
+        (
+            "pulsar_subscription_msg_rate_out",
+            "Messages delivered per second.",
+            |s| s.msg_rate_out,
+        ),
+        (
+            "pulsar_subscription_msg_throughput_out",
+            "Bytes delivered per second.",
+            |s| s.msg_throughput_out,
+        ),
+        (
+            "pulsar_subscription_msg_rate_redeliver",
+            "Entries redelivered per second.",
+            |s| s.msg_rate_redeliver,
+        ),
+    ];
+    for (name, help, get) in families {
+        w.family(name, "gauge", help);
+        for row in rows {
+            for sub in &row.stats.subscriptions {
+                let l = row.labels(&[("subscription", sub.name.as_str())]);
+                w.sample(name, &l, get(sub));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(
+            labels(&[("topic", "a\"b\\c\nd")]),
+            "{topic=\"a\\\"b\\\\c\\nd\"}"
+        );
+    }
+
+    #[test]
+    fn export_bounds_are_histogram_bounds() {
+        for bound in STAGE_EXPORT_BOUNDS_US {
+            assert!(
+                crate::metrics::LATENCY_BOUNDS_US.contains(&bound),
+                "{bound}"
+            );
+        }
+    }
+}

@@ -1,0 +1,708 @@
+//! Cluster ownership: which broker serves which namespace bundle, and the
+//! lookup answer that follows from it.
+//!
+//! Owns, in the metadata store:
+//! - `/bundles/{tenant}/{namespace}`: the namespace's bundle boundaries (hash
+//!   ranges of topic names, Pulsar's layout: `BUNDLES_DEFAULT` equal ranges of
+//!   the CRC32 of the full topic name, the last one closed at 0xffffffff);
+//!   created on first use, changed only by a split (CAS);
+//! - `/brokers/available/{id}`: this broker's registration (URLs and a load
+//!   report, refreshed every `LOAD_REPORT_INTERVAL`), ephemeral;
+//! - `/ownership/{tenant}/{namespace}/{range}`: the owner of a bundle,
+//!   ephemeral on the owner's session.
+//!
+//! Guarantees: a broker serves a topic only while it holds its bundle's key
+//! (`check_owned`); when its session ends it drops every bundle at once (the
+//! service unloads the topics, see `lost`). What makes a deposed broker
+//! harmless before it notices is the ledger protocol: the next owner opens
+//! each log with recovery, which fences the old writer.
+//! Never: takes a bundle whose key another broker holds, or answers a lookup
+//! for a namespace that does not exist.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+use vela_meta::{ExpectedVersion, MetaError, MetadataStore, Session};
+
+use crate::admin::encode_segment;
+use crate::topic_name::{NamespaceName, TopicName};
+
+/// Bundles of a new namespace (Pulsar's `defaultNumberOfNamespaceBundles`).
+pub const BUNDLES_DEFAULT: u32 = 4;
+
+/// Bundles one namespace may be split into at most.
+pub const BUNDLES_PER_NAMESPACE_MAX: usize = 1024;
+
+/// Registrations of brokers.
+pub const BROKERS_PATH: &str = "/brokers/available";
+
+/// How often a broker refreshes its load report.
+pub const LOAD_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Upper end (exclusive) of the hash space.
+const HASH_END: u64 = 1 << 32;
+
+/// A hash range `[lower, upper)` of one namespace's topics (the last bundle
+/// of a namespace ends at `HASH_END`, i.e. includes 0xffffffff).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BundleRange {
+    /// First hash in the bundle.
+    pub lower: u64,
+    /// One past the last hash.
+    pub upper: u64,
+}
+
+impl BundleRange {
+    /// Pulsar's name of the range: `0x00000000_0x40000000` (the last bundle's
+    /// upper bound is written `0xffffffff`).
+    pub fn name(&self) -> String {
+        format!(
+            "0x{:08x}_0x{:08x}",
+            self.lower,
+            self.upper.min(HASH_END - 1)
+        )
+    }
+
+    /// Parses `0xLOWER_0xUPPER`.
+    pub fn parse(name: &str) -> Option<BundleRange> {
+        let (lower, upper) = name.split_once('_')?;
+        let parse = |text: &str| u64::from_str_radix(text.strip_prefix("0x")?, 16).ok();
+        let lower = parse(lower)?;
+        let mut upper = parse(upper)?;
+        if upper == HASH_END - 1 {
+            upper = HASH_END;
+        }
+        (lower < upper && upper <= HASH_END).then_some(BundleRange { lower, upper })
+    }
+
+    fn contains(&self, hash: u64) -> bool {
+        self.lower <= hash && hash < self.upper
+    }
+}
+
+/// The bundle hash of a topic: CRC32 (IEEE) of its full name, as Pulsar's
+/// `NamespaceBundleFactory` with its default hash.
+pub fn topic_hash(topic: &TopicName) -> u64 {
+    u64::from(crc32fast::hash(topic.to_string().as_bytes()))
+}
+
+/// Boundaries of `count` equal bundles.
+fn even_boundaries(count: u32) -> Vec<u64> {
+    let count = u64::from(count.max(1));
+    (0..=count).map(|i| i * HASH_END / count).collect()
+}
+
+/// What a broker publishes about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BrokerInfo {
+    /// Its id (`host:port` of its Pulsar listener).
+    pub id: String,
+    /// `pulsar://host:port`.
+    pub service_url: String,
+    /// `http://host:port` (admin API).
+    pub http_url: String,
+    /// Load, for placing unowned bundles.
+    #[serde(default)]
+    pub load: LoadReport,
+}
+
+/// A broker's load as the others see it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadReport {
+    /// Bundles owned.
+    pub bundles: u32,
+    /// Topics served.
+    pub topics: u32,
+    /// Messages published per second (last interval).
+    pub msg_rate_in: u64,
+}
+
+/// Who serves a topic, as a lookup answers it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LookupAnswer {
+    /// Connect to this broker (maybe ourselves); it owns the bundle.
+    Connect(BrokerInfo),
+    /// Ask this broker, authoritatively: it was chosen to own the bundle.
+    Redirect(BrokerInfo),
+}
+
+/// Failures of ownership operations.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum OwnershipError {
+    /// The metadata store failed.
+    #[error("metadata store: {0}")]
+    Meta(#[from] MetaError),
+    /// A stored record does not parse.
+    #[error("corrupt metadata at {key}: {reason}")]
+    Corrupt {
+        /// The key.
+        key: String,
+        /// Why.
+        reason: String,
+    },
+    /// Another broker owns the bundle.
+    #[error("bundle {bundle} of {namespace} is owned by {owner}")]
+    OwnedElsewhere {
+        /// The namespace.
+        namespace: String,
+        /// The bundle's range name.
+        bundle: String,
+        /// The owner's service URL.
+        owner: String,
+    },
+    /// No broker is registered (not even this one: its session ended).
+    #[error("no broker is available")]
+    NoBroker,
+    /// This broker's session ended: it owns nothing until it restarts.
+    #[error("this broker lost its metadata session")]
+    SessionLost,
+    /// The bundle cannot be split further, or the namespace has too many.
+    #[error("bundle {0} cannot be split")]
+    CannotSplit(String),
+}
+
+fn bundles_key(ns: &NamespaceName) -> String {
+    format!(
+        "/bundles/{}/{}",
+        encode_segment(&ns.tenant),
+        encode_segment(&ns.namespace)
+    )
+}
+
+fn owner_key(ns: &NamespaceName, range: &BundleRange) -> String {
+    format!(
+        "/ownership/{}/{}/{}",
+        encode_segment(&ns.tenant),
+        encode_segment(&ns.namespace),
+        range.name()
+    )
+}
+
+fn broker_key(id: &str) -> String {
+    format!("{BROKERS_PATH}/{}", encode_segment(id))
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct BundlesRecord {
+    boundaries: Vec<u64>,
+}
+
+fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, OwnershipError> {
+    serde_json::from_slice(bytes).map_err(|e| OwnershipError::Corrupt {
+        key: key.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn encode<T: Serialize>(value: &T) -> Bytes {
+    // Plain structs of strings and numbers always serialize.
+    Bytes::from(serde_json::to_vec(value).unwrap_or_default())
+}
+
+/// A broker's view and holdings of cluster ownership.
+#[derive(Debug)]
+pub struct Ownership {
+    meta: Arc<dyn MetadataStore>,
+    me: Mutex<BrokerInfo>,
+    session: Session,
+    /// Bundles held, by namespace.
+    owned: Mutex<BTreeMap<NamespaceName, BTreeSet<BundleRange>>>,
+    /// Bundle boundaries read so far (refreshed on a miss or a split).
+    layouts: Mutex<BTreeMap<NamespaceName, Vec<u64>>>,
+    lost: watch::Sender<bool>,
+}
+
+impl Ownership {
+    /// Opens a session of `ttl` and registers this broker.
+    pub async fn start(
+        meta: Arc<dyn MetadataStore>,
+        me: BrokerInfo,
+        ttl: Duration,
+    ) -> Result<Arc<Ownership>, OwnershipError> {
+        let session = meta.session(ttl).await?;
+        meta.put_ephemeral(
+            &session,
+            &broker_key(&me.id),
+            encode(&me),
+            ExpectedVersion::Any,
+        )
+        .await?;
+        let (lost, _) = watch::channel(false);
+        let ownership = Arc::new(Ownership {
+            meta,
+            me: Mutex::new(me),
+            session,
+            owned: Mutex::new(BTreeMap::new()),
+            layouts: Mutex::new(BTreeMap::new()),
+            lost,
+        });
+        tokio::spawn(watch_session(Arc::downgrade(&ownership)));
+        tracing::info!(broker = %ownership.me.lock().id, "broker registered");
+        Ok(ownership)
+    }
+
+    /// This broker's registration.
+    pub fn me(&self) -> BrokerInfo {
+        self.me.lock().clone()
+    }
+
+    /// Turns true when this broker's session ended (it owns nothing anymore).
+    pub fn lost(&self) -> watch::Receiver<bool> {
+        self.lost.subscribe()
+    }
+
+    fn check_session(&self) -> Result<(), OwnershipError> {
+        if *self.lost.borrow() || !self.session.is_alive() {
+            return Err(OwnershipError::SessionLost);
+        }
+        Ok(())
+    }
+
+    /// The namespace's bundle boundaries, creating the default layout.
+    async fn boundaries(&self, ns: &NamespaceName) -> Result<Vec<u64>, OwnershipError> {
+        if let Some(layout) = self.layouts.lock().get(ns) {
+            return Ok(layout.clone());
+        }
+        self.reload_boundaries(ns).await
+    }
+
+    async fn reload_boundaries(&self, ns: &NamespaceName) -> Result<Vec<u64>, OwnershipError> {
+        let key = bundles_key(ns);
+        let layout = match self.meta.get(&key).await? {
+            Some((value, _)) => decode::<BundlesRecord>(&key, &value)?.boundaries,
+            None => {
+                let record = BundlesRecord {
+                    boundaries: even_boundaries(BUNDLES_DEFAULT),
+                };
+                match self
+                    .meta
+                    .put(&key, encode(&record), ExpectedVersion::Absent)
+                    .await
+                {
+                    Ok(_) => record.boundaries,
+                    // Another broker created it first: read theirs.
+                    Err(MetaError::Exists { .. }) => match self.meta.get(&key).await? {
+                        Some((value, _)) => decode::<BundlesRecord>(&key, &value)?.boundaries,
+                        None => record.boundaries,
+                    },
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        };
+        let valid = layout.len() >= 2
+            && layout.first() == Some(&0)
+            && layout.last() == Some(&HASH_END)
+            && layout.windows(2).all(|w| w[0] < w[1]);
+        if !valid {
+            return Err(OwnershipError::Corrupt {
+                key,
+                reason: "bundle boundaries must rise from 0 to 2^32".to_string(),
+            });
+        }
+        self.layouts.lock().insert(ns.clone(), layout.clone());
+        Ok(layout)
+    }
+
+    /// The bundles of a namespace.
+    pub async fn bundles(&self, ns: &NamespaceName) -> Result<Vec<BundleRange>, OwnershipError> {
+        let layout = self.boundaries(ns).await?;
+        Ok(layout
+            .windows(2)
+            .map(|w| BundleRange {
+                lower: w[0],
+                upper: w[1],
+            })
+            .collect())
+    }
+
+    /// The bundle that holds `topic`.
+    pub async fn bundle_of(&self, topic: &TopicName) -> Result<BundleRange, OwnershipError> {
+        let hash = topic_hash(topic);
+        self.bundles(&topic.namespace)
+            .await?
+            .into_iter()
+            .find(|range| range.contains(hash))
+            .ok_or_else(|| OwnershipError::Corrupt {
+                key: bundles_key(&topic.namespace),
+                reason: format!("no bundle holds hash {hash:#x}"),
+            })
+    }
+
+    /// The owner of a bundle, if any.
+    pub async fn owner(
+        &self,
+        ns: &NamespaceName,
+        range: &BundleRange,
+    ) -> Result<Option<BrokerInfo>, OwnershipError> {
+        let key = owner_key(ns, range);
+        match self.meta.get(&key).await? {
+            Some((value, _)) => Ok(Some(decode(&key, &value)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The registered brokers.
+    pub async fn brokers(&self) -> Result<Vec<BrokerInfo>, OwnershipError> {
+        let mut brokers = Vec::new();
+        for name in self.meta.children(BROKERS_PATH).await? {
+            let key = format!("{BROKERS_PATH}/{name}");
+            if let Some((value, _)) = self.meta.get(&key).await? {
+                match decode::<BrokerInfo>(&key, &value) {
+                    Ok(info) => brokers.push(info),
+                    Err(error) => tracing::warn!(%error, "skipping a broker registration"),
+                }
+            }
+        }
+        Ok(brokers)
+    }
+
+    /// Takes `range` of `ns` for this broker. `Ok(false)` if another broker
+    /// holds it.
+    pub async fn acquire(
+        &self,
+        ns: &NamespaceName,
+        range: &BundleRange,
+    ) -> Result<bool, OwnershipError> {
+        self.check_session()?;
+        if self
+            .owned
+            .lock()
+            .get(ns)
+            .is_some_and(|owned| owned.contains(range))
+        {
+            return Ok(true);
+        }
+        let me = self.me();
+        match self
+            .meta
+            .put_ephemeral(
+                &self.session,
+                &owner_key(ns, range),
+                encode(&me),
+                ExpectedVersion::Absent,
+            )
+            .await
+        {
+            Ok(_) => {
+                self.owned
+                    .lock()
+                    .entry(ns.clone())
+                    .or_default()
+                    .insert(*range);
+                tracing::info!(namespace = %ns, bundle = %range.name(), "bundle acquired");
+                Ok(true)
+            }
+            Err(MetaError::Exists { .. }) => {
+                // Ours from an earlier life of this session? Then keep it.
+                Ok(self
+                    .owner(ns, range)
+                    .await?
+                    .is_some_and(|owner| owner.id == me.id && owner.service_url == me.service_url))
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
+    /// Gives a bundle up (its topics must be unloaded first).
+    pub async fn release(
+        &self,
+        ns: &NamespaceName,
+        range: &BundleRange,
+    ) -> Result<(), OwnershipError> {
+        let held = self
+            .owned
+            .lock()
+            .get_mut(ns)
+            .is_some_and(|owned| owned.remove(range));
+        if held {
+            match self
+                .meta
+                .delete(&owner_key(ns, range), ExpectedVersion::Any)
+                .await
+            {
+                Ok(()) | Err(MetaError::NotFound { .. }) => {}
+                Err(error) => return Err(error.into()),
+            }
+            tracing::info!(namespace = %ns, bundle = %range.name(), "bundle released");
+        }
+        Ok(())
+    }
+
+    /// Whether this broker holds the bundle of `topic`; if the bundle has no
+    /// owner, takes it. `OwnedElsewhere` otherwise (the client looks up again).
+    pub async fn check_owned(&self, topic: &TopicName) -> Result<(), OwnershipError> {
+        self.check_session()?;
+        let range = self.bundle_of(topic).await?;
+        if self.acquire(&topic.namespace, &range).await? {
+            return Ok(());
+        }
+        let owner = self
+            .owner(&topic.namespace, &range)
+            .await?
+            .map_or_else(|| "nobody".to_string(), |o| o.service_url);
+        Err(OwnershipError::OwnedElsewhere {
+            namespace: topic.namespace.to_string(),
+            bundle: range.name(),
+            owner,
+        })
+    }
+
+    /// Who serves `topic`: its bundle's owner, or for an unowned bundle, the
+    /// least loaded broker (this one takes it when it is that broker, or when
+    /// the lookup is authoritative: another broker sent the client here).
+    pub async fn lookup(
+        &self,
+        topic: &TopicName,
+        authoritative: bool,
+    ) -> Result<LookupAnswer, OwnershipError> {
+        self.check_session()?;
+        let range = self.bundle_of(topic).await?;
+        if let Some(owner) = self.owner(&topic.namespace, &range).await? {
+            return Ok(LookupAnswer::Connect(owner));
+        }
+        let me = self.me();
+        let chosen = if authoritative {
+            me.clone()
+        } else {
+            self.least_loaded().await?
+        };
+        if chosen.id != me.id {
+            return Ok(LookupAnswer::Redirect(chosen));
+        }
+        if self.acquire(&topic.namespace, &range).await? {
+            return Ok(LookupAnswer::Connect(me));
+        }
+        // Lost a race: whoever won serves it.
+        match self.owner(&topic.namespace, &range).await? {
+            Some(owner) => Ok(LookupAnswer::Connect(owner)),
+            None => Err(OwnershipError::NoBroker),
+        }
+    }
+
+    async fn least_loaded(&self) -> Result<BrokerInfo, OwnershipError> {
+        self.brokers()
+            .await?
+            .into_iter()
+            .min_by_key(|b| (b.load.bundles, b.load.topics, b.id.clone()))
+            .ok_or(OwnershipError::NoBroker)
+    }
+
+    /// Bundles held now.
+    pub fn owned(&self) -> Vec<(NamespaceName, BundleRange)> {
+        self.owned
+            .lock()
+            .iter()
+            .flat_map(|(ns, ranges)| ranges.iter().map(move |r| (ns.clone(), *r)))
+            .collect()
+    }
+
+    /// Whether `topic`'s bundle is one this broker holds (no store access:
+    /// from the layouts and holdings known).
+    pub fn holds(&self, topic: &TopicName) -> bool {
+        let hash = topic_hash(topic);
+        self.owned
+            .lock()
+            .get(&topic.namespace)
+            .is_some_and(|ranges| ranges.iter().any(|r| r.contains(hash)))
+    }
+
+    /// Splits an owned bundle in two halves, both kept by this broker.
+    pub async fn split(
+        &self,
+        ns: &NamespaceName,
+        range: &BundleRange,
+    ) -> Result<(BundleRange, BundleRange), OwnershipError> {
+        self.check_session()?;
+        let key = bundles_key(ns);
+        let (value, version) = self
+            .meta
+            .get(&key)
+            .await?
+            .ok_or_else(|| OwnershipError::CannotSplit(range.name()))?;
+        let mut layout = decode::<BundlesRecord>(&key, &value)?.boundaries;
+        let middle = range.lower + (range.upper - range.lower) / 2;
+        let position = layout.iter().position(|b| *b == range.lower);
+        let is_bundle = position.is_some_and(|p| layout.get(p + 1) == Some(&range.upper));
+        if !is_bundle || middle == range.lower || layout.len() > BUNDLES_PER_NAMESPACE_MAX {
+            return Err(OwnershipError::CannotSplit(range.name()));
+        }
+        if let Some(position) = position {
+            layout.insert(position + 1, middle);
+        }
+        self.meta
+            .put(
+                &key,
+                encode(&BundlesRecord {
+                    boundaries: layout.clone(),
+                }),
+                ExpectedVersion::Is(version),
+            )
+            .await?;
+        self.layouts.lock().insert(ns.clone(), layout);
+        let low = BundleRange {
+            lower: range.lower,
+            upper: middle,
+        };
+        let high = BundleRange {
+            lower: middle,
+            upper: range.upper,
+        };
+        let held = self
+            .owned
+            .lock()
+            .get(ns)
+            .is_some_and(|owned| owned.contains(range));
+        if held {
+            self.acquire(ns, &low).await?;
+            self.acquire(ns, &high).await?;
+            self.release(ns, range).await?;
+        }
+        tracing::info!(namespace = %ns, bundle = %range.name(), "bundle split");
+        Ok((low, high))
+    }
+
+    /// Refreshes the load report in this broker's registration.
+    pub async fn report_load(&self, mut load: LoadReport) -> Result<(), OwnershipError> {
+        self.check_session()?;
+        load.bundles = u32::try_from(self.owned().len()).unwrap_or(u32::MAX);
+        let me = {
+            let mut me = self.me.lock();
+            me.load = load;
+            me.clone()
+        };
+        self.meta
+            .put_ephemeral(
+                &self.session,
+                &broker_key(&me.id),
+                encode(&me),
+                ExpectedVersion::Any,
+            )
+            .await?;
+        Ok(())
+    }
+
+    /// Ends the session: ownership keys and the registration go away now
+    /// rather than at session expiry (a clean shutdown).
+    pub async fn close(&self) {
+        self.owned.lock().clear();
+        self.lost.send_replace(true);
+        if let Err(error) = self.session.close_shared().await {
+            tracing::warn!(%error, "closing the broker session failed");
+        }
+    }
+}
+
+/// Marks ownership lost when the session ends.
+async fn watch_session(ownership: std::sync::Weak<Ownership>) {
+    let ended = match ownership.upgrade() {
+        Some(ownership) => {
+            let state = ownership.session.state_watch();
+            drop(ownership);
+            state
+        }
+        None => return,
+    };
+    let mut state = ended;
+    let state = loop {
+        let now = *state.borrow_and_update();
+        if now != vela_meta::SessionState::Alive {
+            break now;
+        }
+        if state.changed().await.is_err() {
+            break vela_meta::SessionState::Expired;
+        }
+    };
+    if let Some(ownership) = ownership.upgrade() {
+        if !*ownership.lost.borrow() {
+            tracing::error!(?state, "broker session ended: dropping every bundle");
+        }
+        ownership.owned.lock().clear();
+        ownership.lost.send_replace(true);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn info(id: &str) -> BrokerInfo {
+        BrokerInfo {
+            id: id.to_string(),
+            service_url: format!("pulsar://{id}"),
+            http_url: format!("http://{id}"),
+            load: LoadReport::default(),
+        }
+    }
+
+    #[test]
+    fn bundle_names_round_trip() {
+        let layout = even_boundaries(4);
+        assert_eq!(layout, vec![0, 1 << 30, 2 << 30, 3 << 30, 1 << 32]);
+        let last = BundleRange {
+            lower: 3 << 30,
+            upper: HASH_END,
+        };
+        assert_eq!(last.name(), "0xc0000000_0xffffffff");
+        assert_eq!(BundleRange::parse(&last.name()), Some(last));
+        let first = BundleRange {
+            lower: 0,
+            upper: 1 << 30,
+        };
+        assert_eq!(first.name(), "0x00000000_0x40000000");
+        assert_eq!(BundleRange::parse(&first.name()), Some(first));
+        assert!(last.contains(0xffff_ffff));
+        assert!(!first.contains(1 << 30));
+        assert_eq!(BundleRange::parse("0x10_0x05"), None);
+        assert_eq!(BundleRange::parse("junk"), None);
+    }
+
+    #[tokio::test]
+    async fn two_brokers_agree_on_one_owner_and_a_split_keeps_it() {
+        let meta: Arc<dyn MetadataStore> = Arc::new(vela_meta::MemoryStore::new());
+        let a = Ownership::start(meta.clone(), info("a:1"), Duration::from_secs(10))
+            .await
+            .unwrap();
+        let b = Ownership::start(meta.clone(), info("b:1"), Duration::from_secs(10))
+            .await
+            .unwrap();
+        let topic = TopicName::parse("persistent://public/default/t1").unwrap();
+        // An authoritative lookup at b makes b the owner; a then points there.
+        let answer = b.lookup(&topic, true).await.unwrap();
+        assert_eq!(answer, LookupAnswer::Connect(b.me()));
+        assert_eq!(
+            a.lookup(&topic, false).await.unwrap(),
+            LookupAnswer::Connect(b.me())
+        );
+        assert!(b.check_owned(&topic).await.is_ok());
+        assert!(matches!(
+            a.check_owned(&topic).await,
+            Err(OwnershipError::OwnedElsewhere { .. })
+        ));
+        // Split: b keeps both halves; the topic stays on b.
+        let range = b.bundle_of(&topic).await.unwrap();
+        let (low, high) = b.split(&topic.namespace, &range).await.unwrap();
+        assert!(b.holds(&topic));
+        assert_eq!(b.owned().len(), 2);
+        assert!(low.upper == high.lower);
+        // a re-reads the layout on its next miss.
+        a.reload_boundaries(&topic.namespace).await.unwrap();
+        assert_eq!(a.bundles(&topic.namespace).await.unwrap().len(), 5);
+        assert_eq!(
+            a.lookup(&topic, false).await.unwrap(),
+            LookupAnswer::Connect(b.me())
+        );
+        // b stops: its bundles are free; a takes the topic.
+        b.close().await;
+        assert!(*b.lost().borrow());
+        assert_eq!(
+            a.lookup(&topic, false).await.unwrap(),
+            LookupAnswer::Connect(a.me())
+        );
+    }
+}
