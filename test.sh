@@ -21,6 +21,8 @@ step() { printf '\n=== %s ===\n' "$*"; }
 need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+# The pulsar dev-dependency links the system OpenSSL (native-tls).
+pkg-config --exists openssl 2>/dev/null || need_apt+=(pkg-config libssl-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   step "installing Debian packages: ${need_apt[*]}"
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"

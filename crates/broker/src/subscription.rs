@@ -1146,6 +1146,12 @@ impl Dispatcher {
             };
             if entries.is_empty() {
                 self.caught_up = true;
+                if progressed && !self.replay.is_empty() {
+                    // A replay pass takes at most READ_BATCH_ENTRIES_MAX
+                    // entries: go on with the rest now, as nothing else may
+                    // wake this subscription (the log is caught up).
+                    continue;
+                }
                 return;
             }
             let mut stuck_slots: HashSet<u32> = self.replay.values().copied().collect();

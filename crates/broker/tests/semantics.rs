@@ -732,3 +732,52 @@ async fn key_shared_out_of_order_consumers_get_moved_keys_at_once() {
     assert_eq!(message_of(&b.recv().await).1.as_ref(), b"second");
     broker.shutdown().await.unwrap();
 }
+
+/// Entries to redeliver beyond one replay pass (`READ_BATCH_ENTRIES_MAX`) all
+/// go out while the consumer has permits, with nothing else happening on the
+/// topic. (Found with the pulsar-rs client: a consumer closed with 140
+/// unacked entries; its successor got 100, then nothing until it acked.)
+#[tokio::test]
+async fn a_long_replay_goes_out_without_further_commands() {
+    const ENTRIES: u64 = 250;
+    let broker = start_broker().await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("long-replay", 1).await;
+    for seq in 0..ENTRIES {
+        client.produce(1, seq, format!("m{seq}").as_bytes()).await;
+    }
+    for seq in 0..ENTRIES {
+        assert_eq!(receipt_seq(&client.recv().await), seq);
+    }
+    client
+        .subscribe("long-replay", "s", SubType::Exclusive, 1)
+        .await;
+    client.flow(1, 1000).await;
+    for _ in 0..ENTRIES {
+        message_of(&client.recv().await);
+    }
+    // Closed with every entry unacked: all of them go to the next consumer.
+    client
+        .send(proto::CommandCloseConsumer {
+            consumer_id: 1,
+            request_id: 7,
+            ..Default::default()
+        })
+        .await;
+    assert!(client.recv().await.command.success.is_some());
+    client
+        .subscribe("long-replay", "s", SubType::Exclusive, 2)
+        .await;
+    client.flow(2, 1000).await;
+    for seq in 0..ENTRIES {
+        let frame = client.recv().await;
+        let (message, payload) = message_of(&frame);
+        assert_eq!(message.consumer_id, 2);
+        assert_eq!(
+            payload.as_ref(),
+            format!("m{seq}").as_bytes(),
+            "entry {seq}"
+        );
+    }
+    broker.shutdown().await.unwrap();
+}
