@@ -480,28 +480,21 @@ impl Connection {
 
     async fn on_lookup(&mut self, body: proto::CommandLookupTopic) -> Result<(), Close> {
         let request_id = body.request_id;
+        let authoritative = body.authoritative.unwrap_or(false);
         let result = async {
             let topic = TopicName::parse(&body.topic)?;
-            if self
-                .service
-                .admin
-                .namespace_policies(&topic.namespace)
-                .await?
-                .is_none()
-            {
-                return Err(ServiceError::new(
-                    ServerError::TopicNotFound,
-                    format!("Namespace {} does not exist", topic.namespace),
-                ));
-            }
-            Ok::<(), ServiceError>(())
+            self.service.lookup(&topic, authoritative).await
         }
         .await;
         let response = match result {
-            Ok(()) => proto::CommandLookupTopicResponse {
-                broker_service_url: Some(self.service.advertised_url.clone()),
+            Ok((service_url, _, redirect)) => proto::CommandLookupTopicResponse {
+                broker_service_url: Some(service_url),
                 broker_service_url_tls: None,
-                response: Some(LookupType::Connect as i32),
+                response: Some(if redirect {
+                    LookupType::Redirect as i32
+                } else {
+                    LookupType::Connect as i32
+                }),
                 request_id,
                 authoritative: Some(true),
                 error: None,

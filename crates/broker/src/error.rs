@@ -26,6 +26,9 @@ pub enum BrokerError {
     /// Closing a topic's log failed at shutdown.
     #[error("log: {0}")]
     Log(#[from] vela_log::LogError),
+    /// Joining the cluster failed (registration, session).
+    #[error("cluster: {0}")]
+    Cluster(String),
 }
 
 /// An error answered to a client request: the protocol code and a message.

@@ -32,6 +32,7 @@
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
 pub mod admin;
+mod cluster;
 mod codec;
 pub mod config;
 mod connection;
@@ -49,6 +50,7 @@ pub mod topic_name;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -113,6 +115,43 @@ impl BrokerHandle {
     /// Starts the HTTP listener (admin API, health) on `addr`.
     pub async fn start_http(&self, addr: SocketAddr) -> Result<HttpServer, BrokerError> {
         HttpServer::start(addr, Arc::clone(&self.service)).await
+    }
+
+    /// Joins the cluster: registers this broker in the metadata store (on a
+    /// session of `session_ttl`) and from then on serves only the namespace
+    /// bundles it owns; lookups answer with each bundle's owner. Call after
+    /// `start_http` (its URL goes into the registration). When the session
+    /// ends (expired: this broker was cut off) every topic is unloaded and
+    /// `cluster_lost` turns true; the process should then exit and restart.
+    pub async fn join_cluster(&self, session_ttl: Duration) -> Result<(), BrokerError> {
+        let service = &self.service;
+        let host = &service.config.advertised_host;
+        let me = ownership::BrokerInfo {
+            id: format!("{host}:{}", self.pulsar_addr.port()),
+            service_url: service.advertised_url.clone(),
+            http_url: service.http_url.get().cloned().unwrap_or_default(),
+            load: ownership::LoadReport::default(),
+        };
+        let ownership = ownership::Ownership::start(Arc::clone(&service.meta), me, session_ttl)
+            .await
+            .map_err(|e| BrokerError::Cluster(e.to_string()))?;
+        if service.ownership.set(Arc::clone(&ownership)).is_err() {
+            return Err(BrokerError::Cluster("already joined".to_string()));
+        }
+        tokio::spawn(cluster::duties(
+            Arc::downgrade(service),
+            ownership,
+            self.shutdown_tx.subscribe(),
+        ));
+        Ok(())
+    }
+
+    /// True once this broker's cluster session ended (never in standalone).
+    pub fn cluster_lost(&self) -> watch::Receiver<bool> {
+        match self.service.ownership.get() {
+            Some(ownership) => ownership.lost(),
+            None => watch::channel(false).1,
+        }
     }
 
     /// Address the Pulsar listener is bound to.
@@ -227,6 +266,10 @@ impl BrokerHandle {
         let _ = self.shutdown_tx.send(true);
         let _ = self.accept.await;
         let errors = self.service.close_topics().await;
+        // Bundles are free at once for the other brokers (not at session expiry).
+        if let Some(ownership) = self.service.ownership.get() {
+            ownership.close().await;
+        }
         match errors.into_iter().next() {
             Some(e) => Err(e.into()),
             None => Ok(()),

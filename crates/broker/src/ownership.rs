@@ -44,6 +44,10 @@ pub const BROKERS_PATH: &str = "/brokers/available";
 /// How often a broker refreshes its load report.
 pub const LOAD_REPORT_INTERVAL: Duration = Duration::from_secs(5);
 
+/// Brokers owning at most this many bundles more than the least loaded one
+/// are candidates for a new bundle.
+const LOAD_TOLERANCE_BUNDLES: u32 = 2;
+
 /// Upper end (exclusive) of the hash space.
 const HASH_END: u64 = 1 << 32;
 
@@ -80,7 +84,8 @@ impl BundleRange {
         (lower < upper && upper <= HASH_END).then_some(BundleRange { lower, upper })
     }
 
-    fn contains(&self, hash: u64) -> bool {
+    /// Whether the topic hash `hash` falls in this range.
+    pub fn contains(&self, hash: u64) -> bool {
         self.lower <= hash && hash < self.upper
     }
 }
@@ -95,6 +100,17 @@ pub fn topic_hash(topic: &TopicName) -> u64 {
 fn even_boundaries(count: u32) -> Vec<u64> {
     let count = u64::from(count.max(1));
     (0..=count).map(|i| i * HASH_END / count).collect()
+}
+
+/// The default bundles of a namespace: `count` equal ranges.
+pub fn default_layout(count: u32) -> Vec<BundleRange> {
+    even_boundaries(count)
+        .windows(2)
+        .map(|w| BundleRange {
+            lower: w[0],
+            upper: w[1],
+        })
+        .collect()
 }
 
 /// What a broker publishes about itself.
@@ -395,6 +411,11 @@ impl Ownership {
                     .or_default()
                     .insert(*range);
                 tracing::info!(namespace = %ns, bundle = %range.name(), "bundle acquired");
+                // Others place new bundles by our count: tell them now.
+                let load = self.me.lock().load;
+                if let Err(error) = self.report_load(load).await {
+                    tracing::warn!(%error, "load report failed");
+                }
                 Ok(true)
             }
             Err(MetaError::Exists { .. }) => {
@@ -469,7 +490,7 @@ impl Ownership {
         let chosen = if authoritative {
             me.clone()
         } else {
-            self.least_loaded().await?
+            self.least_loaded(&topic.namespace, &range).await?
         };
         if chosen.id != me.id {
             return Ok(LookupAnswer::Redirect(chosen));
@@ -484,11 +505,32 @@ impl Ownership {
         }
     }
 
-    async fn least_loaded(&self) -> Result<BrokerInfo, OwnershipError> {
-        self.brokers()
-            .await?
+    /// The broker to own an unowned bundle: among the brokers whose reported
+    /// bundle count is within `LOAD_TOLERANCE_BUNDLES` of the lowest, the one
+    /// the bundle hashes to (rendezvous hashing). Load reports are seconds
+    /// old; the hash spreads bundles assigned meanwhile instead of sending
+    /// them all to the same "least loaded" broker.
+    async fn least_loaded(
+        &self,
+        ns: &NamespaceName,
+        range: &BundleRange,
+    ) -> Result<BrokerInfo, OwnershipError> {
+        let brokers = self.brokers().await?;
+        let lowest = brokers
+            .iter()
+            .map(|b| b.load.bundles)
+            .min()
+            .ok_or(OwnershipError::NoBroker)?;
+        let bundle = format!("{ns}/{}", range.name());
+        brokers
             .into_iter()
-            .min_by_key(|b| (b.load.bundles, b.load.topics, b.id.clone()))
+            .filter(|b| b.load.bundles <= lowest.saturating_add(LOAD_TOLERANCE_BUNDLES))
+            .max_by_key(|b| {
+                (
+                    crc32fast::hash(format!("{}|{bundle}", b.id).as_bytes()),
+                    b.id.clone(),
+                )
+            })
             .ok_or(OwnershipError::NoBroker)
     }
 

@@ -21,6 +21,7 @@ use crate::admin::{Admin, NamespacePolicies};
 use crate::config::{BrokerConfig, CLUSTER_NAME};
 use crate::error::ServiceError;
 use crate::metrics::{Stage, StageLatency, WritePathSource};
+use crate::ownership::{BundleRange, LookupAnswer, Ownership, OwnershipError};
 use crate::schema::SchemaRegistry;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};
@@ -51,6 +52,11 @@ pub(crate) struct Service {
     pub(crate) http_url: std::sync::OnceLock<String>,
     /// Write-path stages below the broker (ledger client, bookies).
     pub(crate) write_path_sources: Mutex<Vec<Arc<dyn WritePathSource>>>,
+    /// The metadata store (ownership, schemas and admin records live there).
+    pub(crate) meta: Arc<dyn MetadataStore>,
+    /// Bundle ownership in cluster mode (unset: a standalone broker owns
+    /// everything).
+    pub(crate) ownership: std::sync::OnceLock<Arc<Ownership>>,
     topics: Mutex<HashMap<String, TopicCell>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
@@ -67,11 +73,13 @@ impl Service {
         Service {
             config,
             admin: Admin::new(Arc::clone(&meta)),
-            schemas: SchemaRegistry::new(meta),
+            schemas: SchemaRegistry::new(Arc::clone(&meta)),
             log_env,
             advertised_url,
             metrics: crate::metrics::BrokerMetrics::default(),
             http_url: std::sync::OnceLock::new(),
+            ownership: std::sync::OnceLock::new(),
+            meta: Arc::clone(&meta),
             write_path_sources: Mutex::new(Vec::new()),
             topics: Mutex::new(HashMap::new()),
             producer_names: AtomicU64::new(0),
@@ -132,6 +140,12 @@ impl Service {
                 format!("Namespace {} does not exist", topic.namespace),
             ));
         };
+        if let Some(ownership) = self.ownership.get() {
+            ownership
+                .check_owned(topic)
+                .await
+                .map_err(ownership_error)?;
+        }
         // Partitioned topics: only their partitions are served.
         let partitions = self.admin.partitions(topic).await?;
         match (topic.partition, partitions) {
@@ -195,6 +209,78 @@ impl Service {
             })
             .await?;
         Ok(Arc::clone(served))
+    }
+
+    /// Who serves `topic`: `(service URL, HTTP URL, redirect)`. `redirect`:
+    /// the client must ask that broker (authoritatively) rather than connect.
+    /// Fails when the namespace does not exist.
+    pub(crate) async fn lookup(
+        &self,
+        topic: &TopicName,
+        authoritative: bool,
+    ) -> Result<(String, String, bool), ServiceError> {
+        if self
+            .admin
+            .namespace_policies(&topic.namespace)
+            .await?
+            .is_none()
+        {
+            return Err(ServiceError::new(
+                ServerError::TopicNotFound,
+                format!("Namespace {} does not exist", topic.namespace),
+            ));
+        }
+        let Some(ownership) = self.ownership.get() else {
+            let http_url = self.http_url.get().cloned().unwrap_or_default();
+            return Ok((self.advertised_url.clone(), http_url, false));
+        };
+        match ownership
+            .lookup(topic, authoritative)
+            .await
+            .map_err(ownership_error)?
+        {
+            LookupAnswer::Connect(owner) => Ok((owner.service_url, owner.http_url, false)),
+            LookupAnswer::Redirect(chosen) => Ok((chosen.service_url, chosen.http_url, true)),
+        }
+    }
+
+    /// Unloads every served topic of `range` in `ns`, then gives the bundle up.
+    pub(crate) async fn unload_bundle(
+        &self,
+        ns: &crate::topic_name::NamespaceName,
+        range: &BundleRange,
+    ) -> Result<usize, ServiceError> {
+        let Some(ownership) = self.ownership.get() else {
+            return Err(ServiceError::new(
+                ServerError::NotAllowedError,
+                "bundles are served by one broker in standalone mode",
+            ));
+        };
+        let unloaded = self.unload_topics_of(ns, range).await?;
+        ownership
+            .release(ns, range)
+            .await
+            .map_err(ownership_error)?;
+        Ok(unloaded)
+    }
+
+    /// Unloads every served topic of `range` in `ns`.
+    pub(crate) async fn unload_topics_of(
+        &self,
+        ns: &crate::topic_name::NamespaceName,
+        range: &BundleRange,
+    ) -> Result<usize, ServiceError> {
+        let mut unloaded = 0;
+        for name in self.served_topics() {
+            let Ok(topic) = TopicName::parse(&name) else {
+                continue;
+            };
+            if &topic.namespace == ns && range.contains(crate::ownership::topic_hash(&topic)) {
+                self.unload(&name).await?;
+                unloaded += 1;
+            }
+        }
+        Ok(unloaded)
     }
 
     /// Full names of the topics served now, sorted.
@@ -353,4 +439,17 @@ impl Service {
         }
         errors
     }
+}
+
+/// Ownership failures as the protocol reports them: a client told
+/// ServiceNotReady looks the topic up again.
+pub(crate) fn ownership_error(error: OwnershipError) -> ServiceError {
+    let code = match &error {
+        OwnershipError::Meta(_) | OwnershipError::Corrupt { .. } => ServerError::MetadataError,
+        OwnershipError::OwnedElsewhere { .. }
+        | OwnershipError::NoBroker
+        | OwnershipError::SessionLost => ServerError::ServiceNotReady,
+        OwnershipError::CannotSplit(_) => ServerError::NotAllowedError,
+    };
+    ServiceError::new(code, error.to_string())
 }

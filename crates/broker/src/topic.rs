@@ -157,6 +157,11 @@ pub(crate) enum DedupCheck {
 }
 
 impl Topic {
+    /// Messages published to this topic since it opened (for load reports).
+    pub(crate) fn msg_in_total(&self) -> u64 {
+        self.msg_in.load(Ordering::Relaxed)
+    }
+
     /// Wraps an opened log.
     pub(crate) fn new(name: TopicName, log: Arc<ManagedLog>, dedup_enabled: bool) -> Arc<Topic> {
         Arc::new_cyclic(|self_ref| Topic {

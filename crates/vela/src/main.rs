@@ -7,7 +7,9 @@
 
 mod admin_cmd;
 mod bookie_cmd;
+mod broker_cmd;
 mod perf;
+mod persistence_args;
 mod process;
 mod registration;
 mod standalone;
@@ -34,6 +36,9 @@ enum Command {
     Admin(admin_cmd::AdminArgs),
     /// Run a storage node (journal + ledger storage) serving the bookie protocol.
     Bookie(bookie_cmd::BookieArgs),
+    /// Run a broker of a cluster: Pulsar protocol and HTTP admin, bundles
+    /// owned through the metadata store, ledgers on registered bookies.
+    Broker(broker_cmd::BrokerArgs),
     /// Run everything on one machine: embedded metadata, N bookies and a broker
     /// in one process, listening on 127.0.0.1.
     Standalone(standalone::StandaloneArgs),
@@ -47,6 +52,7 @@ fn main() {
     let result = match cli.command {
         Command::Admin(args) => admin_cmd::run(args),
         Command::Bookie(args) => bookie_cmd::run(args),
+        Command::Broker(args) => broker_cmd::run(args),
         Command::Standalone(args) => standalone::run(args),
         Command::Perf(args) => perf::run(args),
     };

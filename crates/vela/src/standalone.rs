@@ -33,6 +33,7 @@ use vela_log::{LogEnv, ReplicatedLedgers};
 use vela_meta::registry::BookieInfo;
 use vela_meta::{FileStore, MetadataStore};
 
+use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::registration::Registration;
 use crate::storage_args::StorageArgs;
@@ -77,17 +78,8 @@ pub(crate) struct StandaloneArgs {
     #[arg(long, default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=BOOKIES_MAX as i64))]
     bookies: u8,
-    /// Ensemble size (E) of new ledgers when a namespace sets none.
-    /// Default: 1 with one bookie, else 2.
-    #[arg(long, value_name = "E")]
-    ensemble_size: Option<u8>,
-    /// Write quorum (Qw): copies of each entry. Default: the ensemble size.
-    #[arg(long, value_name = "QW")]
-    write_quorum: Option<u8>,
-    /// Ack quorum (Qa): copies fdatasync'ed before a publish is acknowledged.
-    /// Default: the write quorum.
-    #[arg(long, value_name = "QA")]
-    ack_quorum: Option<u8>,
+    #[command(flatten)]
+    persistence: PersistenceArgs,
     /// Host put into lookup answers. Default: the bind address (127.0.0.1
     /// when binding every interface).
     #[arg(long, value_name = "HOST")]
@@ -100,35 +92,11 @@ pub(crate) struct StandaloneArgs {
 }
 
 impl StandaloneArgs {
-    /// The default persistence, checked against the bookie count; errors name
-    /// the flag.
+    /// The default persistence: E=Qw=Qa=1 with one bookie, else 2.
     fn persistence(&self) -> anyhow::Result<PersistenceConfig> {
-        let ensemble = self
-            .ensemble_size
-            .unwrap_or(if self.bookies == 1 { 1 } else { 2 });
-        let write_quorum = self.write_quorum.unwrap_or(ensemble);
-        let ack_quorum = self.ack_quorum.unwrap_or(write_quorum);
-        if ensemble == 0 || ensemble > self.bookies {
-            anyhow::bail!(
-                "--ensemble-size {ensemble} must be between 1 and --bookies ({})",
-                self.bookies
-            );
-        }
-        if write_quorum == 0 || write_quorum > ensemble {
-            anyhow::bail!(
-                "--write-quorum {write_quorum} must be between 1 and the ensemble size ({ensemble})"
-            );
-        }
-        if ack_quorum == 0 || ack_quorum > write_quorum {
-            anyhow::bail!(
-                "--ack-quorum {ack_quorum} must be between 1 and the write quorum ({write_quorum})"
-            );
-        }
-        Ok(PersistenceConfig {
-            ensemble,
-            write_quorum,
-            ack_quorum,
-        })
+        let default_ensemble = if self.bookies == 1 { 1 } else { 2 };
+        self.persistence
+            .resolve(default_ensemble, Some(self.bookies))
     }
 
     fn advertised_host(&self) -> String {

@@ -13,6 +13,7 @@
 //! Never: blocks a worker, or keeps state of its own: everything goes through
 //! the service, the admin store and the topics.
 
+mod bundles;
 mod namespaces;
 mod prometheus;
 mod topics;
@@ -105,6 +106,7 @@ fn router(service: Arc<Service>) -> Router {
             get(lookup),
         )
         .merge(namespaces::routes())
+        .merge(bundles::routes())
         .merge(topics::routes())
         .with_state(service)
 }
@@ -240,20 +242,9 @@ async fn lookup(
     Path((domain, tenant, namespace, topic)): Path<(String, String, String, String)>,
 ) -> ApiResult<axum::Json<serde_json::Value>> {
     let topic = topic_of(&domain, &tenant, &namespace, &topic)?;
-    if service
-        .admin
-        .namespace_policies(&topic.namespace)
-        .await?
-        .is_none()
-    {
-        return Err(ApiError::not_found(format!(
-            "Namespace {} does not exist",
-            topic.namespace
-        )));
-    }
-    let http_url = service.http_url.get().cloned().unwrap_or_default();
+    let (service_url, http_url, _) = service.lookup(&topic, false).await?;
     Ok(axum::Json(crate::admin::json::lookup_json(
-        &service.advertised_url,
+        &service_url,
         &http_url,
     )))
 }

@@ -166,7 +166,7 @@ async fn namespaces(
     Ok(axum::Json(service.admin.namespaces(&tenant).await?))
 }
 
-fn namespace_of(tenant: &str, namespace: &str) -> ApiResult<NamespaceName> {
+pub(super) fn namespace_of(tenant: &str, namespace: &str) -> ApiResult<NamespaceName> {
     NamespaceName::parse(&format!("{tenant}/{namespace}")).map_err(|_| {
         ApiError::new(
             StatusCode::PRECONDITION_FAILED,

@@ -1,0 +1,142 @@
+//! `vela broker`: a stateless broker of a cluster.
+//!
+//! Owns: the flags, wiring the metadata store (etcd in production), the
+//! ledger client over registered bookies (TCP), the broker and its HTTP
+//! listener, joining the cluster (registration, bundle ownership), and the
+//! life cycle: ready line `vela broker ready in N ms: pulsar://H:P http://H:P`,
+//! clean stop on SIGINT/SIGTERM (topics closed, bundles released at once),
+//! exit status 1 when the broker's metadata session is lost (it was cut off
+//! long enough for others to take its bundles; a supervisor restarts it).
+//! Never: stores data (bookies do), or keeps serving after its session ended.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use clap::Args;
+use vela_broker::{Broker, BrokerConfig};
+use vela_ledger::{BookieClientTransport, LedgerClient, LedgerConfig};
+use vela_log::{LogEnv, ReplicatedLedgers};
+
+use crate::persistence_args::PersistenceArgs;
+use crate::process::{StopSignals, announce};
+use crate::write_path_source::StandaloneStages;
+
+/// Flags of `vela broker`.
+#[derive(Debug, Args)]
+pub(crate) struct BrokerArgs {
+    /// Metadata store (`etcd://host:2379[,host:port...]`).
+    #[arg(long, value_name = "URL")]
+    metadata: String,
+    /// Address the Pulsar and HTTP listeners bind.
+    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
+    bind: IpAddr,
+    /// Pulsar protocol port (0: pick a free one; the ready line says which).
+    #[arg(long, default_value_t = 6650)]
+    port: u16,
+    /// HTTP port: admin API, lookups and metrics (0: pick a free one).
+    #[arg(long, default_value_t = 8080)]
+    http_port: u16,
+    /// Host put into lookup answers and the registration (what clients and
+    /// other brokers reach). Default: the bind address (127.0.0.1 when
+    /// binding every interface).
+    #[arg(long, value_name = "HOST")]
+    advertised_host: Option<String>,
+    /// Time the metadata store keeps this broker's session (its bundles)
+    /// after the broker stops answering, ms. Shorter: faster failover; too
+    /// short for the machine: spurious failovers. etcd rounds up to whole
+    /// seconds (at least about 2 s).
+    #[arg(long, default_value_t = 2000, value_parser = clap::value_parser!(u64).range(500..=600_000))]
+    session_ttl_ms: u64,
+    /// Interval of keep-alive pings to clients, seconds (Pulsar: 30).
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    keepalive_s: u64,
+    #[command(flatten)]
+    persistence: PersistenceArgs,
+}
+
+impl BrokerArgs {
+    fn advertised_host(&self) -> String {
+        match &self.advertised_host {
+            Some(host) => host.clone(),
+            None if self.bind.is_unspecified() => "127.0.0.1".to_string(),
+            None => self.bind.to_string(),
+        }
+    }
+}
+
+pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    // Pulsar's cluster default: two copies of everything.
+    let persistence = args.persistence.resolve(2, None)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("vela-broker")
+        .build()
+        .context("cannot start the tokio runtime")?;
+    runtime.block_on(async move {
+        let store = vela_meta::open_store(&args.metadata)
+            .await
+            .with_context(|| format!("cannot open the metadata store (--metadata {})", args.metadata))?;
+        let transport = BookieClientTransport::new(
+            store.clone(),
+            vela_bookie::client::ClientConfig::default(),
+        );
+        let ledgers = LedgerClient::new(store.clone(), Arc::new(transport), LedgerConfig::default());
+        let stages = StandaloneStages::new(ledgers.clone(), Vec::new());
+        let log_env = LogEnv::new(store.clone(), Arc::new(ReplicatedLedgers::new(ledgers)));
+
+        let mut config = BrokerConfig::new(SocketAddr::new(args.bind, args.port));
+        config.advertised_host = args.advertised_host();
+        config.default_persistence = persistence;
+        config.keepalive = Duration::from_secs(args.keepalive_s);
+        let mut signals = StopSignals::install()?;
+        let broker = Broker::start(config, store.clone(), log_env)
+            .await
+            .with_context(|| {
+                format!("cannot start the broker on {}:{} (--bind, --port)", args.bind, args.port)
+            })?;
+        broker
+            .add_write_path_source(Arc::new(stages))
+            .context("cannot register the write-path stages")?;
+        let http_addr = SocketAddr::new(args.bind, args.http_port);
+        let http = broker
+            .start_http(http_addr)
+            .await
+            .with_context(|| format!("cannot listen on {http_addr} (--bind, --http-port)"))?;
+        broker
+            .join_cluster(Duration::from_millis(args.session_ttl_ms))
+            .await
+            .context("cannot join the cluster")?;
+        let mut lost = broker.cluster_lost();
+        announce(&format!(
+            "vela broker ready in {} ms: {} http://{}:{} (metadata {}, E={} Qw={} Qa={})",
+            started.elapsed().as_millis(),
+            broker.service_url(),
+            args.advertised_host(),
+            http.local_addr().port(),
+            args.metadata,
+            persistence.ensemble,
+            persistence.write_quorum,
+            persistence.ack_quorum,
+        ))?;
+
+        let lost_session = tokio::select! {
+            signal = signals.recv() => {
+                tracing::info!("{signal}: stopping");
+                false
+            }
+            _ = lost.wait_for(|lost| *lost) => true,
+        };
+        http.stop().await;
+        if let Err(error) = broker.shutdown().await {
+            tracing::warn!(%error, "broker shutdown left a topic unclosed (recovered by its next owner)");
+        }
+        if lost_session {
+            anyhow::bail!("the broker's metadata session ended: its bundles belong to other brokers now; restart it");
+        }
+        tracing::info!("vela broker stopped");
+        Ok(())
+    })
+}
