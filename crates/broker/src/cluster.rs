@@ -1,5 +1,6 @@
 //! A cluster broker's background duties: load reports, automatic split of
-//! hot bundles, and unloading everything when the broker's session ends.
+//! hot bundles, and unloading everything when the broker's session ends
+//! (ownership then registers again; bundles are taken afresh).
 //!
 //! Owns: the per-bundle traffic figures between two reports. Never: takes
 //! bundles (lookups and topic opens do, see `ownership`).
@@ -33,15 +34,19 @@ pub(crate) async fn duties(
     loop {
         tokio::select! {
             changed = lost.changed() => {
-                if changed.is_err() || *lost.borrow() {
-                    if let Some(service) = service.upgrade() {
-                        let errors = service.close_topics().await;
-                        tracing::error!(
-                            unload_errors = errors.len(),
-                            "cluster session lost: every topic unloaded"
-                        );
-                    }
+                if changed.is_err() {
                     return;
+                }
+                let now_lost = *lost.borrow_and_update();
+                if now_lost {
+                    // Other brokers may own our bundles already: serve nothing
+                    // of what we had (their recovery fences our ledgers).
+                    let Some(service) = service.upgrade() else { return };
+                    let errors = service.close_topics().await;
+                    tracing::error!(
+                        unload_errors = errors.len(),
+                        "cluster session lost: every topic unloaded"
+                    );
                 }
             }
             _ = shutdown.changed() => return,

@@ -122,7 +122,7 @@ impl BrokerHandle {
     /// bundles it owns; lookups answer with each bundle's owner. Call after
     /// `start_http` (its URL goes into the registration). When the session
     /// ends (expired: this broker was cut off) every topic is unloaded and
-    /// `cluster_lost` turns true; the process should then exit and restart.
+    /// the broker registers again with a new session.
     pub async fn join_cluster(&self, session_ttl: Duration) -> Result<(), BrokerError> {
         let service = &self.service;
         let host = &service.config.advertised_host;
@@ -144,14 +144,6 @@ impl BrokerHandle {
             self.shutdown_tx.subscribe(),
         ));
         Ok(())
-    }
-
-    /// True once this broker's cluster session ended (never in standalone).
-    pub fn cluster_lost(&self) -> watch::Receiver<bool> {
-        match self.service.ownership.get() {
-            Some(ownership) => ownership.lost(),
-            None => watch::channel(false).1,
-        }
     }
 
     /// Address the Pulsar listener is bound to.

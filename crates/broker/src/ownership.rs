@@ -13,9 +13,10 @@
 //!
 //! Guarantees: a broker serves a topic only while it holds its bundle's key
 //! (`check_owned`); when its session ends it drops every bundle at once (the
-//! service unloads the topics, see `lost`). What makes a deposed broker
-//! harmless before it notices is the ledger protocol: the next owner opens
-//! each log with recovery, which fences the old writer.
+//! service unloads the topics, see `lost`), then registers again with a new
+//! session and takes bundles afresh as lookups come. What makes a deposed
+//! broker harmless before it notices is the ledger protocol: the next owner
+//! opens each log with recovery, which fences the old writer.
 //! Never: takes a bundle whose key another broker holds, or answers a lookup
 //! for a namespace that does not exist.
 
@@ -225,7 +226,11 @@ fn encode<T: Serialize>(value: &T) -> Bytes {
 pub struct Ownership {
     meta: Arc<dyn MetadataStore>,
     me: Mutex<BrokerInfo>,
-    session: Session,
+    ttl: Duration,
+    /// The current session; replaced when one ends (see `watch_session`).
+    session: parking_lot::RwLock<Arc<Session>>,
+    /// Set by `close`: no new session after the current one.
+    closing: std::sync::atomic::AtomicBool,
     /// Bundles held, by namespace.
     owned: Mutex<BTreeMap<NamespaceName, BTreeSet<BundleRange>>>,
     /// Bundle boundaries read so far (refreshed on a miss or a split).
@@ -252,7 +257,9 @@ impl Ownership {
         let ownership = Arc::new(Ownership {
             meta,
             me: Mutex::new(me),
-            session,
+            ttl,
+            session: parking_lot::RwLock::new(Arc::new(session)),
+            closing: std::sync::atomic::AtomicBool::new(false),
             owned: Mutex::new(BTreeMap::new()),
             layouts: Mutex::new(BTreeMap::new()),
             lost,
@@ -267,16 +274,18 @@ impl Ownership {
         self.me.lock().clone()
     }
 
-    /// Turns true when this broker's session ended (it owns nothing anymore).
+    /// True while this broker has no session (the last one ended; it owns
+    /// nothing and is registering again).
     pub fn lost(&self) -> watch::Receiver<bool> {
         self.lost.subscribe()
     }
 
-    fn check_session(&self) -> Result<(), OwnershipError> {
-        if *self.lost.borrow() || !self.session.is_alive() {
+    fn check_session(&self) -> Result<Arc<Session>, OwnershipError> {
+        let session = Arc::clone(&self.session.read());
+        if *self.lost.borrow() || !session.is_alive() {
             return Err(OwnershipError::SessionLost);
         }
-        Ok(())
+        Ok(session)
     }
 
     /// The namespace's bundle boundaries, creating the default layout.
@@ -384,7 +393,7 @@ impl Ownership {
         ns: &NamespaceName,
         range: &BundleRange,
     ) -> Result<bool, OwnershipError> {
-        self.check_session()?;
+        let session = self.check_session()?;
         if self
             .owned
             .lock()
@@ -397,7 +406,7 @@ impl Ownership {
         match self
             .meta
             .put_ephemeral(
-                &self.session,
+                &session,
                 &owner_key(ns, range),
                 encode(&me),
                 ExpectedVersion::Absent,
@@ -610,7 +619,7 @@ impl Ownership {
 
     /// Refreshes the load report in this broker's registration.
     pub async fn report_load(&self, mut load: LoadReport) -> Result<(), OwnershipError> {
-        self.check_session()?;
+        let session = self.check_session()?;
         load.bundles = u32::try_from(self.owned().len()).unwrap_or(u32::MAX);
         let me = {
             let mut me = self.me.lock();
@@ -619,7 +628,7 @@ impl Ownership {
         };
         self.meta
             .put_ephemeral(
-                &self.session,
+                &session,
                 &broker_key(&me.id),
                 encode(&me),
                 ExpectedVersion::Any,
@@ -631,40 +640,89 @@ impl Ownership {
     /// Ends the session: ownership keys and the registration go away now
     /// rather than at session expiry (a clean shutdown).
     pub async fn close(&self) {
+        self.closing
+            .store(true, std::sync::atomic::Ordering::Release);
         self.owned.lock().clear();
         self.lost.send_replace(true);
-        if let Err(error) = self.session.close_shared().await {
+        let session = Arc::clone(&self.session.read());
+        if let Err(error) = session.close_shared().await {
             tracing::warn!(%error, "closing the broker session failed");
         }
     }
 }
 
-/// Marks ownership lost when the session ends.
+/// When the session ends: drops every bundle (the service unloads the
+/// topics on `lost`), then registers again with a new session, retrying
+/// with a pause, until `close`.
 async fn watch_session(ownership: std::sync::Weak<Ownership>) {
-    let ended = match ownership.upgrade() {
-        Some(ownership) => {
-            let state = ownership.session.state_watch();
-            drop(ownership);
-            state
+    const RETRY_DELAY: Duration = Duration::from_millis(500);
+    loop {
+        let mut state = match ownership.upgrade() {
+            Some(ownership) => ownership.session.read().state_watch(),
+            None => return,
+        };
+        let ended = loop {
+            let now = *state.borrow_and_update();
+            if now != vela_meta::SessionState::Alive {
+                break now;
+            }
+            if state.changed().await.is_err() {
+                break vela_meta::SessionState::Expired;
+            }
+        };
+        let Some(current) = ownership.upgrade() else {
+            return;
+        };
+        current.owned.lock().clear();
+        current.lost.send_replace(true);
+        if current.closing.load(std::sync::atomic::Ordering::Acquire) {
+            return;
         }
-        None => return,
-    };
-    let mut state = ended;
-    let state = loop {
-        let now = *state.borrow_and_update();
-        if now != vela_meta::SessionState::Alive {
-            break now;
+        tracing::error!(
+            ?ended,
+            "broker session ended: every bundle dropped; registering again"
+        );
+        drop(current);
+        loop {
+            tokio::time::sleep(RETRY_DELAY).await;
+            let Some(current) = ownership.upgrade() else {
+                return;
+            };
+            if current.closing.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            match current.renew_session().await {
+                Ok(()) => {
+                    tracing::info!("broker registered again with a new session");
+                    break;
+                }
+                Err(error) => tracing::warn!(%error, "cannot register again yet"),
+            }
         }
-        if state.changed().await.is_err() {
-            break vela_meta::SessionState::Expired;
+    }
+}
+
+impl Ownership {
+    /// A new session and registration after the last session ended.
+    async fn renew_session(&self) -> Result<(), OwnershipError> {
+        let session = self.meta.session(self.ttl).await?;
+        let me = self.me();
+        if let Err(error) = self
+            .meta
+            .put_ephemeral(
+                &session,
+                &broker_key(&me.id),
+                encode(&me),
+                ExpectedVersion::Any,
+            )
+            .await
+        {
+            let _ = session.close().await;
+            return Err(error.into());
         }
-    };
-    if let Some(ownership) = ownership.upgrade() {
-        if !*ownership.lost.borrow() {
-            tracing::error!(?state, "broker session ended: dropping every bundle");
-        }
-        ownership.owned.lock().clear();
-        ownership.lost.send_replace(true);
+        *self.session.write() = Arc::new(session);
+        self.lost.send_replace(false);
+        Ok(())
     }
 }
 
@@ -679,6 +737,13 @@ mod tests {
             service_url: format!("pulsar://{id}"),
             http_url: format!("http://{id}"),
             load: LoadReport::default(),
+        }
+    }
+
+    fn connect_id(answer: LookupAnswer) -> String {
+        match answer {
+            LookupAnswer::Connect(owner) => owner.id,
+            LookupAnswer::Redirect(chosen) => panic!("redirect to {}", chosen.id),
         }
     }
 
@@ -716,11 +781,8 @@ mod tests {
         let topic = TopicName::parse("persistent://public/default/t1").unwrap();
         // An authoritative lookup at b makes b the owner; a then points there.
         let answer = b.lookup(&topic, true).await.unwrap();
-        assert_eq!(answer, LookupAnswer::Connect(b.me()));
-        assert_eq!(
-            a.lookup(&topic, false).await.unwrap(),
-            LookupAnswer::Connect(b.me())
-        );
+        assert_eq!(connect_id(answer), "b:1");
+        assert_eq!(connect_id(a.lookup(&topic, false).await.unwrap()), "b:1");
         assert!(b.check_owned(&topic).await.is_ok());
         assert!(matches!(
             a.check_owned(&topic).await,
@@ -735,16 +797,33 @@ mod tests {
         // a re-reads the layout on its next miss.
         a.reload_boundaries(&topic.namespace).await.unwrap();
         assert_eq!(a.bundles(&topic.namespace).await.unwrap().len(), 5);
-        assert_eq!(
-            a.lookup(&topic, false).await.unwrap(),
-            LookupAnswer::Connect(b.me())
-        );
+        assert_eq!(connect_id(a.lookup(&topic, false).await.unwrap()), "b:1");
         // b stops: its bundles are free; a takes the topic.
         b.close().await;
         assert!(*b.lost().borrow());
-        assert_eq!(
-            a.lookup(&topic, false).await.unwrap(),
-            LookupAnswer::Connect(a.me())
-        );
+        assert_eq!(connect_id(a.lookup(&topic, false).await.unwrap()), "a:1");
+    }
+
+    #[tokio::test]
+    async fn an_expired_session_drops_every_bundle_then_registers_again() {
+        let memory = Arc::new(vela_meta::MemoryStore::new());
+        let meta: Arc<dyn MetadataStore> = memory.clone();
+        let a = Ownership::start(meta.clone(), info("a:1"), Duration::from_secs(10))
+            .await
+            .unwrap();
+        let topic = TopicName::parse("persistent://public/default/t2").unwrap();
+        assert_eq!(connect_id(a.lookup(&topic, false).await.unwrap()), "a:1");
+        assert!(a.holds(&topic));
+        let mut lost = a.lost();
+        let old_session = a.session.read().id();
+        memory.expire_session(old_session).await.unwrap();
+        lost.wait_for(|lost| *lost).await.unwrap();
+        assert!(!a.holds(&topic), "bundles dropped with the session");
+        // The ownership key went with the session; a registers again.
+        lost.wait_for(|lost| !*lost).await.unwrap();
+        assert_ne!(a.session.read().id(), old_session);
+        assert_eq!(a.brokers().await.unwrap().len(), 1);
+        assert_eq!(connect_id(a.lookup(&topic, false).await.unwrap()), "a:1");
+        assert!(a.holds(&topic));
     }
 }

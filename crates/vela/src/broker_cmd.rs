@@ -4,10 +4,11 @@
 //! ledger client over registered bookies (TCP), the broker and its HTTP
 //! listener, joining the cluster (registration, bundle ownership), and the
 //! life cycle: ready line `vela broker ready in N ms: pulsar://H:P http://H:P`,
-//! clean stop on SIGINT/SIGTERM (topics closed, bundles released at once),
-//! exit status 1 when the broker's metadata session is lost (it was cut off
-//! long enough for others to take its bundles; a supervisor restarts it).
-//! Never: stores data (bookies do), or keeps serving after its session ended.
+//! clean stop on SIGINT/SIGTERM (topics closed, bundles released at once).
+//! A broker whose metadata session expires (cut off long enough for others
+//! to take its bundles) unloads every topic and registers again.
+//! Never: stores data (bookies do), or serves a topic whose bundle it does
+//! not hold.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -109,7 +110,6 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
             .join_cluster(Duration::from_millis(args.session_ttl_ms))
             .await
             .context("cannot join the cluster")?;
-        let mut lost = broker.cluster_lost();
         announce(&format!(
             "vela broker ready in {} ms: {} http://{}:{} (metadata {}, E={} Qw={} Qa={})",
             started.elapsed().as_millis(),
@@ -122,19 +122,11 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
             persistence.ack_quorum,
         ))?;
 
-        let lost_session = tokio::select! {
-            signal = signals.recv() => {
-                tracing::info!("{signal}: stopping");
-                false
-            }
-            _ = lost.wait_for(|lost| *lost) => true,
-        };
+        let signal = signals.recv().await;
+        tracing::info!("{signal}: stopping");
         http.stop().await;
         if let Err(error) = broker.shutdown().await {
             tracing::warn!(%error, "broker shutdown left a topic unclosed (recovered by its next owner)");
-        }
-        if lost_session {
-            anyhow::bail!("the broker's metadata session ended: its bundles belong to other brokers now; restart it");
         }
         tracing::info!("vela broker stopped");
         Ok(())
