@@ -64,6 +64,8 @@ JVM_MODULE_FLAGS = [
     "--add-opens", "jdk.management/com.sun.management.internal=ALL-UNNAMED",
 ]
 PULSAR_PERF_MEM = "-Xms512m -Xmx1g"
+# Free space a run needs in the data directory (the batched runs write a few GB).
+MIN_FREE_GIB = 6
 
 
 # ---------------------------------------------------------------- scenarios
@@ -105,7 +107,9 @@ SCENARIOS = {
         Scenario("sync-1k", "sync 1 KiB", "sync", 1024),
         Scenario("sync-128", "sync 128 B", "sync", 128),
         Scenario("sync-16k", "sync 16 KiB", "sync", 16 * 1024),
-        Scenario("sync-512k", "sync 512 KiB", "sync", 512 * 1024),
+        # At most 200 msg/s (100 MB/s): back to back it writes ~400 MB/s, 6 GB
+        # of journal (and as much ledger storage) per 15 s run.
+        Scenario("sync-512k", "sync 512 KiB (200 msg/s at most)", "sync", 512 * 1024, rate=200),
         Scenario("async-1k", "async batched 1 KiB", "async", 1024),
         Scenario("async-128-lz4", "async batched 128 B LZ4", "async", 128,
                  compression="lz4"),
@@ -367,6 +371,7 @@ class Figures:
     peak_rss_mib: float | None = None
     ready_ms: float | None = None
     idle_rss_mib: float | None = None
+    disk_ms: dict = field(default_factory=dict)  # `vela perf disk` right before
     note: str = ""
 
 
@@ -581,13 +586,19 @@ def measure_disk(opts: Options, where: Path) -> dict:
 def run_scenario(opts: Options, sc: Scenario, systems: list, bookie_setups: list) -> dict:
     print(f"\n== {sc.name}: {sc.title} ==", flush=True)
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    disk = measure_disk(opts, opts.data_root)
-    print(f"   raw fdatasync of {opts.data_root} (4 KiB blocks, depth 1): "
-          f"p50 {disk['p50']:.3f} ms  p99 {disk['p99']:.3f} ms  p99.9 {disk['p999']:.3f} ms",
-          flush=True)
     rows = []
     for system in systems:
         for bookies in bookie_setups:
+            # The disk's own latency right before this standalone runs on it:
+            # on a shared machine it drifts from one minute to the next.
+            free_gib = shutil.disk_usage(opts.data_root).free / 2**30
+            if free_gib < MIN_FREE_GIB:
+                raise Fail(f"only {free_gib:.1f} GiB free in {opts.data_root}; the bench "
+                           f"needs {MIN_FREE_GIB} GiB (BENCH_DATA=dir elsewhere)")
+            disk = measure_disk(opts, opts.data_root)
+            print(f"   raw fdatasync of {opts.data_root} (4 KiB blocks, depth 1): "
+                  f"p50 {disk['p50']:.3f} ms  p99 {disk['p99']:.3f} ms  p99.9 {disk['p999']:.3f} ms",
+                  flush=True)
             data_dir = opts.data_root / f"{sc.name}-{system}-{bookies}b"
             shutil.rmtree(data_dir, ignore_errors=True)
             server = (VelaServer if system == "vela" else PulsarServer)(bookies, data_dir, opts)
@@ -602,15 +613,17 @@ def run_scenario(opts: Options, sc: Scenario, systems: list, bookie_setups: list
                     runner = run_vela_perf if client == "vela-perf" else run_pulsar_perf
                     fig = runner(opts, sc, server, client)
                     fig.ready_ms, fig.idle_rss_mib = server.ready_ms, server.idle_rss_mib
+                    fig.disk_ms = disk
                     rows.append(fig)
                     print(f"   {label} ({client}): " + one_line(fig), flush=True)
             except Fail as error:
                 print(f"   {label}: FAILED: {error}", flush=True)
-                rows.append(Figures(system, bookies, clients[0], note=f"failed: {str(error).splitlines()[0]}"))
+                rows.append(Figures(system, bookies, clients[0], disk_ms=disk,
+                                    note=f"failed: {str(error).splitlines()[0]}"))
             finally:
                 server.stop()
     result = {"scenario": sc.name, "title": sc.title, "kind": sc.kind,
-              "started_at": started_at, "disk_ms": disk,
+              "started_at": started_at,
               "rows": [fig.__dict__ for fig in rows]}
     print()
     print(scenario_table(result))
@@ -658,14 +671,13 @@ SCENARIO_HEADERS = ["system", "bookies", "client", "msg/s", "MB/s", "mean", "p50
 
 
 def scenario_rows(result: dict) -> list:
-    disk = result["disk_ms"]
     rows = []
     for r in result["rows"]:
-        lat = r["latency_ms"]
+        lat, disk = r["latency_ms"], r["disk_ms"]
         rows.append([r["system"], r["bookies"], r["client"] + (" *" if r["note"].startswith("failed") else ""),
                      fmt(r["messages_per_s"], 0), fmt(r["mb_per_s"], 1),
                      *(fmt(lat.get(k)) for k in ("mean", "p50", "p95", "p99", "p999", "p9999", "max")),
-                     fmt(disk["p50"]), fmt(disk["p99"])])
+                     fmt(disk.get("p50")), fmt(disk.get("p99"))])
     return rows
 
 
@@ -708,7 +720,8 @@ def combined_rows(results: list, bookie_setups: list) -> list:
             v_rate = vela["messages_per_s"] if vela else None
             p_rate = pulsar["messages_per_s"] if pulsar else None
             rows.append([
-                res["scenario"], bookies, sc.reference_client, fmt(res["disk_ms"]["p50"]),
+                res["scenario"], bookies, sc.reference_client,
+                fmt(vela["disk_ms"].get("p50") if vela else None),
                 fmt(vl.get("p50")), fmt(vl.get("p99")), fmt(vl.get("p999")), fmt(v_rate, 0),
                 fmt(pl.get("p50")), fmt(pl.get("p99")), fmt(pl.get("p999")), fmt(p_rate, 0),
                 ratio(pl.get("p50"), vl.get("p50")), ratio(pl.get("p999"), vl.get("p999")),
@@ -717,7 +730,7 @@ def combined_rows(results: list, bookie_setups: list) -> list:
     return rows
 
 
-COMBINED_HEADERS = ["scenario", "bk", "pulsar client", "disk p50", "vela p50", "vela p99", "vela p99.9",
+COMBINED_HEADERS = ["scenario", "bk", "pulsar client", "disk p50 (vela)", "vela p50", "vela p99", "vela p99.9",
                     "vela msg/s", "pulsar p50", "pulsar p99", "pulsar p99.9", "pulsar msg/s",
                     "P/V p50", "P/V p99.9", "V/P msg/s"]
 
@@ -783,9 +796,9 @@ def targets(results: list, sm: dict, bookie_setups: list) -> list:
             v = find_row(sync, "vela", bookies)
             p = find_row(sync, "pulsar", bookies, SCENARIOS["sync-1k"].reference_client)
             pp = find_row(sync, "pulsar", bookies, "pulsar-perf")
-            disk = sync["disk_ms"]["p50"]
             budget = 0.100 if bookies == 1 else 0.150
             if v:
+                disk = v["disk_ms"]["p50"]
                 vp50 = v["latency_ms"]["p50"]
                 out.append([f"sync 1 KiB p50 <= fdatasync p50 + {budget * 1000:.0f} us"
                             + ("" if bookies == 1 else " (DESIGN: 2 copies)"), setup,
@@ -908,7 +921,8 @@ def report(results, sm, bookie_setups, opts, machine, before, after, markdown) -
         parts.append("## Machine\n")
         parts.append("\n".join(f"- {k}: {v}" for k, v in machine.items()) + "\n")
         parts.append(f"- run: {opts.duration} s per scenario run, of which {opts.warmup} s "
-                     f"warm-up left out; disk test {opts.disk_seconds} s per scenario\n")
+                     f"warm-up left out; disk test {opts.disk_seconds} s right before each "
+                     "standalone starts\n")
         parts.append("## Machine state during the run\n")
         for label, state in (("start", before), ("end", after)):
             la = ", ".join(f"{x:.2f}" for x in state["loadavg"])
@@ -1032,6 +1046,9 @@ def main() -> int:
     try:
         for name in names:
             results.append(run_scenario(opts, SCENARIOS[name], systems, bookie_setups))
+    except Fail as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     finally:
         stop_all_children()
     after = machine_state()
