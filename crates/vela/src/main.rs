@@ -8,6 +8,7 @@
 mod admin_cmd;
 mod bookie_cmd;
 mod broker_cmd;
+mod ledgers_cmd;
 mod perf;
 mod persistence_args;
 mod process;
@@ -42,6 +43,8 @@ enum Command {
     /// Run everything on one machine: embedded metadata, N bookies and a broker
     /// in one process, listening on 127.0.0.1.
     Standalone(standalone::StandaloneArgs),
+    /// Ledger tools: list, verify every copy of every entry.
+    Ledgers(ledgers_cmd::LedgersArgs),
     /// Load generators (pulsar-perf's flags): produce, consume, disk.
     Perf(perf::PerfArgs),
 }
@@ -55,6 +58,7 @@ fn main() {
         Command::Broker(args) => broker_cmd::run(args),
         Command::Standalone(args) => standalone::run(args),
         Command::Perf(args) => perf::run(args),
+        Command::Ledgers(args) => ledgers_cmd::run(args),
     };
     if let Err(error) = result {
         eprintln!("vela: {error:#}");
