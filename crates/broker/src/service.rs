@@ -112,6 +112,11 @@ impl Service {
                 format!("Namespace {} does not exist", topic.namespace),
             ));
         }
+        // A partition is itself a plain topic (as Pulsar answers): a client
+        // opening `t-partition-0` must not look for its partitions.
+        if topic.partition.is_some() {
+            return Ok(0);
+        }
         Ok(self.admin.partitions(topic).await?.unwrap_or(0))
     }
 

@@ -48,7 +48,8 @@ async fn lookup_and_partitioned_metadata() {
         .await
         .unwrap();
     let mut client = Client::connect(broker.pulsar_addr()).await;
-    for (topic, partitions) in [("p", 3), ("plain", 0)] {
+    // A partition is a plain topic: 0 partitions of its own.
+    for (topic, partitions) in [("p", 3), ("plain", 0), ("p-partition-1", 0)] {
         client
             .send(proto::CommandPartitionedTopicMetadata {
                 topic: topic.into(),

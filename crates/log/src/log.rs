@@ -225,6 +225,35 @@ impl std::fmt::Debug for ManagedLog {
     }
 }
 
+/// Entries are ordered by (ledger id, entry id): a new ledger must have a
+/// greater id than every ledger of the log. The ledger client's ids increase
+/// across processes; a store that broke that (a reset counter) must not
+/// scramble the log: the new ledger is deleted and the log refuses.
+async fn check_ledger_order(
+    env: &LogEnv,
+    name: &str,
+    ledgers: &[LedgerInfo],
+    new_ledger_id: u64,
+) -> Result<(), LogError> {
+    let newest = ledgers.iter().map(|l| l.ledger_id).max();
+    match newest {
+        Some(newest) if new_ledger_id <= newest => {
+            let _ = env.ledgers.delete(new_ledger_id).await;
+            tracing::error!(
+                log = name,
+                new_ledger_id,
+                newest,
+                "ledger ids went backwards"
+            );
+            Err(LogError::Metadata(format!(
+                "log {name}: new ledger {new_ledger_id} is not above its newest ledger {newest} \
+                 (the ledger id counter went backwards)"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -285,6 +314,7 @@ impl ManagedLog {
         info.ledgers.retain(|ledger| ledger.entries > 0);
 
         let appender = env.ledgers.create(config.persistence, name).await?;
+        check_ledger_order(env, name, &info.ledgers, appender.ledger_id()).await?;
         info.ledgers.push(LedgerInfo {
             ledger_id: appender.ledger_id(),
             entries: 0,
@@ -827,6 +857,13 @@ impl Shared {
                 return;
             }
         };
+        let known = self.state.lock().ledgers.clone();
+        if let Err(error) =
+            check_ledger_order(&self.env, &self.name, &known, created.ledger_id()).await
+        {
+            self.fail(old.ledger_id(), error);
+            return;
+        }
         let (info, version) = {
             let state = self.state.lock();
             let mut ledgers = state.ledgers.clone();

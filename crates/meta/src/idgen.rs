@@ -7,8 +7,9 @@
 //! store write serves `range_len` ids. Ids are unique across every allocator of
 //! every process on the same key; they increase within one allocator, but not
 //! across allocators, and the unused rest of a range is lost when its process
-//! stops (gaps are normal). The first id is 1: 0 is never handed out, so callers
-//! may use it as "none".
+//! stops (gaps are normal). With a range of one id (the ledger allocator),
+//! ids increase across every allocator too. The first id is 1: 0 is never
+//! handed out, so callers may use it as "none".
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -24,8 +25,17 @@ use crate::store::{ExpectedVersion, MetadataStore};
 pub const LEDGER_ID_KEY: &str = "/ledgers/idgen";
 
 /// Ids reserved per CAS by default: with ~1-10 ms per durable CAS, one range
-/// covers a burst of 1000 ledger creations.
+/// covers a burst of 1000 creations.
 pub const ID_RANGE_LEN_DEFAULT: u64 = 1000;
+
+/// Ledger ids are reserved one at a time: a topic's log orders its entries by
+/// (ledger id, entry id), so the ledger a new owner creates after taking a
+/// topic over must have a greater id than every ledger of the log, whichever
+/// broker created those. Ids taken one per CAS increase across every process
+/// (each reads the counter when it allocates); ranges would not. A ledger is
+/// created at topic load and rollover, so one CAS each costs nothing that
+/// matters.
+pub const LEDGER_ID_RANGE_LEN: u64 = 1;
 
 /// CAS attempts before `reserve` gives up with `Contention`. Each failure means
 /// another allocator succeeded, so 64 in a row is pathological.
@@ -69,12 +79,13 @@ impl IdAllocator {
         })
     }
 
-    /// The ledger id allocator: [`LEDGER_ID_KEY`], [`ID_RANGE_LEN_DEFAULT`].
+    /// The ledger id allocator: [`LEDGER_ID_KEY`], [`LEDGER_ID_RANGE_LEN`]
+    /// (ids increase across processes).
     pub fn for_ledgers(store: Arc<dyn MetadataStore>) -> Self {
         Self {
             store,
             key: LEDGER_ID_KEY.to_owned(),
-            range_len: ID_RANGE_LEN_DEFAULT,
+            range_len: LEDGER_ID_RANGE_LEN,
             reserved: Mutex::new(0..0),
         }
     }

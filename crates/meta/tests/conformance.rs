@@ -63,6 +63,7 @@ async fn run_conformance(b: &Backend) {
         limits_are_typed_errors,
         bookie_registry,
         id_allocator_unique_across_allocators,
+        ledger_ids_increase_across_allocators,
     );
 }
 
@@ -629,6 +630,21 @@ async fn id_allocator_unique_across_allocators(b: &Backend, root: &str) {
         next <= 1 + 120 + 3 * 7,
         "counter {next} reserved far more than used"
     );
+}
+
+async fn ledger_ids_increase_across_allocators(b: &Backend, root: &str) {
+    // What the managed log relies on: a ledger created later, by any
+    // process, has a greater id.
+    let key = format!("{root}/ledger-idgen");
+    let range = vela_meta::idgen::LEDGER_ID_RANGE_LEN;
+    let first = IdAllocator::new(Arc::clone(&b.store), &key, range).unwrap();
+    let second = IdAllocator::new(Arc::clone(&b.store), &key, range).unwrap();
+    let mut ids = Vec::new();
+    for round in 0..10 {
+        let allocator = if round % 3 == 0 { &second } else { &first };
+        ids.push(allocator.next_id().await.unwrap());
+    }
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{ids:?}");
 }
 
 // ---------------------------------------------------------------- memory

@@ -64,6 +64,9 @@ pub(crate) struct BookieArgs {
     /// entries to other bookies.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     lost_bookie_grace_s: u64,
+    /// Seconds between auto-recovery audit passes.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    autorecovery_interval_s: u64,
     #[command(flatten)]
     storage: StorageArgs,
 }
@@ -114,7 +117,10 @@ pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
 
 /// Runs auto-recovery in the background for as long as the process lives
 /// (it leads only while it holds the leader key).
-fn start_autorecovery(store: Arc<dyn vela_meta::MetadataStore>, lost_grace: Duration) {
+fn start_autorecovery(
+    store: Arc<dyn vela_meta::MetadataStore>,
+    config: vela_ledger::AutoRecoveryConfig,
+) {
     let transport = vela_ledger::BookieClientTransport::new(
         store.clone(),
         vela_bookie::client::ClientConfig::default(),
@@ -124,10 +130,6 @@ fn start_autorecovery(store: Arc<dyn vela_meta::MetadataStore>, lost_grace: Dura
         Arc::new(transport),
         vela_ledger::LedgerConfig::default(),
     );
-    let config = vela_ledger::AutoRecoveryConfig {
-        lost_grace,
-        ..vela_ledger::AutoRecoveryConfig::default()
-    };
     // Never told to stop: it ends with the runtime.
     let (_stop, stopped) = tokio::sync::watch::channel(false);
     tokio::spawn(async move {
@@ -166,7 +168,13 @@ async fn serve(args: &BookieArgs, addr: SocketAddr, bookie: Arc<Bookie>) -> anyh
             let wait_max = REGISTRATION_TTL * 3;
             let registration = Registration::start(store.clone(), id, info, wait_max).await?;
             if !args.no_autorecovery {
-                start_autorecovery(store, Duration::from_secs(args.lost_bookie_grace_s));
+                start_autorecovery(
+                    store,
+                    vela_ledger::AutoRecoveryConfig {
+                        lost_grace: Duration::from_secs(args.lost_bookie_grace_s),
+                        scan_interval: Duration::from_secs(args.autorecovery_interval_s),
+                    },
+                );
             }
             Some(registration)
         }
