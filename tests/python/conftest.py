@@ -8,67 +8,46 @@ ready; `{port}` in it is replaced by a free port.
 """
 
 import os
-import re
 import shutil
-import signal
-import socket
-import subprocess
+import sys
 import tempfile
-import threading
-import time
 import urllib.error
 import urllib.request
 import uuid
 
 import pytest
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-STARTUP_TIMEOUT_S = 120
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
+
+from velaproc import Proc, free_port, vela_binary  # noqa: E402
+
 STOP_TIMEOUT_S = 30
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+class Broker(Proc):
+    """A broker process (`vela standalone` unless VELA_BROKER_CMD says
+    otherwise) with its URLs and data directory."""
 
-
-_VELA = None
-
-
-def vela_binary():
-    """Builds (once per session) and returns the `vela` binary."""
-    global _VELA
-    if _VELA is None:
-        env = dict(os.environ)
-        env.setdefault("PROTOC", shutil.which("protoc") or "/usr/bin/protoc")
-        subprocess.run(["cargo", "build", "-q", "-p", "vela"], cwd=ROOT, check=True, env=env)
-        target = os.environ.get("CARGO_TARGET_DIR", os.path.join(ROOT, "target"))
-        _VELA = os.path.join(target, "debug", "vela")
-    return _VELA
-
-
-class Broker:
-    def __init__(self, proc, url, http_url, log_lines, data_dir, args):
-        self.proc = proc
-        self.url = url
-        self.http_url = http_url
-        self.log_lines = log_lines
+    def __init__(self, cmd, data_dir, args):
         self.data_dir = data_dir
-        self.args = args
-        host, port = url[len("pulsar://"):].split(":")
+        self.args = list(args)
+        super().__init__("broker", cmd, r"pulsar://[0-9A-Za-z.\-]+:\d+")
+
+    def start(self):
+        super().start()
+        self.url = self.find(r"pulsar://[0-9A-Za-z.\-]+:\d+")
+        self.http_url = self.find(r"http://[0-9A-Za-z.\-]+:\d+")
+        host, port = self.url[len("pulsar://"):].split(":")
         self.host = host
         self.port = int(port)
-
-    def log_text(self):
-        return "\n".join(self.log_lines)
+        return self
 
 
 def _start(extra_args=(), data_dir=None):
     """Starts a broker; `data_dir` reuses a directory (a restart)."""
     custom = os.environ.get("VELA_BROKER_CMD")
     if custom:
-        cmd = custom.format(port=_free_port()).split() + list(extra_args)
+        cmd = custom.format(port=free_port()).split() + list(extra_args)
     else:
         if data_dir is None:
             data_dir = tempfile.mkdtemp(prefix="vela-standalone-")
@@ -82,63 +61,21 @@ def _start(extra_args=(), data_dir=None):
             "--http-port",
             "0",
         ] + list(extra_args)
-    env = dict(os.environ)
-    env.setdefault("VELA_LOG", "info")
-    proc = subprocess.Popen(
-        cmd,
-        cwd=ROOT,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    log_lines = []
-
-    def pump(stream):
-        for line in stream:
-            log_lines.append(line.rstrip("\n"))
-
-    threading.Thread(target=pump, args=(proc.stderr,), daemon=True).start()
-    deadline = time.time() + STARTUP_TIMEOUT_S
-    url = None
-    http_url = None
-    while time.time() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        log_lines.append(line.rstrip("\n"))
-        m = re.search(r"pulsar://[0-9A-Za-z.\-]+:\d+", line)
-        if m:
-            url = m.group(0)
-            h = re.search(r"http://[0-9A-Za-z.\-]+:\d+", line)
-            http_url = h.group(0) if h else None
-            break
-    if url is None:
-        proc.kill()
-        raise RuntimeError("broker did not start:\n" + "\n".join(log_lines[-50:]))
-    threading.Thread(target=pump, args=(proc.stdout,), daemon=True).start()
-    return Broker(proc, url, http_url, log_lines, data_dir, list(extra_args))
+    return Broker(cmd, data_dir, extra_args)
 
 
 def _stop(broker, remove_data=True):
     """SIGTERM (a clean stop), then SIGKILL if it hangs."""
-    if broker.proc.poll() is None:
-        broker.proc.send_signal(signal.SIGTERM)
-        try:
-            broker.proc.wait(timeout=STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            broker.proc.kill()
-            broker.proc.wait(timeout=10)
-            raise AssertionError("broker did not stop within %d s of SIGTERM" % STOP_TIMEOUT_S)
+    clean = broker.terminate(STOP_TIMEOUT_S)
     if remove_data and broker.data_dir:
         shutil.rmtree(broker.data_dir, ignore_errors=True)
+    if not clean:
+        raise AssertionError("broker did not stop within %d s of SIGTERM" % STOP_TIMEOUT_S)
 
 
 def kill9(broker):
     """kill -9: no chance to sync or close anything."""
-    broker.proc.send_signal(signal.SIGKILL)
-    broker.proc.wait(timeout=10)
+    broker.kill9()
 
 
 def restart(broker):
