@@ -326,6 +326,8 @@ def test_broker_frozen_past_its_lease_gets_nothing_more_acknowledged(cluster):
 
 @pytest.mark.skipif(not FULL, reason="full suite only (VELA_TEST_FULL=1)")
 def test_etcd_restart_under_load_loses_nothing(cluster):
+    # Dedup on: sends the client repeats after reconnecting are kept once.
+    assert cluster.http("POST", "/admin/v2/namespaces/public/default/deduplication", "true")[0] == 204
     topic = "persistent://public/default/etcd-" + uuid.uuid4().hex[:6]
     url = cluster.service_url()
     loads = [Load(url, topic, "sync", batching=False), Load(url, topic, "async", batching=True)]
