@@ -344,3 +344,45 @@ def test_etcd_restart_under_load_loses_nothing(cluster):
     print("etcd restart: publishing after the restart in " + ", ".join("%s %.2f s" % kv for kv in resumes.items()))
     assert all(r != float("inf") for r in resumes.values()), "publishing never resumed"
     check_log(read_all(cluster.service_url(), topic), acked)
+
+
+def test_bundle_split_and_unload_keep_every_message(cluster):
+    topic = "persistent://public/default/bundles-" + uuid.uuid4().hex[:6]
+    url = cluster.service_url()
+    client = client_of(url)
+    producer = client.create_producer(topic, batching_enabled=False)
+    for i in range(50):
+        producer.send(b"m-%d" % i)
+    status, layout = cluster.http("GET", "/admin/v2/namespaces/public/default/bundles")
+    assert status == 200 and layout["numBundles"] == 4, layout
+    owner = cluster.owner_of(topic)
+    # The topic's bundle: the one whose range holds it; ask its owner to split
+    # each bundle it owns (only the owner may).
+    bounds = [int(b, 16) for b in layout["boundaries"]]
+    ranges = ["0x%08x_0x%08x" % (lo, hi) for lo, hi in zip(bounds, bounds[1:])]
+    split = 0
+    for bundle in ranges:
+        status, _ = cluster.http("PUT", "/admin/v2/namespaces/public/default/%s/split" % bundle, broker=owner)
+        split += status == 204
+    assert split >= 1, "the owner split none of its bundles"
+    status, layout = cluster.http("GET", "/admin/v2/namespaces/public/default/bundles")
+    assert layout["numBundles"] == 4 + split, layout
+    for i in range(50, 100):
+        producer.send(b"m-%d" % i)
+    # Unload every bundle: topics move; the client follows.
+    bounds = [int(b, 16) for b in layout["boundaries"]]
+    for lo, hi in zip(bounds, bounds[1:]):
+        bundle = "0x%08x_0x%08x" % (lo, hi)
+        for broker in cluster.brokers:
+            status, _ = cluster.http("PUT", "/admin/v2/namespaces/public/default/%s/unload" % bundle, broker=broker)
+            assert status in (204, 307), status
+    for i in range(100, 150):
+        producer.send(b"m-%d" % i)
+    client.close()
+    client = client_of(cluster.service_url())
+    reader = client.create_reader(topic, pulsar.MessageId.earliest)
+    seen = []
+    while reader.has_message_available():
+        seen.append(reader.read_next(timeout_millis=5000).data())
+    client.close()
+    assert seen == [b"m-%d" % i for i in range(150)]

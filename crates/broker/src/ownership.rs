@@ -183,9 +183,12 @@ pub enum OwnershipError {
     CannotSplit(String),
 }
 
+/// Bundle layouts of every namespace.
+const BUNDLES_PATH: &str = "/bundles";
+
 fn bundles_key(ns: &NamespaceName) -> String {
     format!(
-        "/bundles/{}/{}",
+        "{BUNDLES_PATH}/{}/{}",
         encode_segment(&ns.tenant),
         encode_segment(&ns.namespace)
     )
@@ -245,6 +248,9 @@ impl Ownership {
         me: BrokerInfo,
         ttl: Duration,
     ) -> Result<Arc<Ownership>, OwnershipError> {
+        // Every change of a bundle layout (a split on any broker) empties our
+        // cache of layouts: the next lookup reads the new one.
+        let layout_changes = meta.watch(BUNDLES_PATH).await?;
         let session = meta.session(ttl).await?;
         meta.put_ephemeral(
             &session,
@@ -265,6 +271,7 @@ impl Ownership {
             lost,
         });
         tokio::spawn(watch_session(Arc::downgrade(&ownership)));
+        tokio::spawn(watch_layouts(Arc::downgrade(&ownership), layout_changes));
         tracing::info!(broker = %ownership.me.lock().id, "broker registered");
         Ok(ownership)
     }
@@ -648,6 +655,16 @@ impl Ownership {
         if let Err(error) = session.close_shared().await {
             tracing::warn!(%error, "closing the broker session failed");
         }
+    }
+}
+
+/// Forgets cached bundle layouts whenever one changes in the store.
+async fn watch_layouts(ownership: std::sync::Weak<Ownership>, mut changes: vela_meta::Watcher) {
+    while changes.recv().await.is_some() {
+        let Some(ownership) = ownership.upgrade() else {
+            return;
+        };
+        ownership.layouts.lock().clear();
     }
 }
 

@@ -99,6 +99,22 @@ enum NamespacesCmd {
     Create { namespace: String },
     /// Delete an empty namespace.
     Delete { namespace: String },
+    /// List the namespace's bundles (hash ranges of topic names).
+    Bundles { namespace: String },
+    /// Unload a bundle (its topics move; the next lookup picks an owner).
+    Unload {
+        namespace: String,
+        /// The bundle, e.g. 0x00000000_0x40000000.
+        #[arg(short = 'b', long)]
+        bundle: String,
+    },
+    /// Split a bundle in two halves (both stay on its owner).
+    SplitBundle {
+        namespace: String,
+        /// The bundle, e.g. 0x00000000_0x40000000.
+        #[arg(short = 'b', long)]
+        bundle: String,
+    },
     /// Show the persistence policy.
     GetPersistence { namespace: String },
     /// Set the persistence policy (applies from each topic's next ledger).
@@ -553,6 +569,19 @@ fn namespaces(api: &Api, cmd: NamespacesCmd) -> anyhow::Result<()> {
             print_json(&api.get_json(&format!("{}/topics", namespace_path(&namespace)?))?)
         }
         N::Policies { namespace } => print_json(&api.get_json(&namespace_path(&namespace)?)?),
+        N::Bundles { namespace } => {
+            print_json(&api.get_json(&format!("{}/bundles", namespace_path(&namespace)?))?)
+        }
+        N::Unload { namespace, bundle } => {
+            let path = format!("{}/{}/unload", namespace_path(&namespace)?, encode(&bundle));
+            api.call("PUT", &path, None)?;
+            Ok(())
+        }
+        N::SplitBundle { namespace, bundle } => {
+            let path = format!("{}/{}/split", namespace_path(&namespace)?, encode(&bundle));
+            api.call("PUT", &path, None)?;
+            Ok(())
+        }
         N::Create { namespace } => {
             api.call("PUT", &namespace_path(&namespace)?, Some("{}"))?;
             Ok(())
