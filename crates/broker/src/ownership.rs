@@ -378,6 +378,43 @@ impl Ownership {
         }
     }
 
+    /// The owner of a bundle, unless its process is gone: a broker that
+    /// crashed keeps its keys until its session expires (seconds), but its
+    /// host answers a connection to its port with a refusal at once. Then
+    /// the ownership key is deleted (only that version of it) and the bundle
+    /// is free now. Safe even if the refusal misled us: whoever takes the
+    /// bundle recovers each log with fencing, so the old owner could get
+    /// nothing more acknowledged. Only a refusal counts; a timeout (a slow or
+    /// partitioned owner) does not.
+    async fn live_owner(
+        &self,
+        ns: &NamespaceName,
+        range: &BundleRange,
+    ) -> Result<Option<BrokerInfo>, OwnershipError> {
+        let key = owner_key(ns, range);
+        let Some((value, version)) = self.meta.get(&key).await? else {
+            return Ok(None);
+        };
+        let owner: BrokerInfo = decode(&key, &value)?;
+        if owner.id == self.me.lock().id || !refuses_connections(&owner.service_url).await {
+            return Ok(Some(owner));
+        }
+        match self.meta.delete(&key, ExpectedVersion::Is(version)).await {
+            Ok(()) => {
+                tracing::warn!(
+                    namespace = %ns, bundle = %range.name(), owner = %owner.service_url,
+                    "the owner's port refuses connections: its process is gone; bundle freed"
+                );
+                Ok(None)
+            }
+            // Changed meanwhile (taken over, or released): read it again.
+            Err(MetaError::BadVersion { .. } | MetaError::NotFound { .. }) => {
+                self.owner(ns, range).await
+            }
+            Err(error) => Err(error.into()),
+        }
+    }
+
     /// The registered brokers.
     pub async fn brokers(&self) -> Result<Vec<BrokerInfo>, OwnershipError> {
         let mut brokers = Vec::new();
@@ -475,6 +512,8 @@ impl Ownership {
     pub async fn check_owned(&self, topic: &TopicName) -> Result<(), OwnershipError> {
         self.check_session()?;
         let range = self.bundle_of(topic).await?;
+        // Clears the key of an owner whose process is gone.
+        self.live_owner(&topic.namespace, &range).await?;
         if self.acquire(&topic.namespace, &range).await? {
             return Ok(());
         }
@@ -499,7 +538,7 @@ impl Ownership {
     ) -> Result<LookupAnswer, OwnershipError> {
         self.check_session()?;
         let range = self.bundle_of(topic).await?;
-        if let Some(owner) = self.owner(&topic.namespace, &range).await? {
+        if let Some(owner) = self.live_owner(&topic.namespace, &range).await? {
             return Ok(LookupAnswer::Connect(owner));
         }
         let me = self.me();
@@ -655,6 +694,22 @@ impl Ownership {
         if let Err(error) = session.close_shared().await {
             tracing::warn!(%error, "closing the broker session failed");
         }
+    }
+}
+
+/// How long a liveness probe of another broker's port may take.
+const OWNER_PROBE_TIMEOUT: Duration = Duration::from_millis(300);
+
+/// Whether `service_url`'s port answers a connection with a refusal (the
+/// process behind it is gone). Anything else (accepted, timed out, no route)
+/// is not proof.
+async fn refuses_connections(service_url: &str) -> bool {
+    let Some(address) = service_url.strip_prefix("pulsar://") else {
+        return false;
+    };
+    match tokio::time::timeout(OWNER_PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
+        Ok(Err(error)) => error.kind() == std::io::ErrorKind::ConnectionRefused,
+        _ => false,
     }
 }
 
@@ -842,5 +897,49 @@ mod tests {
         assert_eq!(a.brokers().await.unwrap().len(), 1);
         assert_eq!(connect_id(a.lookup(&topic, false).await.unwrap()), "a:1");
         assert!(a.holds(&topic));
+    }
+
+    #[tokio::test]
+    async fn a_bundle_of_a_broker_whose_port_refuses_is_freed_at_once() {
+        let meta: Arc<dyn MetadataStore> = Arc::new(vela_meta::MemoryStore::new());
+        // A port nobody listens on: connections are refused.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let dead_port = closed.local_addr().unwrap().port();
+        drop(closed);
+        let mut dead_info = info("dead:1");
+        dead_info.service_url = format!("pulsar://127.0.0.1:{dead_port}");
+        let dead = Ownership::start(meta.clone(), dead_info, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let topic = TopicName::parse("persistent://public/default/t3").unwrap();
+        assert_eq!(
+            connect_id(dead.lookup(&topic, true).await.unwrap()),
+            "dead:1"
+        );
+        // Its session lives on (60 s), but its port refuses: another broker
+        // takes the bundle now.
+        let live_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let mut live_info = info("live:1");
+        live_info.service_url = format!("pulsar://{}", live_listener.local_addr().unwrap());
+        let live = Ownership::start(meta, live_info, Duration::from_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(
+            connect_id(live.lookup(&topic, true).await.unwrap()),
+            "live:1"
+        );
+        assert!(live.holds(&topic));
+        // A live owner (its port accepts) keeps its bundle.
+        let other = Ownership::start(
+            Arc::clone(&live.meta),
+            info("other:1"),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+        assert_eq!(
+            connect_id(other.lookup(&topic, true).await.unwrap()),
+            "live:1"
+        );
     }
 }
