@@ -577,16 +577,25 @@ impl Ownership {
             .min()
             .ok_or(OwnershipError::NoBroker)?;
         let bundle = format!("{ns}/{}", range.name());
-        brokers
+        let mut candidates: Vec<BrokerInfo> = brokers
             .into_iter()
             .filter(|b| b.load.bundles <= lowest.saturating_add(LOAD_TOLERANCE_BUNDLES))
-            .max_by_key(|b| {
-                (
-                    crc32fast::hash(format!("{}|{bundle}", b.id).as_bytes()),
-                    b.id.clone(),
-                )
-            })
-            .ok_or(OwnershipError::NoBroker)
+            .collect();
+        candidates.sort_by_key(|b| {
+            std::cmp::Reverse((
+                crc32fast::hash(format!("{}|{bundle}", b.id).as_bytes()),
+                b.id.clone(),
+            ))
+        });
+        // A crashed broker stays registered until its session expires: skip
+        // one whose port refuses connections rather than send clients there.
+        let me = self.me.lock().id.clone();
+        for candidate in candidates {
+            if candidate.id == me || !refuses_connections(&candidate.service_url).await {
+                return Ok(candidate);
+            }
+        }
+        Ok(self.me())
     }
 
     /// Bundles held now.
