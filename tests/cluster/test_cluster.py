@@ -392,3 +392,35 @@ def test_bundle_split_and_unload_keep_every_message(cluster):
         seen.append(reader.read_next(timeout_millis=5000).data())
     client.close()
     assert seen == [b"m-%d" % i for i in range(150)]
+
+
+def test_hot_bundles_split_automatically():
+    c = Cluster(bookies=2, brokers=2, broker_args=["--bundle-split-topics-max", "2", "--ensemble-size", "2"])
+    try:
+        client = client_of(c.service_url())
+        topics = ["persistent://public/default/hot-%d-%s" % (i, uuid.uuid4().hex[:4]) for i in range(16)]
+        producers = [client.create_producer(t, batching_enabled=False) for t in topics]
+        for p in producers:
+            p.send(b"one")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            status, layout = c.http("GET", "/admin/v2/namespaces/public/default/bundles")
+            if status == 200 and layout["numBundles"] > 4:
+                break
+            time.sleep(0.5)
+        print("auto split: %d bundles for 16 topics (split past 2 topics per bundle)" % layout["numBundles"])
+        assert layout["numBundles"] > 4, layout
+        # Topics keep working after the splits.
+        for p in producers:
+            p.send(b"two")
+        client.close()
+        client = client_of(c.service_url())
+        for t in topics:
+            reader = client.create_reader(t, pulsar.MessageId.earliest)
+            got = []
+            while reader.has_message_available():
+                got.append(reader.read_next(timeout_millis=5000).data())
+            assert got == [b"one", b"two"], (t, got)
+        client.close()
+    finally:
+        c.close()

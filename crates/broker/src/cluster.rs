@@ -15,14 +15,6 @@ use crate::ownership::{BundleRange, LOAD_REPORT_INTERVAL, LoadReport, Ownership,
 use crate::service::Service;
 use crate::topic_name::{NamespaceName, TopicName};
 
-/// A bundle serving more topics than this is split (Pulsar's
-/// `loadBalancerNamespaceBundleMaxTopics`).
-pub(crate) const BUNDLE_TOPICS_SPLIT_MAX: usize = 1000;
-
-/// A bundle taking more messages per second than this is split (Pulsar's
-/// `loadBalancerNamespaceBundleMaxMsgRate`).
-pub(crate) const BUNDLE_MSG_RATE_SPLIT_MAX: f64 = 30_000.0;
-
 pub(crate) async fn duties(
     service: Weak<Service>,
     ownership: Arc<Ownership>,
@@ -113,7 +105,9 @@ async fn report(
         tracing::warn!(%error, "load report failed");
     }
     for ((ns, range), (topics, rate)) in bundles {
-        if topics > BUNDLE_TOPICS_SPLIT_MAX || rate > BUNDLE_MSG_RATE_SPLIT_MAX {
+        if topics > service.config.bundle_split_topics_max
+            || rate > service.config.bundle_split_msg_rate_max
+        {
             match ownership.split(&ns, &range).await {
                 Ok(_) => tracing::info!(
                     namespace = %ns, bundle = %range.name(), topics, rate,

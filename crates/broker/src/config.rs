@@ -111,6 +111,12 @@ pub struct BrokerConfig {
     pub default_persistence: PersistenceConfig,
     /// Largest message accepted (metadata + payload), sent in CONNECTED.
     pub max_message_size_bytes: usize,
+    /// Cluster mode: a bundle serving more topics than this is split
+    /// (Pulsar's `loadBalancerNamespaceBundleMaxTopics`).
+    pub bundle_split_topics_max: usize,
+    /// Cluster mode: a bundle taking more messages per second than this is
+    /// split (Pulsar's `loadBalancerNamespaceBundleMaxMsgRate`).
+    pub bundle_split_msg_rate_max: f64,
 }
 
 impl BrokerConfig {
@@ -125,6 +131,8 @@ impl BrokerConfig {
             auto_create_topics: true,
             default_persistence: PersistenceConfig::default(),
             max_message_size_bytes: MAX_MESSAGE_SIZE_BYTES,
+            bundle_split_topics_max: 1000,
+            bundle_split_msg_rate_max: 30_000.0,
         }
     }
 

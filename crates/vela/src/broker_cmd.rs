@@ -53,6 +53,12 @@ pub(crate) struct BrokerArgs {
     /// Interval of keep-alive pings to clients, seconds (Pulsar: 30).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     keepalive_s: u64,
+    /// Split a bundle serving more topics than this.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    bundle_split_topics_max: u64,
+    /// Split a bundle taking more messages per second than this.
+    #[arg(long, default_value_t = 30_000)]
+    bundle_split_msg_rate_max: u64,
     #[command(flatten)]
     persistence: PersistenceArgs,
 }
@@ -92,6 +98,9 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         config.advertised_host = args.advertised_host();
         config.default_persistence = persistence;
         config.keepalive = Duration::from_secs(args.keepalive_s);
+        // Range-checked by clap: fits usize.
+        config.bundle_split_topics_max = args.bundle_split_topics_max as usize;
+        config.bundle_split_msg_rate_max = args.bundle_split_msg_rate_max as f64;
         let mut signals = StopSignals::install()?;
         let broker = Broker::start(config, store.clone(), log_env)
             .await
