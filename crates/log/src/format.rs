@@ -23,6 +23,11 @@ pub(crate) struct LedgerInfo {
     pub(crate) entries: u64,
     pub(crate) size_bytes: u64,
     pub(crate) created_unix_ms: u64,
+    /// When the ledger was closed (rollover or recovery); retention by time
+    /// counts from here. Absent in records written before it existed, and
+    /// for the ledger being written.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) closed_unix_ms: Option<u64>,
 }
 
 /// A log's ledger list.
@@ -132,6 +137,7 @@ mod tests {
                 entries: 3,
                 size_bytes: 99,
                 created_unix_ms: 1,
+                closed_unix_ms: None,
             }],
         };
         let bytes = serde_json::to_vec(&info).unwrap();

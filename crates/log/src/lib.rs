@@ -36,5 +36,7 @@ pub use backend::{
 };
 pub use cursor::{Cursor, CursorStart};
 pub use error::LogError;
-pub use log::{AppendFuture, LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog};
+pub use log::{
+    AppendFuture, LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog, Retention,
+};
 pub use replicated::{OVERFLOW_BYTES_MAX, ReplicatedLedgers};

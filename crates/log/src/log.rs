@@ -27,6 +27,26 @@ use crate::error::LogError;
 use crate::format::{self, LedgerInfo, LogInfo};
 use crate::store::{Store, Version};
 
+/// How much consumed data a log keeps (Pulsar's retention policy). A fully
+/// consumed, closed ledger is deleted once it is older than `time` (since its
+/// close) or the log is over `size_bytes` without it; `None` means no limit
+/// on that side; both `None`: consumed data is kept forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Keep consumed ledgers at least this long after they closed.
+    pub time: Option<Duration>,
+    /// Keep consumed ledgers while the whole log is within this size.
+    pub size_bytes: Option<u64>,
+}
+
+impl Retention {
+    /// No retention: consumed ledgers go at once (Pulsar's default).
+    pub const NONE: Retention = Retention {
+        time: Some(Duration::ZERO),
+        size_bytes: Some(0),
+    };
+}
+
 /// Tunables of a log. `Default` gives Pulsar's defaults where they apply.
 #[derive(Debug, Clone)]
 pub struct LogConfig {
@@ -52,6 +72,8 @@ pub struct LogConfig {
     pub cursor_persisted_ranges_max: usize,
     /// Minimum time between two writes of one cursor's state.
     pub cursor_persist_interval: Duration,
+    /// Consumed data kept (see [`Retention`]).
+    pub retention: Retention,
 }
 
 impl Default for LogConfig {
@@ -66,6 +88,7 @@ impl Default for LogConfig {
             cursor_acked_entries_max: 100_000,
             cursor_persisted_ranges_max: 10_000,
             cursor_persist_interval: Duration::from_millis(100),
+            retention: Retention::NONE,
         }
     }
 }
@@ -205,6 +228,8 @@ pub(crate) struct Shared {
     /// Replication of the next ledger created (starts as `config.persistence`;
     /// `ManagedLog::set_persistence` changes it, the open ledger keeps its own).
     persistence: Mutex<Persistence>,
+    /// Consumed data kept (starts as `config.retention`).
+    retention: Mutex<Retention>,
     state: Mutex<State>,
     issue_lock: Mutex<()>,
     meta_lock: tokio::sync::Mutex<()>,
@@ -223,6 +248,22 @@ impl std::fmt::Debug for ManagedLog {
             .field("name", &self.shared.name)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether retention lets a consumed, closed ledger go while the log holds
+/// `log_bytes`: older than the time limit, or the log over the size limit.
+fn retention_lets_go(
+    retention: Retention,
+    ledger: &LedgerInfo,
+    now_ms: u64,
+    log_bytes: u64,
+) -> bool {
+    let expired = retention.time.is_some_and(|time| {
+        let closed = ledger.closed_unix_ms.unwrap_or(ledger.created_unix_ms);
+        now_ms.saturating_sub(closed) >= u64::try_from(time.as_millis()).unwrap_or(u64::MAX)
+    });
+    let over_size = retention.size_bytes.is_some_and(|size| log_bytes > size);
+    expired || over_size
 }
 
 /// Entries are ordered by (ledger id, entry id): a new ledger must have a
@@ -304,6 +345,7 @@ impl ManagedLog {
             let recovered = env.ledgers.recover(last.ledger_id).await?;
             last.entries = recovered.last_entry_id.map_or(0, |id| id + 1);
             last.size_bytes = recovered.size_bytes;
+            last.closed_unix_ms.get_or_insert_with(unix_ms);
         }
         let empty: Vec<u64> = info
             .ledgers
@@ -320,6 +362,7 @@ impl ManagedLog {
             entries: 0,
             size_bytes: 0,
             created_unix_ms: unix_ms(),
+            closed_unix_ms: None,
         });
         version =
             env.store
@@ -346,6 +389,7 @@ impl ManagedLog {
             name: name.to_string(),
             env: env.clone(),
             persistence: Mutex::new(config.persistence),
+            retention: Mutex::new(config.retention),
             config,
             state: Mutex::new(State {
                 ledgers: info.ledgers,
@@ -572,6 +616,69 @@ impl ManagedLog {
         persistence.validate().map_err(LogError::Config)?;
         *self.shared.persistence.lock() = persistence;
         Ok(())
+    }
+
+    /// Sets how much consumed data is kept; takes effect at the next trim.
+    pub fn set_retention(&self, retention: Retention) {
+        *self.shared.retention.lock() = retention;
+    }
+
+    /// Payload bytes of the confirmed entries after `after` (all of them for
+    /// `None`): a subscription's backlog size. Exact per whole ledger,
+    /// proportional by entry count within the ledger holding `after`.
+    pub fn bytes_after(&self, after: Option<Position>) -> u64 {
+        let state = self.shared.state.lock();
+        let mut bytes = 0u64;
+        for ledger in &state.ledgers {
+            match after {
+                Some(after) if ledger.ledger_id < after.ledger_id => {}
+                Some(after) if ledger.ledger_id == after.ledger_id => {
+                    let remaining = ledger.entries.saturating_sub(after.entry_id + 1);
+                    if ledger.entries > 0 {
+                        bytes += ledger.size_bytes * remaining / ledger.entries;
+                    }
+                }
+                _ => bytes += ledger.size_bytes,
+            }
+        }
+        bytes
+    }
+
+    /// The position up to which entries must be consumed so that at most
+    /// `bytes` of the newest entries remain after it (`None`: nothing needs
+    /// to go). Used to evict a backlog down to a quota.
+    pub fn position_keeping_bytes(&self, bytes: u64) -> Option<Position> {
+        let state = self.shared.state.lock();
+        let mut kept = 0u64;
+        for ledger in state.ledgers.iter().rev() {
+            if ledger.entries == 0 {
+                continue;
+            }
+            if kept + ledger.size_bytes <= bytes {
+                kept += ledger.size_bytes;
+                continue;
+            }
+            // Within this ledger: keep the newest entries that fit.
+            let average = (ledger.size_bytes / ledger.entries).max(1);
+            let keep_entries = (bytes - kept) / average;
+            let drop_entries = ledger.entries - keep_entries.min(ledger.entries);
+            return drop_entries
+                .checked_sub(1)
+                .map(|last| Position::new(ledger.ledger_id, last))
+                .or_else(|| {
+                    // Nothing of this ledger goes: the end of the one before.
+                    let index = state
+                        .ledgers
+                        .iter()
+                        .position(|l| l.ledger_id == ledger.ledger_id)?;
+                    state.ledgers[..index]
+                        .iter()
+                        .rev()
+                        .find(|l| l.entries > 0)
+                        .map(|l| Position::new(l.ledger_id, l.entries - 1))
+                });
+        }
+        None
     }
 
     /// The ledgers the log holds, oldest first (the last one is being written
@@ -867,11 +974,16 @@ impl Shared {
         let (info, version) = {
             let state = self.state.lock();
             let mut ledgers = state.ledgers.clone();
+            let closed_at = unix_ms();
+            if let Some(previous) = ledgers.iter_mut().find(|l| l.ledger_id == old.ledger_id()) {
+                previous.closed_unix_ms = Some(closed_at);
+            }
             ledgers.push(LedgerInfo {
                 ledger_id: created.ledger_id(),
                 entries: 0,
                 size_bytes: 0,
-                created_unix_ms: unix_ms(),
+                created_unix_ms: closed_at,
+                closed_unix_ms: None,
             });
             (
                 LogInfo {
@@ -968,15 +1080,23 @@ impl Shared {
             let state = self.state.lock();
             let writing = matches!(state.writer, Writer::Ready(_) | Writer::Rolling);
             let keep_from = state.ledgers.len().saturating_sub(usize::from(writing));
-            let trimmed: Vec<u64> = state.ledgers[..keep_from]
-                .iter()
-                .take_while(|ledger| {
-                    ledger.ledger_id < slowest.ledger_id
-                        || (ledger.ledger_id == slowest.ledger_id
-                            && ledger.entries <= slowest.entry_id + 1)
-                })
-                .map(|ledger| ledger.ledger_id)
-                .collect();
+            let consumed = state.ledgers[..keep_from].iter().take_while(|ledger| {
+                ledger.ledger_id < slowest.ledger_id
+                    || (ledger.ledger_id == slowest.ledger_id
+                        && ledger.entries <= slowest.entry_id + 1)
+            });
+            let retention = *self.retention.lock();
+            let total_bytes: u64 = state.ledgers.iter().map(|l| l.size_bytes).sum();
+            let now = unix_ms();
+            let mut freed_bytes = 0u64;
+            let mut trimmed: Vec<u64> = Vec::new();
+            for ledger in consumed {
+                if !retention_lets_go(retention, ledger, now, total_bytes - freed_bytes) {
+                    break;
+                }
+                freed_bytes += ledger.size_bytes;
+                trimmed.push(ledger.ledger_id);
+            }
             if trimmed.is_empty() {
                 return;
             }

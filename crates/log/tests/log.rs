@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use vela_log::memory::{MemoryBackend, MemoryLedgers};
-use vela_log::{CursorStart, LogConfig, LogEnv, LogError, ManagedLog, Position};
+use vela_log::{CursorStart, LogConfig, LogEnv, LogError, ManagedLog, Position, Retention};
 
 fn env_with_ledgers() -> (LogEnv, Arc<MemoryLedgers>) {
     let ledgers = MemoryLedgers::new();
@@ -355,4 +355,79 @@ async fn set_persistence_reaches_the_next_ledger_only() {
     let first = log.position_after(None, 1).unwrap();
     assert_eq!(log.position_after(Some(first), 3), log.last_confirmed());
     assert_eq!(log.position_after(None, 5), None);
+}
+
+#[tokio::test]
+async fn retention_keeps_consumed_ledgers_by_size_and_by_time() {
+    // Unlimited retention: consumed ledgers stay.
+    let (env, _) = env_with_ledgers();
+    let keep_all = LogConfig {
+        retention: Retention {
+            time: None,
+            size_bytes: None,
+        },
+        ..small_ledgers()
+    };
+    let log = ManagedLog::open(&env, "t/ns/persistent/r1", keep_all)
+        .await
+        .unwrap();
+    let cursor = log.open_cursor("sub", CursorStart::Earliest).await.unwrap();
+    let p = append_all(&log, 0..9).await;
+    cursor.ack_cumulative(p[8]).unwrap();
+    log.trim().await;
+    assert_eq!(
+        read_all(&log).await.len(),
+        9,
+        "unlimited retention keeps all"
+    );
+    assert_eq!(log.bytes_after(cursor.mark_delete_position()), 0);
+
+    // A size limit: consumed ledgers go until the log is within it.
+    let entry_bytes = entry(0).len() as u64;
+    log.set_retention(Retention {
+        time: None,
+        size_bytes: Some(4 * entry_bytes),
+    });
+    log.trim().await;
+    let left = read_all(&log).await.len() as u64;
+    assert!((1..=6).contains(&left), "{left} entries left");
+    assert!(log.stats().size_bytes <= 6 * entry_bytes);
+
+    // A time limit not reached yet keeps them; a zero one lets them go.
+    log.set_retention(Retention {
+        time: Some(Duration::from_secs(3600)),
+        size_bytes: None,
+    });
+    log.trim().await;
+    assert_eq!(read_all(&log).await.len() as u64, left);
+    log.set_retention(Retention::NONE);
+    log.trim().await;
+    assert!(
+        read_all(&log).await.len() <= 3,
+        "only the ledger being written is left"
+    );
+}
+
+#[tokio::test]
+async fn backlog_bytes_and_the_position_that_keeps_a_quota() {
+    let (env, _) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/q", small_ledgers())
+        .await
+        .unwrap();
+    let cursor = log.open_cursor("sub", CursorStart::Earliest).await.unwrap();
+    let p = append_all(&log, 0..9).await;
+    let entry_bytes = entry(0).len() as u64;
+    assert_eq!(log.bytes_after(None), 9 * entry_bytes);
+    assert_eq!(
+        log.bytes_after(cursor.mark_delete_position()),
+        9 * entry_bytes
+    );
+    // Keep at most 3 entries: everything up to p[5] must go.
+    assert_eq!(log.position_keeping_bytes(3 * entry_bytes), Some(p[5]));
+    cursor.ack_cumulative(p[5]).unwrap();
+    assert_eq!(
+        log.bytes_after(cursor.mark_delete_position()),
+        3 * entry_bytes
+    );
+    assert_eq!(log.position_keeping_bytes(100 * entry_bytes), None);
 }
