@@ -634,9 +634,9 @@ impl ManagedLog {
                 Some(after) if ledger.ledger_id < after.ledger_id => {}
                 Some(after) if ledger.ledger_id == after.ledger_id => {
                     let remaining = ledger.entries.saturating_sub(after.entry_id + 1);
-                    if ledger.entries > 0 {
-                        bytes += ledger.size_bytes * remaining / ledger.entries;
-                    }
+                    bytes += (ledger.size_bytes * remaining)
+                        .checked_div(ledger.entries)
+                        .unwrap_or(0);
                 }
                 _ => bytes += ledger.size_bytes,
             }
