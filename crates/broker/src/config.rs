@@ -117,6 +117,13 @@ pub struct BrokerConfig {
     /// Cluster mode: a bundle taking more messages per second than this is
     /// split (Pulsar's `loadBalancerNamespaceBundleMaxMsgRate`).
     pub bundle_split_msg_rate_max: f64,
+    /// A topic's ledger rolls over after this many entries (Pulsar's
+    /// `managedLedgerMaxEntriesPerLedger`); consumed data is freed a whole
+    /// ledger at a time.
+    pub ledger_entries_max: u64,
+    /// Time between two passes applying message TTL, backlog quotas and
+    /// retention to the served topics (Pulsar checks quotas every 60 s).
+    pub policy_check_interval: Duration,
 }
 
 impl BrokerConfig {
@@ -133,6 +140,8 @@ impl BrokerConfig {
             max_message_size_bytes: MAX_MESSAGE_SIZE_BYTES,
             bundle_split_topics_max: 1000,
             bundle_split_msg_rate_max: 30_000.0,
+            ledger_entries_max: 50_000,
+            policy_check_interval: Duration::from_secs(60),
         }
     }
 

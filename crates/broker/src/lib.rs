@@ -39,6 +39,7 @@ mod connection;
 mod error;
 mod http;
 pub mod key_shared;
+mod lifecycle;
 pub mod metrics;
 pub mod ownership;
 pub mod schema;
@@ -90,6 +91,10 @@ impl Broker {
         let advertised_url = format!("pulsar://{}:{}", config.advertised_host, local.port());
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
         service.admin.ensure_defaults().await?;
+        tokio::spawn(lifecycle::run(
+            Arc::downgrade(&service),
+            service.config.policy_check_interval,
+        ));
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
         let accept = tokio::spawn(accept_loop(listener, Arc::clone(&service), shutdown_rx));
         tracing::info!(addr = %local, url = %service.advertised_url, "broker listening");

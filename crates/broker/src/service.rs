@@ -20,6 +20,7 @@ use vela_wire::proto::ServerError;
 use crate::admin::{Admin, NamespacePolicies};
 use crate::config::{BrokerConfig, CLUSTER_NAME};
 use crate::error::ServiceError;
+use crate::lifecycle::TopicPolicies;
 use crate::metrics::{Stage, StageLatency, WritePathSource};
 use crate::ownership::{BundleRange, LookupAnswer, Ownership, OwnershipError};
 use crate::schema::SchemaRegistry;
@@ -195,6 +196,7 @@ impl Service {
         };
         let persistence = policies.persistence_or(self.config.default_persistence);
         let dedup = policies.deduplication_enabled.unwrap_or(false);
+        let lifecycle = TopicPolicies::from_namespace(&policies);
         let served = cell
             .get_or_try_init(|| async {
                 self.admin.register_topic(topic).await?;
@@ -204,11 +206,14 @@ impl Service {
                         write_quorum: persistence.write_quorum,
                         ack_quorum: persistence.ack_quorum,
                     },
+                    ledger_entries_max: self.config.ledger_entries_max,
+                    retention: lifecycle.retention,
                     ..LogConfig::default()
                 };
                 let log = ManagedLog::open(&self.log_env, &topic.log_name(), config).await?;
                 tracing::info!(topic = %full_name, "topic opened");
                 let served = Topic::new(topic.clone(), log, dedup);
+                served.set_lifecycle_policies(lifecycle);
                 served.rebuild_dedup().await?;
                 Ok::<_, ServiceError>(served)
             })
@@ -301,6 +306,16 @@ impl Service {
         names
     }
 
+    /// The topics served now (opened), in no particular order.
+    pub(crate) fn served_topic_handles(&self) -> Vec<Arc<Topic>> {
+        self.topics
+            .lock()
+            .values()
+            .filter_map(|c| c.get().cloned())
+            .filter(|t| !t.log.is_closed())
+            .collect()
+    }
+
     /// The topic if it is served now.
     pub(crate) fn served_topic(&self, full_name: &str) -> Option<Arc<Topic>> {
         self.topics
@@ -370,7 +385,8 @@ impl Service {
 
     /// Applies a namespace's (new) policies to its served topics: the
     /// persistence reaches each topic's next ledger (the open one keeps its
-    /// replication, as in Pulsar). Deduplication changes apply when a topic
+    /// replication, as in Pulsar); TTL, backlog quotas and retention apply
+    /// from the next lifecycle pass. Deduplication changes apply when a topic
     /// next opens.
     pub(crate) fn apply_policies(
         &self,
@@ -385,7 +401,10 @@ impl Service {
             .filter_map(|c| c.get().cloned())
             .filter(|t| t.name.namespace == *ns)
             .collect();
+        let lifecycle = TopicPolicies::from_namespace(policies);
         for topic in served {
+            topic.log.set_retention(lifecycle.retention);
+            topic.set_lifecycle_policies(lifecycle.clone());
             let result = topic.log.set_persistence(Persistence {
                 ensemble: persistence.ensemble,
                 write_quorum: persistence.write_quorum,

@@ -555,7 +555,7 @@ impl Dispatcher {
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription started");
         loop {
             let waiting = self.caught_up && self.total_permits() > 0;
-            let after = self.log.previous_position(self.read_position);
+            let read_position = self.read_position;
             let log = Arc::clone(&self.log);
             let next_due = self.delayed.first().map(|(due_ms, _)| *due_ms);
             let delay = next_due.map_or(std::time::Duration::ZERO, |due_ms| {
@@ -567,7 +567,7 @@ impl Dispatcher {
                     Some(command) => Some(command),
                     None => break,
                 },
-                _ = log.wait_for_new_entries(after), if waiting => None,
+                _ = log.wait_for_entry_at(read_position), if waiting => None,
                 _ = tokio::time::sleep(delay), if next_due.is_some() => None,
                 _ = tokio::time::sleep_until(retry_at), if self.read_retry_at.is_some() => {
                     self.read_retry_at = None;
@@ -1467,7 +1467,7 @@ pub(crate) async fn first_published_at_or_after(
     Ok(log.position_after(None, low + 1).unwrap_or(end))
 }
 
-fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))

@@ -24,6 +24,7 @@ use vela_wire::proto::{
 use crate::admin::AdminError;
 use crate::codec::{self, Outbound};
 use crate::error::ServiceError;
+use crate::lifecycle::{QuotaLimit, QuotaPolicy, TopicPolicies};
 use crate::subscription::{
     self, ConnEvent, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionSpec,
 };
@@ -145,6 +146,10 @@ pub(crate) struct Topic {
     pub(crate) metrics: Arc<crate::metrics::TopicMetrics>,
     /// msg_in, bytes_in, msg_out, bytes_out → rates.
     rates: Mutex<crate::stats::RateMeter<4>>,
+    /// TTL, backlog quotas and retention of the namespace (`lifecycle`).
+    lifecycle: Mutex<TopicPolicies>,
+    /// The exceeded quota holding producers off, as of the last lifecycle pass.
+    quota_block: Mutex<Option<(QuotaLimit, QuotaPolicy)>>,
 }
 
 /// Outcome of a dedup check on SEND.
@@ -179,7 +184,38 @@ impl Topic {
             bytes_in: AtomicU64::new(0),
             metrics: Arc::default(),
             rates: Mutex::new(crate::stats::RateMeter::new([0; 4])),
+            lifecycle: Mutex::new(TopicPolicies::default()),
+            quota_block: Mutex::new(None),
         })
+    }
+
+    /// The namespace policies this topic enforces over time.
+    pub(crate) fn lifecycle_policies(&self) -> TopicPolicies {
+        self.lifecycle.lock().clone()
+    }
+
+    /// Replaces them (topic open, namespace policy change).
+    pub(crate) fn set_lifecycle_policies(&self, policies: TopicPolicies) {
+        *self.lifecycle.lock() = policies;
+    }
+
+    /// The exceeded quota holding producers off, if any.
+    pub(crate) fn quota_block(&self) -> Option<(QuotaLimit, QuotaPolicy)> {
+        *self.quota_block.lock()
+    }
+
+    /// Records the lifecycle pass's verdict; true if a quota held producers
+    /// off before.
+    pub(crate) fn set_quota_block(&self, block: Option<(QuotaLimit, QuotaPolicy)>) -> bool {
+        std::mem::replace(&mut *self.quota_block.lock(), block).is_some()
+    }
+
+    /// Closes every producer (they reconnect and are admitted again or not).
+    pub(crate) fn disconnect_producers(&self) {
+        let producers: Vec<ProducerReg> = self.producers.lock().drain().map(|(_, r)| r).collect();
+        for reg in &producers {
+            close_producer(reg);
+        }
     }
 
     /// Appends a stored entry. The append is issued before this returns, in
@@ -280,6 +316,7 @@ impl Topic {
         request_id: u64,
         not_ready_reply: Outbound,
     ) -> Result<Admission, ServiceError> {
+        crate::lifecycle::admit_producer(self)?;
         let mut producers = self.producers.lock();
         if let Some(existing) = producers.get(name) {
             if existing.conn_id == reg.conn_id && existing.producer_id == reg.producer_id {
@@ -845,6 +882,15 @@ impl Topic {
         self.ack_up_to(name, target, false).await?;
         tracing::info!(topic = %self.full_name, subscription = name, up_to = %target, "skipped entries");
         Ok(())
+    }
+
+    /// Backlog eviction (quota): acknowledges everything up to `target`.
+    pub(crate) async fn evict_up_to(&self, name: &str, target: Position) -> Result<(), AdminError> {
+        let mark_delete = self.mark_delete_of(name).await?;
+        if Some(target) <= mark_delete {
+            return Ok(());
+        }
+        self.ack_up_to(name, target, false).await
     }
 
     /// Acknowledges every entry published more than `age` ago.

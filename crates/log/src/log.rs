@@ -587,6 +587,27 @@ impl ManagedLog {
         }
     }
 
+    /// Resolves once an entry at or after `from` is confirmed, or the log
+    /// closes. Unlike waiting for entries after `previous_position(from)`,
+    /// this holds when everything before `from` has been trimmed.
+    pub async fn wait_for_entry_at(&self, from: Position) {
+        let mut receiver = self.shared.confirmed.subscribe();
+        loop {
+            if receiver
+                .borrow_and_update()
+                .is_some_and(|last| last >= from)
+            {
+                return;
+            }
+            if self.is_closed() {
+                return;
+            }
+            if receiver.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
     /// True once the log is closed or failed (the broker should reload it).
     pub fn is_closed(&self) -> bool {
         matches!(

@@ -246,6 +246,35 @@ async fn waiters_wake_on_new_entries() {
 }
 
 #[tokio::test]
+async fn waiting_for_the_next_entry_holds_after_everything_before_was_trimmed() {
+    // A tail reader waits at the next position; once every older ledger is
+    // trimmed there is no "previous" entry, and the wait must still block.
+    let (env, ledgers) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/w", small_ledgers())
+        .await
+        .unwrap();
+    let p = append_all(&log, 0..6).await;
+    log.trim().await;
+    assert!(
+        !ledgers.ledger_ids().contains(&p[0].ledger_id),
+        "consumed ledgers trimmed"
+    );
+    let next = log.next_position(p[5]);
+    let waiter = {
+        let log = Arc::clone(&log);
+        tokio::spawn(async move { log.wait_for_entry_at(next).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert!(!waiter.is_finished(), "no entry at {next} yet");
+    let appended = log.append(entry(6)).await.unwrap();
+    assert!(appended >= next);
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test]
 async fn deleting_a_log_removes_its_ledgers_and_metadata() {
     let (env, ledgers) = env_with_ledgers();
     let log = ManagedLog::open(&env, "t/ns/persistent/h", small_ledgers())

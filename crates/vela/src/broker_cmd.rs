@@ -22,6 +22,7 @@ use vela_log::{LogEnv, ReplicatedLedgers};
 
 use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
+use crate::topic_args::TopicArgs;
 use crate::write_path_source::StandaloneStages;
 
 /// Flags of `vela broker`.
@@ -61,6 +62,8 @@ pub(crate) struct BrokerArgs {
     bundle_split_msg_rate_max: u64,
     #[command(flatten)]
     persistence: PersistenceArgs,
+    #[command(flatten)]
+    topics: TopicArgs,
 }
 
 impl BrokerArgs {
@@ -101,6 +104,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         // Range-checked by clap: fits usize.
         config.bundle_split_topics_max = args.bundle_split_topics_max as usize;
         config.bundle_split_msg_rate_max = args.bundle_split_msg_rate_max as f64;
+        args.topics.apply(&mut config);
         let mut signals = StopSignals::install()?;
         let broker = Broker::start(config, store.clone(), log_env)
             .await

@@ -15,6 +15,7 @@ mod process;
 mod registration;
 mod standalone;
 mod storage_args;
+mod topic_args;
 mod write_path_source;
 
 use clap::{Parser, Subcommand};

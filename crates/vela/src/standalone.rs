@@ -37,6 +37,7 @@ use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::registration::Registration;
 use crate::storage_args::StorageArgs;
+use crate::topic_args::TopicArgs;
 use crate::write_path_source::StandaloneStages;
 
 // Every message the broker accepts (its largest frame's payload section) fits
@@ -89,6 +90,8 @@ pub(crate) struct StandaloneArgs {
     keepalive_s: u64,
     #[command(flatten)]
     storage: StorageArgs,
+    #[command(flatten)]
+    topics: TopicArgs,
 }
 
 impl StandaloneArgs {
@@ -239,6 +242,7 @@ async fn serve(
     config.advertised_host = args.advertised_host();
     config.default_persistence = persistence;
     config.keepalive = Duration::from_secs(args.keepalive_s);
+    args.topics.apply(&mut config);
     let mut signals = StopSignals::install()?;
     let broker = Broker::start(config, store.clone(), log_env)
         .await

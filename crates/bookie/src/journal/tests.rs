@@ -125,7 +125,8 @@ fn append_expecting_failure(journal: &Journal, first_id: u64, count: u64) {
             Err(e) => assert!(matches!(e, JournalError::Broken { .. }), "{e}"),
         }
     }
-    assert!(accepted > 0, "the first append after the fault is accepted");
+    // `accepted` may be 0: a sync of the journal's own (file preallocation,
+    // rollover) can hit the fault before the first append and break it.
     for _ in 0..accepted {
         let res = rx.recv_timeout(Duration::from_secs(20)).unwrap();
         assert!(res.is_err(), "{res:?}");
