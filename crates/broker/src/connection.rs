@@ -871,6 +871,7 @@ impl Connection {
             initial_earliest: body.initial_position == Some(InitialPosition::Earliest as i32),
             reader_start,
             sticky,
+            read_compacted: body.read_compacted.unwrap_or(false),
         };
         let info = ConsumerInfo {
             conn_id: self.id,

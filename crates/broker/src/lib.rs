@@ -34,6 +34,7 @@
 pub mod admin;
 mod cluster;
 mod codec;
+mod compaction;
 pub mod config;
 mod connection;
 mod error;

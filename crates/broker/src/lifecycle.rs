@@ -82,6 +82,8 @@ pub(crate) struct TopicPolicies {
     pub(crate) quotas: Vec<(QuotaLimit, QuotaPolicy)>,
     /// Consumed data kept.
     pub(crate) retention: Retention,
+    /// Bytes not yet compacted that start a compaction.
+    pub(crate) compaction_threshold_bytes: Option<u64>,
 }
 
 impl Default for TopicPolicies {
@@ -90,6 +92,7 @@ impl Default for TopicPolicies {
             message_ttl: None,
             quotas: Vec::new(),
             retention: Retention::NONE,
+            compaction_threshold_bytes: None,
         }
     }
 }
@@ -113,6 +116,7 @@ impl TopicPolicies {
             message_ttl,
             quotas,
             retention: policies.retention.map_or(Retention::NONE, retention_of),
+            compaction_threshold_bytes: policies.compaction_threshold_bytes.filter(|b| *b > 0),
         }
     }
 }
@@ -190,6 +194,19 @@ pub(crate) async fn enforce(topic: &Topic) {
     let was_blocked = topic.set_quota_block(blocked);
     if blocked.is_some() && !was_blocked {
         topic.disconnect_producers();
+    }
+    if let Some(threshold) = policies.compaction_threshold_bytes {
+        let compacted_to = match topic.keep_for_compaction().await {
+            Ok(cursor) => cursor.mark_delete_position(),
+            Err(error) => {
+                tracing::warn!(topic = %topic.full_name, %error, "compaction cursor not opened");
+                return;
+            }
+        };
+        let pending_bytes = topic.log.bytes_after(compacted_to);
+        if pending_bytes > threshold && topic.start_compaction().is_ok() {
+            tracing::info!(topic = %topic.full_name, pending_bytes, threshold, "compaction started by its threshold");
+        }
     }
     topic.log.trim().await;
 }

@@ -18,6 +18,7 @@ use vela_meta::MetadataStore;
 use vela_wire::proto::ServerError;
 
 use crate::admin::{Admin, NamespacePolicies};
+use crate::compaction::Compaction;
 use crate::config::{BrokerConfig, CLUSTER_NAME};
 use crate::error::ServiceError;
 use crate::lifecycle::TopicPolicies;
@@ -212,7 +213,15 @@ impl Service {
                 };
                 let log = ManagedLog::open(&self.log_env, &topic.log_name(), config).await?;
                 tracing::info!(topic = %full_name, "topic opened");
-                let served = Topic::new(topic.clone(), log, dedup);
+                let compaction = Compaction::new(
+                    crate::admin::compaction_key(topic),
+                    Arc::clone(&self.meta),
+                    Arc::clone(self.log_env.ledgers()),
+                );
+                let served = Topic::new(topic.clone(), log, dedup, compaction);
+                if lifecycle.compaction_threshold_bytes.is_some() {
+                    served.keep_for_compaction().await?;
+                }
                 served.set_lifecycle_policies(lifecycle);
                 served.rebuild_dedup().await?;
                 Ok::<_, ServiceError>(served)

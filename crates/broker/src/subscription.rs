@@ -436,6 +436,8 @@ pub(crate) struct SubscriptionSpec {
     pub(crate) sub_type: SubType,
     /// Key_Shared STICKY mode.
     pub(crate) sticky: bool,
+    /// `read_compacted`: read the compacted view up to its horizon.
+    pub(crate) compaction: Option<Arc<crate::compaction::Compaction>>,
 }
 
 /// Starts a subscription task. `on_end` runs when it stops by itself
@@ -453,6 +455,9 @@ pub(crate) fn spawn(
     };
     let read_position = match (&spec.cursor, spec.reader_start) {
         (Some(cursor), _) => match cursor.mark_delete_position() {
+            // Compacted reads may sit in trimmed ledgers: the read finds
+            // the next compacted entry.
+            Some(md) if spec.compaction.is_some() => Position::new(md.ledger_id, md.entry_id + 1),
             Some(md) => spec.log.next_position(md),
             None => Position::new(0, 0),
         },
@@ -501,6 +506,8 @@ pub(crate) fn spawn(
         read_retry_at: None,
         expired: 0,
         rates: crate::stats::RateMeter::new([0; 3]),
+        compaction: spec.compaction,
+        compacted_horizon: None,
     };
     tokio::spawn(dispatcher.run(rx, on_end));
     handle
@@ -536,6 +543,12 @@ struct Dispatcher {
     expired: u64,
     /// msg_out, bytes_out, redelivered → rates.
     rates: crate::stats::RateMeter<3>,
+    /// `read_compacted`: the topic's compaction (its view is read up to its
+    /// horizon instead of the log).
+    compaction: Option<Arc<crate::compaction::Compaction>>,
+    /// Horizon of the compacted view last read (positions at or before it
+    /// follow the compacted ledger, whose ledgers may be trimmed).
+    compacted_horizon: Option<Position>,
 }
 
 enum Route {
@@ -703,7 +716,7 @@ impl Dispatcher {
         self.delayed.retain(|(_, p)| *p > position);
         self.redelivery.retain(|p, _| *p > position);
         if self.read_position <= position {
-            self.read_position = self.log.next_position(position);
+            self.read_position = self.next_after(position);
         }
         if expired {
             let backlog_after = self.acks.backlog(&self.log);
@@ -912,7 +925,7 @@ impl Dispatcher {
     /// The entry at `pos`: `Ok(None)` when it no longer exists (trimmed),
     /// `Err` on a read failure (the caller retries later).
     async fn read_one(&mut self, pos: Position) -> Result<Option<LogEntry>, ()> {
-        match self.log.read(pos, 1, READ_BATCH_BYTES_MAX).await {
+        match self.read_entries(pos, 1).await {
             Ok(mut entries) if !entries.is_empty() && entries[0].position == pos => {
                 Ok(Some(entries.swap_remove(0)))
             }
@@ -922,6 +935,46 @@ impl Dispatcher {
                 self.schedule_read_retry();
                 Err(())
             }
+        }
+    }
+
+    /// Entries at or after `from`, as this subscription sees the topic: with
+    /// `read_compacted`, the compacted view up to its horizon, then the log.
+    async fn read_entries(
+        &mut self,
+        from: Position,
+        entries_max: usize,
+    ) -> Result<Vec<LogEntry>, String> {
+        let mut from = from;
+        if let Some(compaction) = &self.compaction {
+            let view = compaction.view().await.map_err(|e| e.to_string())?;
+            self.compacted_horizon = view.as_ref().map(|v| v.horizon());
+            if let Some(view) = view
+                && from <= view.horizon()
+            {
+                let entries = view
+                    .read(compaction.ledgers().as_ref(), from, entries_max)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !entries.is_empty() {
+                    return Ok(entries);
+                }
+                from = self.log.next_position(view.horizon());
+            }
+        }
+        self.log
+            .read(from, entries_max, READ_BATCH_BYTES_MAX)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// The position after `pos` in this subscription's view of the topic.
+    fn next_after(&self, pos: Position) -> Position {
+        match self.compacted_horizon {
+            // Inside the compacted range the next compacted entry is found
+            // by the read; the log's ledgers there may be gone.
+            Some(horizon) if pos < horizon => Position::new(pos.ledger_id, pos.entry_id + 1),
+            _ => self.log.next_position(pos),
         }
     }
 
@@ -1131,11 +1184,7 @@ impl Dispatcher {
                 return;
             }
             let wanted = (self.total_permits() as usize).clamp(1, READ_BATCH_ENTRIES_MAX);
-            let entries = match self
-                .log
-                .read(self.read_position, wanted, READ_BATCH_BYTES_MAX)
-                .await
-            {
+            let entries = match self.read_entries(self.read_position, wanted).await {
                 Ok(entries) => entries,
                 Err(e) => {
                     tracing::warn!(topic = %self.topic, subscription = %self.name, error = %e, "read failed");
@@ -1161,7 +1210,7 @@ impl Dispatcher {
                     || self.pending.contains_key(&pos)
                     || self.replay.contains_key(&pos)
                 {
-                    self.read_position = self.log.next_position(pos);
+                    self.read_position = self.next_after(pos);
                     progressed = true;
                     continue;
                 }
@@ -1171,7 +1220,7 @@ impl Dispatcher {
                 {
                     // Delayed delivery: held until due, then replayed.
                     self.delayed.insert((due_ms, pos));
-                    self.read_position = self.log.next_position(pos);
+                    self.read_position = self.next_after(pos);
                     progressed = true;
                     continue;
                 }
@@ -1179,7 +1228,7 @@ impl Dispatcher {
                 if self.selector.is_some() && stuck_slots.contains(&slot) {
                     // An earlier entry of this key slot waits: keep order.
                     self.replay.insert(pos, slot);
-                    self.read_position = self.log.next_position(pos);
+                    self.read_position = self.next_after(pos);
                     progressed = true;
                     continue;
                 }
@@ -1193,7 +1242,7 @@ impl Dispatcher {
                     }
                     Route::Stop => return,
                 }
-                self.read_position = self.log.next_position(pos);
+                self.read_position = self.next_after(pos);
                 progressed = true;
             }
             if !progressed {

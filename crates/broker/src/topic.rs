@@ -23,6 +23,7 @@ use vela_wire::proto::{
 
 use crate::admin::AdminError;
 use crate::codec::{self, Outbound};
+use crate::compaction::Compaction;
 use crate::error::ServiceError;
 use crate::lifecycle::{QuotaLimit, QuotaPolicy, TopicPolicies};
 use crate::subscription::{
@@ -115,6 +116,8 @@ pub(crate) struct SubscribeRequest {
     pub(crate) reader_start: Option<Position>,
     /// Key_Shared STICKY.
     pub(crate) sticky: bool,
+    /// Reads the compacted view (set by the subscription's first consumer).
+    pub(crate) read_compacted: bool,
 }
 
 #[derive(Debug)]
@@ -150,6 +153,8 @@ pub(crate) struct Topic {
     lifecycle: Mutex<TopicPolicies>,
     /// The exceeded quota holding producers off, as of the last lifecycle pass.
     quota_block: Mutex<Option<(QuotaLimit, QuotaPolicy)>>,
+    /// Compacted view and compaction status.
+    pub(crate) compaction: Arc<Compaction>,
 }
 
 /// Outcome of a dedup check on SEND.
@@ -168,7 +173,12 @@ impl Topic {
     }
 
     /// Wraps an opened log.
-    pub(crate) fn new(name: TopicName, log: Arc<ManagedLog>, dedup_enabled: bool) -> Arc<Topic> {
+    pub(crate) fn new(
+        name: TopicName,
+        log: Arc<ManagedLog>,
+        dedup_enabled: bool,
+        compaction: Compaction,
+    ) -> Arc<Topic> {
         Arc::new_cyclic(|self_ref| Topic {
             full_name: name.to_string(),
             name,
@@ -186,6 +196,7 @@ impl Topic {
             rates: Mutex::new(crate::stats::RateMeter::new([0; 4])),
             lifecycle: Mutex::new(TopicPolicies::default()),
             quota_block: Mutex::new(None),
+            compaction: Arc::new(compaction),
         })
     }
 
@@ -500,6 +511,7 @@ impl Topic {
                         reader_start: request.reader_start,
                         sub_type: request.sub_type,
                         sticky: request.sticky,
+                        compaction: request.read_compacted.then(|| Arc::clone(&self.compaction)),
                     },
                     on_end,
                 );
@@ -640,7 +652,48 @@ impl Topic {
     /// As [`Topic::close`], then deletes the log, its cursors and ledgers.
     pub(crate) async fn delete(&self) -> Result<(), vela_log::LogError> {
         self.detach_clients().await;
+        if let Err(error) = self.compaction.delete().await {
+            tracing::warn!(topic = %self.full_name, %error, "compacted data not deleted");
+        }
         self.log.delete().await
+    }
+
+    /// The `__compaction` cursor, opened (at the earliest entry) if absent:
+    /// with a compaction threshold set, the log keeps what is not compacted
+    /// yet even when no subscription holds it.
+    pub(crate) async fn keep_for_compaction(
+        &self,
+    ) -> Result<Arc<vela_log::Cursor>, vela_log::LogError> {
+        match self.log.cursor(crate::compaction::COMPACTION_SUBSCRIPTION) {
+            Some(cursor) => Ok(cursor),
+            None => {
+                self.log
+                    .open_cursor(
+                        crate::compaction::COMPACTION_SUBSCRIPTION,
+                        CursorStart::Earliest,
+                    )
+                    .await
+            }
+        }
+    }
+
+    /// Compacts the topic in the background (admin trigger, size threshold).
+    /// Fails at once when a compaction is already running.
+    pub(crate) fn start_compaction(&self) -> Result<(), crate::compaction::CompactionError> {
+        if self.compaction.status() == crate::compaction::CompactionStatus::Running {
+            return Err(crate::compaction::CompactionError::AlreadyRunning);
+        }
+        let compaction = Arc::clone(&self.compaction);
+        let log = Arc::clone(&self.log);
+        let name = self.full_name.clone();
+        tokio::spawn(async move {
+            match compaction.compact(&log).await {
+                Ok(()) => {}
+                Err(crate::compaction::CompactionError::AlreadyRunning) => {}
+                Err(error) => tracing::warn!(topic = %name, %error, "compaction failed"),
+            }
+        });
+        Ok(())
     }
 
     async fn detach_clients(&self) {

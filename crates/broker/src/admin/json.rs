@@ -205,6 +205,8 @@ pub struct PoliciesBody {
     backlog_quota_map: BTreeMap<String, BacklogQuotaJson>,
     #[serde(default)]
     replication_clusters: Vec<String>,
+    #[serde(default)]
+    compaction_threshold: Option<i64>,
 }
 
 impl PoliciesBody {
@@ -237,6 +239,9 @@ impl PoliciesBody {
                 .iter()
                 .map(|(kind, quota)| (kind.clone(), quota.to_quota()))
                 .collect(),
+            compaction_threshold_bytes: self
+                .compaction_threshold
+                .and_then(|b| u64::try_from(b).ok()),
         })
     }
 }
@@ -272,6 +277,7 @@ pub fn policies_json(policies: &NamespacePolicies) -> Value {
         "latency_stats_sample_rate": {},
         "message_ttl_in_seconds": policies.message_ttl_seconds,
         "retention_policies": policies.retention.map(RetentionJson::from),
+        "compaction_threshold": policies.compaction_threshold_bytes,
         "deleted": false,
         "encryption_required": false,
         "subscription_auth_mode": "None",

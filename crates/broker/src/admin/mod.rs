@@ -86,6 +86,10 @@ pub struct NamespacePolicies {
     /// Backlog quotas by type (`destination_storage`, `message_age`).
     #[serde(default)]
     pub backlog_quotas: BTreeMap<String, BacklogQuota>,
+    /// Bytes not yet compacted that start a compaction (0 or `None`: never
+    /// automatically).
+    #[serde(default)]
+    pub compaction_threshold_bytes: Option<u64>,
 }
 
 /// Retention of consumed data (Pulsar's RetentionPolicies): −1 = no limit,
@@ -256,6 +260,11 @@ fn namespace_dir(kind: &str, ns: &NamespaceName) -> String {
         encode_segment(&ns.tenant),
         encode_segment(&ns.namespace)
     )
+}
+
+/// Where a topic's compaction record lives.
+pub(crate) fn compaction_key(topic: &TopicName) -> String {
+    topic_key("compaction", topic)
 }
 
 fn topic_key(kind: &str, topic: &TopicName) -> String {

@@ -64,6 +64,13 @@ pub(super) fn routes() -> Router<Arc<Service>> {
             get(get_ttl).post(set_ttl).delete(remove_ttl),
         )
         .route(
+            "/admin/v2/namespaces/{tenant}/{namespace}/compactionThreshold",
+            get(get_compaction_threshold)
+                .put(set_compaction_threshold)
+                .post(set_compaction_threshold)
+                .delete(remove_compaction_threshold),
+        )
+        .route(
             "/admin/v2/namespaces/{tenant}/{namespace}/deduplication",
             get(get_dedup).post(set_dedup).delete(remove_dedup),
         )
@@ -378,6 +385,51 @@ async fn remove_ttl(
 ) -> ApiResult<StatusCode> {
     update_policies(&service, &tenant, &namespace, |p| {
         p.message_ttl_seconds = None
+    })
+    .await
+}
+
+async fn get_compaction_threshold(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<axum::Json<Value>> {
+    let ns = namespace_of(&tenant, &namespace)?;
+    optional(policies_of(&service, &ns).await?.compaction_threshold_bytes)
+}
+
+/// Backlog bytes (not yet compacted) that start a compaction; 0 turns it off.
+async fn set_compaction_threshold(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
+    let threshold: Option<i64> = parse_body(&body, "compaction threshold")?;
+    let threshold = match threshold {
+        Some(bytes) if bytes >= 0 => bytes as u64,
+        Some(bytes) => {
+            return Err(ApiError::new(
+                StatusCode::PRECONDITION_FAILED,
+                format!("compactionThreshold must be 0 or more, got {bytes}"),
+            ));
+        }
+        None => {
+            return Err(ApiError::bad_request(
+                "compaction threshold should not be null",
+            ));
+        }
+    };
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.compaction_threshold_bytes = Some(threshold)
+    })
+    .await
+}
+
+async fn remove_compaction_threshold(
+    State(service): Shared,
+    Path((tenant, namespace)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.compaction_threshold_bytes = None
     })
     .await
 }

@@ -51,6 +51,10 @@ pub(super) fn routes() -> Router<Arc<Service>> {
         .route(&format!("{T}/partitioned-stats"), get(partitioned_stats))
         .route(&format!("{T}/internalStats"), get(internal_stats))
         .route(&format!("{T}/unload"), put(unload))
+        .route(
+            &format!("{T}/compaction"),
+            put(trigger_compaction).get(compaction_status),
+        )
         .route(&format!("{T}/subscriptions"), get(subscriptions))
         .route(
             &format!("{T}/subscription/{{subscription}}"),
@@ -363,6 +367,41 @@ async fn unload(State(service): Shared, Path(path): TopicPath) -> ApiResult<Stat
         service.unload(&target.to_string()).await?;
     }
     no_content()
+}
+
+/// pulsar-admin `topics compact`: starts a compaction (409 while one runs).
+async fn trigger_compaction(
+    State(service): Shared,
+    Path(path): TopicPath,
+) -> ApiResult<StatusCode> {
+    let topic = topic_from(&path)?;
+    for target in targets(&service, &topic).await? {
+        let served = open(&service, &target).await?;
+        if let Err(error) = served.start_compaction() {
+            return Err(ApiError::new(StatusCode::CONFLICT, error.to_string()));
+        }
+    }
+    no_content()
+}
+
+/// pulsar-admin `topics compaction-status` (Pulsar's LongRunningProcessStatus).
+async fn compaction_status(
+    State(service): Shared,
+    Path(path): TopicPath,
+) -> ApiResult<axum::Json<serde_json::Value>> {
+    use crate::compaction::CompactionStatus;
+    let topic = topic_from(&path)?;
+    let served = open(&service, &topic).await?;
+    let (status, last_error) = match served.compaction.status() {
+        CompactionStatus::NotRun => ("NOT_RUN", String::new()),
+        CompactionStatus::Running => ("RUNNING", String::new()),
+        CompactionStatus::Success => ("SUCCESS", String::new()),
+        CompactionStatus::Error(error) => ("ERROR", error),
+    };
+    Ok(axum::Json(serde_json::json!({
+        "status": status,
+        "lastError": last_error,
+    })))
 }
 
 async fn subscriptions(
