@@ -109,7 +109,8 @@ fn unauthorized(reason: &str) -> Response {
 }
 
 /// The requirement of a request, from its method and (percent-encoded) path.
-/// Unknown paths need a valid token (they answer 404 after that).
+/// Unknown admin paths need a superuser, other unknown paths a valid token
+/// (they answer 404 after that).
 pub(super) fn classify(method: &Method, path: &str) -> Need {
     let segments: Vec<String> = path
         .split('/')
@@ -152,7 +153,9 @@ pub(super) fn classify(method: &Method, path: &str) -> Need {
                 }
                 _ => Need::TenantAdmin(tenant.to_string()),
             },
-            _ => Need::Authenticated,
+            // Admin routes not named above (and unknown ones): superusers,
+            // so a 404 tells nobody else what exists.
+            _ => Need::Superuser,
         },
         _ => Need::Authenticated,
     }
@@ -234,6 +237,7 @@ mod tests {
             ),
             (&get, "/admin/v2/vela/write-path", Need::Superuser),
             (&get, "/nowhere", Need::Authenticated),
+            (&get, "/admin/v2/elsewhere/a/b", Need::Superuser),
             // Percent-encoded names are decoded before the check.
             (&get, "/admin/v2/tenants/ac%6De", admin()),
         ];
