@@ -23,7 +23,7 @@ import pulsar
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import NameOID
 
 from pulsarframes import base_command, field_bytes, field_varint, read_command, simple_frame
@@ -108,16 +108,36 @@ def vela(*args):
 
 
 class SecureBroker:
-    """`vela standalone` with TLS ports only and token auth."""
+    """`vela standalone` with TLS ports only and token auth: HS256 (a
+    secret key) or, with `rs256`, RS256 (Pulsar's DER public key file)."""
 
-    def __init__(self, extra_args=()):
+    def __init__(self, rs256=False):
         self.dir = tempfile.mkdtemp(prefix="vela-secure-")
         self.ca_key, self.ca_cert, self.ca_path = make_ca(self.dir)
         self.cert_path = os.path.join(self.dir, "broker.cert.pem")
         self.key_path = os.path.join(self.dir, "broker.key.pem")
         self.leaf_der = write_leaf(self.ca_key, self.ca_cert, self.cert_path, self.key_path)
-        self.secret = os.path.join(self.dir, "secret.key")
-        vela("admin", "tokens", "create-secret-key", "--output", self.secret)
+        if rs256:
+            private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+            self.signing = ["--private-key", os.path.join(self.dir, "private.pem")]
+            with open(self.signing[1], "wb") as f:
+                f.write(private.private_bytes(
+                    serialization.Encoding.PEM,
+                    serialization.PrivateFormat.PKCS8,
+                    serialization.NoEncryption(),
+                ))
+            public = os.path.join(self.dir, "public.der")
+            with open(public, "wb") as f:
+                f.write(private.public_key().public_bytes(
+                    serialization.Encoding.DER,
+                    serialization.PublicFormat.SubjectPublicKeyInfo,
+                ))
+            key_args = ["--auth-token-public-key", public]
+        else:
+            self.secret = os.path.join(self.dir, "secret.key")
+            vela("admin", "tokens", "create-secret-key", "--output", self.secret)
+            self.signing = ["--secret-key", self.secret]
+            key_args = ["--auth-token-secret-key", self.secret]
         self.proc = Proc(
             "secure-broker",
             [
@@ -127,9 +147,8 @@ class SecureBroker:
                 "--tls-port", "0", "--https-port", "0",
                 "--tls-cert-file", self.cert_path, "--tls-key-file", self.key_path,
                 "--tls-cert-refresh-check-s", "1",
-                "--auth-token-secret-key", self.secret,
+                *key_args,
                 "--superuser-roles", "admin",
-                *extra_args,
             ],
             READY,
         )
@@ -140,7 +159,7 @@ class SecureBroker:
         self.admin_token = self.token("admin")
 
     def token(self, role, expiry=None):
-        args = ["admin", "tokens", "create", "--secret-key", self.secret, "--subject", role]
+        args = ["admin", "tokens", "create", *self.signing, "--subject", role]
         if expiry:
             args += ["--expiry", expiry]
         return vela(*args)
@@ -341,5 +360,26 @@ def test_certificate_reload():
         assert consumer.receive(timeout_millis=5000).data() == b"after"
         other.close()
         client.close()
+    finally:
+        broker.stop()
+
+
+def test_rs256_tokens():
+    broker = SecureBroker(rs256=True)
+    try:
+        client = broker.client(broker.token("admin", expiry="1h"))
+        topic = "persistent://public/default/rs256-" + uuid.uuid4().hex[:8]
+        consumer = client.subscribe(topic, "s")
+        client.create_producer(topic).send(b"signed with RS256")
+        assert consumer.receive(timeout_millis=5000).data() == b"signed with RS256"
+        client.close()
+        assert broker.http("GET", "/admin/v2/tenants", broker.admin_token)[0] == 200
+        # An HS256 token is not accepted by an RS256 broker, whatever its key.
+        secret = os.path.join(broker.dir, "hs.key")
+        vela("admin", "tokens", "create-secret-key", "--output", secret)
+        hs = vela("admin", "tokens", "create", "--secret-key", secret, "--subject", "admin")
+        cmd_type, body = broker.raw_connect(hs)
+        assert cmd_type == 14 and body[2] == [AUTHENTICATION_ERROR], (cmd_type, body)
+        assert broker.http("GET", "/admin/v2/tenants", hs)[0] == 401
     finally:
         broker.stop()
