@@ -2,7 +2,8 @@
 //!
 //! Owns: [`BrokerConfig`] (what `vela standalone` and tests set) and
 //! [`ConnectionLimits`] (per-connection bounds with the reason for each
-//! default). Never: reads files or the environment; the binary does that.
+//! default). Never: reads files or the environment; the binary does that
+//! (TLS certificate files named here are read by `tls`).
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -94,8 +95,17 @@ impl Default for PersistenceConfig {
 /// Everything the broker needs to start.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
-    /// Address the Pulsar protocol listener binds (port 0 picks a free port).
-    pub pulsar_addr: SocketAddr,
+    /// Address the plain-text Pulsar listener binds (port 0 picks a free
+    /// port); `None`: no plain listener (TLS only, `pulsar_tls_addr` needed).
+    pub pulsar_addr: Option<SocketAddr>,
+    /// Address the TLS Pulsar listener (`pulsar+ssl://`) binds; needs `tls`
+    /// (Pulsar's `brokerServicePortTls`).
+    pub pulsar_tls_addr: Option<SocketAddr>,
+    /// Certificate and key of the TLS listeners (Pulsar port and HTTPS).
+    pub tls: Option<crate::tls::TlsConfig>,
+    /// Token authentication and authorization; `None`: every client is
+    /// accepted and may do anything (Pulsar's default).
+    pub auth: Option<crate::auth::AuthConfig>,
     /// Host put into lookup answers (`pulsar://HOST:PORT`); never 0.0.0.0.
     pub advertised_host: String,
     /// Interval between keep-alive PINGs; a connection silent for two intervals
@@ -130,7 +140,10 @@ impl BrokerConfig {
     /// Defaults for a broker on `pulsar_addr` advertising `127.0.0.1`.
     pub fn new(pulsar_addr: SocketAddr) -> BrokerConfig {
         BrokerConfig {
-            pulsar_addr,
+            pulsar_addr: Some(pulsar_addr),
+            pulsar_tls_addr: None,
+            tls: None,
+            auth: None,
             advertised_host: "127.0.0.1".to_string(),
             keepalive: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(30),
@@ -143,6 +156,13 @@ impl BrokerConfig {
             ledger_entries_max: 50_000,
             policy_check_interval: Duration::from_secs(60),
         }
+    }
+
+    /// `pulsar+ssl://host:port` of the TLS listener, when there is one
+    /// (the bound port once the broker started).
+    pub fn advertised_tls_url(&self) -> Option<String> {
+        self.pulsar_tls_addr
+            .map(|addr| format!("pulsar+ssl://{}:{}", self.advertised_host, addr.port()))
     }
 
     /// Largest frame accepted from a client.

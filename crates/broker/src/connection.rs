@@ -12,18 +12,24 @@
 //! Failure policy: a bad frame, a command before CONNECT, a SEND for an
 //! unknown producer or an unsupported command closes this connection only,
 //! with a log line; a CRC mismatch on SEND answers SEND_ERROR(ChecksumError).
+//! Authentication (when configured): CONNECT's token is checked (ERROR
+//! AuthenticationError and close when bad); the role is checked at each
+//! PRODUCER, SUBSCRIBE, LOOKUP, PARTITIONED_METADATA, topic list and schema
+//! command (AuthorizationError). An expired token is challenged
+//! (AUTH_CHALLENGE "refresh") at the next refresh check; no valid
+//! AUTH_RESPONSE by the check after closes the connection.
+//! The same code serves plain TCP and TLS streams (`serve`, `serve_tls`).
 //! Never: blocks a tokio worker, or writes to the socket outside the writer.
 
 use std::collections::HashMap;
 use std::io::IoSlice;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use vela_log::{AppendFuture, Position};
 use vela_wire::proto::{
@@ -34,6 +40,7 @@ use vela_wire::proto::{
     command_subscribe::{InitialPosition, SubType},
 };
 
+use crate::auth::{self, Principal, TopicAction};
 use crate::codec::{self, Decoder, FrameError, Inbound, Outbound};
 use crate::config::{PROTOCOL_VERSION_MAX, SERVER_VERSION};
 use crate::error::ServiceError;
@@ -107,8 +114,50 @@ pub(crate) async fn serve(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "set_nodelay failed");
     }
-    let limits = service.config.limits.clone();
+    // Owned halves: no lock between the reader and the writer.
     let (read_half, write_half) = stream.into_split();
+    serve_halves(service, read_half, write_half, peer, shutdown).await;
+}
+
+/// Serves one accepted TLS connection: the handshake (bounded by the
+/// handshake timeout), then the same as [`serve`].
+pub(crate) async fn serve_tls(
+    service: Arc<Service>,
+    acceptor: tokio_rustls::TlsAcceptor,
+    stream: TcpStream,
+    peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) {
+    if let Err(e) = stream.set_nodelay(true) {
+        tracing::debug!(%peer, error = %e, "set_nodelay failed");
+    }
+    let timeout = service.config.handshake_timeout;
+    let stream = match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err(error)) => {
+            tracing::info!(%peer, %error, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            tracing::info!(%peer, "TLS handshake timed out");
+            return;
+        }
+    };
+    let (read_half, write_half) = tokio::io::split(stream);
+    serve_halves(service, read_half, write_half, peer, shutdown).await;
+}
+
+async fn serve_halves<R, W>(
+    service: Arc<Service>,
+    read_half: R,
+    write_half: W,
+    peer: SocketAddr,
+    shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let limits = service.config.limits.clone();
     let (out, out_rx) = mpsc::channel(limits.outbound_frames_max);
     let writer = tokio::spawn(write_loop(write_half, out_rx, limits.frames_per_wakeup_max));
     // Events: at most one per producer and consumer of this connection
@@ -132,6 +181,7 @@ pub(crate) async fn serve(
         consumers: HashMap::new(),
         pending_sends: Arc::new(Semaphore::new(limits.pending_sends_max)),
         pending_bytes: Arc::new(Semaphore::new(limits.pending_send_bytes_max)),
+        auth: ConnAuth::default(),
         service,
     };
     let reason = connection.run(read_half, shutdown).await;
@@ -166,12 +216,24 @@ struct Connection {
     consumers: HashMap<u64, ConnConsumer>,
     pending_sends: Arc<Semaphore>,
     pending_bytes: Arc<Semaphore>,
+    auth: ConnAuth,
+}
+
+/// Authentication state of a connection (empty when auth is off).
+#[derive(Debug, Default)]
+struct ConnAuth {
+    /// Who the client is, after CONNECT.
+    principal: Option<Principal>,
+    /// The client said it answers AUTH_CHALLENGE (FeatureFlags).
+    supports_refresh: bool,
+    /// An AUTH_CHALLENGE went out and no valid AUTH_RESPONSE came back yet.
+    challenge_pending: bool,
 }
 
 impl Connection {
-    async fn run(
+    async fn run<R: AsyncRead + Unpin>(
         &mut self,
-        mut read_half: tokio::net::tcp::OwnedReadHalf,
+        mut read_half: R,
         mut shutdown: watch::Receiver<bool>,
     ) -> Close {
         let config = &self.service.config;
@@ -186,6 +248,13 @@ impl Connection {
             tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
         let handshake_deadline = tokio::time::sleep(handshake_timeout);
         tokio::pin!(handshake_deadline);
+        let auth_enabled = config.auth.is_some();
+        let refresh_check = config
+            .auth
+            .as_ref()
+            .map_or(keepalive, |a| a.refresh_check_interval);
+        let mut auth_ticker =
+            tokio::time::interval_at(tokio::time::Instant::now() + refresh_check, refresh_check);
         loop {
             tokio::select! {
                 biased;
@@ -193,6 +262,11 @@ impl Connection {
                 Some(event) = self.events_rx.recv() => self.on_event(event),
                 _ = &mut handshake_deadline, if !self.connected => {
                     return Close(format!("no CONNECT within {:?}", started.elapsed()));
+                }
+                _ = auth_ticker.tick(), if auth_enabled && self.connected => {
+                    if let Err(close) = self.check_credentials().await {
+                        return close;
+                    }
                 }
                 _ = ticker.tick() => {
                     if ping_outstanding {
@@ -299,7 +373,11 @@ impl Connection {
         match kind {
             Type::Connect => self.on_connect(command.connect.map(|b| *b)).await,
             Type::Ping => self.send(proto::CommandPong {}).await,
-            Type::Pong | Type::AuthResponse => Ok(()),
+            Type::Pong => Ok(()),
+            Type::AuthResponse => {
+                self.on_auth_response(command.auth_response.map(|b| *b))
+                    .await
+            }
             Type::PartitionedMetadata => match command.partition_metadata {
                 Some(body) => self.on_partitioned_metadata(*body).await,
                 None => Err(missing(kind)),
@@ -421,12 +499,26 @@ impl Connection {
             .unwrap_or(0)
             .clamp(0, PROTOCOL_VERSION_MAX);
         self.client_version = connect.client_version.chars().take(128).collect();
+        if let Some(config) = &self.service.config.auth {
+            let data = connect.auth_data.as_deref().unwrap_or_default();
+            match config.authenticate(connect.auth_method_name.as_deref(), data, SystemTime::now())
+            {
+                Ok(principal) => self.auth.principal = Some(principal),
+                Err(e) => return Err(self.refuse_credentials(e).await),
+            }
+            self.auth.supports_refresh = connect
+                .feature_flags
+                .as_ref()
+                .and_then(|f| f.supports_auth_refresh)
+                .unwrap_or(false);
+        }
         self.connected = true;
         tracing::info!(
             conn = self.id,
             peer = %self.peer,
             client = %self.client_version,
             protocol_version = self.protocol_version,
+            role = self.auth.principal.as_ref().map(|p| p.role.as_str()),
             "connected"
         );
         self.send(proto::CommandConnected {
@@ -441,6 +533,113 @@ impl Connection {
         .await
     }
 
+    /// Answers bad credentials as the Java broker does: ERROR with request
+    /// id −1 (u64::MAX) and AuthenticationError; the caller closes.
+    async fn refuse_credentials(&self, error: ServiceError) -> Close {
+        tracing::info!(conn = self.id, peer = %self.peer, error = %error.message, "authentication failed");
+        let _ = self
+            .send(proto::CommandError {
+                request_id: u64::MAX,
+                error: ServerError::AuthenticationError as i32,
+                message: error.message.clone(),
+            })
+            .await;
+        Close(format!("authentication failed: {}", error.message))
+    }
+
+    /// The refresh check: an expired token is challenged once; still
+    /// expired at the next check (no valid answer) closes the connection.
+    async fn check_credentials(&mut self) -> Result<(), Close> {
+        let expired = self
+            .auth
+            .principal
+            .as_ref()
+            .and_then(|p| p.expires_at)
+            .is_some_and(|at| at <= SystemTime::now());
+        if !expired {
+            return Ok(());
+        }
+        if self.auth.challenge_pending {
+            return Err(Close("token expired and not refreshed".into()));
+        }
+        if !self.auth.supports_refresh {
+            return Err(Close(
+                "token expired; the client does not support refreshing it".into(),
+            ));
+        }
+        self.auth.challenge_pending = true;
+        tracing::debug!(conn = self.id, "token expired: AUTH_CHALLENGE");
+        self.send(proto::CommandAuthChallenge {
+            server_version: Some(SERVER_VERSION.to_string()),
+            challenge: Some(proto::AuthData {
+                auth_method_name: Some(auth::TOKEN_METHOD.to_string()),
+                auth_data: Some(Bytes::from_static(auth::REFRESH_AUTH_DATA)),
+            }),
+            protocol_version: Some(self.protocol_version),
+        })
+        .await
+    }
+
+    /// A fresh token in answer to AUTH_CHALLENGE. The role may not change
+    /// (as the Java broker insists); a bad token closes the connection.
+    async fn on_auth_response(
+        &mut self,
+        body: Option<proto::CommandAuthResponse>,
+    ) -> Result<(), Close> {
+        let Some(config) = &self.service.config.auth else {
+            return Ok(());
+        };
+        let response = body.and_then(|b| b.response).unwrap_or_default();
+        let data = response.auth_data.as_deref().unwrap_or_default();
+        let fresh = match config.authenticate(
+            response.auth_method_name.as_deref(),
+            data,
+            SystemTime::now(),
+        ) {
+            Ok(fresh) => fresh,
+            Err(e) => return Err(self.refuse_credentials(e).await),
+        };
+        let role = self.auth.principal.as_ref().map(|p| p.role.as_str());
+        if role != Some(fresh.role.as_str()) {
+            return Err(Close(format!(
+                "AUTH_RESPONSE for role {} on a connection of role {}",
+                fresh.role,
+                role.unwrap_or("-")
+            )));
+        }
+        tracing::debug!(conn = self.id, role = %fresh.role, "credentials refreshed");
+        self.auth.principal = Some(fresh);
+        self.auth.challenge_pending = false;
+        Ok(())
+    }
+
+    /// Checks that this connection's role may do `action` on `ns`'s topics
+    /// (always fine when auth or authorization is off).
+    async fn authorize(&self, ns: &NamespaceName, action: TopicAction) -> Result<(), ServiceError> {
+        let (Some(config), Some(principal)) = (&self.service.config.auth, &self.auth.principal)
+        else {
+            return Ok(());
+        };
+        config
+            .authorize_namespace(&self.service.admin, &principal.role, ns, action)
+            .await
+    }
+
+    /// The TLS URL to answer beside `service_url` in a lookup: ours when
+    /// the topic is served here and we have a TLS listener. (Another
+    /// broker's TLS URL is not known: cluster registrations carry one URL.)
+    fn tls_url_of(&self, service_url: &str) -> Option<String> {
+        let own =
+            service_url == self.service.advertised_url || service_url.starts_with("pulsar+ssl://");
+        if !own {
+            return None;
+        }
+        if service_url.starts_with("pulsar+ssl://") {
+            return Some(service_url.to_string());
+        }
+        self.service.config.advertised_tls_url()
+    }
+
     async fn on_partitioned_metadata(
         &mut self,
         body: proto::CommandPartitionedTopicMetadata,
@@ -448,6 +647,8 @@ impl Connection {
         let request_id = body.request_id;
         let result = async {
             let topic = TopicName::parse(&body.topic)?;
+            self.authorize(&topic.namespace, TopicAction::Lookup)
+                .await?;
             let partitions = self.service.partitions_of(&topic).await?;
             let auto_create = body.metadata_auto_creation_enabled.unwrap_or(true);
             if partitions == 0 && !auto_create && !self.service.admin.topic_exists(&topic).await? {
@@ -483,13 +684,15 @@ impl Connection {
         let authoritative = body.authoritative.unwrap_or(false);
         let result = async {
             let topic = TopicName::parse(&body.topic)?;
+            self.authorize(&topic.namespace, TopicAction::Lookup)
+                .await?;
             self.service.lookup(&topic, authoritative).await
         }
         .await;
         let response = match result {
             Ok((service_url, _, redirect)) => proto::CommandLookupTopicResponse {
+                broker_service_url_tls: self.tls_url_of(&service_url),
                 broker_service_url: Some(service_url),
-                broker_service_url_tls: None,
                 response: Some(if redirect {
                     LookupType::Redirect as i32
                 } else {
@@ -522,6 +725,7 @@ impl Connection {
         let request_id = body.request_id;
         let result = async {
             let ns = NamespaceName::parse(&body.namespace)?;
+            self.authorize(&ns, TopicAction::Lookup).await?;
             let mode = body.mode.unwrap_or(0);
             if mode == proto::command_get_topics_of_namespace::Mode::NonPersistent as i32 {
                 return Ok(Vec::new());
@@ -603,6 +807,8 @@ impl Connection {
         body: &proto::CommandProducer,
     ) -> Result<Option<proto::CommandProducerSuccess>, ServiceError> {
         let topic_name = TopicName::parse(&body.topic)?;
+        self.authorize(&topic_name.namespace, TopicAction::Produce)
+            .await?;
         let topic = self.service.topic(&topic_name, true).await?;
         let schema_version = match &body.schema {
             Some(s) if !schema::is_empty_schema(s) => {
@@ -827,6 +1033,8 @@ impl Connection {
         body: &proto::CommandSubscribe,
     ) -> Result<(), ServiceError> {
         let topic_name = TopicName::parse(&body.topic)?;
+        self.authorize(&topic_name.namespace, TopicAction::Consume)
+            .await?;
         if body.subscription.is_empty() || body.subscription.len() > NAME_BYTES_MAX {
             return Err(ServiceError::new(
                 ServerError::NotAllowedError,
@@ -1108,6 +1316,8 @@ impl Connection {
         let request_id = body.request_id;
         let result = async {
             let topic = TopicName::parse(&body.topic)?;
+            self.authorize(&topic.namespace, TopicAction::Lookup)
+                .await?;
             let version = body
                 .schema_version
                 .as_deref()
@@ -1148,6 +1358,8 @@ impl Connection {
         let request_id = body.request_id;
         let result = async {
             let topic = TopicName::parse(&body.topic)?;
+            self.authorize(&topic.namespace, TopicAction::Produce)
+                .await?;
             self.service
                 .schemas
                 .get_or_create(&topic, &body.schema)
@@ -1322,8 +1534,8 @@ fn receipt(
     })
 }
 
-async fn write_loop(
-    mut writer: OwnedWriteHalf,
+async fn write_loop<W: AsyncWrite + Unpin>(
+    mut writer: W,
     mut frames: mpsc::Receiver<Outbound>,
     frames_per_wakeup: usize,
 ) {
@@ -1361,7 +1573,10 @@ fn push_frame(batch: &mut Vec<Bytes>, frame: Outbound) {
 }
 
 /// Writes every buffer with vectored writes, handling partial writes.
-async fn write_all(writer: &mut OwnedWriteHalf, buffers: &mut [Bytes]) -> std::io::Result<()> {
+async fn write_all<W: AsyncWrite + Unpin>(
+    writer: &mut W,
+    buffers: &mut [Bytes],
+) -> std::io::Result<()> {
     let mut index = 0;
     while index < buffers.len() {
         if buffers[index].is_empty() {

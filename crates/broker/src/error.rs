@@ -29,6 +29,12 @@ pub enum BrokerError {
     /// Joining the cluster failed (registration, session).
     #[error("cluster: {0}")]
     Cluster(String),
+    /// The TLS certificate or key cannot be used.
+    #[error("tls: {0}")]
+    Tls(#[from] crate::tls::TlsError),
+    /// The configuration is inconsistent (the message names the field).
+    #[error("config: {0}")]
+    Config(String),
 }
 
 /// An error answered to a client request: the protocol code and a message.

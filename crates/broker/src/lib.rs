@@ -26,12 +26,17 @@
 //! subscription, unacked/replay/delayed entries per subscription, read batch
 //! size, ack_set length, name lengths, schema versions per topic.
 //!
+//! Security (off by default): TLS listeners (`tls`), token authentication
+//! and authorization (`auth`), checked at each command handler and by the
+//! HTTP layer.
+//!
 //! Not implemented yet: transactions, topic watchers, non-persistent topics,
-//! authentication, topic termination.
+//! topic termination.
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
 pub mod admin;
+pub mod auth;
 mod cluster;
 mod codec;
 mod compaction;
@@ -47,6 +52,7 @@ pub mod schema;
 mod service;
 pub mod stats;
 mod subscription;
+pub mod tls;
 mod topic;
 pub mod topic_name;
 
@@ -55,17 +61,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use vela_log::LogEnv;
 use vela_meta::MetadataStore;
 
-pub use admin::{Admin, AdminError, NamespacePolicies};
+pub use admin::{Admin, AdminError, AuthAction, NamespacePolicies};
+pub use auth::{AuthConfig, Authorization};
 pub use config::{BrokerConfig, ConnectionLimits, PersistenceConfig};
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
 pub use metrics::{LatencySnapshot, Stage, StageLatency, WritePathSource};
 pub use stats::{ConsumerStats, PublisherStats, SubscriptionStats, TopicStats};
+pub use tls::TlsConfig;
 pub use topic_name::{NamespaceName, TopicName};
 
 use service::Service;
@@ -82,16 +90,50 @@ pub const CONNECTIONS_MAX: usize = 50_000;
 pub struct Broker;
 
 impl Broker {
-    /// Binds the Pulsar listener, creates `public` and `public/default` when
-    /// absent, and starts serving.
+    /// Binds the Pulsar listeners (plain and/or TLS), creates `public` and
+    /// `public/default` when absent, and starts serving.
     pub async fn start(
-        config: BrokerConfig,
+        mut config: BrokerConfig,
         meta: Arc<dyn MetadataStore>,
         log_env: LogEnv,
     ) -> Result<BrokerHandle, BrokerError> {
-        let listener = TcpListener::bind(config.pulsar_addr).await?;
-        let local = listener.local_addr()?;
-        let advertised_url = format!("pulsar://{}:{}", config.advertised_host, local.port());
+        if config.pulsar_tls_addr.is_some() && config.tls.is_none() {
+            return Err(BrokerError::Config(
+                "pulsar_tls_addr is set but tls (certificate and key files) is not".into(),
+            ));
+        }
+        if config.pulsar_addr.is_none() && config.pulsar_tls_addr.is_none() {
+            return Err(BrokerError::Config(
+                "no Pulsar listener: set pulsar_addr or pulsar_tls_addr".into(),
+            ));
+        }
+        let certs = match &config.tls {
+            Some(tls) => Some(tls::TlsCertificates::load(tls.clone()).await?),
+            None => None,
+        };
+        let plain = match config.pulsar_addr {
+            Some(addr) => Some(TcpListener::bind(addr).await?),
+            None => None,
+        };
+        let secure = match config.pulsar_tls_addr {
+            Some(addr) => Some(TcpListener::bind(addr).await?),
+            None => None,
+        };
+        // From here on the config holds the bound addresses (port 0 resolved):
+        // lookups answer with them.
+        config.pulsar_addr = plain.as_ref().map(TcpListener::local_addr).transpose()?;
+        config.pulsar_tls_addr = secure.as_ref().map(TcpListener::local_addr).transpose()?;
+        let (local, advertised_url) = match (config.pulsar_addr, config.pulsar_tls_addr) {
+            (Some(local), _) => (
+                local,
+                format!("pulsar://{}:{}", config.advertised_host, local.port()),
+            ),
+            (None, Some(local)) => (
+                local,
+                format!("pulsar+ssl://{}:{}", config.advertised_host, local.port()),
+            ),
+            (None, None) => return Err(BrokerError::Config("no Pulsar listener bound".into())),
+        };
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
         service.admin.ensure_defaults().await?;
         tokio::spawn(lifecycle::run(
@@ -99,13 +141,42 @@ impl Broker {
             service.config.policy_check_interval,
         ));
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&service), shutdown_rx));
-        tracing::info!(addr = %local, url = %service.advertised_url, "broker listening");
+        let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+        let mut accepts = Vec::new();
+        if let Some(listener) = plain {
+            accepts.push(tokio::spawn(accept_loop(
+                listener,
+                Arc::clone(&service),
+                shutdown_rx.clone(),
+                None,
+                Arc::clone(&slots),
+            )));
+        }
+        if let (Some(listener), Some(certs)) = (secure, &certs) {
+            accepts.push(tokio::spawn(accept_loop(
+                listener,
+                Arc::clone(&service),
+                shutdown_rx.clone(),
+                Some(Arc::clone(certs)),
+                Arc::clone(&slots),
+            )));
+        }
+        if let Some(certs) = &certs {
+            tokio::spawn(tls::reload_loop(Arc::downgrade(certs), shutdown_rx.clone()));
+        }
+        tracing::info!(
+            addr = ?service.config.pulsar_addr,
+            tls_addr = ?service.config.pulsar_tls_addr,
+            url = %service.advertised_url,
+            auth = service.config.auth.is_some(),
+            "broker listening"
+        );
         Ok(BrokerHandle {
             pulsar_addr: local,
             service,
             shutdown_tx,
-            accept,
+            accepts,
+            certs,
         })
     }
 }
@@ -116,13 +187,35 @@ pub struct BrokerHandle {
     pulsar_addr: SocketAddr,
     service: Arc<Service>,
     shutdown_tx: watch::Sender<bool>,
-    accept: tokio::task::JoinHandle<()>,
+    accepts: Vec<tokio::task::JoinHandle<()>>,
+    certs: Option<Arc<tls::TlsCertificates>>,
 }
 
 impl BrokerHandle {
     /// Starts the HTTP listener (admin API, health) on `addr`.
     pub async fn start_http(&self, addr: SocketAddr) -> Result<HttpServer, BrokerError> {
-        HttpServer::start(addr, Arc::clone(&self.service)).await
+        HttpServer::start(addr, Arc::clone(&self.service), None).await
+    }
+
+    /// Starts the HTTPS listener (same routes) on `addr`, with the
+    /// certificate of the TLS config (reloaded as the Pulsar port's).
+    pub async fn start_https(&self, addr: SocketAddr) -> Result<HttpServer, BrokerError> {
+        let Some(certs) = &self.certs else {
+            return Err(BrokerError::Config(
+                "an HTTPS port needs tls (certificate and key files)".into(),
+            ));
+        };
+        HttpServer::start(addr, Arc::clone(&self.service), Some(Arc::clone(certs))).await
+    }
+
+    /// Address of the TLS Pulsar listener, when there is one.
+    pub fn pulsar_tls_addr(&self) -> Option<SocketAddr> {
+        self.service.config.pulsar_tls_addr
+    }
+
+    /// `pulsar+ssl://host:port` of the TLS listener, when there is one.
+    pub fn service_url_tls(&self) -> Option<String> {
+        self.service.config.advertised_tls_url()
     }
 
     /// Joins the cluster: registers this broker in the metadata store (on a
@@ -154,7 +247,8 @@ impl BrokerHandle {
         Ok(())
     }
 
-    /// Address the Pulsar listener is bound to.
+    /// Address the plain Pulsar listener is bound to (the TLS one's when
+    /// there is no plain listener).
     pub fn pulsar_addr(&self) -> SocketAddr {
         self.pulsar_addr
     }
@@ -264,7 +358,9 @@ impl BrokerHandle {
     /// Stops accepting, closes every connection, then closes every topic's log.
     pub async fn shutdown(self) -> Result<(), BrokerError> {
         let _ = self.shutdown_tx.send(true);
-        let _ = self.accept.await;
+        for accept in self.accepts {
+            let _ = accept.await;
+        }
         let errors = self.service.close_topics().await;
         // Bundles are free at once for the other brokers (not at session expiry).
         if let Some(ownership) = self.service.ownership.get() {
@@ -277,10 +373,14 @@ impl BrokerHandle {
     }
 }
 
+/// Accepts on one Pulsar listener (plain, or TLS with `certs`). `slots`
+/// is shared by the listeners: [`CONNECTIONS_MAX`] counts them all.
 async fn accept_loop(
     listener: TcpListener,
     service: Arc<Service>,
     mut shutdown: watch::Receiver<bool>,
+    certs: Option<Arc<tls::TlsCertificates>>,
+    slots: Arc<Semaphore>,
 ) {
     let mut connections = JoinSet::new();
     loop {
@@ -295,12 +395,28 @@ async fn accept_loop(
             }
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    if connections.len() >= CONNECTIONS_MAX {
+                    let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
                         tracing::warn!(%peer, "CONNECTIONS_MAX reached: connection refused");
                         drop(stream);
                         continue;
-                    }
-                    connections.spawn(connection::serve(Arc::clone(&service), stream, peer, shutdown.clone()));
+                    };
+                    let service = Arc::clone(&service);
+                    let shutdown = shutdown.clone();
+                    match &certs {
+                        None => connections.spawn(async move {
+                            let _slot = slot;
+                            connection::serve(service, stream, peer, shutdown).await;
+                        }),
+                        // The handshake runs in the connection's task: a
+                        // slow client never holds up the accept loop.
+                        Some(certs) => {
+                            let acceptor = certs.acceptor();
+                            connections.spawn(async move {
+                                let _slot = slot;
+                                connection::serve_tls(service, acceptor, stream, peer, shutdown).await;
+                            })
+                        }
+                    };
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");

@@ -6,9 +6,15 @@
 //! turning commands into REST calls (`ureq`, blocking: one request at a
 //! time is all a CLI needs) and printing answers (JSON pretty-printed, lists
 //! one per line, errors as Pulsar's `reason`). Never: talks to the metadata
-//! store or the broker's protocol port; everything goes through HTTP.
+//! store or the broker's protocol port; everything goes through HTTP
+//! (`tokens` excepted: it mints tokens locally from a key file).
+//! Authentication: `--auth-token`/`--auth-token-file` send
+//! `Authorization: Bearer`; `https://` URLs are checked against the system
+//! roots or `--tls-trust-certs-file`.
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
@@ -25,6 +31,22 @@ pub(crate) struct AdminArgs {
     /// The broker's admin HTTP URL.
     #[arg(long, global = true, default_value = "http://127.0.0.1:8080")]
     admin_url: String,
+    /// Token sent as `Authorization: Bearer` (pulsar-admin's
+    /// `--auth-params token:...`).
+    #[arg(
+        long,
+        global = true,
+        value_name = "TOKEN",
+        conflicts_with = "auth_token_file"
+    )]
+    auth_token: Option<String>,
+    /// File holding the token (trailing whitespace ignored).
+    #[arg(long, global = true, value_name = "FILE")]
+    auth_token_file: Option<PathBuf>,
+    /// PEM certificates trusted for an https admin URL (instead of the
+    /// built-in web roots), e.g. a self-signed broker certificate.
+    #[arg(long, global = true, value_name = "FILE")]
+    tls_trust_certs_file: Option<PathBuf>,
     #[command(subcommand)]
     command: AdminCommand,
 }
@@ -46,12 +68,60 @@ enum AdminCommand {
     /// Broker checks.
     #[command(subcommand)]
     Brokers(BrokersCmd),
+    /// Token authentication: make keys and tokens (local, no HTTP).
+    #[command(subcommand)]
+    Tokens(TokensCmd),
     /// p50 / p99 / p99.9 of each write-path stage (broker publish, ledger add,
     /// bookie add, journal queue wait, write, fdatasync).
     WritePath {
         /// Add this topic's own publish and storage-write latencies.
         #[arg(long)]
         topic: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum TokensCmd {
+    /// Make a new HS256 secret key (32 random bytes).
+    CreateSecretKey {
+        /// Write it to this file (raw bytes, mode 0600) instead of printing
+        /// it base64-encoded.
+        #[arg(short = 'o', long)]
+        output: Option<PathBuf>,
+    },
+    /// Mint a token for a role.
+    Create {
+        /// HS256 secret key file.
+        #[arg(
+            long,
+            conflicts_with = "private_key",
+            required_unless_present = "private_key"
+        )]
+        secret_key: Option<PathBuf>,
+        /// RS256 private key file (PEM or DER, PKCS#8 or PKCS#1).
+        #[arg(long)]
+        private_key: Option<PathBuf>,
+        /// The role (the token's `sub`).
+        #[arg(short = 's', long)]
+        subject: String,
+        /// Lifetime (e.g. 30s, 10m, 1h, 2d, 1y); none: never expires.
+        #[arg(short = 'e', long, alias = "expiry-time")]
+        expiry: Option<String>,
+    },
+    /// Check a token with a key and print its role and expiry.
+    Validate {
+        /// The token.
+        token: String,
+        /// HS256 secret key file.
+        #[arg(
+            long,
+            conflicts_with = "public_key",
+            required_unless_present = "public_key"
+        )]
+        secret_key: Option<PathBuf>,
+        /// RS256 public key file (PEM or DER).
+        #[arg(long)]
+        public_key: Option<PathBuf>,
     },
 }
 
@@ -95,6 +165,24 @@ enum NamespacesCmd {
     Topics { namespace: String },
     /// Show a namespace's policies.
     Policies { namespace: String },
+    /// Show the roles granted actions on a namespace.
+    Permissions { namespace: String },
+    /// Grant a role actions (produce, consume) on a namespace.
+    GrantPermission {
+        namespace: String,
+        #[arg(long)]
+        role: String,
+        /// Comma-separated: produce, consume (functions, sources, sinks,
+        /// packages are kept but mean nothing here).
+        #[arg(long)]
+        actions: String,
+    },
+    /// Revoke a role's grant on a namespace.
+    RevokePermission {
+        namespace: String,
+        #[arg(long)]
+        role: String,
+    },
     /// Create a namespace.
     Create { namespace: String },
     /// Delete an empty namespace.
@@ -321,38 +409,79 @@ enum TopicsCmd {
 struct Api {
     agent: ureq::Agent,
     base: String,
+    /// `Bearer <token>`, when given.
+    authorization: Option<String>,
 }
 
 impl Api {
-    fn new(base: &str) -> Api {
-        let config = ureq::Agent::config_builder()
+    fn new(args: &AdminArgs) -> anyhow::Result<Api> {
+        let mut builder = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(REQUEST_TIMEOUT))
-            .build();
-        Api {
-            agent: config.into(),
-            base: base.trim_end_matches('/').to_string(),
+            .timeout_global(Some(REQUEST_TIMEOUT));
+        if let Some(file) = &args.tls_trust_certs_file {
+            let pem = crate::security_args::read_key(file, "--tls-trust-certs-file")?;
+            let certs = ureq::tls::parse_pem(&pem)
+                .filter_map(|item| match item {
+                    Ok(ureq::tls::PemItem::Certificate(cert)) => Some(Ok(cert)),
+                    Ok(_) => None,
+                    Err(e) => Some(Err(e)),
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .with_context(|| format!("--tls-trust-certs-file {}", file.display()))?;
+            if certs.is_empty() {
+                bail!(
+                    "--tls-trust-certs-file {}: no CERTIFICATE in it",
+                    file.display()
+                );
+            }
+            let tls = ureq::tls::TlsConfig::builder()
+                .root_certs(ureq::tls::RootCerts::Specific(Arc::new(certs)))
+                .build();
+            builder = builder.tls_config(tls);
         }
+        let token = match (&args.auth_token, &args.auth_token_file) {
+            (Some(token), _) => Some(token.trim().to_string()),
+            (None, Some(file)) => {
+                let bytes = crate::security_args::read_key(file, "--auth-token-file")?;
+                let text = String::from_utf8(bytes)
+                    .with_context(|| format!("--auth-token-file {}: not UTF-8", file.display()))?;
+                Some(text.trim().to_string())
+            }
+            (None, None) => None,
+        };
+        Ok(Api {
+            agent: builder.build().into(),
+            base: args.admin_url.trim_end_matches('/').to_string(),
+            authorization: token.map(|t| format!("Bearer {t}")),
+        })
     }
 
     /// One request; the body on 2xx, an error naming Pulsar's reason otherwise.
     fn call(&self, method: &str, path: &str, body: Option<&str>) -> anyhow::Result<String> {
         let url = format!("{}{path}", self.base);
+        let auth = self.authorization.as_deref();
+        // ureq's builders differ with and without a body: add the header
+        // on each.
+        macro_rules! authed {
+            ($request:expr) => {{
+                let request = $request;
+                match auth {
+                    Some(value) => request.header("Authorization", value),
+                    None => request,
+                }
+            }};
+        }
         let result = match (method, body) {
-            ("GET", _) => self.agent.get(&url).call(),
-            ("DELETE", _) => self.agent.delete(&url).call(),
-            ("PUT", Some(body)) => self
-                .agent
-                .put(&url)
+            ("GET", _) => authed!(self.agent.get(&url)).call(),
+            ("DELETE", _) => authed!(self.agent.delete(&url)).call(),
+            ("PUT", Some(body)) => authed!(self.agent.put(&url))
                 .header("Content-Type", "application/json")
                 .send(body),
-            ("PUT", None) => self.agent.put(&url).send_empty(),
-            ("POST", Some(body)) => self
-                .agent
-                .post(&url)
+            ("PUT", None) => authed!(self.agent.put(&url)).send_empty(),
+            ("POST", Some(body)) => authed!(self.agent.post(&url))
                 .header("Content-Type", "application/json")
                 .send(body),
-            ("POST", None) => self.agent.post(&url).send_empty(),
+            ("POST", None) => authed!(self.agent.post(&url)).send_empty(),
             _ => bail!("unsupported method {method}"),
         };
         let mut response = result.with_context(|| format!("{method} {url}"))?;
@@ -506,8 +635,12 @@ fn print_json(value: &Value) -> anyhow::Result<()> {
 }
 
 pub(crate) fn run(args: AdminArgs) -> anyhow::Result<()> {
-    let api = Api::new(&args.admin_url);
+    if let AdminCommand::Tokens(cmd) = args.command {
+        return tokens(cmd);
+    }
+    let api = Api::new(&args)?;
     match args.command {
+        AdminCommand::Tokens(_) => Ok(()),
         AdminCommand::Clusters(ClustersCmd::List) => {
             print_json(&api.get_json("/admin/v2/clusters")?)
         }
@@ -519,6 +652,86 @@ pub(crate) fn run(args: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Topics(cmd) => topics(&api, cmd),
         AdminCommand::WritePath { topic } => write_path(&api, topic.as_deref()),
     }
+}
+
+fn tokens(cmd: TokensCmd) -> anyhow::Result<()> {
+    use base64::Engine;
+    use vela_broker::auth::jwt::{self, SigningKey, VerifyKey};
+
+    use crate::security_args::read_key;
+    match cmd {
+        TokensCmd::CreateSecretKey { output } => {
+            let secret = jwt::new_secret()?;
+            match output {
+                Some(path) => write_secret(&path, &secret)
+                    .with_context(|| format!("cannot write --output {}", path.display())),
+                None => out(&base64::engine::general_purpose::STANDARD.encode(secret)),
+            }
+        }
+        TokensCmd::Create {
+            secret_key,
+            private_key,
+            subject,
+            expiry,
+        } => {
+            let key = match (secret_key, private_key) {
+                (Some(file), _) => SigningKey::secret(&read_key(&file, "--secret-key")?)
+                    .with_context(|| format!("--secret-key {}", file.display()))?,
+                (None, Some(file)) => {
+                    SigningKey::rsa_private(&read_key(&file, "--private-key")?)
+                        .with_context(|| format!("--private-key {}", file.display()))?
+                }
+                (None, None) => bail!("--secret-key or --private-key is required"),
+            };
+            let expires_at = match expiry {
+                Some(text) => {
+                    let secs = seconds(&text).context("--expiry")?;
+                    let secs = u64::try_from(secs)
+                        .ok()
+                        .filter(|s| *s > 0)
+                        .with_context(|| format!("--expiry {text}: must be positive"))?;
+                    Some(SystemTime::now() + Duration::from_secs(secs))
+                }
+                None => None,
+            };
+            out(&key.sign(&subject, expires_at)?)
+        }
+        TokensCmd::Validate {
+            token,
+            secret_key,
+            public_key,
+        } => {
+            let key = match (secret_key, public_key) {
+                (Some(file), _) => VerifyKey::secret(&read_key(&file, "--secret-key")?)?,
+                (None, Some(file)) => VerifyKey::rsa_public(&read_key(&file, "--public-key")?)?,
+                (None, None) => bail!("--secret-key or --public-key is required"),
+            };
+            let verified = key.verify(&token, SystemTime::now())?;
+            let expiry = match verified.expires_at {
+                Some(at) => format!(
+                    "expires in {} s",
+                    at.duration_since(SystemTime::now())
+                        .unwrap_or_default()
+                        .as_secs()
+                ),
+                None => "never expires".to_string(),
+            };
+            out(&format!("role {} ({expiry})", verified.subject))
+        }
+    }
+}
+
+/// Writes a secret key readable by its owner only.
+fn write_secret(path: &std::path::Path, secret: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(secret)?;
+    file.sync_all()
 }
 
 fn split_list(text: &str) -> Vec<String> {
@@ -569,6 +782,32 @@ fn namespaces(api: &Api, cmd: NamespacesCmd) -> anyhow::Result<()> {
             print_json(&api.get_json(&format!("{}/topics", namespace_path(&namespace)?))?)
         }
         N::Policies { namespace } => print_json(&api.get_json(&namespace_path(&namespace)?)?),
+        N::Permissions { namespace } => {
+            print_json(&api.get_json(&format!("{}/permissions", namespace_path(&namespace)?))?)
+        }
+        N::GrantPermission {
+            namespace,
+            role,
+            actions,
+        } => {
+            let path = format!(
+                "{}/permissions/{}",
+                namespace_path(&namespace)?,
+                encode(&role)
+            );
+            let actions = serde_json::to_string(&split_list(&actions))?;
+            api.call("POST", &path, Some(&actions))?;
+            Ok(())
+        }
+        N::RevokePermission { namespace, role } => {
+            let path = format!(
+                "{}/permissions/{}",
+                namespace_path(&namespace)?,
+                encode(&role)
+            );
+            api.call("DELETE", &path, None)?;
+            Ok(())
+        }
         N::Bundles { namespace } => {
             print_json(&api.get_json(&format!("{}/bundles", namespace_path(&namespace)?))?)
         }

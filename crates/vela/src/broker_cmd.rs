@@ -22,6 +22,7 @@ use vela_log::{LogEnv, ReplicatedLedgers};
 
 use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
+use crate::security_args::{HttpListeners, SecurityArgs, pulsar_urls};
 use crate::topic_args::TopicArgs;
 use crate::write_path_source::StandaloneStages;
 
@@ -64,6 +65,8 @@ pub(crate) struct BrokerArgs {
     persistence: PersistenceArgs,
     #[command(flatten)]
     topics: TopicArgs,
+    #[command(flatten)]
+    security: SecurityArgs,
 }
 
 impl BrokerArgs {
@@ -105,30 +108,33 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         config.bundle_split_topics_max = args.bundle_split_topics_max as usize;
         config.bundle_split_msg_rate_max = args.bundle_split_msg_rate_max as f64;
         args.topics.apply(&mut config);
+        args.security.apply(args.bind, &mut config)?;
         let mut signals = StopSignals::install()?;
         let broker = Broker::start(config, store.clone(), log_env)
             .await
             .with_context(|| {
-                format!("cannot start the broker on {}:{} (--bind, --port)", args.bind, args.port)
+                format!(
+                    "cannot start the broker on {} (--bind, --port, --tls-port, --tls-cert-file, \
+                     --tls-key-file)",
+                    args.bind
+                )
             })?;
         broker
             .add_write_path_source(Arc::new(stages))
             .context("cannot register the write-path stages")?;
-        let http_addr = SocketAddr::new(args.bind, args.http_port);
-        let http = broker
-            .start_http(http_addr)
-            .await
-            .with_context(|| format!("cannot listen on {http_addr} (--bind, --http-port)"))?;
+        let advertised_host = args.advertised_host();
+        let http =
+            HttpListeners::start(&broker, &args.security, args.bind, args.http_port, &advertised_host)
+                .await?;
         broker
             .join_cluster(Duration::from_millis(args.session_ttl_ms))
             .await
             .context("cannot join the cluster")?;
         announce(&format!(
-            "vela broker ready in {} ms: {} http://{}:{} (metadata {}, E={} Qw={} Qa={})",
+            "vela broker ready in {} ms: {} {} (metadata {}, E={} Qw={} Qa={})",
             started.elapsed().as_millis(),
-            broker.service_url(),
-            args.advertised_host(),
-            http.local_addr().port(),
+            pulsar_urls(&broker, &args.security),
+            http.urls,
             args.metadata,
             persistence.ensemble,
             persistence.write_quorum,

@@ -13,6 +13,7 @@ mod perf;
 mod persistence_args;
 mod process;
 mod registration;
+mod security_args;
 mod standalone;
 mod storage_args;
 mod topic_args;

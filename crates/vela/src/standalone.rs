@@ -36,6 +36,7 @@ use vela_meta::{FileStore, MetadataStore};
 use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::registration::Registration;
+use crate::security_args::{HttpListeners, SecurityArgs, pulsar_urls};
 use crate::storage_args::StorageArgs;
 use crate::topic_args::TopicArgs;
 use crate::write_path_source::StandaloneStages;
@@ -92,6 +93,8 @@ pub(crate) struct StandaloneArgs {
     storage: StorageArgs,
     #[command(flatten)]
     topics: TopicArgs,
+    #[command(flatten)]
+    security: SecurityArgs,
 }
 
 impl StandaloneArgs {
@@ -243,33 +246,34 @@ async fn serve(
     config.default_persistence = persistence;
     config.keepalive = Duration::from_secs(args.keepalive_s);
     args.topics.apply(&mut config);
+    args.security.apply(args.bind, &mut config)?;
     let mut signals = StopSignals::install()?;
     let broker = Broker::start(config, store.clone(), log_env)
         .await
         .with_context(|| {
             format!(
-                "cannot start the broker on {}:{} (--bind, --port)",
-                args.bind, args.port
+                "cannot start the broker on {} (--bind, --port, --tls-port, --tls-cert-file, \
+                 --tls-key-file)",
+                args.bind
             )
         })?;
     broker
         .add_write_path_source(Arc::new(stages))
         .context("cannot register the write-path stages")?;
-    let http_addr = SocketAddr::new(args.bind, args.http_port);
-    let http = broker
-        .start_http(http_addr)
-        .await
-        .with_context(|| format!("cannot listen on {http_addr} (--bind, --http-port)"))?;
+    let http = HttpListeners::start(
+        &broker,
+        &args.security,
+        args.bind,
+        args.http_port,
+        &args.advertised_host(),
+    )
+    .await?;
 
-    let http_url = format!(
-        "http://{}:{}",
-        args.advertised_host(),
-        http.local_addr().port()
-    );
     announce(&format!(
-        "vela standalone ready in {} ms: {} {http_url} ({} bookie{}, E={} Qw={} Qa={}, data in {})",
+        "vela standalone ready in {} ms: {} {} ({} bookie{}, E={} Qw={} Qa={}, data in {})",
         started.elapsed().as_millis(),
-        broker.service_url(),
+        pulsar_urls(&broker, &args.security),
+        http.urls,
         bookies.len(),
         if bookies.len() == 1 { "" } else { "s" },
         persistence.ensemble,

@@ -242,6 +242,8 @@ impl PoliciesBody {
             compaction_threshold_bytes: self
                 .compaction_threshold
                 .and_then(|b| u64::try_from(b).ok()),
+            // Grants are changed through the permissions routes only.
+            permissions: Default::default(),
         })
     }
 }
@@ -260,7 +262,7 @@ pub fn policies_json(policies: &NamespacePolicies) -> Value {
         .collect();
     json!({
         "auth_policies": {
-            "namespace_auth": {},
+            "namespace_auth": policies.permissions,
             "destination_auth": {},
             "subscription_auth_roles": {}
         },

@@ -16,7 +16,7 @@
 
 pub mod json;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -90,7 +90,41 @@ pub struct NamespacePolicies {
     /// automatically).
     #[serde(default)]
     pub compaction_threshold_bytes: Option<u64>,
+    /// Actions granted to roles on the namespace's topics (Pulsar's
+    /// `auth_policies.namespace_auth`); enforced when authorization is on.
+    #[serde(default)]
+    pub permissions: BTreeMap<String, BTreeSet<AuthAction>>,
 }
+
+/// An action a role may be granted on a namespace (Pulsar's `AuthAction`,
+/// same JSON names). Only `produce` and `consume` mean anything here; the
+/// others are kept so Pulsar's admin clients can round-trip them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthAction {
+    /// Create producers.
+    Produce,
+    /// Subscribe (consumers, readers).
+    Consume,
+    /// Pulsar Functions (kept, not used).
+    Functions,
+    /// Pulsar IO sources (kept, not used).
+    Sources,
+    /// Pulsar IO sinks (kept, not used).
+    Sinks,
+    /// Packages (kept, not used).
+    Packages,
+}
+
+/// Roles with grants on one namespace. Each grant is a map entry in the
+/// namespace's policy record, read on every PRODUCER/SUBSCRIBE/LOOKUP of an
+/// unprivileged role; 1000 roles keeps that record small (~50 KiB).
+/// When reached: a grant to a new role is refused (412).
+pub const GRANTED_ROLES_MAX: usize = 1000;
+
+/// Longest role name accepted in a grant, bytes (roles are token subjects;
+/// real ones are short).
+pub const ROLE_BYTES_MAX: usize = 256;
 
 /// Retention of consumed data (Pulsar's RetentionPolicies): −1 = no limit,
 /// both 0 = no retention.
@@ -196,7 +230,7 @@ impl NamespacePolicies {
 /// A tenant's configuration (Pulsar's TenantInfo), as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantInfo {
-    /// Roles allowed to administer the tenant (kept, not enforced: no auth yet).
+    /// Roles allowed to administer the tenant (enforced when authorization is on).
     #[serde(default)]
     pub admin_roles: Vec<String>,
     /// Clusters the tenant may use.
@@ -474,6 +508,49 @@ impl Admin {
         self.meta
             .put(&key, Bytes::from(value), ExpectedVersion::Any)
             .await?;
+        Ok(())
+    }
+
+    /// Grants `actions` on `ns` to `role`, replacing its earlier grant.
+    pub async fn grant_permission(
+        &self,
+        ns: &NamespaceName,
+        role: &str,
+        actions: BTreeSet<AuthAction>,
+    ) -> Result<(), AdminError> {
+        if role.is_empty() || role.len() > ROLE_BYTES_MAX {
+            return Err(AdminError::Invalid(format!(
+                "role must be 1..={ROLE_BYTES_MAX} bytes"
+            )));
+        }
+        let mut policies = self
+            .namespace_policies(ns)
+            .await?
+            .ok_or_else(|| AdminError::NotFound(format!("Namespace {ns} does not exist")))?;
+        if !policies.permissions.contains_key(role)
+            && policies.permissions.len() >= GRANTED_ROLES_MAX
+        {
+            return Err(AdminError::Invalid(format!(
+                "namespace {ns} has grants for GRANTED_ROLES_MAX ({GRANTED_ROLES_MAX}) roles"
+            )));
+        }
+        policies.permissions.insert(role.to_string(), actions);
+        self.set_namespace_policies(ns, &policies).await
+    }
+
+    /// Removes `role`'s grant on `ns` (absent is fine, as Pulsar).
+    pub async fn revoke_permission(
+        &self,
+        ns: &NamespaceName,
+        role: &str,
+    ) -> Result<(), AdminError> {
+        let mut policies = self
+            .namespace_policies(ns)
+            .await?
+            .ok_or_else(|| AdminError::NotFound(format!("Namespace {ns} does not exist")))?;
+        if policies.permissions.remove(role).is_some() {
+            self.set_namespace_policies(ns, &policies).await?;
+        }
         Ok(())
     }
 

@@ -7,14 +7,20 @@
 //! `{"reason": "..."}`: 400 bad request, 404 absent, 405 not allowed here,
 //! 409 exists, 412 precondition (bad policy, clients attached, invalid name),
 //! 500. Success is 204 for PUT/POST/DELETE and 200 + JSON for GET, as Pulsar.
+//! With an `AuthConfig`, every request passes `auth` first (401/403).
+//! Served over plain HTTP or, with the broker's TLS certificate, HTTPS
+//! (`tls::HttpsListener`).
 //! Routes: `namespaces` (tenants, clusters, namespaces and their policies),
+//! `permissions` (namespace grants),
 //! `topics` (topics, partitioned topics, stats, subscriptions), this module
 //! (health, lookup, metrics, write path), `prometheus` (the text format).
 //! Never: blocks a worker, or keeps state of its own: everything goes through
 //! the service, the admin store and the topics.
 
+mod auth;
 mod bundles;
 mod namespaces;
+mod permissions;
 mod prometheus;
 mod topics;
 
@@ -51,24 +57,39 @@ impl HttpServer {
     pub(crate) async fn start(
         addr: SocketAddr,
         service: Arc<Service>,
+        tls: Option<Arc<crate::tls::TlsCertificates>>,
     ) -> Result<HttpServer, BrokerError> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        // The first listener started is the one lookups and the cluster
+        // registration name.
         let _ = service.http_url.set(format!(
-            "http://{}:{}",
+            "{scheme}://{}:{}",
             service.config.advertised_host,
             local_addr.port()
         ));
         let router = router(service);
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(async move {
-            axum::serve(listener, router)
-                .with_graceful_shutdown(async move {
-                    let _ = stopped.await;
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let task = match tls {
+            None => tokio::spawn(async move {
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(shutdown)
+                    .await
+            }),
+            Some(certs) => {
+                let listener = crate::tls::HttpsListener::new(listener, certs)?;
+                tokio::spawn(async move {
+                    axum::serve(listener, router)
+                        .with_graceful_shutdown(shutdown)
+                        .await
                 })
-                .await
-        });
-        tracing::info!(addr = %local_addr, "HTTP listening");
+            }
+        };
+        tracing::info!(addr = %local_addr, scheme, "HTTP listening");
         Ok(HttpServer {
             local_addr,
             stop,
@@ -108,6 +129,11 @@ fn router(service: Arc<Service>) -> Router {
         .merge(namespaces::routes())
         .merge(bundles::routes())
         .merge(topics::routes())
+        .merge(permissions::routes())
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&service),
+            auth::require,
+        ))
         .with_state(service)
 }
 

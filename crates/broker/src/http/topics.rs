@@ -141,7 +141,11 @@ fn owner_broker(service: &Service) -> String {
     service
         .http_url
         .get()
-        .map(|url| url.trim_start_matches("http://").to_string())
+        .map(|url| {
+            url.trim_start_matches("http://")
+                .trim_start_matches("https://")
+                .to_string()
+        })
         .unwrap_or_default()
 }
 
