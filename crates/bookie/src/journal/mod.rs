@@ -66,6 +66,9 @@ pub use error::JournalError;
 pub use format::JournalRecord;
 pub use stats::{JournalHistograms, JournalStats, StageSummary};
 
+#[cfg(test)]
+pub(crate) use file::faulty::FaultPlan;
+
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -74,7 +77,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::mark::JournalMark;
-use file::Backend;
+pub(crate) use file::Backend;
 use stats::StatsCell;
 use writer::{Pending, QueueState, Shared, SpaceState};
 
@@ -316,7 +319,10 @@ impl Journal {
             if !self.shared.sealed.load(Ordering::SeqCst) {
                 match self.seal() {
                     Ok(mark) => {
-                        tracing::info!(?mark, "journal: failed file sealed at the last synced mark");
+                        tracing::info!(
+                            ?mark,
+                            "journal: failed file sealed at the last synced mark"
+                        );
                         self.shared.sealed.store(true, Ordering::SeqCst);
                     }
                     Err(error) => {

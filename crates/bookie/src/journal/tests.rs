@@ -230,7 +230,10 @@ fn a_failed_journal_is_sealed_at_the_synced_mark_and_reopens_with_exactly_the_ac
     // journal before the group is written.)
     // Sealed: exactly the acknowledged records, however many failed ones the
     // file holds after them.
-    assert_eq!(replayed_entry_ids(&journal_dir), (0..10).collect::<Vec<_>>());
+    assert_eq!(
+        replayed_entry_ids(&journal_dir),
+        (0..10).collect::<Vec<_>>()
+    );
     // And the journal works again, in a new file after the sealed one.
     let journal = open_faulty(&journal_dir, &plan);
     assert!(
