@@ -1252,11 +1252,14 @@ async fn receipt_loop(
                         .send_errors
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(producer_id, sequence_id, error = %e, "append failed");
+                    // The reason goes to the client (e.g. "not enough writable
+                    // bookies ... read-only (disk full or failing)").
+                    let error = ServiceError::from(e);
                     codec::encode_command(proto::CommandSendError {
                         producer_id,
                         sequence_id,
-                        error: ServiceError::from(e).code as i32,
-                        message: "persistence failure".into(),
+                        error: error.code as i32,
+                        message: format!("persistence failure: {}", error.message),
                     })
                 }
             },

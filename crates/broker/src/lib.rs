@@ -63,7 +63,9 @@ pub use admin::{Admin, AdminError, NamespacePolicies};
 pub use config::{BrokerConfig, ConnectionLimits, PersistenceConfig};
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
-pub use metrics::{LatencySnapshot, Stage, StageLatency, WritePathSource};
+pub use metrics::{
+    LatencySnapshot, Stage, StageLatency, StorageFamily, StorageMetric, WritePathSource,
+};
 pub use stats::{ConsumerStats, PublisherStats, SubscriptionStats, TopicStats};
 pub use topic_name::{NamespaceName, TopicName};
 

@@ -447,6 +447,25 @@ impl Service {
         stages
     }
 
+    /// The registered sources' storage metrics, each source's bounded by
+    /// `STORAGE_METRICS_PER_SOURCE_MAX`.
+    pub(crate) fn storage_metrics(&self) -> Vec<crate::metrics::StorageMetric> {
+        let sources: Vec<Arc<dyn WritePathSource>> = self.write_path_sources.lock().clone();
+        let mut out = Vec::new();
+        for source in sources {
+            let mut metrics = source.storage_metrics();
+            if metrics.len() > crate::metrics::STORAGE_METRICS_PER_SOURCE_MAX {
+                tracing::warn!(
+                    count = metrics.len(),
+                    "a write-path source returned too many storage metrics; dropping the rest"
+                );
+                metrics.truncate(crate::metrics::STORAGE_METRICS_PER_SOURCE_MAX);
+            }
+            out.extend(metrics);
+        }
+        out
+    }
+
     /// Closes every topic (shutdown).
     pub(crate) async fn close_topics(&self) -> Vec<vela_log::LogError> {
         let topics: Vec<Arc<Topic>> = self
