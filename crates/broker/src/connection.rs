@@ -40,7 +40,7 @@ use crate::error::ServiceError;
 use crate::schema;
 use crate::service::Service;
 use crate::subscription::{ConnEvent, ConsumerInfo, SeekTarget, SubCommand, SubscriptionHandle};
-use crate::topic::{Admission, DedupCheck, ProducerReg, SubscribeRequest, Topic};
+use crate::topic::{Admission, ConsumerSlot, DedupCheck, ProducerReg, SubscribeRequest, Topic};
 use crate::topic_name::{NamespaceName, TopicName};
 
 /// Longest producer, subscription and consumer name kept (bytes). Names are
@@ -95,6 +95,8 @@ struct ConnProducer {
 struct ConnConsumer {
     topic: Arc<Topic>,
     sub: SubscriptionHandle,
+    /// Counts it against the topic's consumer limit until dropped.
+    _slot: ConsumerSlot,
 }
 
 /// Serves one accepted TCP connection until it closes or the broker stops.
@@ -712,6 +714,10 @@ impl Connection {
         let Some(producer) = self.producers.get(&body.producer_id) else {
             return Ok(());
         };
+        let messages = body.num_messages.unwrap_or(1).max(1) as u32;
+        // Publish rate: past it, this connection stops reading for the pause
+        // (Pulsar's throttling: TCP back-pressure, nothing refused).
+        let pause = producer.topic.publish_pause(messages, entry.len());
         let job = match producer.topic.dedup_check(
             &producer.name,
             sequence_id as i64,
@@ -727,14 +733,15 @@ impl Connection {
                 highest_sequence_id,
                 received,
                 issued: Instant::now(),
-                append: producer
-                    .topic
-                    .publish(entry, body.num_messages.unwrap_or(1).max(1) as u32),
+                append: producer.topic.publish(entry, messages),
                 topic_metrics: Arc::clone(&producer.topic.metrics),
                 _permits: (send_permit, bytes_permit),
             },
         };
         let _ = jobs.send(job).await;
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
         Ok(())
     }
 
@@ -891,10 +898,16 @@ impl Connection {
             epoch: body.consumer_epoch,
             allow_out_of_order,
         };
-        let sub = topic.subscribe(&request, info).await?;
+        let (sub, slot) = topic.subscribe(&request, info).await?;
         tracing::debug!(conn = self.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");
-        self.consumers
-            .insert(body.consumer_id, ConnConsumer { topic, sub });
+        self.consumers.insert(
+            body.consumer_id,
+            ConnConsumer {
+                topic,
+                sub,
+                _slot: slot,
+            },
+        );
         Ok(())
     }
 

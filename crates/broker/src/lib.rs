@@ -19,12 +19,14 @@
 //! sends MESSAGE frames (header + the stored entry, never copied) through each
 //! consumer connection's outbound queue.
 //!
-//! Bounds (named constants beside their use): connections
-//! ([`CONNECTIONS_MAX`]), topics (`service::TOPICS_MAX`), producers and
-//! consumers per connection and pending SEND count/bytes per connection
-//! ([`ConnectionLimits`]), producers/subscriptions per topic, consumers per
-//! subscription, unacked/replay/delayed entries per subscription, read batch
-//! size, ack_set length, name lengths, schema versions per topic.
+//! Bounds (named constants beside their use): connections in all and per
+//! client IP ([`ConnectionCaps`], checked at accept), topics
+//! (`service::TOPICS_MAX`), producers and consumers per connection and
+//! pending SEND count/bytes per connection ([`ConnectionLimits`]), producers,
+//! consumers and publish rate per topic and consumers per subscription
+//! ([`TopicLimits`]), subscriptions per topic, unacked/replay/delayed entries
+//! per subscription, read batch size, ack_set length, name lengths, schema
+//! versions per topic.
 //!
 //! Not implemented yet: transactions, topic watchers, non-persistent topics,
 //! authentication, topic termination.
@@ -46,21 +48,25 @@ pub mod schema;
 mod service;
 pub mod stats;
 mod subscription;
+mod throttle;
 mod topic;
 pub mod topic_name;
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use vela_log::LogEnv;
 use vela_meta::MetadataStore;
 
 pub use admin::{Admin, AdminError, NamespacePolicies};
-pub use config::{BrokerConfig, ConnectionLimits, PersistenceConfig};
+pub use config::{
+    BrokerConfig, ConnectionCaps, ConnectionLimits, PersistenceConfig, PublishRate, TopicLimits,
+};
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
 pub use metrics::{
@@ -70,11 +76,6 @@ pub use stats::{ConsumerStats, PublisherStats, SubscriptionStats, TopicStats};
 pub use topic_name::{NamespaceName, TopicName};
 
 use service::Service;
-
-/// Connections served at once. Each costs two tasks and a 64 KiB buffer;
-/// 10k connections is ~1 GiB of buffers at worst. When reached: new TCP
-/// connections are accepted and closed at once (logged).
-pub const CONNECTIONS_MAX: usize = 10_000;
 
 /// The broker entry point.
 #[derive(Debug)]
@@ -276,30 +277,73 @@ impl BrokerHandle {
     }
 }
 
+/// Refused connections being told why at once. A client that never reads
+/// its ERROR must not hold a task for long: each gets `REFUSAL_WRITE_TIMEOUT`,
+/// and past this many in flight the rest are closed without a word.
+const REFUSALS_IN_FLIGHT_MAX: usize = 256;
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Accepts connections within `ConnectionCaps`: one past the total or its
+/// IP's share gets ERROR(NotAllowedError) saying which (Pulsar's answer) and
+/// is closed, with a log line.
 async fn accept_loop(
     listener: TcpListener,
     service: Arc<Service>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let caps = service.config.connection_caps;
     let mut connections = JoinSet::new();
+    let mut refusals = JoinSet::new();
+    // Open connections per client IP; an entry goes when its count drops to 0.
+    let mut per_ip: HashMap<IpAddr, usize> = HashMap::new();
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
             Some(joined) = connections.join_next(), if !connections.is_empty() => {
-                if let Err(e) = joined
-                    && e.is_panic()
-                {
-                    tracing::error!(error = %e, "connection task panicked (a broker bug)");
+                match joined {
+                    Ok(ip) => {
+                        if let Some(count) = per_ip.get_mut(&ip) {
+                            *count -= 1;
+                            if *count == 0 {
+                                per_ip.remove(&ip);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        // The count of a panicked task's IP stays (it is
+                        // unknown here): a broker bug, logged.
+                        tracing::error!(error = %e, "connection task panicked (a broker bug)");
+                    }
                 }
             }
+            Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    if connections.len() >= CONNECTIONS_MAX {
-                        tracing::warn!(%peer, "CONNECTIONS_MAX reached: connection refused");
-                        drop(stream);
+                    let ip = peer.ip();
+                    let from_ip = per_ip.get(&ip).copied().unwrap_or(0);
+                    let refusal = if connections.len() >= caps.total_max {
+                        Some(format!("Reached the maximum number of connections ({})", caps.total_max))
+                    } else if from_ip >= caps.per_ip_max {
+                        Some(format!(
+                            "Reached the maximum number of connections on address {ip} ({})",
+                            caps.per_ip_max
+                        ))
+                    } else {
+                        None
+                    };
+                    if let Some(message) = refusal {
+                        tracing::warn!(%peer, %message, "connection refused");
+                        if refusals.len() < REFUSALS_IN_FLIGHT_MAX {
+                            refusals.spawn(refuse(stream, message));
+                        }
                         continue;
                     }
-                    connections.spawn(connection::serve(Arc::clone(&service), stream, peer, shutdown.clone()));
+                    *per_ip.entry(ip).or_insert(0) += 1;
+                    let serve = connection::serve(Arc::clone(&service), stream, peer, shutdown.clone());
+                    connections.spawn(async move {
+                        serve.await;
+                        ip
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -309,5 +353,25 @@ async fn accept_loop(
         }
     }
     drop(listener);
+    refusals.abort_all();
     while connections.join_next().await.is_some() {}
+}
+
+/// Writes ERROR(NotAllowedError, `message`) with request id -1 (as Pulsar's
+/// broker does before the handshake) and closes the connection.
+async fn refuse(mut stream: TcpStream, message: String) {
+    use tokio::io::AsyncWriteExt;
+    let frame = match codec::encode_command(vela_wire::proto::CommandError {
+        request_id: u64::MAX,
+        error: vela_wire::proto::ServerError::NotAllowedError as i32,
+        message,
+    }) {
+        codec::Outbound::Simple(bytes) => bytes,
+        codec::Outbound::Message { header, .. } => header,
+    };
+    let write = async {
+        stream.write_all(&frame).await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, write).await;
 }

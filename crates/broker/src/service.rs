@@ -212,7 +212,7 @@ impl Service {
                 };
                 let log = ManagedLog::open(&self.log_env, &topic.log_name(), config).await?;
                 tracing::info!(topic = %full_name, "topic opened");
-                let served = Topic::new(topic.clone(), log, dedup);
+                let served = Topic::new(topic.clone(), log, dedup, self.config.topic_limits);
                 served.set_lifecycle_policies(lifecycle);
                 served.rebuild_dedup().await?;
                 Ok::<_, ServiceError>(served)

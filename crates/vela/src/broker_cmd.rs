@@ -20,6 +20,7 @@ use vela_broker::{Broker, BrokerConfig};
 use vela_ledger::{BookieClientTransport, LedgerClient, LedgerConfig};
 use vela_log::{LogEnv, ReplicatedLedgers};
 
+use crate::limit_args::LimitArgs;
 use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::topic_args::TopicArgs;
@@ -64,6 +65,8 @@ pub(crate) struct BrokerArgs {
     persistence: PersistenceArgs,
     #[command(flatten)]
     topics: TopicArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 impl BrokerArgs {
@@ -105,6 +108,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         config.bundle_split_topics_max = args.bundle_split_topics_max as usize;
         config.bundle_split_msg_rate_max = args.bundle_split_msg_rate_max as f64;
         args.topics.apply(&mut config);
+        args.limits.apply(&mut config);
         let mut signals = StopSignals::install()?;
         let broker = Broker::start(config, store.clone(), log_env)
             .await

@@ -37,6 +37,7 @@ use vela_log::{LogEnv, ReplicatedLedgers};
 use vela_meta::registry::BookieInfo;
 use vela_meta::{FileStore, MetadataStore};
 
+use crate::limit_args::LimitArgs;
 use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::registration::Registration;
@@ -97,6 +98,8 @@ pub(crate) struct StandaloneArgs {
     storage: StorageArgs,
     #[command(flatten)]
     topics: TopicArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 impl StandaloneArgs {
@@ -241,6 +244,7 @@ async fn serve(
     config.default_persistence = persistence;
     config.keepalive = Duration::from_secs(args.keepalive_s);
     args.topics.apply(&mut config);
+    args.limits.apply(&mut config);
     let mut signals = StopSignals::install()?;
     let broker = Broker::start(config, store.clone(), log_env)
         .await
