@@ -252,15 +252,17 @@ impl StopSignal {
     }
 }
 
-/// The disk monitor: measures every directory each `check_interval` and moves
-/// the bookie between modes (see the module docs).
+/// The disk monitor: measures every directory at once and then each
+/// `check_interval`, and moves the bookie between modes (see the module docs).
 pub(super) fn run_monitor(core: Arc<Core>, stop: Arc<StopSignal>) {
     let thresholds = core.config.disk;
     let dirs = [
         core.config.journal.dir.clone(),
         core.config.storage.ledger_dir.clone(),
     ];
-    while !stop.wait(thresholds.check_interval) {
+    let mut first = true;
+    while first || !stop.wait(thresholds.check_interval) {
+        first = false;
         let usage: Vec<(PathBuf, Option<DiskUsage>)> = dirs
             .iter()
             .map(|dir| {

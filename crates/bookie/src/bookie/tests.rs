@@ -392,3 +392,22 @@ fn a_failed_storage_flush_fails_the_bookie_and_a_reopen_replays_the_journal() {
     let bookie = Bookie::open(config).unwrap();
     assert_readable(&bookie, &acked);
 }
+
+#[test]
+fn a_bookie_opened_on_a_full_disk_is_read_only_and_keeps_its_data_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let used = Arc::new(AtomicU64::new(500));
+    let plan = Arc::new(crate::journal::FaultPlan::default());
+    let mut config = faulty_config(dir.path(), &used, &plan);
+    let bookie = Bookie::open(config.clone()).unwrap();
+    let acked = add_many(&bookie, 0..10);
+    drop(bookie);
+    used.store(990, Ordering::SeqCst);
+    // A check interval far longer than the test: only the check at open can
+    // see the full disk.
+    config.disk.check_interval = Duration::from_secs(3600);
+    let bookie = Bookie::open(config).unwrap();
+    wait_for_state(&bookie, "read-only", |s| s.mode == BookieMode::ReadOnly);
+    assert_eq!(add_many(&bookie, 10..12), Vec::<u64>::new());
+    assert_readable(&bookie, &acked);
+}

@@ -25,6 +25,7 @@
 //!   would read them back as valid;
 //! - a new `Journal::open` on the same directory then replays the sealed file
 //!   as a clean older file and appends to a new file, exactly as after a crash.
+//!
 //! So a bookie whose journal failed can shut it down, wait for the disk, and
 //! open it again (replaying into storage) without losing an acknowledged
 //! record, and a kill -9 at any point of that leaves what a crash would.
