@@ -247,3 +247,75 @@ def test_a_full_disk_gives_producers_errors_and_loses_nothing_acknowledged(small
         if os.path.exists(filler):
             os.remove(filler)
         stop_broker(broker)
+
+
+def test_a_kill_9_while_the_disk_is_full_loses_nothing_acknowledged(small_fs):
+    """Producers keep sending while the disk fills; the process is killed
+    (-9) while the bookie is not writable, before any recovery; after the
+    filler goes and the process restarts, every acknowledged message is
+    there."""
+    import threading
+
+    data_dir = os.path.join(small_fs, "data")
+    broker = start_broker(
+        ["--disk-check-interval-ms", "100", "--flush-interval-ms", "500"], data_dir=data_dir
+    )
+    filler = os.path.join(small_fs, "filler")
+    topic = "persistent://public/default/disk-full-kill-" + uuid.uuid4().hex[:8]
+    acked = []
+    stop = threading.Event()
+
+    def produce():
+        client = new_client(broker)
+        try:
+            producer = client.create_producer(
+                topic, batching_enabled=False, send_timeout_millis=SEND_TIMEOUT_MS
+            )
+            i = 0
+            while not stop.is_set():
+                try:
+                    producer.send(payload(i))
+                    acked.append(i)
+                except pulsar.PulsarException:
+                    pass
+                i += 1
+        except pulsar.PulsarException:
+            pass
+        finally:
+            try:
+                client.close()
+            except pulsar.PulsarException:
+                pass
+
+    try:
+        client = new_client(broker)
+        client.subscribe(topic, "check").close()
+        client.close()
+        producer_thread = threading.Thread(target=produce)
+        producer_thread.start()
+        deadline = time.time() + 30
+        while len(acked) < 200:
+            assert time.time() < deadline, "no load reached the broker"
+            time.sleep(0.05)
+        fill(filler)
+        mode = wait_for_mode(broker, ["read_only", "failed"], NOT_WRITABLE_WITHIN_S)
+        time.sleep(1.0)  # let a flush meet the full disk too
+        kill9(broker)
+        stop.set()
+        producer_thread.join(timeout=60)
+        acked_at_kill = list(acked)
+        print("killed with the bookie %s after %d acknowledged sends" % (mode, len(acked_at_kill)))
+
+        os.remove(filler)
+        broker = restart(broker)
+        client = new_client(broker)
+        got = read_all(client, topic, "check")
+        check_log(got, acked_at_kill, "after kill -9 on a full disk")
+        producer = client.create_producer(topic, batching_enabled=False)
+        producer.send(payload(10**7))
+        client.close()
+    finally:
+        stop.set()
+        if os.path.exists(filler):
+            os.remove(filler)
+        stop_broker(broker)
