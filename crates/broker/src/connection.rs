@@ -8,7 +8,9 @@
 //!
 //! Bounds: producers and consumers per connection; pending SENDs and pending
 //! SEND bytes (semaphores: when exhausted the reader stops reading, which
-//! pushes back on the client through TCP); the outbound queue.
+//! pushes back on the client through TCP); the outbound queue; a topic's
+//! publish rate (past it the reader pauses after the SEND, the same way).
+//! Connection counts are capped before a connection gets here (at accept).
 //! Failure policy: a bad frame, a command before CONNECT, a SEND for an
 //! unknown producer or an unsupported command closes this connection only,
 //! with a log line; a CRC mismatch on SEND answers SEND_ERROR(ChecksumError).
