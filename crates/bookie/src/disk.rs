@@ -80,13 +80,15 @@ impl DiskThresholds {
     }
 }
 
-/// Size and free space of one filesystem.
+/// Size and free space of one filesystem, as `df` counts them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DiskUsage {
-    /// Size of the filesystem.
+    /// Space writers can use at all: used plus available (blocks reserved
+    /// for root are left out, as `df`'s Use% leaves them out, so a bookie
+    /// turns read-only when `df` shows the threshold).
     pub total_bytes: u64,
-    /// Space an unprivileged writer can still use (`f_bavail`: excludes the
-    /// blocks reserved for root, which the bookie must not count on).
+    /// Space an unprivileged writer can still use (`f_bavail`: the bookie
+    /// does not count on the blocks reserved for root).
     pub available_bytes: u64,
 }
 
@@ -154,13 +156,16 @@ pub fn statvfs_usage(path: &Path) -> io::Result<DiskUsage> {
     };
     // Field widths differ between platforms; all are unsigned counts.
     #[allow(clippy::unnecessary_cast)]
-    let (blocks, available, fragment) = (
+    let (blocks, free, available, fragment) = (
         stat.f_blocks as u64,
+        stat.f_bfree as u64,
         stat.f_bavail as u64,
         stat.f_frsize as u64,
     );
+    // df: Use% = used / (used + available), used = blocks - free.
+    let used = blocks.saturating_sub(free);
     Ok(DiskUsage {
-        total_bytes: blocks.saturating_mul(fragment),
+        total_bytes: used.saturating_add(available).saturating_mul(fragment),
         available_bytes: available.saturating_mul(fragment),
     })
 }
