@@ -101,6 +101,16 @@ impl Engine {
         })
     }
 
+    /// Why this engine cannot write, if its journal or storage failed.
+    pub(super) fn failure(&self) -> Option<String> {
+        if let Some(reason) = self.journal.failure() {
+            return Some(format!("journal failed: {reason}"));
+        }
+        self.storage
+            .failure()
+            .map(|reason| format!("ledger storage failed: {reason}"))
+    }
+
     /// Stops the sync thread, syncs and closes the journal (pending appends
     /// complete; a broken journal is sealed at its last synced mark), and
     /// checkpoints storage at the journal's end so the next open replays

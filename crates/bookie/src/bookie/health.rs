@@ -340,8 +340,15 @@ fn recover(core: &Core) -> Result<(), String> {
         &core.checkpoint_latency,
     ) {
         Ok(engine) => {
-            *core.engine.write() = Some(Arc::new(engine));
+            let engine = Arc::new(engine);
+            *core.engine.write() = Some(Arc::clone(&engine));
             core.health.recovered(generation);
+            // A failure of the new engine before `recovered` was reported
+            // under a generation not yet in service (ignored): look again.
+            if let Some(reason) = engine.failure() {
+                core.health.fail(generation, &reason);
+                return Ok(());
+            }
             tracing::info!(
                 generation,
                 "bookie reopened its journal and storage: writable again"

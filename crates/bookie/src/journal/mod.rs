@@ -246,6 +246,18 @@ impl Journal {
         Ok(())
     }
 
+    /// Why the journal takes no more appends, if an earlier write or sync
+    /// failed.
+    pub fn failure(&self) -> Option<String> {
+        if !self.shared.broken.load(Ordering::SeqCst) {
+            return None;
+        }
+        match self.shared.broken_error() {
+            JournalError::Broken { reason } => Some(reason),
+            other => Some(other.to_string()),
+        }
+    }
+
     /// Every record ending at or before this mark is durable (written, when sync is
     /// off). A checkpoint passes it to ledger storage, then to `delete_files_before`.
     pub fn last_synced_mark(&self) -> JournalMark {

@@ -526,6 +526,11 @@ impl LedgerStorage {
         Ok(stats)
     }
 
+    /// Why storage takes no more writes, if an earlier flush failed.
+    pub fn failure(&self) -> Option<String> {
+        self.state.lock().broken.clone()
+    }
+
     /// The last checkpointed mark.
     pub fn checkpoint_mark(&self) -> JournalMark {
         *self.counters.checkpoint_mark.lock()
