@@ -123,9 +123,10 @@ def topic():
     return "persistent://public/default/t-" + uuid.uuid4().hex[:12]
 
 
-def start_broker(extra_args=()):
-    """Starts a private broker (for tests that need their own settings)."""
-    return _start(extra_args)
+def start_broker(extra_args=(), data_dir=None):
+    """Starts a private broker (for tests that need their own settings),
+    on `data_dir` if given (removed by `stop_broker`)."""
+    return _start(extra_args, data_dir=data_dir)
 
 
 def stop_broker(b):

@@ -71,6 +71,93 @@ impl Default for ConnectionLimits {
     }
 }
 
+/// Connections served at once by default. Each costs two tasks and a read
+/// buffer of at most 64 KiB (an idle one measured ~18 KiB resident,
+/// tests/python/test_resources.py), so 50k idle connections take ~1 GiB and
+/// 3 GiB at worst. The process also needs a file descriptor each
+/// (RLIMIT_NOFILE).
+pub const CONNECTIONS_MAX_DEFAULT: usize = 50_000;
+
+/// Hard bound on producers per topic (the producer map); the configurable
+/// limit (`TopicLimits::producers_max`) is at most this.
+pub const PRODUCERS_PER_TOPIC_MAX: usize = 10_000;
+
+/// Hard bound on consumers per topic, over all its subscriptions.
+pub const CONSUMERS_PER_TOPIC_MAX: usize = 100_000;
+
+/// Hard bound on consumers of one subscription (its dispatcher's list).
+pub const CONSUMERS_PER_SUBSCRIPTION_MAX: usize = 10_000;
+
+/// How many connections the broker serves, in all and from one client IP
+/// (Pulsar's `brokerMaxConnections`, `brokerMaxConnectionsPerIp`). A
+/// connection past either gets ERROR(NotAllowedError) naming the limit right
+/// after the accept, as Pulsar answers, and is closed (logged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionCaps {
+    /// Connections in all.
+    pub total_max: usize,
+    /// Connections from one IP address (a client host, or a NAT/proxy in
+    /// front of many: set it with that in mind).
+    pub per_ip_max: usize,
+}
+
+impl Default for ConnectionCaps {
+    fn default() -> Self {
+        ConnectionCaps {
+            total_max: CONNECTIONS_MAX_DEFAULT,
+            per_ip_max: CONNECTIONS_MAX_DEFAULT,
+        }
+    }
+}
+
+/// A topic's publish rate (Pulsar's publish-rate policy): messages and bytes
+/// per second, `None` for no limit on that side. Past it the broker stops
+/// reading from the connection of each producer that sends (Pulsar's
+/// throttling: no message is refused or dropped; TCP back-pressure slows the
+/// client down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PublishRate {
+    /// Messages per second (a batch counts its messages).
+    pub messages_per_s: Option<u64>,
+    /// Payload bytes per second.
+    pub bytes_per_s: Option<u64>,
+}
+
+impl PublishRate {
+    /// Whether either side is limited.
+    pub fn is_limited(&self) -> bool {
+        self.messages_per_s.is_some() || self.bytes_per_s.is_some()
+    }
+}
+
+/// Limits of every topic (Pulsar's `maxProducersPerTopic`,
+/// `maxConsumersPerTopic`, `maxConsumersPerSubscription` and the publish
+/// rate). Past a count limit PRODUCER gets ProducerBusy and SUBSCRIBE gets
+/// ConsumerBusy, with Pulsar's messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopicLimits {
+    /// Producers on one topic (at most `PRODUCERS_PER_TOPIC_MAX`).
+    pub producers_max: usize,
+    /// Consumers on one topic, over its subscriptions (at most
+    /// `CONSUMERS_PER_TOPIC_MAX`).
+    pub consumers_max: usize,
+    /// Consumers on one subscription (at most `CONSUMERS_PER_SUBSCRIPTION_MAX`).
+    pub consumers_per_subscription_max: usize,
+    /// Publish rate of one topic.
+    pub publish_rate: PublishRate,
+}
+
+impl Default for TopicLimits {
+    fn default() -> Self {
+        TopicLimits {
+            producers_max: PRODUCERS_PER_TOPIC_MAX,
+            consumers_max: CONSUMERS_PER_TOPIC_MAX,
+            consumers_per_subscription_max: CONSUMERS_PER_SUBSCRIPTION_MAX,
+            publish_rate: PublishRate::default(),
+        }
+    }
+}
+
 /// Replication of new ledgers: (ensemble, write quorum, ack quorum).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PersistenceConfig {
@@ -134,6 +221,10 @@ pub struct BrokerConfig {
     /// Time between two passes applying message TTL, backlog quotas and
     /// retention to the served topics (Pulsar checks quotas every 60 s).
     pub policy_check_interval: Duration,
+    /// Connections in all and per client IP.
+    pub connection_caps: ConnectionCaps,
+    /// Producers, consumers and publish rate of each topic.
+    pub topic_limits: TopicLimits,
 }
 
 impl BrokerConfig {
@@ -155,6 +246,8 @@ impl BrokerConfig {
             bundle_split_msg_rate_max: 30_000.0,
             ledger_entries_max: 50_000,
             policy_check_interval: Duration::from_secs(60),
+            connection_caps: ConnectionCaps::default(),
+            topic_limits: TopicLimits::default(),
         }
     }
 

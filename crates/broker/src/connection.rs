@@ -8,7 +8,9 @@
 //!
 //! Bounds: producers and consumers per connection; pending SENDs and pending
 //! SEND bytes (semaphores: when exhausted the reader stops reading, which
-//! pushes back on the client through TCP); the outbound queue.
+//! pushes back on the client through TCP); the outbound queue; a topic's
+//! publish rate (past it the reader pauses after the SEND, the same way).
+//! Connection counts are capped before a connection gets here (at accept).
 //! Failure policy: a bad frame, a command before CONNECT, a SEND for an
 //! unknown producer or an unsupported command closes this connection only,
 //! with a log line; a CRC mismatch on SEND answers SEND_ERROR(ChecksumError).
@@ -47,7 +49,7 @@ use crate::error::ServiceError;
 use crate::schema;
 use crate::service::Service;
 use crate::subscription::{ConnEvent, ConsumerInfo, SeekTarget, SubCommand, SubscriptionHandle};
-use crate::topic::{Admission, DedupCheck, ProducerReg, SubscribeRequest, Topic};
+use crate::topic::{Admission, ConsumerSlot, DedupCheck, ProducerReg, SubscribeRequest, Topic};
 use crate::topic_name::{NamespaceName, TopicName};
 
 /// Longest producer, subscription and consumer name kept (bytes). Names are
@@ -102,6 +104,8 @@ struct ConnProducer {
 struct ConnConsumer {
     topic: Arc<Topic>,
     sub: SubscriptionHandle,
+    /// Counts it against the topic's consumer limit until dropped.
+    _slot: ConsumerSlot,
 }
 
 /// Serves one accepted TCP connection until it closes or the broker stops.
@@ -918,6 +922,10 @@ impl Connection {
         let Some(producer) = self.producers.get(&body.producer_id) else {
             return Ok(());
         };
+        let messages = body.num_messages.unwrap_or(1).max(1) as u32;
+        // Publish rate: past it, this connection stops reading for the pause
+        // (Pulsar's throttling: TCP back-pressure, nothing refused).
+        let pause = producer.topic.publish_pause(messages, entry.len());
         let job = match producer.topic.dedup_check(
             &producer.name,
             sequence_id as i64,
@@ -933,14 +941,15 @@ impl Connection {
                 highest_sequence_id,
                 received,
                 issued: Instant::now(),
-                append: producer
-                    .topic
-                    .publish(entry, body.num_messages.unwrap_or(1).max(1) as u32),
+                append: producer.topic.publish(entry, messages),
                 topic_metrics: Arc::clone(&producer.topic.metrics),
                 _permits: (send_permit, bytes_permit),
             },
         };
         let _ = jobs.send(job).await;
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
         Ok(())
     }
 
@@ -1100,10 +1109,16 @@ impl Connection {
             epoch: body.consumer_epoch,
             allow_out_of_order,
         };
-        let sub = topic.subscribe(&request, info).await?;
+        let (sub, slot) = topic.subscribe(&request, info).await?;
         tracing::debug!(conn = self.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");
-        self.consumers
-            .insert(body.consumer_id, ConnConsumer { topic, sub });
+        self.consumers.insert(
+            body.consumer_id,
+            ConnConsumer {
+                topic,
+                sub,
+                _slot: slot,
+            },
+        );
         Ok(())
     }
 
@@ -1465,11 +1480,14 @@ async fn receipt_loop(
                         .send_errors
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(producer_id, sequence_id, error = %e, "append failed");
+                    // The reason goes to the client (e.g. "not enough writable
+                    // bookies ... read-only (disk full or failing)").
+                    let error = ServiceError::from(e);
                     codec::encode_command(proto::CommandSendError {
                         producer_id,
                         sequence_id,
-                        error: ServiceError::from(e).code as i32,
-                        message: "persistence failure".into(),
+                        error: error.code as i32,
+                        message: format!("persistence failure: {}", error.message),
                     })
                 }
             },

@@ -19,12 +19,14 @@
 //! sends MESSAGE frames (header + the stored entry, never copied) through each
 //! consumer connection's outbound queue.
 //!
-//! Bounds (named constants beside their use): connections
-//! ([`CONNECTIONS_MAX`]), topics (`service::TOPICS_MAX`), producers and
-//! consumers per connection and pending SEND count/bytes per connection
-//! ([`ConnectionLimits`]), producers/subscriptions per topic, consumers per
-//! subscription, unacked/replay/delayed entries per subscription, read batch
-//! size, ack_set length, name lengths, schema versions per topic.
+//! Bounds (named constants beside their use): connections in all and per
+//! client IP ([`ConnectionCaps`], checked at accept), topics
+//! (`service::TOPICS_MAX`), producers and consumers per connection and
+//! pending SEND count/bytes per connection ([`ConnectionLimits`]), producers,
+//! consumers and publish rate per topic and consumers per subscription
+//! ([`TopicLimits`]), subscriptions per topic, unacked/replay/delayed entries
+//! per subscription, read batch size, ack_set length, name lengths, schema
+//! versions per topic.
 //!
 //! Security (off by default): TLS listeners (`tls`), token authentication
 //! and authorization (`auth`), checked at each command handler and by the
@@ -52,15 +54,17 @@ pub mod schema;
 mod service;
 pub mod stats;
 mod subscription;
+mod throttle;
 pub mod tls;
 mod topic;
 pub mod topic_name;
 
-use std::net::SocketAddr;
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use vela_log::LogEnv;
@@ -68,22 +72,19 @@ use vela_meta::MetadataStore;
 
 pub use admin::{Admin, AdminError, AuthAction, NamespacePolicies};
 pub use auth::{AuthConfig, Authorization};
-pub use config::{BrokerConfig, ConnectionLimits, PersistenceConfig};
+pub use config::{
+    BrokerConfig, ConnectionCaps, ConnectionLimits, PersistenceConfig, PublishRate, TopicLimits,
+};
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
-pub use metrics::{LatencySnapshot, Stage, StageLatency, WritePathSource};
+pub use metrics::{
+    LatencySnapshot, Stage, StageLatency, StorageFamily, StorageMetric, WritePathSource,
+};
 pub use stats::{ConsumerStats, PublisherStats, SubscriptionStats, TopicStats};
 pub use tls::TlsConfig;
 pub use topic_name::{NamespaceName, TopicName};
 
 use service::Service;
-
-/// Connections served at once. Each costs two tasks and a read buffer of at
-/// most 64 KiB (an idle one measured ~18 KiB resident, tests/python/
-/// test_resources.py), so 50k idle connections take ~1 GiB and 3 GiB at
-/// worst. The process also needs a file descriptor each (RLIMIT_NOFILE).
-/// When reached: new TCP connections are accepted and closed at once (logged).
-pub const CONNECTIONS_MAX: usize = 50_000;
 
 /// The broker entry point.
 #[derive(Debug)]
@@ -141,7 +142,7 @@ impl Broker {
             service.config.policy_check_interval,
         ));
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
-        let slots = Arc::new(Semaphore::new(CONNECTIONS_MAX));
+        let slots = Arc::new(Semaphore::new(service.config.connection_caps.total_max));
         let mut accepts = Vec::new();
         if let Some(listener) = plain {
             accepts.push(tokio::spawn(accept_loop(
@@ -373,8 +374,16 @@ impl BrokerHandle {
     }
 }
 
-/// Accepts on one Pulsar listener (plain, or TLS with `certs`). `slots`
-/// is shared by the listeners: [`CONNECTIONS_MAX`] counts them all.
+/// Refused connections being told why at once. A client that never reads
+/// its ERROR must not hold a task for long: each gets `REFUSAL_WRITE_TIMEOUT`,
+/// and past this many in flight the rest are closed without a word.
+const REFUSALS_IN_FLIGHT_MAX: usize = 256;
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Accepts on one Pulsar listener (plain, or TLS with `certs`) within
+/// `ConnectionCaps`: one past the total (`slots`, shared by the listeners) or
+/// its IP's share on this listener gets ERROR(NotAllowedError) saying which
+/// (Pulsar's answer) and is closed, with a log line.
 async fn accept_loop(
     listener: TcpListener,
     service: Arc<Service>,
@@ -382,30 +391,63 @@ async fn accept_loop(
     certs: Option<Arc<tls::TlsCertificates>>,
     slots: Arc<Semaphore>,
 ) {
+    let caps = service.config.connection_caps;
     let mut connections = JoinSet::new();
+    let mut refusals = JoinSet::new();
+    // Open connections per client IP; an entry goes when its count drops to 0.
+    let mut per_ip: HashMap<IpAddr, usize> = HashMap::new();
     loop {
         tokio::select! {
             _ = shutdown.changed() => break,
             Some(joined) = connections.join_next(), if !connections.is_empty() => {
-                if let Err(e) = joined
-                    && e.is_panic()
-                {
-                    tracing::error!(error = %e, "connection task panicked (a broker bug)");
+                match joined {
+                    Ok(ip) => {
+                        if let Some(count) = per_ip.get_mut(&ip) {
+                            *count -= 1;
+                            if *count == 0 {
+                                per_ip.remove(&ip);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        // The count of a panicked task's IP stays (it is
+                        // unknown here): a broker bug, logged.
+                        tracing::error!(error = %e, "connection task panicked (a broker bug)");
+                    }
                 }
             }
+            Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
-                        tracing::warn!(%peer, "CONNECTIONS_MAX reached: connection refused");
-                        drop(stream);
+                    let ip = peer.ip();
+                    let from_ip = per_ip.get(&ip).copied().unwrap_or(0);
+                    let slot = Arc::clone(&slots).try_acquire_owned().ok();
+                    let refusal = if slot.is_none() {
+                        Some(format!("Reached the maximum number of connections ({})", caps.total_max))
+                    } else if from_ip >= caps.per_ip_max {
+                        Some(format!(
+                            "Reached the maximum number of connections on address {ip} ({})",
+                            caps.per_ip_max
+                        ))
+                    } else {
+                        None
+                    };
+                    let (Some(slot), None) = (slot, refusal.as_ref()) else {
+                        let message = refusal.unwrap_or_default();
+                        tracing::warn!(%peer, %message, "connection refused");
+                        if refusals.len() < REFUSALS_IN_FLIGHT_MAX {
+                            refusals.spawn(refuse(stream, message));
+                        }
                         continue;
                     };
+                    *per_ip.entry(ip).or_insert(0) += 1;
                     let service = Arc::clone(&service);
                     let shutdown = shutdown.clone();
                     match &certs {
                         None => connections.spawn(async move {
                             let _slot = slot;
                             connection::serve(service, stream, peer, shutdown).await;
+                            ip
                         }),
                         // The handshake runs in the connection's task: a
                         // slow client never holds up the accept loop.
@@ -414,6 +456,7 @@ async fn accept_loop(
                             connections.spawn(async move {
                                 let _slot = slot;
                                 connection::serve_tls(service, acceptor, stream, peer, shutdown).await;
+                                ip
                             })
                         }
                     };
@@ -426,5 +469,25 @@ async fn accept_loop(
         }
     }
     drop(listener);
+    refusals.abort_all();
     while connections.join_next().await.is_some() {}
+}
+
+/// Writes ERROR(NotAllowedError, `message`) with request id -1 (as Pulsar's
+/// broker does before the handshake) and closes the connection.
+async fn refuse(mut stream: TcpStream, message: String) {
+    use tokio::io::AsyncWriteExt;
+    let frame = match codec::encode_command(vela_wire::proto::CommandError {
+        request_id: u64::MAX,
+        error: vela_wire::proto::ServerError::NotAllowedError as i32,
+        message,
+    }) {
+        codec::Outbound::Simple(bytes) => bytes,
+        codec::Outbound::Message { header, .. } => header,
+    };
+    let write = async {
+        stream.write_all(&frame).await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, write).await;
 }

@@ -292,7 +292,105 @@ pub struct StageLatency {
 pub trait WritePathSource: Send + Sync + fmt::Debug {
     /// The current distributions (cumulative since start).
     fn stages(&self) -> Vec<StageLatency>;
+
+    /// Counters and gauges of the parts below the broker (corrupt reads,
+    /// bookie modes, disk usage). None by default.
+    fn storage_metrics(&self) -> Vec<StorageMetric> {
+        Vec::new()
+    }
 }
+
+/// A metric family of the storage below the broker. A closed set: sources
+/// choose values and instances, never names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum StorageFamily {
+    /// Counter: entries read back that failed their CRC or id check (the
+    /// reader served them from another replica). Instance: `ledger-client`
+    /// (checked by the client) or a bookie (checked by its storage).
+    CorruptReads,
+    /// Gauge: 1 for the bookie's current mode (label `mode`: `writable`,
+    /// `read_only`, `failed`), 0 for the others.
+    BookieMode,
+    /// Gauge: used fraction of the filesystem of a bookie directory (label
+    /// `dir`).
+    BookieDiskUsage,
+    /// Counter: times a bookie stopped taking adds (disk full or failing).
+    BookieReadOnlyEntered,
+    /// Counter: ensemble changes of the ledger client's writers (a bookie
+    /// failed or turned read-only under a writer).
+    EnsembleChanges,
+}
+
+impl StorageFamily {
+    /// Every family, in export order.
+    pub const ALL: [StorageFamily; 5] = [
+        StorageFamily::CorruptReads,
+        StorageFamily::BookieMode,
+        StorageFamily::BookieDiskUsage,
+        StorageFamily::BookieReadOnlyEntered,
+        StorageFamily::EnsembleChanges,
+    ];
+
+    /// The Prometheus name.
+    pub fn name(self) -> &'static str {
+        match self {
+            StorageFamily::CorruptReads => "vela_corrupt_reads_total",
+            StorageFamily::BookieMode => "vela_bookie_mode",
+            StorageFamily::BookieDiskUsage => "vela_bookie_disk_usage_ratio",
+            StorageFamily::BookieReadOnlyEntered => "vela_bookie_read_only_entered_total",
+            StorageFamily::EnsembleChanges => "vela_ledger_ensemble_changes_total",
+        }
+    }
+
+    /// `counter` or `gauge`.
+    pub fn kind(self) -> &'static str {
+        match self {
+            StorageFamily::CorruptReads
+            | StorageFamily::BookieReadOnlyEntered
+            | StorageFamily::EnsembleChanges => "counter",
+            StorageFamily::BookieMode | StorageFamily::BookieDiskUsage => "gauge",
+        }
+    }
+
+    /// The HELP line.
+    pub fn help(self) -> &'static str {
+        match self {
+            StorageFamily::CorruptReads => {
+                "Entries read back that failed their CRC or id check (served from another replica)."
+            }
+            StorageFamily::BookieMode => {
+                "1 for the bookie's mode (writable, read_only: disk almost full, failed: a disk write failed), 0 for the others."
+            }
+            StorageFamily::BookieDiskUsage => {
+                "Used fraction of the filesystem of a bookie directory."
+            }
+            StorageFamily::BookieReadOnlyEntered => {
+                "Times a bookie stopped taking adds (disk full or failing)."
+            }
+            StorageFamily::EnsembleChanges => {
+                "Bookies replaced under ledger writers (failed or read-only)."
+            }
+        }
+    }
+}
+
+/// One sample of a storage family.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StorageMetric {
+    /// Which family.
+    pub family: StorageFamily,
+    /// Which instance (`ledger-client`, a bookie id).
+    pub instance: String,
+    /// One more label, for families that have one (`mode`, `dir`).
+    pub label: Option<(&'static str, String)>,
+    /// The value.
+    pub value: f64,
+}
+
+/// Storage samples taken from one source per scrape: a few per bookie, and
+/// a process runs at most a few dozen bookies. Beyond it the rest is dropped
+/// (and logged) rather than letting a buggy source bloat every scrape.
+pub const STORAGE_METRICS_PER_SOURCE_MAX: usize = 1024;
 
 /// Sources registered on one broker. A process has one ledger client and a
 /// handful of bookies; 64 bounds the list. When reached: registration fails.

@@ -218,7 +218,13 @@ impl Service {
                     Arc::clone(&self.meta),
                     Arc::clone(self.log_env.ledgers()),
                 );
-                let served = Topic::new(topic.clone(), log, dedup, compaction);
+                let served = Topic::new(
+                    topic.clone(),
+                    log,
+                    dedup,
+                    compaction,
+                    self.config.topic_limits,
+                );
                 if lifecycle.compaction_threshold_bytes.is_some() {
                     served.keep_for_compaction().await?;
                 }
@@ -454,6 +460,25 @@ impl Service {
             stages.extend(source.stages());
         }
         stages
+    }
+
+    /// The registered sources' storage metrics, each source's bounded by
+    /// `STORAGE_METRICS_PER_SOURCE_MAX`.
+    pub(crate) fn storage_metrics(&self) -> Vec<crate::metrics::StorageMetric> {
+        let sources: Vec<Arc<dyn WritePathSource>> = self.write_path_sources.lock().clone();
+        let mut out = Vec::new();
+        for source in sources {
+            let mut metrics = source.storage_metrics();
+            if metrics.len() > crate::metrics::STORAGE_METRICS_PER_SOURCE_MAX {
+                tracing::warn!(
+                    count = metrics.len(),
+                    "a write-path source returned too many storage metrics; dropping the rest"
+                );
+                metrics.truncate(crate::metrics::STORAGE_METRICS_PER_SOURCE_MAX);
+            }
+            out.extend(metrics);
+        }
+        out
     }
 
     /// Closes every topic (shutdown).

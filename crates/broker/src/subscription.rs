@@ -55,10 +55,6 @@ pub(crate) const READ_RETRY_DELAY: std::time::Duration = std::time::Duration::fr
 pub(crate) const DELAYED_ENTRIES_MAX: usize = 100_000;
 /// Commands queued for one subscription task; senders wait when it is full.
 pub(crate) const SUBSCRIPTION_COMMANDS_MAX: usize = 1024;
-/// Consumers attached to one subscription (Key_Shared AUTO_SPLIT can split the
-/// 65536 slots at most ~16 times deep per range; 10k consumers is far beyond
-/// any real subscription). When reached: SUBSCRIBE gets ConsumerBusy.
-pub(crate) const CONSUMERS_PER_SUBSCRIPTION_MAX: usize = 10_000;
 
 /// A consumer as the connection describes it.
 #[derive(Debug, Clone)]
@@ -438,6 +434,12 @@ pub(crate) struct SubscriptionSpec {
     pub(crate) sticky: bool,
     /// `read_compacted`: read the compacted view up to its horizon.
     pub(crate) compaction: Option<Arc<crate::compaction::Compaction>>,
+    /// Consumers attached at most (`TopicLimits::consumers_per_subscription_max`,
+    /// itself at most `config::CONSUMERS_PER_SUBSCRIPTION_MAX`: Key_Shared
+    /// AUTO_SPLIT can split the 65536 slots at most ~16 times deep per range,
+    /// and 10k consumers is far beyond any real subscription). When reached:
+    /// SUBSCRIBE gets ConsumerBusy.
+    pub(crate) consumers_max: usize,
 }
 
 /// Starts a subscription task. `on_end` runs when it stops by itself
@@ -491,6 +493,9 @@ pub(crate) fn spawn(
         durable,
         sub_type: spec.sub_type,
         consumers: Vec::new(),
+        consumers_max: spec
+            .consumers_max
+            .min(crate::config::CONSUMERS_PER_SUBSCRIPTION_MAX),
         read_position,
         replay: BTreeMap::new(),
         pending: BTreeMap::new(),
@@ -522,6 +527,7 @@ struct Dispatcher {
     durable: bool,
     sub_type: SubType,
     consumers: Vec<Slot>,
+    consumers_max: usize,
     /// Next position to read new entries from.
     read_position: Position,
     /// Entries to send again → their Key_Shared slot (0 otherwise).
@@ -811,10 +817,13 @@ impl Dispatcher {
                 "Exclusive consumer is already connected",
             ));
         }
-        if self.consumers.len() >= CONSUMERS_PER_SUBSCRIPTION_MAX {
+        if self.consumers.len() >= self.consumers_max {
             return Err(ServiceError::new(
                 ServerError::ConsumerBusy,
-                "CONSUMERS_PER_SUBSCRIPTION_MAX reached",
+                format!(
+                    "Subscription reached max consumers limit ({})",
+                    self.consumers_max
+                ),
             ));
         }
         let key = key_of(&info);

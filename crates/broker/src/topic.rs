@@ -5,13 +5,16 @@
 //! and access modes (Shared, Exclusive, WaitForExclusive queue,
 //! ExclusiveWithFencing), epoch-based producer replacement, the
 //! deduplication table (rebuilt from the log's newest entries on open), the
-//! map of subscription tasks, and closing/deleting the topic's clients and log.
+//! map of subscription tasks, the topic's limits (producers, consumers over
+//! all subscriptions, the publish rate's buckets), and closing/deleting the
+//! topic's clients and log.
 //! Never: waits for an append while holding a lock, parses payloads, or talks
 //! to a socket (frames go through the connections' outbound queues).
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -24,16 +27,15 @@ use vela_wire::proto::{
 use crate::admin::AdminError;
 use crate::codec::{self, Outbound};
 use crate::compaction::Compaction;
+use crate::config::TopicLimits;
 use crate::error::ServiceError;
 use crate::lifecycle::{QuotaLimit, QuotaPolicy, TopicPolicies};
 use crate::subscription::{
     self, ConnEvent, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionSpec,
 };
+use crate::throttle::PublishThrottle;
 use crate::topic_name::TopicName;
 
-/// Producers on one topic. Pulsar's `maxProducersPerTopic` is unlimited by
-/// default; 10k bounds the map. When reached: PRODUCER gets ProducerBusy.
-pub(crate) const PRODUCERS_PER_TOPIC_MAX: usize = 10_000;
 /// Subscriptions on one topic (each is a task and a cursor). When reached:
 /// SUBSCRIBE gets NotAllowedError.
 pub(crate) const SUBSCRIPTIONS_PER_TOPIC_MAX: usize = 10_000;
@@ -155,6 +157,24 @@ pub(crate) struct Topic {
     quota_block: Mutex<Option<(QuotaLimit, QuotaPolicy)>>,
     /// Compacted view and compaction status.
     pub(crate) compaction: Arc<Compaction>,
+    /// Producer, consumer and publish-rate limits.
+    limits: TopicLimits,
+    /// Consumers attached, over all subscriptions (each holds a `ConsumerSlot`).
+    consumer_count: Arc<AtomicUsize>,
+    /// The publish rate's buckets (`None`: unlimited).
+    throttle: Option<PublishThrottle>,
+}
+
+/// A consumer's place in its topic's count (`TopicLimits::consumers_max`):
+/// held by the connection as long as it keeps the consumer; dropping it
+/// frees the place.
+#[derive(Debug)]
+pub(crate) struct ConsumerSlot(Arc<AtomicUsize>);
+
+impl Drop for ConsumerSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Outcome of a dedup check on SEND.
@@ -178,6 +198,7 @@ impl Topic {
         log: Arc<ManagedLog>,
         dedup_enabled: bool,
         compaction: Compaction,
+        limits: TopicLimits,
     ) -> Arc<Topic> {
         Arc::new_cyclic(|self_ref| Topic {
             full_name: name.to_string(),
@@ -197,7 +218,35 @@ impl Topic {
             lifecycle: Mutex::new(TopicPolicies::default()),
             quota_block: Mutex::new(None),
             compaction: Arc::new(compaction),
+            limits,
+            consumer_count: Arc::new(AtomicUsize::new(0)),
+            throttle: PublishThrottle::new(limits.publish_rate, Instant::now()),
         })
+    }
+
+    /// Charges a SEND against the topic's publish rate: how long the sending
+    /// connection should stop reading (`None`: within the rate).
+    pub(crate) fn publish_pause(&self, messages: u32, bytes: usize) -> Option<Duration> {
+        self.throttle
+            .as_ref()?
+            .charge(u64::from(messages), bytes as u64, Instant::now())
+    }
+
+    /// Takes a place for one more consumer, or ConsumerBusy at the limit.
+    fn reserve_consumer(&self) -> Result<ConsumerSlot, ServiceError> {
+        let max = self.limits.consumers_max;
+        let taken =
+            self.consumer_count
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| {
+                    (count < max).then_some(count + 1)
+                });
+        match taken {
+            Ok(_) => Ok(ConsumerSlot(Arc::clone(&self.consumer_count))),
+            Err(_) => Err(ServiceError::new(
+                ServerError::ConsumerBusy,
+                format!("Topic reached max consumers limit ({max})"),
+            )),
+        }
     }
 
     /// The namespace policies this topic enforces over time.
@@ -397,10 +446,13 @@ impl Topic {
                 "topic has existing shared producers",
             ));
         }
-        if producers.len() >= PRODUCERS_PER_TOPIC_MAX {
+        if producers.len() >= self.limits.producers_max {
             return Err(ServiceError::new(
                 ServerError::ProducerBusy,
-                "PRODUCERS_PER_TOPIC_MAX reached",
+                format!(
+                    "Topic reached max producers limit ({})",
+                    self.limits.producers_max
+                ),
             ));
         }
         producers.insert(
@@ -448,12 +500,14 @@ impl Topic {
         }
     }
 
-    /// Attaches a consumer, creating the subscription when needed.
+    /// Attaches a consumer, creating the subscription when needed. The slot
+    /// counts it against `TopicLimits::consumers_max` while held.
     pub(crate) async fn subscribe(
         &self,
         request: &SubscribeRequest,
         info: ConsumerInfo,
-    ) -> Result<SubscriptionHandle, ServiceError> {
+    ) -> Result<(SubscriptionHandle, ConsumerSlot), ServiceError> {
+        let slot = self.reserve_consumer()?;
         let mut generation = self.subscribe_lock.lock().await;
         let existing = self
             .subscriptions
@@ -512,6 +566,7 @@ impl Topic {
                         sub_type: request.sub_type,
                         sticky: request.sticky,
                         compaction: request.read_compacted.then(|| Arc::clone(&self.compaction)),
+                        consumers_max: self.limits.consumers_per_subscription_max,
                     },
                     on_end,
                 );
@@ -539,7 +594,7 @@ impl Topic {
             ));
         }
         match answer.await {
-            Ok(Ok(())) => Ok(handle),
+            Ok(Ok(())) => Ok((handle, slot)),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(ServiceError::new(
                 ServerError::ServiceNotReady,

@@ -96,9 +96,8 @@ fn map_error(error: ClientError) -> BookieError {
         ClientError::BadRequest | ClientError::BadVersion | ClientError::EntryTooLarge { .. } => {
             BookieError::BadRequest(error.to_string())
         }
-        ClientError::ReadOnly | ClientError::IoError | ClientError::CorruptEntry(_) => {
-            BookieError::Io(error.to_string())
-        }
+        ClientError::ReadOnly => BookieError::ReadOnly,
+        ClientError::IoError | ClientError::CorruptEntry(_) => BookieError::Io(error.to_string()),
     }
 }
 

@@ -34,12 +34,16 @@ pub enum LedgerError {
     #[error("writer of ledger {0} was dropped with adds pending")]
     WriterGone(LedgerId),
     /// Not enough available bookies to place an ensemble (or a replacement).
-    #[error("not enough bookies: need {needed}, {available} usable")]
+    #[error(
+        "not enough writable bookies: need {needed}, {available} usable, {read_only} read-only (disk full or failing)"
+    )]
     NotEnoughBookies {
         /// Bookies needed.
         needed: usize,
-        /// Bookies available and not excluded.
+        /// Bookies available, writable and not excluded.
         available: usize,
+        /// Registered bookies marked read-only.
+        read_only: usize,
     },
     /// A ledger's segments hit `metadata::ENSEMBLES_MAX`.
     #[error("ledger {0} has changed ensembles too often")]

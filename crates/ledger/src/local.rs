@@ -57,7 +57,8 @@ fn map_status(status: Status) -> BookieError {
         Status::Fenced => BookieError::Fenced,
         Status::TooManyRequests => BookieError::TooManyRequests,
         Status::BadRequest | Status::BadVersion => BookieError::BadRequest(format!("{status:?}")),
-        Status::Ok | Status::ReadOnly | Status::IoError => BookieError::Io(format!("{status:?}")),
+        Status::ReadOnly => BookieError::ReadOnly,
+        Status::Ok | Status::IoError => BookieError::Io(format!("{status:?}")),
     }
 }
 

@@ -1,8 +1,8 @@
 //! Which bookies hold a new ensemble, or replace a failed one.
 //!
-//! Owns: the placement rule: random among the available bookies, spread across
-//! racks when bookies carry rack labels (each pick goes to a rack with the fewest
-//! members already in the ensemble). Pure: the caller passes the candidates and
+//! Owns: the placement rule: random among the available bookies that are not
+//! read-only, spread across racks when bookies carry rack labels (each pick goes
+//! to a rack with the fewest members already in the ensemble). Pure: the caller passes the candidates and
 //! the RNG (seeded in tests, so placement replays).
 //! Never: talks to the registry or to bookies.
 
@@ -18,11 +18,13 @@ pub(crate) struct BookieCandidate {
     pub(crate) id: BookieId,
     /// Rack label, if the bookie has one (unlabelled bookies share one rack).
     pub(crate) rack: Option<String>,
+    /// Marked read-only (disk almost full or failing): never picked.
+    pub(crate) read_only: bool,
 }
 
-/// Picks `count` bookies from `candidates`, none of them in `keep` (the ensemble
-/// members that stay) or `exclude`, spreading across racks relative to `keep`.
-/// Returned in pick order.
+/// Picks `count` bookies from `candidates`, none of them read-only, in `keep`
+/// (the ensemble members that stay) or `exclude`, spreading across racks
+/// relative to `keep`. Returned in pick order.
 pub(crate) fn choose<R: Rng>(
     candidates: &[BookieCandidate],
     keep: &[BookieId],
@@ -32,7 +34,7 @@ pub(crate) fn choose<R: Rng>(
 ) -> Result<Vec<BookieId>, LedgerError> {
     let mut pool: Vec<&BookieCandidate> = candidates
         .iter()
-        .filter(|c| !keep.contains(&c.id) && !exclude.contains(&c.id))
+        .filter(|c| !c.read_only && !keep.contains(&c.id) && !exclude.contains(&c.id))
         .collect();
     // Sorted so the RNG's choices do not depend on the registry's listing order.
     pool.sort_by(|a, b| a.id.cmp(&b.id));
@@ -41,6 +43,7 @@ pub(crate) fn choose<R: Rng>(
         return Err(LedgerError::NotEnoughBookies {
             needed: count,
             available: pool.len(),
+            read_only: candidates.iter().filter(|c| c.read_only).count(),
         });
     }
     let rack_of = |id: &BookieId| -> Option<&str> {
@@ -80,6 +83,7 @@ mod tests {
         BookieCandidate {
             id: BookieId::new(id),
             rack: rack.map(str::to_owned),
+            read_only: false,
         }
     }
 
@@ -102,9 +106,33 @@ mod tests {
             choose(&all, &[], &[], 7, &mut rng),
             Err(LedgerError::NotEnoughBookies {
                 needed: 7,
-                available: 6
+                available: 6,
+                read_only: 0,
             })
         ));
+    }
+
+    #[test]
+    fn never_picks_a_read_only_bookie() {
+        let mut all: Vec<_> = (0..4).map(|i| candidate(&format!("b{i}"), None)).collect();
+        all[1].read_only = true;
+        all[3].read_only = true;
+        let mut rng = StdRng::seed_from_u64(3);
+        for _ in 0..50 {
+            let mut picked = choose(&all, &[], &[], 2, &mut rng).unwrap();
+            picked.sort();
+            assert_eq!(picked, vec![BookieId::new("b0"), BookieId::new("b2")]);
+        }
+        let error = choose(&all, &[], &[], 3, &mut rng).unwrap_err();
+        assert!(matches!(
+            error,
+            LedgerError::NotEnoughBookies {
+                needed: 3,
+                available: 2,
+                read_only: 2
+            }
+        ));
+        assert!(error.to_string().contains("2 read-only"), "{error}");
     }
 
     #[test]

@@ -84,6 +84,8 @@ struct SimState {
 #[derive(Debug, Default)]
 struct SimBookie {
     alive: bool,
+    /// Refuses normal adds with `ReadOnly` (a full disk).
+    read_only: bool,
     /// Bumped on every crash: work started before it may not complete after it.
     epoch: u64,
     faults: SimFaults,
@@ -184,6 +186,35 @@ impl SimCluster {
         if let Some(b) = self.inner.lock().bookies.get_mut(bookie) {
             b.faults = faults;
         }
+    }
+
+    /// Makes a bookie refuse normal adds with `ReadOnly` (its disk filled up),
+    /// or take them again.
+    pub fn set_read_only(&self, bookie: &BookieId, read_only: bool) {
+        if let Some(b) = self.inner.lock().bookies.get_mut(bookie) {
+            b.read_only = read_only;
+        }
+    }
+
+    /// Flips a bit in the copy of an entry a bookie holds (bit rot, a bad
+    /// sector read back): its reads return bytes that fail the entry's CRC.
+    /// Returns whether the bookie held the entry.
+    pub fn corrupt_entry(&self, bookie: &BookieId, ledger: LedgerId, entry: EntryId) -> bool {
+        let mut state = self.inner.lock();
+        let Some(stored) = state
+            .bookies
+            .get_mut(bookie)
+            .and_then(|b| b.ledgers.get_mut(&ledger))
+            .and_then(|l| l.entries.get_mut(&entry))
+        else {
+            return false;
+        };
+        let mut bytes = stored.packaged.to_vec();
+        if let Some(last) = bytes.last_mut() {
+            *last ^= 0x01;
+        }
+        stored.packaged = Bytes::from(bytes);
+        true
     }
 
     /// The packaged entry a bookie holds (durable or not), if any.
@@ -351,6 +382,9 @@ impl BookieTransport for SimCluster {
             move |b| {
                 if carried_lac(&packaged).is_err() {
                     return Err(BookieError::BadRequest("malformed entry".into()));
+                }
+                if b.read_only && mode == AddMode::Normal {
+                    return Err(BookieError::ReadOnly);
                 }
                 let l = b.ledgers.entry(ledger_id).or_default();
                 if l.fence != Fence::None && mode == AddMode::Normal {

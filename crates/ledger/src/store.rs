@@ -135,14 +135,17 @@ pub(crate) async fn delete(
     }
 }
 
-/// The bookies the registry lists as available, with their racks.
+/// The bookies the registry lists as available, with their racks and whether
+/// they are marked read-only.
 pub(crate) async fn available_bookies(
     store: &Arc<dyn MetadataStore>,
 ) -> Result<Vec<BookieCandidate>, LedgerError> {
     let listed = vela_meta::registry::list_bookies(store.as_ref()).await?;
+    let read_only = vela_meta::registry::list_read_only(store.as_ref()).await?;
     Ok(listed
         .into_iter()
         .map(|(id, info)| BookieCandidate {
+            read_only: read_only.contains(&id),
             id: BookieId::new(id.as_str()),
             rack: info.rack,
         })

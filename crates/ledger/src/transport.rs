@@ -59,7 +59,11 @@ pub enum BookieError {
     /// The bookie rejected the request as malformed (a bug on one side).
     #[error("bookie rejected the request: {0}")]
     BadRequest(String),
-    /// The bookie failed internally (disk error, read-only, shutting down).
+    /// The bookie cannot write now: its disk is almost full, or a journal or
+    /// storage write failed there. Writers replace it; reads still work.
+    #[error("bookie is read-only (disk full or failing)")]
+    ReadOnly,
+    /// The bookie failed internally (disk error, shutting down).
     #[error("bookie error: {0}")]
     Io(String),
     /// The bookie is not in the registry or has no usable address.

@@ -172,7 +172,8 @@ async fn not_enough_bookies_is_a_typed_error() {
         err,
         LedgerError::NotEnoughBookies {
             needed: 3,
-            available: 2
+            available: 2,
+            read_only: 0
         }
     ));
 }
@@ -860,4 +861,90 @@ async fn a_bookie_overloaded_past_the_add_timeout_is_replaced() {
     // replaces the first one from entry 0.
     let metadata = h.client().metadata(id).await.unwrap();
     assert_ne!(metadata.last_ensemble().1[0], first);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_corrupt_copy_is_read_from_another_replica_and_counted() {
+    let h = Harness::new(31, 3).await;
+    let client = h.client();
+    let writer = client
+        .create(quorum(3, 2, 2), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    for e in 0..20 {
+        writer.add(payload(id, e)).await.unwrap();
+    }
+    writer.close().await.unwrap();
+    let metadata = client.metadata(id).await.unwrap();
+    // The first replica of entries 3 and 7 rots; readers ask it first.
+    for e in [3, 7] {
+        let first = metadata.write_set(EntryId(e))[0].clone();
+        assert!(h.cluster.corrupt_entry(&first, id, EntryId(e)));
+    }
+    let reader = client.open_for_read(id).await.unwrap();
+    for e in [3u64, 7] {
+        assert_eq!(reader.read(EntryId(e)).await.unwrap(), payload(id, e));
+    }
+    let range = reader.read_range(EntryId(0), EntryId(19)).await.unwrap();
+    for (e, got) in range.iter().enumerate() {
+        assert_eq!(got, &payload(id, e as u64));
+    }
+    // The two single reads met one corrupt copy each, the range two.
+    assert_eq!(client.stats().corrupt_reads, 4);
+    // With every copy bad the read fails, typed.
+    let second = metadata.write_set(EntryId(3))[1].clone();
+    assert!(h.cluster.corrupt_entry(&second, id, EntryId(3)));
+    assert!(matches!(
+        reader.read(EntryId(3)).await,
+        Err(LedgerError::Corrupt { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_read_only_bookie_is_replaced_and_never_placed() {
+    let h = Harness::new(32, 4).await;
+    let client = h.client();
+    let writer = client
+        .create(quorum(3, 3, 2), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    for e in 0..5 {
+        writer.add(payload(id, e)).await.unwrap();
+    }
+    // One bookie's disk fills: it refuses adds and is marked in the registry.
+    let full = client.metadata(id).await.unwrap().last_ensemble().1[0].clone();
+    h.cluster.set_read_only(&full, true);
+    let session = h.store.session(Duration::from_secs(60)).await.unwrap();
+    let registry_id = vela_meta::registry::BookieId::new(full.0.as_str()).unwrap();
+    vela_meta::registry::set_read_only(h.store.as_ref(), &session, &registry_id, true)
+        .await
+        .unwrap();
+    for e in 5..20 {
+        assert_eq!(writer.add(payload(id, e)).await.unwrap(), EntryId(e));
+    }
+    let metadata = client.metadata(id).await.unwrap();
+    let (_, ensemble) = metadata.last_ensemble();
+    assert!(!ensemble.contains(&full), "{ensemble:?}");
+    // New ensembles skip it: with 3 of 4 writable, E=4 cannot be placed.
+    let error = client
+        .create(quorum(4, 2, 2), no_properties())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            error,
+            LedgerError::NotEnoughBookies {
+                needed: 4,
+                available: 3,
+                read_only: 1
+            }
+        ),
+        "{error}"
+    );
+    // Reads of what it holds still work.
+    writer.close().await.unwrap();
+    let all = read_all(&client.open_for_read(id).await.unwrap()).await;
+    assert_eq!(all.len(), 20);
 }

@@ -102,3 +102,53 @@ async fn local_quorum_writes_recover_fence_and_survive_reopening() {
     local.client().delete(id).await.unwrap();
     local.close().await;
 }
+
+/// Flips a byte inside `needle` in the first entry log of `ledger_dir` that
+/// holds it; returns whether one did.
+fn rot_entry_log(ledger_dir: &std::path::Path, needle: &[u8]) -> bool {
+    for entry in std::fs::read_dir(ledger_dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "log") {
+            continue;
+        }
+        let mut bytes = std::fs::read(&path).unwrap();
+        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+            bytes[at + needle.len() / 2] ^= 0x20;
+            std::fs::write(&path, &bytes).unwrap();
+            return true;
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_copy_failing_the_bookies_own_check_is_read_from_the_other_replica() {
+    let store: Arc<dyn MetadataStore> = Arc::new(MemoryStore::new());
+    let local = Local::open(2, tempfile::tempdir().unwrap(), store).await;
+    let client = local.client();
+    let writer = client
+        .create(quorum(2, 2, 2), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    for e in 0..5 {
+        writer.add(payload(id, e)).await.unwrap();
+    }
+    writer.close().await.unwrap();
+    let first = client.metadata(id).await.unwrap().write_set(EntryId(2))[0].clone();
+    // A clean stop flushes the entries into the entry logs; one byte of the
+    // first replica's copy of entry 2 then rots on disk.
+    let (dirs, store) = local.close().await;
+    assert!(rot_entry_log(
+        &dirs.path().join(&first.0).join("ledgers"),
+        &payload(id, 2)
+    ));
+    let local = Local::open(2, dirs, store).await;
+    let reader = local.client().open_for_read(id).await.unwrap();
+    for e in 0..5 {
+        assert_eq!(reader.read(EntryId(e)).await.unwrap(), payload(id, e));
+    }
+    let rotten = &local.bookies.iter().find(|(b, _)| *b == first).unwrap().1;
+    assert_eq!(rotten.stats().corrupt_reads, 1);
+    local.close().await;
+}

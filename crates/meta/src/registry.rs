@@ -8,6 +8,11 @@
 //!
 //! Record format (JSON, a compatibility promise: add fields only as optional):
 //! `{"address":"10.0.0.5:3181","rack":"/rack-1"}` (`rack` omitted when unset).
+//!
+//! A bookie that cannot take new adds (disk almost full, a failed disk write)
+//! also holds the ephemeral key `/bookies/read-only/<id>` (empty value) of the
+//! same session, as BookKeeper's `available/readonly`: placement of new
+//! ensembles skips it, readers still reach it through its registration.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -20,6 +25,9 @@ use crate::watch::Watcher;
 
 /// Parent of the bookie registrations.
 pub const BOOKIES_AVAILABLE_PATH: &str = "/bookies/available";
+
+/// Parent of the read-only marks of registered bookies.
+pub const BOOKIES_READ_ONLY_PATH: &str = "/bookies/read-only";
 
 /// Longest bookie id, address or rack name, in bytes (a DNS name is at most 253).
 pub const BOOKIE_FIELD_BYTES_MAX: usize = 255;
@@ -120,6 +128,44 @@ pub async fn register_bookie(
     store
         .put_ephemeral(session, &bookie_key(id), value, ExpectedVersion::Absent)
         .await
+}
+
+/// The key of bookie `id`'s read-only mark.
+pub fn read_only_key(id: &BookieId) -> String {
+    format!("{BOOKIES_READ_ONLY_PATH}/{id}")
+}
+
+/// Marks bookie `id` read-only (or not) for as long as `session` lives.
+/// Idempotent.
+pub async fn set_read_only(
+    store: &dyn MetadataStore,
+    session: &Session,
+    id: &BookieId,
+    read_only: bool,
+) -> Result<(), MetaError> {
+    let key = read_only_key(id);
+    if read_only {
+        store
+            .put_ephemeral(session, &key, Bytes::new(), ExpectedVersion::Any)
+            .await
+            .map(|_| ())
+    } else {
+        match store.delete(&key, ExpectedVersion::Any).await {
+            Ok(()) | Err(MetaError::NotFound { .. }) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+}
+
+/// Ids of the bookies marked read-only now, sorted.
+pub async fn list_read_only(store: &dyn MetadataStore) -> Result<Vec<BookieId>, MetaError> {
+    let mut ids = Vec::new();
+    for name in store.children(BOOKIES_READ_ONLY_PATH).await? {
+        if let Ok(id) = BookieId::new(name) {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
 }
 
 /// The bookies registered now, sorted by id. A registration that does not

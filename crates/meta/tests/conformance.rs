@@ -587,9 +587,30 @@ async fn bookie_registry(b: &Backend, _root: &str) {
             key: registry::bookie_key(&id2)
         }
     );
-    assert_eq!(registry::list_bookies(s).await.unwrap(), vec![(id, info)]);
+    assert_eq!(
+        registry::list_bookies(s).await.unwrap(),
+        vec![(id.clone(), info)]
+    );
+    // Read-only marks: idempotent both ways, gone with the session.
+    assert!(registry::list_read_only(s).await.unwrap().is_empty());
+    for _ in 0..2 {
+        registry::set_read_only(s, &session, &id, true)
+            .await
+            .unwrap();
+    }
+    assert_eq!(registry::list_read_only(s).await.unwrap(), vec![id.clone()]);
+    for _ in 0..2 {
+        registry::set_read_only(s, &session, &id, false)
+            .await
+            .unwrap();
+    }
+    assert!(registry::list_read_only(s).await.unwrap().is_empty());
+    registry::set_read_only(s, &session, &id, true)
+        .await
+        .unwrap();
     session.close().await.unwrap();
     assert!(registry::list_bookies(s).await.unwrap().is_empty());
+    assert!(registry::list_read_only(s).await.unwrap().is_empty());
 }
 
 async fn id_allocator_unique_across_allocators(b: &Backend, root: &str) {

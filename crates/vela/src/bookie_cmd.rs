@@ -4,10 +4,12 @@
 //! runtime of the process, and its life cycle: open (journal replay), serve,
 //! print `vela bookie listening on ADDR` once ready (scripts and tests parse it;
 //! `--port 0` picks a free port), stop cleanly on SIGINT/SIGTERM (stop
-//! accepting, close connections, sync and close the journal, checkpoint), exit
-//! non-zero if the bookie fails (a failed fdatasync or checkpoint). With
-//! `--metadata URL` it registers itself as available (an ephemeral key, gone
-//! when the process stops or its session expires) so ledger clients find it.
+//! accepting, close connections, sync and close the journal, checkpoint). A
+//! full or failing disk does not stop it: the bookie turns read-only (ADDs
+//! answered READ_ONLY, reads served) and, with `--metadata URL`, is marked
+//! read-only in the registry until it takes writes again. With `--metadata`
+//! it registers itself as available (an ephemeral key, gone when the process
+//! stops or its session expires) so ledger clients find it.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -16,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use vela_bookie::bookie::{Bookie, BookieConfig};
+use vela_bookie::bookie::{Bookie, BookieConfig, BookieMode};
 use vela_bookie::server::Server;
 use vela_meta::registry::{BookieId, BookieInfo};
 
@@ -24,8 +26,8 @@ use crate::process::{StopSignals, announce};
 use crate::registration::{REGISTRATION_TTL, Registration};
 use crate::storage_args::StorageArgs;
 
-/// How often the serving loop checks whether the bookie has failed.
-const FAILURE_POLL_INTERVAL: Duration = Duration::from_millis(500);
+/// How often the serving loop copies the bookie's mode into its registry mark.
+const STATE_POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 /// Flags of `vela bookie`.
 #[derive(Debug, Args)]
@@ -72,10 +74,10 @@ pub(crate) struct BookieArgs {
 }
 
 impl BookieArgs {
-    fn config(&self) -> BookieConfig {
+    fn config(&self) -> anyhow::Result<BookieConfig> {
         let mut config = BookieConfig::new(&self.journal_dir, &self.ledger_dir);
-        self.storage.apply(&mut config);
-        config
+        self.storage.apply(&mut config)?;
+        Ok(config)
     }
 }
 
@@ -85,7 +87,7 @@ pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
             "--journal-dir and --ledger-dir must be different directories (each holds its own files and LOCK)"
         );
     }
-    let config = args.config();
+    let config = args.config()?;
     let addr = SocketAddr::new(args.bind, args.port);
     let bookie = Bookie::open(config).with_context(|| {
         format!(
@@ -104,15 +106,9 @@ pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
     // Outside the runtime: shutdown blocks on the journal threads.
     drop(runtime);
     bookie.shutdown();
-    let failure = bookie.failure();
     served?;
-    match failure {
-        Some(reason) => anyhow::bail!("bookie failed: {reason}"),
-        None => {
-            tracing::info!("vela bookie stopped");
-            Ok(())
-        }
-    }
+    tracing::info!("vela bookie stopped");
+    Ok(())
 }
 
 /// Runs auto-recovery in the background for as long as the process lives
@@ -140,7 +136,7 @@ fn start_autorecovery(
     });
 }
 
-/// Serves until SIGINT, SIGTERM or a bookie failure.
+/// Serves until SIGINT or SIGTERM.
 async fn serve(args: &BookieArgs, addr: SocketAddr, bookie: Arc<Bookie>) -> anyhow::Result<()> {
     let server = Server::bind(addr, bookie.clone())
         .await
@@ -184,16 +180,17 @@ async fn serve(args: &BookieArgs, addr: SocketAddr, bookie: Arc<Bookie>) -> anyh
     // On stop, deregister first: clients stop picking this bookie before it
     // closes its connections. (Dropping a registration closes it too.)
     let stop = async move {
-        let mut failure_poll = tokio::time::interval(FAILURE_POLL_INTERVAL);
+        let mut state_poll = tokio::time::interval(STATE_POLL_INTERVAL);
         loop {
             tokio::select! {
                 signal = signals.recv() => {
                     tracing::info!("{signal}: stopping");
                     break;
                 }
-                _ = failure_poll.tick() => {
-                    if bookie.failure().is_some() {
-                        break;
+                _ = state_poll.tick() => {
+                    if let Some(registration) = &registration {
+                        let mode = bookie.state().mode;
+                        registration.set_read_only(mode != BookieMode::Writable);
                     }
                 }
             }

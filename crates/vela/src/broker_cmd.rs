@@ -20,6 +20,7 @@ use vela_broker::{Broker, BrokerConfig};
 use vela_ledger::{BookieClientTransport, LedgerClient, LedgerConfig};
 use vela_log::{LogEnv, ReplicatedLedgers};
 
+use crate::limit_args::LimitArgs;
 use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::security_args::{HttpListeners, SecurityArgs, pulsar_urls};
@@ -67,6 +68,8 @@ pub(crate) struct BrokerArgs {
     topics: TopicArgs,
     #[command(flatten)]
     security: SecurityArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 impl BrokerArgs {
@@ -109,6 +112,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         config.bundle_split_msg_rate_max = args.bundle_split_msg_rate_max as f64;
         args.topics.apply(&mut config);
         args.security.apply(args.bind, &mut config)?;
+        args.limits.apply(&mut config);
         let mut signals = StopSignals::install()?;
         let broker = Broker::start(config, store.clone(), log_env)
             .await

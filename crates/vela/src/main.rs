@@ -9,6 +9,7 @@ mod admin_cmd;
 mod bookie_cmd;
 mod broker_cmd;
 mod ledgers_cmd;
+mod limit_args;
 mod perf;
 mod persistence_args;
 mod process;

@@ -12,9 +12,13 @@
 //! acknowledged after the journal's fdatasync), one network hop less.
 //! Ready line on stdout: `vela standalone ready in N ms: pulsar://H:P http://H:P`.
 //! Stops cleanly on SIGINT/SIGTERM: the broker closes its topics (ledgers
-//! closed), then the bookies sync their journals and checkpoint. Exits
-//! non-zero if a bookie fails (a failed fdatasync stops everything: going on
-//! could acknowledge what is not durable).
+//! closed), then the bookies sync their journals and checkpoint.
+//! A bookie whose disk fills up (`--disk-usage-max-percent`) or fails a write
+//! (ENOSPC, EIO) turns read-only: it is marked so in the registry (new ledgers
+//! go elsewhere, or fail with "not enough writable bookies", which producers
+//! get as a SEND_ERROR), keeps serving reads, and takes writes again once its
+//! disk is below `--disk-usage-lwm-percent` (reopening its journal and storage
+//! after a failed write). The process does not exit for it.
 //! Never: starts with fewer bookies than the data directory holds (ledgers on
 //! the missing ones would be unreadable), or binds beyond `--bind`.
 
@@ -26,13 +30,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use clap::Args;
 use tokio::task::JoinSet;
-use vela_bookie::bookie::{Bookie, BookieConfig};
+use vela_bookie::bookie::{Bookie, BookieConfig, BookieMode};
 use vela_broker::{Broker, BrokerConfig, PersistenceConfig};
 use vela_ledger::{BookieId, LedgerClient, LedgerConfig, LocalBookies};
 use vela_log::{LogEnv, ReplicatedLedgers};
 use vela_meta::registry::BookieInfo;
 use vela_meta::{FileStore, MetadataStore};
 
+use crate::limit_args::LimitArgs;
 use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::registration::Registration;
@@ -51,8 +56,9 @@ const _: () = assert!(
 /// Bookies one standalone process runs at most.
 const BOOKIES_MAX: u8 = 16;
 
-/// How often the serving loop checks whether a bookie has failed.
-const FAILURE_POLL_INTERVAL: Duration = Duration::from_millis(200);
+/// How often the serving loop copies the bookies' modes into their registry
+/// marks (a bookie checks its disks every `--disk-check-interval-ms`).
+const STATE_POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Address recorded in the registry for in-process bookies: they have no
 /// network address, and no other process can reach them.
@@ -95,6 +101,8 @@ pub(crate) struct StandaloneArgs {
     topics: TopicArgs,
     #[command(flatten)]
     security: SecurityArgs,
+    #[command(flatten)]
+    limits: LimitArgs,
 }
 
 impl StandaloneArgs {
@@ -168,17 +176,10 @@ pub(crate) fn run(args: StandaloneArgs) -> anyhow::Result<()> {
     let served = runtime.block_on(serve(&args, persistence, &bookies, started));
     // Outside the runtime: closing bookies blocks on their journal threads.
     drop(runtime);
-    let mut failures = Vec::new();
-    for (id, bookie) in &bookies {
+    for (_, bookie) in &bookies {
         bookie.shutdown();
-        if let Some(reason) = bookie.failure() {
-            failures.push(format!("{id}: {reason}"));
-        }
     }
     served?;
-    if !failures.is_empty() {
-        anyhow::bail!("bookie failed: {}", failures.join("; "));
-    }
     tracing::info!("vela standalone stopped");
     Ok(())
 }
@@ -189,7 +190,7 @@ async fn open_bookies(args: &StandaloneArgs) -> anyhow::Result<Vec<(BookieId, Ar
     for index in 0..args.bookies {
         let dir = args.data_dir.join(format!("{BOOKIE_DIR_PREFIX}{index}"));
         let mut config = BookieConfig::new(dir.join("journal"), dir.join("ledgers"));
-        args.storage.apply(&mut config);
+        args.storage.apply(&mut config)?;
         opening.spawn_blocking(move || {
             let opened = Bookie::open(config)
                 .with_context(|| format!("cannot open bookie {index} in {}", dir.display()));
@@ -247,6 +248,7 @@ async fn serve(
     config.keepalive = Duration::from_secs(args.keepalive_s);
     args.topics.apply(&mut config);
     args.security.apply(args.bind, &mut config)?;
+    args.limits.apply(&mut config);
     let mut signals = StopSignals::install()?;
     let broker = Broker::start(config, store.clone(), log_env)
         .await
@@ -282,24 +284,21 @@ async fn serve(
         args.data_dir.display(),
     ))?;
 
-    let mut failure_poll = tokio::time::interval(FAILURE_POLL_INTERVAL);
-    let failed = loop {
+    let mut state_poll = tokio::time::interval(STATE_POLL_INTERVAL);
+    loop {
         tokio::select! {
             signal = signals.recv() => {
                 tracing::info!("{signal}: stopping");
-                break None;
+                break;
             }
-            _ = failure_poll.tick() => {
-                if let Some((id, reason)) = bookies
-                    .iter()
-                    .find_map(|(id, bookie)| bookie.failure().map(|reason| (id, reason)))
-                {
-                    tracing::error!(bookie = %id, %reason, "bookie failed: stopping");
-                    break Some(format!("bookie {id} failed: {reason}"));
+            _ = state_poll.tick() => {
+                for ((_, bookie), registration) in bookies.iter().zip(&registrations) {
+                    let mode = bookie.state().mode;
+                    registration.set_read_only(mode != BookieMode::Writable);
                 }
             }
         }
-    };
+    }
     http.stop().await;
     let closed = broker.shutdown().await;
     for registration in registrations {
@@ -308,8 +307,5 @@ async fn serve(
     if let Err(error) = closed {
         tracing::warn!(%error, "broker shutdown left a topic unclosed (recovered at next start)");
     }
-    match failed {
-        Some(reason) => Err(anyhow::anyhow!(reason)),
-        None => Ok(()),
-    }
+    Ok(())
 }

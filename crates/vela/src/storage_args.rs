@@ -1,5 +1,6 @@
 //! Bookie storage flags shared by `vela bookie` and `vela standalone`: the
-//! journal's durability and group commit, cache sizes, flush and gc periods.
+//! journal's durability and group commit, cache sizes, flush and gc periods,
+//! and the disk usage thresholds of the read-only mode.
 //!
 //! Owns: the flag names, their ranges (clap rejects a bad value naming the
 //! flag) and turning them into a `BookieConfig`'s journal and storage parts.
@@ -8,6 +9,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use vela_bookie::bookie::BookieConfig;
+use vela_bookie::disk::DiskThresholds;
 use vela_bookie::journal::{JournalBackendKind, JournalSync};
 
 /// Journal and ledger-storage tuning of a bookie.
@@ -42,6 +44,32 @@ pub(crate) struct StorageArgs {
     /// Run storage garbage collection this often, seconds.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     gc_interval_s: u64,
+    /// Disk usage (percent of the filesystem of the journal or ledger
+    /// directory) at which the bookie turns read-only: new adds are refused
+    /// (producers get errors, or writers move to other bookies) while reads
+    /// go on. BookKeeper's diskUsageThreshold.
+    #[arg(long, default_value_t = 95.0, value_parser = parse_percent)]
+    disk_usage_max_percent: f64,
+    /// Disk usage below which a read-only bookie takes adds again (and one
+    /// whose disk writes failed reopens its journal and storage). At most
+    /// --disk-usage-max-percent. BookKeeper's diskUsageLwmThreshold.
+    #[arg(long, default_value_t = 90.0, value_parser = parse_percent)]
+    disk_usage_lwm_percent: f64,
+    /// How often disk usage is checked, ms.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
+    disk_check_interval_ms: u64,
+}
+
+/// A percentage in (0, 100].
+fn parse_percent(value: &str) -> Result<f64, String> {
+    let percent: f64 = value
+        .parse()
+        .map_err(|_| format!("`{value}` is not a number"))?;
+    if percent > 0.0 && percent <= 100.0 {
+        Ok(percent)
+    } else {
+        Err(format!("{percent} is not a percentage in (0, 100]"))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -58,7 +86,15 @@ enum BackendArg {
 
 impl StorageArgs {
     /// Applies the flags to `config` (whose directories are already set).
-    pub(crate) fn apply(&self, config: &mut BookieConfig) {
+    /// Fails, naming the flags, if the low-water mark is above the max.
+    pub(crate) fn apply(&self, config: &mut BookieConfig) -> anyhow::Result<()> {
+        if self.disk_usage_lwm_percent > self.disk_usage_max_percent {
+            anyhow::bail!(
+                "--disk-usage-lwm-percent {} must be at most --disk-usage-max-percent {}",
+                self.disk_usage_lwm_percent,
+                self.disk_usage_max_percent
+            );
+        }
         config.journal.sync = match self.journal_sync {
             SyncArg::Fdatasync => JournalSync::Fdatasync,
             SyncArg::Off => JournalSync::Off,
@@ -79,5 +115,11 @@ impl StorageArgs {
             .min(config.storage.read_cache_bytes_max);
         config.storage.flush_interval = Duration::from_millis(self.flush_interval_ms);
         config.gc_interval = Duration::from_secs(self.gc_interval_s);
+        config.disk = DiskThresholds {
+            usage_max: self.disk_usage_max_percent / 100.0,
+            usage_lwm: self.disk_usage_lwm_percent / 100.0,
+            check_interval: Duration::from_millis(self.disk_check_interval_ms),
+        };
+        Ok(())
     }
 }

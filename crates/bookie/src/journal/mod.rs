@@ -8,8 +8,27 @@
 //!
 //! Guarantees: an append's callback gets `Ok(mark)` only after an fdatasync
 //! covering the record (unless `JournalSync::Off`); callbacks run in append order,
-//! from the force-write thread; a failed write or fdatasync is fatal (every
-//! waiter fails, later appends return `Broken`, nothing is retried).
+//! from the force-write thread; a failed write or fdatasync is fatal to this
+//! `Journal` (every waiter fails, later appends return `Broken`, nothing is
+//! retried).
+//!
+//! After a failure (ENOSPC, EIO): `shutdown` seals the file being written at the
+//! last synced mark (a FileEnd record there, synced). Invariants:
+//! - every acknowledged record ends at or before the synced mark (the force-write
+//!   thread advances the mark before it runs any `Ok` callback of the batch, and
+//!   only when nothing has failed);
+//! - groups are padded to whole aligned blocks, so the block at the synced mark
+//!   holds no acknowledged byte and writing the seal there cannot damage one;
+//! - bytes past the synced mark are never trusted: after a failed write or
+//!   fdatasync the page cache may hold records the disk does not (Linux marks
+//!   such pages clean), so the seal goes at the mark, not after a scan that
+//!   would read them back as valid;
+//! - a new `Journal::open` on the same directory then replays the sealed file
+//!   as a clean older file and appends to a new file, exactly as after a crash.
+//!
+//! So a bookie whose journal failed can shut it down, wait for the disk, and
+//! open it again (replaying into storage) without losing an acknowledged
+//! record, and a kill -9 at any point of that leaves what a crash would.
 //!
 //! Alignment: every group is followed by a Padding record up to the next
 //! `alignment_bytes` boundary, so each group is one pwrite of whole aligned blocks
@@ -48,6 +67,9 @@ pub use error::JournalError;
 pub use format::JournalRecord;
 pub use stats::{JournalHistograms, JournalStats, StageSummary};
 
+#[cfg(test)]
+pub(crate) use file::faulty::FaultPlan;
+
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -56,7 +78,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::mark::JournalMark;
-use file::Backend;
+pub(crate) use file::Backend;
 use stats::StatsCell;
 use writer::{Pending, QueueState, Shared, SpaceState};
 
@@ -136,6 +158,7 @@ impl Journal {
             synced_mark: Mutex::new(outcome.end_mark.max(start_mark)),
             broken: AtomicBool::new(false),
             broken_reason: Mutex::new(None),
+            sealed: AtomicBool::new(false),
             force_pending: AtomicUsize::new(0),
             writer_file_id: AtomicU64::new(file_id),
             stats: StatsCell::new(),
@@ -223,6 +246,18 @@ impl Journal {
         Ok(())
     }
 
+    /// Why the journal takes no more appends, if an earlier write or sync
+    /// failed.
+    pub fn failure(&self) -> Option<String> {
+        if !self.shared.broken.load(Ordering::SeqCst) {
+            return None;
+        }
+        match self.shared.broken_error() {
+            JournalError::Broken { reason } => Some(reason),
+            other => Some(other.to_string()),
+        }
+    }
+
     /// Every record ending at or before this mark is durable (written, when sync is
     /// off). A checkpoint passes it to ledger storage, then to `delete_files_before`.
     pub fn last_synced_mark(&self) -> JournalMark {
@@ -275,7 +310,9 @@ impl Journal {
 
     /// Writes and syncs everything queued, closes the file with an end record and
     /// joins the threads. Idempotent; later appends return `ShutDown`. `Drop` does
-    /// the same. Returns `Broken` if the journal failed earlier.
+    /// the same. Returns `Broken` if the journal failed earlier, after sealing
+    /// the current file at the last synced mark (see the module docs; a seal
+    /// that fails is logged and retried by the next `shutdown`).
     pub fn shutdown(&self) -> Result<(), JournalError> {
         {
             let mut queue = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
@@ -292,9 +329,45 @@ impl Journal {
             let _ = t.join();
         }
         if self.shared.broken.load(Ordering::SeqCst) {
+            if !self.shared.sealed.load(Ordering::SeqCst) {
+                match self.seal() {
+                    Ok(mark) => {
+                        tracing::info!(
+                            ?mark,
+                            "journal: failed file sealed at the last synced mark"
+                        );
+                        self.shared.sealed.store(true, Ordering::SeqCst);
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "journal: cannot seal the failed file (the next open treats it as after a crash)");
+                    }
+                }
+            }
             return Err(self.shared.broken_error());
         }
         Ok(())
+    }
+
+    /// Writes a synced FileEnd record into the writer's file at the last synced
+    /// mark (or right after its header when nothing in it was synced). Only
+    /// after the threads stopped: nothing else writes the file then.
+    fn seal(&self) -> Result<JournalMark, JournalError> {
+        let config = &self.shared.config;
+        let file_id = self.shared.writer_file_id.load(Ordering::SeqCst);
+        let synced = self.last_synced_mark();
+        debug_assert!(synced.file_id <= file_id);
+        let mark = JournalMark {
+            file_id,
+            offset: if synced.file_id == file_id {
+                synced.offset
+            } else {
+                config.data_offset()
+            },
+        };
+        debug_assert!(mark.offset.is_multiple_of(config.alignment_bytes as u64));
+        let path = config.dir.join(format::file_name(file_id));
+        replay::write_file_end(config, &self.shared.backend, &path, file_id, mark.offset)?;
+        Ok(mark)
     }
 }
 

@@ -325,7 +325,7 @@ impl Window {
 
 /// Writes a FileEnd record at `offset` of the newest file (rewriting the aligned
 /// block(s) around it) and syncs, so later opens read the file as complete.
-fn write_file_end(
+pub(crate) fn write_file_end(
     config: &JournalConfig,
     backend: &Backend,
     path: &Path,

@@ -170,3 +170,97 @@ fn a_failed_write_fails_its_waiters_and_breaks_the_journal() {
     let err = journal.append(entry(99, 1), |_| {}).unwrap_err();
     assert!(matches!(err, JournalError::Broken { .. }), "{err}");
 }
+
+/// Entry ids a fresh open of `dir` replays (buffered backend, from the start).
+fn replayed_entry_ids(dir: &std::path::Path) -> Vec<u64> {
+    let mut ids = Vec::new();
+    let mut cfg = JournalConfig::new(dir);
+    cfg.payload_bytes_max = 16 << 10;
+    cfg.group_bytes_max = 16 << 10;
+    cfg.file_bytes_max = 1 << 20;
+    cfg.prealloc_chunk_bytes = 64 << 10;
+    let journal = Journal::open(cfg, JournalMark::START, |record, _| {
+        if let JournalRecord::Entry { entry_id, .. } = record {
+            ids.push(entry_id);
+        }
+        Ok::<(), Never>(())
+    })
+    .unwrap();
+    journal.shutdown().unwrap();
+    ids
+}
+
+fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
+    }
+}
+
+#[test]
+fn a_failed_journal_is_sealed_at_the_synced_mark_and_reopens_with_exactly_the_acked_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let journal_dir = dir.path().join("journal");
+    let plan = Arc::new(FaultPlan::default());
+    let journal = open_faulty(&journal_dir, &plan);
+    assert!(
+        append_logged(&journal_dir, &journal, &plan, 0, 10)
+            .iter()
+            .all(|r| r.is_ok())
+    );
+    // Writes reach the file (the page cache) but their fdatasync fails: the
+    // file now holds valid-looking records that were never acknowledged.
+    plan.fail_syncs.store(true, Ordering::SeqCst);
+    append_expecting_failure(&journal, 10, 10);
+    let unsealed_copy = dir.path().join("unsealed");
+    copy_dir(&journal_dir, &unsealed_copy);
+    plan.fail_syncs.store(false, Ordering::SeqCst);
+    assert!(matches!(
+        journal.shutdown(),
+        Err(JournalError::Broken { .. })
+    ));
+    drop(journal);
+    // What a scan of the unsealed file replays: the acknowledged records, and
+    // possibly the written but failed ones (a crash before the seal).
+    let scanned = replayed_entry_ids(&unsealed_copy);
+    assert_eq!(&scanned[..10], &(0..10).collect::<Vec<_>>()[..]);
+    // (Usually more than 10: the failed group's bytes are there. Not asserted:
+    // a sync of the preallocator's can hit the fault first and break the
+    // journal before the group is written.)
+    // Sealed: exactly the acknowledged records, however many failed ones the
+    // file holds after them.
+    assert_eq!(
+        replayed_entry_ids(&journal_dir),
+        (0..10).collect::<Vec<_>>()
+    );
+    // And the journal works again, in a new file after the sealed one.
+    let journal = open_faulty(&journal_dir, &plan);
+    assert!(
+        append_logged(&journal_dir, &journal, &plan, 20, 5)
+            .iter()
+            .all(|r| r.is_ok())
+    );
+    journal.shutdown().unwrap();
+    drop(journal);
+    let expected: Vec<u64> = (0..10).chain(20..25).collect();
+    assert_eq!(replayed_entry_ids(&journal_dir), expected);
+}
+
+#[test]
+fn a_failed_write_is_sealed_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let plan = Arc::new(FaultPlan::default());
+    let journal = open_faulty(dir.path(), &plan);
+    assert!(
+        append_logged(dir.path(), &journal, &plan, 0, 7)
+            .iter()
+            .all(|r| r.is_ok())
+    );
+    plan.fail_writes.store(true, Ordering::SeqCst);
+    append_expecting_failure(&journal, 7, 5);
+    plan.fail_writes.store(false, Ordering::SeqCst);
+    assert!(journal.shutdown().is_err());
+    drop(journal);
+    assert_eq!(replayed_entry_ids(dir.path()), (0..7).collect::<Vec<_>>());
+}

@@ -126,6 +126,8 @@ pub(crate) struct Shared {
     pub(crate) synced_mark: Mutex<JournalMark>,
     pub(crate) broken: AtomicBool,
     pub(crate) broken_reason: Mutex<Option<String>>,
+    /// Set once `shutdown` sealed the file of a broken journal.
+    pub(crate) sealed: AtomicBool,
     /// Groups handed to the force-write thread and not yet completed.
     pub(crate) force_pending: AtomicUsize,
     /// Id of the file the writer appends to (files below may be deleted).

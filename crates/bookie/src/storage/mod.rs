@@ -37,12 +37,14 @@
 //!
 //! Shutdown: dropping storage flushes nothing; a clean stop calls `checkpoint`
 //! first (otherwise the next open replays more journal, losing nothing).
-//! Errors while writing (ENOSPC included) turn storage `Broken`: there is no
-//! read-only mode yet.
+//! Errors while writing (ENOSPC included) turn storage `Broken`: it refuses
+//! writes from then on and keeps serving reads; the bookie turns failed and,
+//! once the disk is healthy, opens a new `LedgerStorage` on the directory
+//! (a new entry log, the journal replayed from the last checkpoint).
 //!
 //! Never: answers for the journal's durability, grows a cache past its budget,
 //! panics on bytes read back from disk, retries a failed fsync (storage turns
-//! `Broken` and the bookie must stop).
+//! `Broken` and the bookie replaces it).
 
 mod config;
 mod entry_log;
@@ -522,6 +524,11 @@ impl LedgerStorage {
             *self.counters.checkpoint_mark.lock() = mark;
         }
         Ok(stats)
+    }
+
+    /// Why storage takes no more writes, if an earlier flush failed.
+    pub fn failure(&self) -> Option<String> {
+        self.state.lock().broken.clone()
     }
 
     /// The last checkpointed mark.

@@ -11,15 +11,18 @@
 //! Families: broker-wide (`pulsar_active_connections`,
 //! `pulsar_broker_publish_latency` summary in ms, `pulsar_broker_topics_count`,
 //! `vela_send_errors_total`, `vela_write_path_latency_seconds` histogram with
-//! `stage` and `instance` labels), then per topic with Pulsar's names and
-//! `cluster`/`namespace`/`topic` labels, then per subscription.
+//! `stage` and `instance` labels), the storage families of the registered
+//! sources (`vela_corrupt_reads_total`, `vela_bookie_mode`,
+//! `vela_bookie_disk_usage_ratio`, ...: `metrics::StorageFamily`), then per
+//! topic with Pulsar's names and `cluster`/`namespace`/`topic` labels, then per
+//! subscription.
 //! Never: holds a lock while formatting, or panics on odd topic names
 //! (label values are escaped).
 
 use std::fmt::Write as _;
 
 use crate::config::CLUSTER_NAME;
-use crate::metrics::{LatencySnapshot, PULSAR_LATENCY_BUCKETS};
+use crate::metrics::{LatencySnapshot, PULSAR_LATENCY_BUCKETS, StorageFamily, StorageMetric};
 use crate::service::Service;
 use crate::stats::TopicStats;
 use crate::topic_name::TopicName;
@@ -118,8 +121,30 @@ pub(super) async fn render(service: &Service) -> String {
     }
     let mut w = Writer { out: String::new() };
     broker_families(service, rows.len(), &mut w);
+    storage_families(&service.storage_metrics(), &mut w);
     topic_families(&rows, &mut w);
     w.out
+}
+
+/// The storage metrics, one family block each (header once, then samples).
+fn storage_families(metrics: &[StorageMetric], w: &mut Writer) {
+    for family in StorageFamily::ALL {
+        let mut samples = metrics.iter().filter(|m| m.family == family).peekable();
+        if samples.peek().is_none() {
+            continue;
+        }
+        w.family(family.name(), family.kind(), family.help());
+        for metric in samples {
+            let mut pairs = vec![
+                ("cluster", CLUSTER_NAME),
+                ("instance", metric.instance.as_str()),
+            ];
+            if let Some((key, value)) = &metric.label {
+                pairs.push((key, value.as_str()));
+            }
+            w.sample(family.name(), &labels(&pairs), metric.value);
+        }
+    }
 }
 
 fn broker_families(service: &Service, topics: usize, w: &mut Writer) {
@@ -400,6 +425,50 @@ mod tests {
             labels(&[("topic", "a\"b\\c\nd")]),
             "{topic=\"a\\\"b\\\\c\\nd\"}"
         );
+    }
+
+    #[test]
+    fn storage_families_have_one_header_and_every_sample() {
+        let metric =
+            |family, instance: &str, label: Option<(&'static str, &str)>, value| StorageMetric {
+                family,
+                instance: instance.to_string(),
+                label: label.map(|(k, v)| (k, v.to_string())),
+                value,
+            };
+        let metrics = [
+            metric(StorageFamily::CorruptReads, "ledger-client", None, 2.0),
+            metric(
+                StorageFamily::BookieMode,
+                "b0",
+                Some(("mode", "read_only")),
+                1.0,
+            ),
+            metric(StorageFamily::CorruptReads, "b0", None, 1.0),
+        ];
+        let mut w = Writer { out: String::new() };
+        storage_families(&metrics, &mut w);
+        assert_eq!(
+            w.out
+                .matches("# TYPE vela_corrupt_reads_total counter")
+                .count(),
+            1
+        );
+        assert!(
+            w.out.contains(
+                "vela_corrupt_reads_total{cluster=\"standalone\",instance=\"ledger-client\"} 2\n"
+            ),
+            "{}",
+            w.out
+        );
+        assert!(
+            w.out
+                .contains("vela_corrupt_reads_total{cluster=\"standalone\",instance=\"b0\"} 1\n")
+        );
+        assert!(w.out.contains(
+            "vela_bookie_mode{cluster=\"standalone\",instance=\"b0\",mode=\"read_only\"} 1\n"
+        ));
+        assert!(!w.out.contains("vela_bookie_disk_usage_ratio"));
     }
 
     #[test]

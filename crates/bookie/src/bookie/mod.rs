@@ -1,0 +1,769 @@
+//! `Bookie`: one storage node's journal and ledger storage tied together behind
+//! the operations of the bookie protocol.
+//!
+//! Owns: the engine in service (`engine`: the `Journal`, the `LedgerStorage`
+//! and their sync thread), the node's health (`health`: writable, read-only,
+//! failed) with its disk monitor thread, and the per-ledger known LAC. On open
+//! the engine replays the journal from the storage's checkpointed mark into
+//! storage before serving.
+//!
+//! Guarantees:
+//! - An ADD, fence, explicit LAC or delete is answered OK only after the
+//!   journal's fdatasync covers its record (unless the journal's sync is off).
+//! - Storage changes first, journal second (`put_entry` / `set_fenced` /
+//!   `set_explicit_lac` / `delete_ledger`, then `journal.append`), so a
+//!   checkpoint at mark M (taken from the journal, then flushed) covers every
+//!   record before M and journal files before M may be deleted.
+//! - Adds and fences of one ledger serialize on a stripe lock across "check
+//!   fenced, put, append": once a fencing read is answered, every add accepted
+//!   before it is durable and visible, and no normal add after it is accepted.
+//! - The known LAC of a ledger never moves back: it is the max of the LACs
+//!   carried by its entries and any explicit LAC (derived from the last stored
+//!   entry when not tracked in memory, e.g. after a restart).
+//! - Disk full or failing: past `DiskThresholds::usage_max` the bookie turns
+//!   read-only (ADD answers READ_ONLY, so writers move to other bookies); a
+//!   failed journal or storage write (ENOSPC, EIO) turns it failed (nothing
+//!   written, reads served); below `usage_lwm` it is writable again, a failed
+//!   engine reopened first. Nothing acknowledged is lost on the way: see
+//!   `health` and `engine`, and `journal`'s module docs for the seal.
+//!
+//! Never: blocks in `add`, `fence`, `write_lac` or `delete_ledger` (they only take
+//! short locks and enqueue: safe on a tokio worker; while the engine is being
+//! replaced they refuse instead of waiting); reads disk outside `read_entry` /
+//! `read_lac` (call those from a blocking-allowed thread); retries a failed
+//! write or sync in place (a new engine replays the journal instead).
+
+mod engine;
+mod health;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use parking_lot::RwLock;
+
+pub use health::{BookieMode, BookieState};
+
+use crate::disk::{DiskProbe, DiskThresholds};
+use crate::entry::parse_header;
+use crate::journal::{
+    JournalConfig, JournalError, JournalHistograms, JournalRecord, JournalStats, StageSummary,
+};
+use crate::mark::JournalMark;
+use crate::protocol::{AddMode, LAST_ENTRY, Status};
+use crate::storage::{StorageConfig, StorageError, StorageStats};
+use engine::Engine;
+use health::{Health, StopSignal};
+
+/// Stripes of the per-ledger lock (and LAC map): adds of different ledgers
+/// rarely contend; a power of two so the stripe is a mask of the ledger id's hash.
+const LEDGER_STRIPES: usize = 64;
+const _: () = assert!(LEDGER_STRIPES.is_power_of_two());
+/// Ledgers whose known LAC is tracked in memory, per stripe. 64 x 16_384 = 1M
+/// ledgers x ~40 bytes = ~40 MiB at most. When a stripe is full it is cleared:
+/// the LACs it held are derived again from storage when next asked for.
+const LAC_TRACKED_PER_STRIPE_MAX: usize = 16_384;
+/// Default period of storage garbage collection.
+pub const GC_INTERVAL_DEFAULT: Duration = Duration::from_secs(60);
+
+/// How to open a `Bookie`.
+#[derive(Debug, Clone)]
+pub struct BookieConfig {
+    /// The journal: directory, sync policy, group commit, queue bound.
+    pub journal: JournalConfig,
+    /// Ledger storage: directory, cache sizes, flush interval and threshold.
+    pub storage: StorageConfig,
+    /// How often the sync thread runs storage gc.
+    pub gc_interval: Duration,
+    /// When the bookie turns read-only for lack of disk space, and back.
+    pub disk: DiskThresholds,
+    /// How disk usage is measured (`statvfs`; tests simulate a filling disk).
+    pub disk_probe: DiskProbe,
+    /// Test-only: journal file faults.
+    #[cfg(test)]
+    pub(crate) journal_faults: Option<Arc<crate::journal::FaultPlan>>,
+}
+
+impl BookieConfig {
+    /// The journal's and storage's defaults on these directories.
+    pub fn new(journal_dir: impl Into<PathBuf>, ledger_dir: impl Into<PathBuf>) -> BookieConfig {
+        BookieConfig {
+            journal: JournalConfig::new(journal_dir),
+            storage: StorageConfig::new(ledger_dir),
+            gc_interval: GC_INTERVAL_DEFAULT,
+            disk: DiskThresholds::default(),
+            disk_probe: DiskProbe::statvfs(),
+            #[cfg(test)]
+            journal_faults: None,
+        }
+    }
+}
+
+/// Why a bookie did not open.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The journal refused to open or replay.
+    #[error("journal: {0}")]
+    Journal(#[from] JournalError),
+    /// Ledger storage refused to open, or failed the post-replay checkpoint.
+    #[error("ledger storage: {0}")]
+    Storage(#[from] StorageError),
+    /// The sync or disk monitor thread could not be started.
+    #[error("cannot start a bookie thread: {0}")]
+    Thread(std::io::Error),
+    /// A configuration value is out of range.
+    #[error("invalid bookie config: {0}")]
+    Config(String),
+}
+
+/// An entry read from storage, with the bookie's known LAC of its ledger.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredEntry {
+    /// Id of the entry (the actual one when `LAST_ENTRY` was asked).
+    pub entry_id: u64,
+    /// The packaged entry as stored.
+    pub entry: Bytes,
+    /// The known LAC of the ledger.
+    pub lac: Option<u64>,
+}
+
+/// Journal and storage figures.
+#[derive(Debug, Clone)]
+pub struct BookieStats {
+    /// µs from `Bookie::add` to its durable completion, per accepted add (the
+    /// "bookie add" stage of the write path: write cache + journal queue,
+    /// write and fdatasync).
+    pub add_us: StageSummary,
+    /// µs per checkpoint of the sync thread (write cache flush to entry logs,
+    /// index commit, `lastMark`).
+    pub checkpoint_us: StageSummary,
+    /// Journal stage latencies and group sizes (of the engine in service).
+    pub journal: JournalStats,
+    /// Storage caches, flushes and checkpoint (of the engine in service).
+    pub storage: StorageStats,
+    /// Reads whose stored bytes failed their CRC or id check here (answered
+    /// IO_ERROR: the reader reads another replica).
+    pub corrupt_reads: u64,
+}
+
+/// Latency distributions of the bookie's write-path stages (µs).
+#[derive(Debug, Clone)]
+pub struct BookieHistograms {
+    /// `Bookie::add` to durable completion, per accepted add.
+    pub add_us: Histogram<u64>,
+    /// Journal stages (per group or per fdatasync), over every engine since
+    /// the bookie opened.
+    pub journal: JournalHistograms,
+}
+
+/// A storage node. `Send + Sync`: share it in an `Arc`.
+#[derive(Debug)]
+pub struct Bookie {
+    core: Arc<Core>,
+    stripes: Box<[Mutex<Stripe>]>,
+    /// Add latency in µs; recorded by the journal's force-write thread.
+    add_latency: Arc<Mutex<Histogram<u64>>>,
+    monitor: Monitor,
+}
+
+/// What the bookie and its disk monitor share.
+#[derive(Debug)]
+struct Core {
+    config: BookieConfig,
+    /// The engine in service; `None` only while a failed one is replaced.
+    /// Writers of the slot: `open`, the monitor's recovery, `shutdown`.
+    engine: RwLock<Option<Arc<Engine>>>,
+    health: Arc<Health>,
+    /// µs per checkpoint (storage flush + lastMark); recorded by sync threads.
+    checkpoint_latency: Arc<Mutex<Histogram<u64>>>,
+    /// Journal histograms of engines closed since open (merged into exports).
+    retired_journal: Mutex<Option<JournalHistograms>>,
+    corrupt_reads: AtomicU64,
+}
+
+#[derive(Debug)]
+struct Monitor {
+    stop: Arc<StopSignal>,
+    handle: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Debug, Default)]
+struct Stripe {
+    lacs: HashMap<u64, KnownLac>,
+}
+
+/// What the bookie knows of a ledger's LAC.
+#[derive(Debug, Default, Clone, Copy)]
+struct KnownLac {
+    /// Max LAC seen since tracking began.
+    lac: Option<u64>,
+    /// Whether `lac` includes what storage held when tracking began; if not,
+    /// the storage-derived LAC must be folded in before answering.
+    complete: bool,
+}
+
+/// Which requests the current mode takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteKind {
+    /// A writer's add.
+    NormalAdd,
+    /// Recovery adds, fences, explicit LACs, deletes: small, and needed to
+    /// finish recoveries and free space while read-only.
+    Maintenance,
+}
+
+impl Core {
+    /// The engine in service, without waiting (the write path runs on tokio
+    /// workers): `None` while it is being replaced.
+    fn engine_now(&self) -> Option<Arc<Engine>> {
+        self.engine.try_read().and_then(|slot| slot.clone())
+    }
+
+    /// The engine in service; waits while it is being swapped (reads only).
+    fn engine_blocking(&self) -> Option<Arc<Engine>> {
+        self.engine.read().clone()
+    }
+
+    /// The engine for a write of `kind`, or the READ_ONLY refusal.
+    fn engine_for(&self, kind: WriteKind) -> Result<Arc<Engine>, Status> {
+        match (self.health.mode(), kind) {
+            (BookieMode::Writable, _) | (BookieMode::ReadOnly, WriteKind::Maintenance) => {}
+            _ => return Err(Status::ReadOnly),
+        }
+        self.engine_now().ok_or(Status::ReadOnly)
+    }
+
+    /// Keeps a closing engine's journal histograms for the exports.
+    fn retire(&self, engine: &Engine) {
+        let closing = engine.journal.latency_histograms();
+        let mut retired = lock(&self.retired_journal);
+        match retired.as_mut() {
+            None => *retired = Some(closing),
+            Some(sum) => merge_journal_histograms(sum, &closing),
+        }
+    }
+
+    /// What a storage error means for the request, noting failures.
+    fn storage_status(&self, engine: &Engine, error: &StorageError) -> Status {
+        match error {
+            StorageError::WriteCacheFull { .. } => Status::TooManyRequests,
+            StorageError::NoSuchLedger { .. } | StorageError::LedgerDeleted { .. } => {
+                Status::NoSuchLedger
+            }
+            StorageError::NoSuchEntry { .. } => Status::NoSuchEntry,
+            StorageError::EntryTooLarge { .. } => Status::BadRequest,
+            StorageError::Broken(reason) => {
+                self.health.fail(
+                    engine.generation,
+                    &format!("ledger storage failed: {reason}"),
+                );
+                Status::ReadOnly
+            }
+            StorageError::Corruption { .. } => {
+                tracing::warn!(%error, "stored entry failed its check; answering IO_ERROR");
+                self.corrupt_reads.fetch_add(1, Ordering::Relaxed);
+                Status::IoError
+            }
+            other => {
+                tracing::warn!(error = %other, "ledger storage error");
+                Status::IoError
+            }
+        }
+    }
+}
+
+fn merge_journal_histograms(sum: &mut JournalHistograms, more: &JournalHistograms) {
+    // Same bounds on both sides (one constructor): `add` cannot fail.
+    let _ = sum.queue_wait_us.add(&more.queue_wait_us);
+    let _ = sum.write_us.add(&more.write_us);
+    let _ = sum.fdatasync_us.add(&more.fdatasync_us);
+}
+
+impl Bookie {
+    /// Opens storage, replays the journal from storage's checkpointed mark into
+    /// it (entries, fences, explicit LACs, deletions), checkpoints, and starts
+    /// the journal threads, the sync thread and the disk monitor.
+    pub fn open(config: BookieConfig) -> Result<Bookie, OpenError> {
+        config.disk.validate().map_err(OpenError::Config)?;
+        let health = Arc::new(Health::new());
+        let checkpoint_latency = Arc::new(Mutex::new(latency_histogram()));
+        let engine = Engine::open(&config, health.generation(), &health, &checkpoint_latency)?;
+        let core = Arc::new(Core {
+            config,
+            engine: RwLock::new(Some(Arc::new(engine))),
+            health,
+            checkpoint_latency,
+            retired_journal: Mutex::new(None),
+            corrupt_reads: AtomicU64::new(0),
+        });
+        let stop = Arc::new(StopSignal::default());
+        let handle = {
+            let (core, stop) = (core.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("bookie-disk-monitor".to_string())
+                .spawn(move || health::run_monitor(core, stop))
+        };
+        let handle = match handle {
+            Ok(handle) => handle,
+            Err(error) => {
+                if let Some(engine) = core.engine.write().take() {
+                    engine.close();
+                }
+                return Err(OpenError::Thread(error));
+            }
+        };
+        let stripes = (0..LEDGER_STRIPES)
+            .map(|_| Mutex::new(Stripe::default()))
+            .collect();
+        Ok(Bookie {
+            core,
+            stripes,
+            add_latency: Arc::new(Mutex::new(latency_histogram())),
+            monitor: Monitor {
+                stop,
+                handle: Mutex::new(Some(handle)),
+            },
+        })
+    }
+
+    /// Stores a packaged entry and calls `done` once it is durable, with its
+    /// (ledger, entry) ids, or with why not: `BadRequest` (bad header),
+    /// `Fenced` (a normal add to a fenced ledger), `TooManyRequests` (journal
+    /// queue or write cache full), `NoSuchLedger` (deleted), `ReadOnly` (disk
+    /// almost full, or a failed journal or storage write: see `state`).
+    /// `done` runs exactly once: here on refusal, else on the journal's
+    /// force-write thread (keep it short). Never blocks.
+    pub fn add(
+        &self,
+        entry: Bytes,
+        mode: AddMode,
+        done: impl FnOnce(Result<(u64, u64), Status>) + Send + 'static,
+    ) {
+        let header = match parse_header(&entry) {
+            Ok(header) => header,
+            Err(error) => {
+                tracing::debug!(%error, "ADD with a bad entry header");
+                return done(Err(Status::BadRequest));
+            }
+        };
+        let kind = match mode {
+            AddMode::Normal => WriteKind::NormalAdd,
+            AddMode::Recovery => WriteKind::Maintenance,
+        };
+        let engine = match self.core.engine_for(kind) {
+            Ok(engine) => engine,
+            Err(status) => return done(Err(status)),
+        };
+        let (ledger_id, entry_id) = (header.ledger_id, header.entry_id);
+        let started = Instant::now();
+        let add_latency = self.add_latency.clone();
+        let done_after_journal = move |result: Result<(), Status>| {
+            if result.is_ok() {
+                let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+                lock(&add_latency).saturating_record(elapsed_us.max(1));
+            }
+            done(result.map(|()| (ledger_id, entry_id)))
+        };
+        // Refusals are answered after the stripe lock is released: `done` may
+        // be anything, even a call back into this bookie.
+        let refused = {
+            let mut stripe = self.stripe(ledger_id);
+            match self.check_add(&engine, ledger_id, entry_id, mode, &entry) {
+                Err(status) => Some((done_after_journal, status)),
+                Ok(()) => {
+                    stripe.note_lac(ledger_id, header.last_add_confirmed);
+                    let record = JournalRecord::Entry {
+                        ledger_id,
+                        entry_id,
+                        payload: entry,
+                    };
+                    self.append(&engine, record, done_after_journal)
+                }
+            }
+        };
+        if let Some((done, status)) = refused {
+            done(Err(status));
+        }
+    }
+
+    /// The fence check and the write-cache put of an add (under the stripe lock).
+    fn check_add(
+        &self,
+        engine: &Engine,
+        ledger_id: u64,
+        entry_id: u64,
+        mode: AddMode,
+        entry: &Bytes,
+    ) -> Result<(), Status> {
+        if mode == AddMode::Normal
+            && engine
+                .storage
+                .is_fenced(ledger_id)
+                .map_err(|error| self.core.storage_status(engine, &error))?
+        {
+            return Err(Status::Fenced);
+        }
+        engine
+            .storage
+            .put_entry(ledger_id, entry_id, entry.clone())
+            .map_err(|error| self.core.storage_status(engine, &error))
+    }
+
+    /// Fences `ledger_id` (creating its state if this bookie never saw it) and
+    /// calls `done` once the fence is durable. After that no normal add to it
+    /// succeeds here, and every add accepted before is durable.
+    pub fn fence(&self, ledger_id: u64, done: impl FnOnce(Result<(), Status>) + Send + 'static) {
+        let engine = match self.core.engine_for(WriteKind::Maintenance) {
+            Ok(engine) => engine,
+            Err(status) => return done(Err(status)),
+        };
+        let refused = {
+            let _stripe = self.stripe(ledger_id);
+            match engine.storage.set_fenced(ledger_id) {
+                Err(error) => Some((done, self.core.storage_status(&engine, &error))),
+                // Journaled even when already fenced: an earlier fence's record
+                // may not be durable yet, and this answer must not come before it.
+                Ok(_) => self.append(&engine, JournalRecord::Fence { ledger_id }, done),
+            }
+        };
+        if let Some((done, status)) = refused {
+            done(Err(status));
+        }
+    }
+
+    /// Stores an explicit LAC for `ledger_id`; `done` once durable.
+    pub fn write_lac(
+        &self,
+        ledger_id: u64,
+        lac: u64,
+        done: impl FnOnce(Result<(), Status>) + Send + 'static,
+    ) {
+        let engine = match self.core.engine_for(WriteKind::Maintenance) {
+            Ok(engine) => engine,
+            Err(status) => return done(Err(status)),
+        };
+        let refused = {
+            let mut stripe = self.stripe(ledger_id);
+            match engine.storage.set_explicit_lac(ledger_id, lac) {
+                Err(error) => Some((done, self.core.storage_status(&engine, &error))),
+                Ok(()) => {
+                    stripe.note_lac(ledger_id, Some(lac));
+                    self.append(&engine, JournalRecord::ExplicitLac { ledger_id, lac }, done)
+                }
+            }
+        };
+        if let Some((done, status)) = refused {
+            done(Err(status));
+        }
+    }
+
+    /// Deletes `ledger_id` (idempotent); `done` once the deletion is durable.
+    /// Taken while read-only: deleting is how a full disk gets space back.
+    pub fn delete_ledger(
+        &self,
+        ledger_id: u64,
+        done: impl FnOnce(Result<(), Status>) + Send + 'static,
+    ) {
+        let engine = match self.core.engine_for(WriteKind::Maintenance) {
+            Ok(engine) => engine,
+            Err(status) => return done(Err(status)),
+        };
+        let refused = {
+            let mut stripe = self.stripe(ledger_id);
+            match engine.storage.delete_ledger(ledger_id) {
+                Err(error) => Some((done, self.core.storage_status(&engine, &error))),
+                Ok(()) => {
+                    stripe.lacs.remove(&ledger_id);
+                    self.append(&engine, JournalRecord::LedgerDeleted { ledger_id }, done)
+                }
+            }
+        };
+        if let Some((done, status)) = refused {
+            done(Err(status));
+        }
+    }
+
+    /// The engine for a read: waits while a failed one is being replaced
+    /// (reads run on blocking-allowed threads); IoError if none serves.
+    fn engine_for_read(&self) -> Result<Arc<Engine>, Status> {
+        self.core.engine_blocking().ok_or(Status::IoError)
+    }
+
+    /// Reads entry `entry_id` (or, with `LAST_ENTRY`, the last stored one) of
+    /// `ledger_id`, with the ledger's known LAC. May read disk: call it from a
+    /// blocking-allowed thread. Served in every mode.
+    pub fn read_entry(&self, ledger_id: u64, entry_id: u64) -> Result<StoredEntry, Status> {
+        let engine = self.engine_for_read()?;
+        let storage = &engine.storage;
+        let entry_id = if entry_id == LAST_ENTRY {
+            let last = storage
+                .last_entry_id(ledger_id)
+                .map_err(|error| self.core.storage_status(&engine, &error))?;
+            last.ok_or(Status::NoSuchEntry)?
+        } else {
+            entry_id
+        };
+        let entry = storage
+            .get_entry(ledger_id, entry_id)
+            .map_err(|error| self.core.storage_status(&engine, &error))?;
+        let lac = self.read_lac_with(&engine, ledger_id)?;
+        Ok(StoredEntry {
+            entry_id,
+            entry,
+            lac,
+        })
+    }
+
+    /// The known LAC of `ledger_id`: the max of the LACs in its entries and any
+    /// explicit LAC. `NoSuchLedger` if this bookie has nothing of it. May read
+    /// disk (the first time after a restart): call it from a blocking-allowed
+    /// thread.
+    pub fn read_lac(&self, ledger_id: u64) -> Result<Option<u64>, Status> {
+        let engine = self.engine_for_read()?;
+        self.read_lac_with(&engine, ledger_id)
+    }
+
+    fn read_lac_with(&self, engine: &Engine, ledger_id: u64) -> Result<Option<u64>, Status> {
+        if !engine
+            .storage
+            .ledger_exists(ledger_id)
+            .map_err(|error| self.core.storage_status(engine, &error))?
+        {
+            return Err(Status::NoSuchLedger);
+        }
+        if let Some(known) = self.stripe(ledger_id).lacs.get(&ledger_id)
+            && known.complete
+        {
+            return Ok(known.lac);
+        }
+        // Derive from storage (outside the lock: this may read disk). Adds that
+        // land meanwhile raise the tracked value, which is folded in below.
+        let derived = self.stored_lac(engine, ledger_id)?;
+        let mut stripe = self.stripe(ledger_id);
+        stripe.make_room();
+        let known = stripe.lacs.entry(ledger_id).or_default();
+        known.lac = known.lac.max(derived);
+        known.complete = true;
+        Ok(known.lac)
+    }
+
+    /// LAC from storage alone: the LAC carried by the last stored entry (a
+    /// writer's LAC grows with its entry ids) and the explicit LAC.
+    fn stored_lac(&self, engine: &Engine, ledger_id: u64) -> Result<Option<u64>, Status> {
+        let storage = &engine.storage;
+        let explicit = match storage.explicit_lac(ledger_id) {
+            Ok(lac) => lac,
+            Err(error) => return Err(self.core.storage_status(engine, &error)),
+        };
+        let last = storage
+            .last_entry_id(ledger_id)
+            .map_err(|error| self.core.storage_status(engine, &error))?;
+        let Some(last) = last else {
+            return Ok(explicit);
+        };
+        let carried = match storage.get_entry(ledger_id, last) {
+            Ok(entry) => match parse_header(&entry) {
+                Ok(header) => header.last_add_confirmed,
+                Err(error) => {
+                    tracing::warn!(ledger_id, entry_id = last, %error, "stored entry has a bad header");
+                    return Err(Status::IoError);
+                }
+            },
+            // Deleted meanwhile.
+            Err(StorageError::NoSuchLedger { .. }) => return Err(Status::NoSuchLedger),
+            Err(error) => return Err(self.core.storage_status(engine, &error)),
+        };
+        Ok(carried.max(explicit))
+    }
+
+    /// What the bookie accepts now and why, with the last disk measure.
+    pub fn state(&self) -> BookieState {
+        self.core.health.state()
+    }
+
+    /// Journal and storage figures.
+    pub fn stats(&self) -> BookieStats {
+        let engine = self.core.engine_now();
+        BookieStats {
+            add_us: summary(&lock(&self.add_latency)),
+            checkpoint_us: summary(&lock(&self.core.checkpoint_latency)),
+            journal: engine
+                .as_ref()
+                .map(|e| e.journal.stats())
+                .unwrap_or_default(),
+            storage: engine
+                .as_ref()
+                .map(|e| e.storage.stats())
+                .unwrap_or_default(),
+            corrupt_reads: self.core.corrupt_reads.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whole latency distributions (µs) of the bookie's write-path stages
+    /// since it opened: copies for metrics exporters (take them per scrape).
+    pub fn latency_histograms(&self) -> BookieHistograms {
+        let current = self
+            .core
+            .engine_now()
+            .map(|e| e.journal.latency_histograms());
+        let mut journal = lock(&self.core.retired_journal).clone();
+        match (journal.as_mut(), current) {
+            (Some(sum), Some(current)) => merge_journal_histograms(sum, &current),
+            (None, Some(current)) => journal = Some(current),
+            (_, None) => {}
+        }
+        let journal = journal.unwrap_or_else(|| JournalHistograms {
+            queue_wait_us: latency_histogram(),
+            write_us: latency_histogram(),
+            fdatasync_us: latency_histogram(),
+        });
+        BookieHistograms {
+            add_us: lock(&self.add_latency).clone(),
+            journal,
+        }
+    }
+
+    /// Stops the disk monitor and the sync thread, syncs and closes the
+    /// journal (pending appends complete), and checkpoints storage at the
+    /// journal's end so the next open replays nothing. Idempotent; `Drop` does
+    /// the same.
+    pub fn shutdown(&self) {
+        self.monitor.stop.stop();
+        let handle = lock(&self.monitor.handle).take();
+        if let Some(handle) = handle
+            && handle.join().is_err()
+        {
+            tracing::error!("bookie disk monitor panicked");
+        }
+        let engine = self.core.engine.write().take();
+        if let Some(engine) = engine {
+            engine.close();
+        }
+    }
+
+    fn stripe(&self, ledger_id: u64) -> MutexGuard<'_, Stripe> {
+        // Fibonacci hashing spreads sequential ledger ids over the stripes.
+        let index =
+            (ledger_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 58) as usize & (LEDGER_STRIPES - 1);
+        // The guarded state is a LAC cache: consistent after any panic.
+        self.stripes[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Appends to the journal; `done` gets the outcome from the force-write
+    /// thread, or comes back with the refusal (for the caller to answer once it
+    /// holds no lock).
+    fn append<F>(&self, engine: &Engine, record: JournalRecord, done: F) -> Option<(F, Status)>
+    where
+        F: FnOnce(Result<(), Status>) + Send + 'static,
+    {
+        // The journal consumes its callback even when it refuses the record, so
+        // share `done` between the callback and the refusal path.
+        let slot = Arc::new(Mutex::new(Some(done)));
+        let from_journal = slot.clone();
+        let (health, generation) = (self.core.health.clone(), engine.generation);
+        let appended =
+            engine
+                .journal
+                .append(record, move |result: Result<JournalMark, JournalError>| {
+                    if let Err(error) = &result {
+                        note_journal_failure(&health, generation, error);
+                    }
+                    if let Some(done) = take(&from_journal) {
+                        done(result.map(|_| ()).map_err(|error| journal_status(&error)));
+                    }
+                });
+        match appended {
+            Ok(()) => None,
+            Err(error) => {
+                note_journal_failure(&self.core.health, generation, &error);
+                take(&slot).map(|done| (done, journal_status(&error)))
+            }
+        }
+    }
+}
+
+/// Records a journal failure that makes the bookie failed (not back-pressure,
+/// a refused record or a shutdown).
+fn note_journal_failure(health: &Health, generation: u64, error: &JournalError) {
+    match error {
+        JournalError::QueueFull { .. }
+        | JournalError::RecordTooLarge { .. }
+        | JournalError::ShutDown => {}
+        _ => health.fail(generation, &format!("journal failed: {error}")),
+    }
+}
+
+fn journal_status(error: &JournalError) -> Status {
+    match error {
+        JournalError::QueueFull { .. } => Status::TooManyRequests,
+        JournalError::RecordTooLarge { .. } => Status::BadRequest,
+        // Shut down, broken (a failed write or sync: ENOSPC, EIO): this bookie
+        // cannot write now; the writer replaces it.
+        _ => Status::ReadOnly,
+    }
+}
+
+fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
+    lock(slot).take()
+}
+
+/// Locks a mutex whose state stays consistent even if a holder panicked (a
+/// histogram, a callback slot).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn latency_histogram() -> Histogram<u64> {
+    // 1 µs .. 1 hour, 3 significant digits: constant, valid bounds.
+    #[allow(clippy::unwrap_used)]
+    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap()
+}
+
+fn summary(h: &Histogram<u64>) -> StageSummary {
+    if h.is_empty() {
+        return StageSummary::default();
+    }
+    StageSummary {
+        count: h.len(),
+        p50: h.value_at_quantile(0.50),
+        p99: h.value_at_quantile(0.99),
+        p999: h.value_at_quantile(0.999),
+        max: h.max(),
+    }
+}
+
+impl Drop for Bookie {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+impl Stripe {
+    /// Raises the tracked LAC; starts tracking (incomplete) if new.
+    fn note_lac(&mut self, ledger_id: u64, lac: Option<u64>) {
+        if lac.is_none() && !self.lacs.contains_key(&ledger_id) {
+            return;
+        }
+        self.make_room();
+        let known = self.lacs.entry(ledger_id).or_default();
+        known.lac = known.lac.max(lac);
+    }
+
+    fn make_room(&mut self) {
+        if self.lacs.len() >= LAC_TRACKED_PER_STRIPE_MAX {
+            self.lacs.clear();
+        }
+    }
+}

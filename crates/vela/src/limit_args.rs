@@ -1,0 +1,91 @@
+//! Broker limits shared by `vela standalone` and `vela broker`: connections in
+//! all and per client IP, producers and consumers per topic, consumers per
+//! subscription, the largest message, and each topic's publish rate.
+//!
+//! Owns: the flag names (Pulsar's setting names where there is one), their
+//! ranges (clap rejects a bad value naming the flag), and copying them into
+//! `BrokerConfig`.
+
+use clap::Args;
+use vela_broker::config::{
+    CONNECTIONS_MAX_DEFAULT, CONSUMERS_PER_SUBSCRIPTION_MAX, CONSUMERS_PER_TOPIC_MAX,
+    MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX,
+};
+use vela_broker::{BrokerConfig, ConnectionCaps, PublishRate, TopicLimits};
+
+/// Hard ceiling of `--max-connections`: each connection is two tasks and a
+/// 64 KiB buffer, so 1M is ~64 GiB of buffers at worst.
+const CONNECTIONS_CEILING: u64 = 1_000_000;
+
+/// Smallest `--max-message-size`: below it even a message's metadata and a
+/// small batch do not fit.
+const MESSAGE_SIZE_FLOOR_BYTES: u64 = 1024;
+
+/// Connection, topic and message limits.
+#[derive(Debug, Args)]
+pub(crate) struct LimitArgs {
+    /// Connections served at once (Pulsar's brokerMaxConnections). Past it a
+    /// new connection gets ERROR(NotAllowedError) and is closed.
+    #[arg(long, default_value_t = CONNECTIONS_MAX_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=CONNECTIONS_CEILING))]
+    max_connections: u64,
+    /// Connections from one client IP address (Pulsar's
+    /// brokerMaxConnectionsPerIp). Default: --max-connections.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=CONNECTIONS_CEILING))]
+    max_connections_per_ip: Option<u64>,
+    /// Producers on one topic (Pulsar's maxProducersPerTopic). Past it
+    /// PRODUCER gets ProducerBusy.
+    #[arg(long, default_value_t = PRODUCERS_PER_TOPIC_MAX as u64,
+          value_parser = clap::value_parser!(u64).range(1..=PRODUCERS_PER_TOPIC_MAX as u64))]
+    max_producers_per_topic: u64,
+    /// Consumers on one topic, over all its subscriptions (Pulsar's
+    /// maxConsumersPerTopic). Past it SUBSCRIBE gets ConsumerBusy.
+    #[arg(long, default_value_t = CONSUMERS_PER_TOPIC_MAX as u64,
+          value_parser = clap::value_parser!(u64).range(1..=CONSUMERS_PER_TOPIC_MAX as u64))]
+    max_consumers_per_topic: u64,
+    /// Consumers on one subscription (Pulsar's maxConsumersPerSubscription).
+    /// Past it SUBSCRIBE gets ConsumerBusy.
+    #[arg(long, default_value_t = CONSUMERS_PER_SUBSCRIPTION_MAX as u64,
+          value_parser = clap::value_parser!(u64).range(1..=CONSUMERS_PER_SUBSCRIPTION_MAX as u64))]
+    max_consumers_per_subscription: u64,
+    /// Largest message in bytes (Pulsar's maxMessageSize), told to clients
+    /// at CONNECT: they refuse bigger messages themselves (or chunk them); a
+    /// frame over it plus 10 KiB closes the connection, as in Pulsar.
+    #[arg(long, default_value_t = MAX_MESSAGE_SIZE_BYTES as u64,
+          value_parser = clap::value_parser!(u64).range(MESSAGE_SIZE_FLOOR_BYTES..=MAX_MESSAGE_SIZE_BYTES as u64))]
+    max_message_size: u64,
+    /// Messages per second one topic takes from its producers (Pulsar's
+    /// publish-rate policy). Past it the broker stops reading from the
+    /// sending producers' connections for a while: producers slow down,
+    /// nothing is refused. Default: no limit.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    publish_max_msg_rate_per_topic: Option<u64>,
+    /// Bytes per second one topic takes from its producers (as
+    /// --publish-max-msg-rate-per-topic). Default: no limit.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    publish_max_byte_rate_per_topic: Option<u64>,
+}
+
+impl LimitArgs {
+    /// Copies the flags into the broker's configuration.
+    pub(crate) fn apply(&self, config: &mut BrokerConfig) {
+        // Every value is range-checked by clap against a usize bound: the
+        // conversions cannot truncate.
+        let to_usize = |v: u64| usize::try_from(v).unwrap_or(usize::MAX);
+        let total_max = to_usize(self.max_connections);
+        config.connection_caps = ConnectionCaps {
+            total_max,
+            per_ip_max: self.max_connections_per_ip.map_or(total_max, to_usize),
+        };
+        config.topic_limits = TopicLimits {
+            producers_max: to_usize(self.max_producers_per_topic),
+            consumers_max: to_usize(self.max_consumers_per_topic),
+            consumers_per_subscription_max: to_usize(self.max_consumers_per_subscription),
+            publish_rate: PublishRate {
+                messages_per_s: self.publish_max_msg_rate_per_topic,
+                bytes_per_s: self.publish_max_byte_rate_per_topic,
+            },
+        };
+        config.max_message_size_bytes = to_usize(self.max_message_size);
+    }
+}
