@@ -145,6 +145,7 @@ impl Command {
     }
 
     /// The SEND, if this is one.
+    #[inline]
     pub fn as_send(&self) -> Option<&SendCommand> {
         match self {
             Command::Send(send) => Some(send),
