@@ -221,8 +221,8 @@ impl PartialEq<BaseCommand> for Command {
 /// SEND the scanner leaves alone) by prost. Checks that the type is known and
 /// its sub-message present, and returns that type too. Errors:
 /// [`WireError::Protobuf`], [`WireError::UnknownCommandType`],
-/// [`WireError::MissingCommandBody`].
-#[inline(always)]
+/// [`WireError::MissingCommandBody`]. (The frame decoder's SEND fast path
+/// calls the scanner itself; this is the general path's.)
 pub(crate) fn decode_command(bytes: &[u8]) -> Result<(Command, Type), WireError> {
     if let Some(send) = send::scan_send(bytes) {
         // Tests run with debug assertions: every SEND they decode is checked

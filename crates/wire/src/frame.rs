@@ -13,10 +13,14 @@
 //! end of the frame, kept verbatim by the broker and re-sent behind a MESSAGE
 //! command.
 //!
-//! Owns: frame layout, size limits, checksum verification. Guarantees: decode
-//! never copies payload bytes (everything is a `Bytes` slice of the frame),
-//! never allocates by an unchecked length, never panics on peer bytes. Never
-//! does I/O and never interprets payloads (see `batch`, `compression`).
+//! Owns: frame layout, size limits, checksum verification, and the SEND fast
+//! path (`decode_frame_body`): the usual SEND frame read into scalars and
+//! built once, everything else and every error left to the general path,
+//! which debug builds run beside it on each fast frame as a check.
+//! Guarantees: decode never copies payload bytes (everything is a `Bytes`
+//! slice of the frame), never allocates by an unchecked length, never panics
+//! on peer bytes. Never does I/O and never interprets payloads (see `batch`,
+//! `compression`).
 
 use std::sync::OnceLock;
 

@@ -5,6 +5,8 @@
 //! decode allocates strings and vectors it never reads. [`MetadataSummary::scan`]
 //! walks the protobuf once, checks its structure (tags, varints, lengths within
 //! bounds) and keeps only those fields; keys are [`ByteSpan`]s into the input.
+//! The frame decoder runs the same walk, keeping nothing, as its check of each
+//! payload section's metadata, so a summary scanned later cannot fail.
 //!
 //! Owns: the hand-written protobuf reader (`ProtoReader`). Never allocates
 //! and never panics on malformed input.
