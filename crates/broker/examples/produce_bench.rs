@@ -171,7 +171,11 @@ async fn main() {
     let mut receipts = 0u64;
     loop {
         while let Some(frame) = decoder.decode(&mut buf).unwrap() {
-            if let Some(receipt) = &frame.command.send_receipt {
+            if let Some(receipt) = frame
+                .command
+                .as_other()
+                .and_then(|c| c.send_receipt.as_ref())
+            {
                 assert_eq!(receipt.sequence_id, receipts, "receipts out of order");
                 receipts += 1;
             }
@@ -202,7 +206,7 @@ async fn main() {
     while received < messages {
         let mut last_id = None;
         while let Some(frame) = decoder.decode(&mut buf).unwrap() {
-            if let Some(message) = &frame.command.message {
+            if let Some(message) = frame.command.as_other().and_then(|c| c.message.as_ref()) {
                 received += 1;
                 last_id = Some(message.message_id.clone());
             }

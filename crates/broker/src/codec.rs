@@ -8,6 +8,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message as _;
+use vela_wire::Command;
 use vela_wire::proto::{self, BaseCommand};
 
 /// Why an inbound frame could not be used.
@@ -22,15 +23,15 @@ pub(crate) enum FrameError {
     #[error("checksum mismatch")]
     ChecksumMismatch {
         /// The command of the bad frame.
-        command: Box<BaseCommand>,
+        command: Command,
     },
 }
 
 /// One decoded frame from a client.
 #[derive(Debug)]
 pub(crate) struct Inbound {
-    /// The command.
-    pub(crate) command: BaseCommand,
+    /// The command: SEND compact, the rest as prost's BaseCommand.
+    pub(crate) command: Command,
     /// For SEND: the stored entry (0x0e01, CRC32C, metadataSize, metadata,
     /// payload), a zero-copy slice of the read buffer when the client sent a
     /// checksum.
@@ -63,7 +64,7 @@ impl Decoder {
                 let frame_bytes = before - buf.len();
                 Ok(Some(Inbound {
                     command: frame.command,
-                    entry: frame.payload.map(|p| p.stored_entry()),
+                    entry: frame.payload.map(|p| p.into_stored_entry()),
                     frame_bytes,
                 }))
             }

@@ -41,6 +41,7 @@ use vela_wire::proto::{
     command_partitioned_topic_metadata_response::LookupType as MetadataResult,
     command_subscribe::{InitialPosition, SubType},
 };
+use vela_wire::{Command, SendCommand};
 
 use crate::auth::{self, Principal, TopicAction};
 use crate::codec::{self, Decoder, FrameError, Inbound, Outbound};
@@ -295,7 +296,7 @@ impl Connection {
                             Ok(Some(frame)) => frame,
                             Ok(None) => break,
                             Err(FrameError::ChecksumMismatch { command }) => {
-                                if let Err(close) = self.on_checksum_mismatch(*command).await {
+                                if let Err(close) = self.on_checksum_mismatch(command).await {
                                     return close;
                                 }
                                 continue;
@@ -368,6 +369,19 @@ impl Connection {
             entry,
             frame_bytes,
         } = frame;
+        let command = match command {
+            // The hot command, compact: no BaseCommand is built for it.
+            Command::Send(send) => {
+                if !self.connected {
+                    return Err(Close(format!("{:?} before CONNECT", Type::Send)));
+                }
+                return match entry {
+                    Some(entry) => self.on_send(send, entry, frame_bytes).await,
+                    None => Err(Close("SEND without body or payload".into())),
+                };
+            }
+            Command::Other(command) => *command,
+        };
         let Ok(kind) = Type::try_from(command.r#type) else {
             return Err(Close(format!("unknown command type {}", command.r#type)));
         };
@@ -398,8 +412,13 @@ impl Connection {
                 Some(body) => self.on_producer(*body).await,
                 None => Err(missing(kind)),
             },
-            Type::Send => match (command.send, entry) {
-                (Some(body), Some(entry)) => self.on_send(*body, entry, frame_bytes).await,
+            // The decoder hands out every SEND as `Command::Send`; a SEND
+            // built some other way is still served.
+            Type::Send => match (command.send.as_deref(), entry) {
+                (Some(body), Some(entry)) => {
+                    self.on_send(SendCommand::from(body), entry, frame_bytes)
+                        .await
+                }
                 _ => Err(Close("SEND without body or payload".into())),
             },
             Type::CloseProducer => match command.close_producer {
@@ -889,7 +908,7 @@ impl Connection {
 
     async fn on_send(
         &mut self,
-        body: proto::CommandSend,
+        body: SendCommand,
         entry: Bytes,
         frame_bytes: usize,
     ) -> Result<(), Close> {
@@ -902,7 +921,7 @@ impl Connection {
         let received = Instant::now();
         let jobs = producer.jobs.clone();
         let sequence_id = body.sequence_id;
-        let highest_sequence_id = body.highest_sequence_id.unwrap_or(0);
+        let highest_sequence_id = body.highest_sequence_id().unwrap_or(0);
         // Size: the frame decoder already refused frames above
         // max_message_size + FRAME_PADDING_BYTES (closing the connection), as
         // the Java broker's frame decoder does; chunks of exactly
@@ -922,7 +941,7 @@ impl Connection {
         let Some(producer) = self.producers.get(&body.producer_id) else {
             return Ok(());
         };
-        let messages = body.num_messages.unwrap_or(1).max(1) as u32;
+        let messages = body.num_messages().unwrap_or(1).max(1) as u32;
         // Publish rate: past it, this connection stops reading for the pause
         // (Pulsar's throttling: TCP back-pressure, nothing refused).
         let pause = producer.topic.publish_pause(messages, entry.len());
@@ -953,8 +972,8 @@ impl Connection {
         Ok(())
     }
 
-    async fn on_checksum_mismatch(&mut self, command: BaseCommand) -> Result<(), Close> {
-        let Some(send) = command.send else {
+    async fn on_checksum_mismatch(&mut self, command: Command) -> Result<(), Close> {
+        let Some(send) = command.as_send() else {
             return Err(Close("checksum mismatch on a non-SEND frame".into()));
         };
         tracing::warn!(

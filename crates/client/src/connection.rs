@@ -147,7 +147,7 @@ impl Connection {
                     .decode(&mut buf)
                     .map_err(|e| failed(format!("bad frame in the handshake: {e}")))?
                 {
-                    let command = frame.command;
+                    let command = frame.command.into_base_command();
                     return match (command.r#type(), command.connected, command.error) {
                         (Type::Connected, Some(connected), _) => Ok(connected),
                         (Type::Error, _, Some(error)) => Err(failed(format!(
@@ -390,7 +390,9 @@ async fn read_loop(
     let reason = loop {
         match decoder.decode(&mut buf) {
             Ok(Some(frame)) => {
-                if let Err(reason) = dispatch(&shared, frame.command, frame.payload) {
+                if let Err(reason) =
+                    dispatch(&shared, frame.command.into_base_command(), frame.payload)
+                {
                     break reason;
                 }
                 continue;

@@ -76,7 +76,11 @@ impl Conn {
         vela_wire::encode_payload_frame(&command, &metadata, payload, &mut buf);
         self.stream.write_all(&buf).await.unwrap();
         let frame = self.recv().await;
-        let receipt = frame.command.send_receipt.expect("SEND_RECEIPT");
+        let receipt = frame
+            .command
+            .into_base_command()
+            .send_receipt
+            .expect("SEND_RECEIPT");
         assert_eq!(receipt.sequence_id, sequence_id);
     }
 }
@@ -150,7 +154,12 @@ fn main() {
             ..Default::default()
         })
         .await;
-        conn.recv().await.command.connected.expect("CONNECTED");
+        conn.recv()
+            .await
+            .command
+            .into_base_command()
+            .connected
+            .expect("CONNECTED");
         conn.send(proto::CommandProducer {
             topic: TOPIC.into(),
             producer_id: 1,
@@ -161,6 +170,7 @@ fn main() {
         conn.recv()
             .await
             .command
+            .into_base_command()
             .producer_success
             .expect("PRODUCER_SUCCESS");
 

@@ -1,12 +1,17 @@
-//! BaseCommand helpers: the table that ties each command type to its
-//! sub-message field, `From<CommandX> for BaseCommand` constructors, and the
-//! check that a decoded command carries the body its type names.
+//! Commands: [`Command`] (what the frame decoder hands out: SEND compact,
+//! the rest as prost's BaseCommand), `decode_command`, and BaseCommand
+//! helpers: the table that ties each command type to its sub-message field,
+//! `From<CommandX> for BaseCommand` constructors, and the check that a
+//! decoded command carries the body its type names.
 //!
-//! Owns: the type <-> field mapping (field number == type value). Never does
-//! I/O or framing.
+//! Owns: the type <-> field mapping (field number == type value), which
+//! decoder (scanner or prost) reads a command. Never does I/O or framing.
 
-use crate::metadata::ProtoReader;
-use crate::proto::{self, BaseCommand, CommandSend, base_command::Type};
+use prost::Message;
+
+use crate::error::WireError;
+use crate::proto::{self, BaseCommand, base_command::Type};
+use crate::send::{self, SendCommand};
 
 /// Defines, from one table, `From<body> for BaseCommand` (sets `type` and the
 /// matching boxed field) and `has_body`.
@@ -114,107 +119,145 @@ pub fn command_type(command: &BaseCommand) -> Option<Type> {
     Type::try_from(command.r#type).ok()
 }
 
-/// Parses a `BaseCommand { type: SEND, send: CommandSend }` without prost.
+/// A decoded command: SEND in its compact form, everything else as prost's
+/// BaseCommand.
 ///
-/// Returns `None`, and the caller falls back to prost, for anything else:
-/// another command, a field outside fields 1..=8 of CommandSend (e.g. the
-/// shadow-topic message_id), an unexpected wire type, or malformed bytes.
-/// For every input it accepts, the result equals prost's (later occurrences
-/// of a field win, int32 is the truncated varint, bool is `!= 0`).
-pub(crate) fn decode_send_fast(bytes: &[u8]) -> Option<BaseCommand> {
-    const WIRE_VARINT: u32 = 0;
-    const WIRE_LEN: u32 = 2;
-    let mut reader = ProtoReader::new(bytes, "BaseCommand");
-    let mut command_type = None;
-    let mut send: Option<CommandSend> = None;
-    while !reader.is_empty() {
-        match reader.tag().ok()? {
-            (1, WIRE_VARINT) => command_type = Some(reader.varint().ok()? as i32),
-            (6, WIRE_LEN) => {
-                let (start, end) = reader.len_delimited().ok()?;
-                // prost merges repeated occurrences of a message field.
-                let body = send.get_or_insert_with(CommandSend::default);
-                merge_send_fast(bytes.get(start..end)?, body)?;
-            }
-            _ => return None,
-        }
-    }
-    if command_type != Some(Type::Send as i32) {
-        return None;
-    }
-    Some(BaseCommand {
-        r#type: Type::Send as i32,
-        send: send.map(Box::new),
-        ..BaseCommand::default()
-    })
+/// The decoder guarantees: every SEND is `Send` (also the rare ones the
+/// scanner leaves to prost), `Other` holds a command whose `type` is known
+/// and whose sub-message is present, and never a SEND.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// SEND, read by the hand-written scanner (the hot command).
+    Send(SendCommand),
+    /// Every other command, decoded by prost. Boxed: BaseCommand is ~470
+    /// bytes and a frame should stay cheap to move.
+    Other(Box<BaseCommand>),
 }
 
-fn merge_send_fast(bytes: &[u8], send: &mut CommandSend) -> Option<()> {
-    const WIRE_VARINT: u32 = 0;
-    let mut reader = ProtoReader::new(bytes, "CommandSend");
-    while !reader.is_empty() {
-        let (field, wire_type) = reader.tag().ok()?;
-        if wire_type != WIRE_VARINT {
-            return None;
-        }
-        let value = reader.varint().ok()?;
-        match field {
-            1 => send.producer_id = value,
-            2 => send.sequence_id = value,
-            3 => send.num_messages = Some(value as i32),
-            4 => send.txnid_least_bits = Some(value),
-            5 => send.txnid_most_bits = Some(value),
-            6 => send.highest_sequence_id = Some(value),
-            7 => send.is_chunk = Some(value != 0),
-            8 => send.marker = Some(value != 0),
-            _ => return None,
+impl Command {
+    /// The command type; `None` only if an `Other` command's `type` was set
+    /// to an unknown value after decoding.
+    pub fn command_type(&self) -> Option<Type> {
+        match self {
+            Command::Send(_) => Some(Type::Send),
+            Command::Other(command) => command_type(command),
         }
     }
-    Some(())
+
+    /// The SEND, if this is one.
+    #[inline]
+    pub fn as_send(&self) -> Option<&SendCommand> {
+        match self {
+            Command::Send(send) => Some(send),
+            Command::Other(_) => None,
+        }
+    }
+
+    /// The prost command, for every command but SEND.
+    pub fn as_other(&self) -> Option<&BaseCommand> {
+        match self {
+            Command::Send(_) => None,
+            Command::Other(command) => Some(command),
+        }
+    }
+
+    /// The command as prost's BaseCommand (for encoding, or code that reads
+    /// commands other than SEND). Copies: `into_base_command` moves.
+    pub fn to_base_command(&self) -> BaseCommand {
+        match self {
+            Command::Send(send) => BaseCommand::from(*send),
+            Command::Other(command) => BaseCommand::clone(command),
+        }
+    }
+
+    /// The command as prost's BaseCommand, without copying an `Other`.
+    pub fn into_base_command(self) -> BaseCommand {
+        match self {
+            Command::Send(send) => BaseCommand::from(send),
+            Command::Other(command) => *command,
+        }
+    }
+}
+
+impl From<Command> for BaseCommand {
+    fn from(command: Command) -> Self {
+        command.into_base_command()
+    }
+}
+
+impl From<SendCommand> for Command {
+    fn from(send: SendCommand) -> Self {
+        Command::Send(send)
+    }
+}
+
+impl From<BaseCommand> for Command {
+    /// A SEND with its body becomes `Send` (dropping `message_id`, see
+    /// [`SendCommand`]), anything else `Other`, as the decoder does.
+    fn from(command: BaseCommand) -> Self {
+        match (command_type(&command), command.send.as_deref()) {
+            (Some(Type::Send), Some(send)) => Command::Send(SendCommand::from(send)),
+            _ => Command::Other(Box::new(command)),
+        }
+    }
+}
+
+impl PartialEq<BaseCommand> for Command {
+    /// Equal when the command, as a BaseCommand, equals `other` (a `Send`
+    /// equals the SEND with the same fields and no `message_id`).
+    fn eq(&self, other: &BaseCommand) -> bool {
+        match self {
+            Command::Send(send) => {
+                other.r#type == Type::Send as i32
+                    && other.send.as_deref() == Some(&send.to_command_send())
+                    && body_count(other) == 1
+            }
+            Command::Other(command) => **command == *other,
+        }
+    }
+}
+
+/// Decodes BaseCommand bytes: SEND by the scanner, everything else (and any
+/// SEND the scanner leaves alone) by prost. Checks that the type is known and
+/// its sub-message present, and returns that type too. Errors:
+/// [`WireError::Protobuf`], [`WireError::UnknownCommandType`],
+/// [`WireError::MissingCommandBody`]. (The frame decoder's SEND fast path
+/// calls the scanner itself; this is the general path's.)
+pub(crate) fn decode_command(bytes: &[u8]) -> Result<(Command, Type), WireError> {
+    if let Some(send) = send::scan_send(bytes) {
+        // Tests run with debug assertions: every SEND they decode is checked
+        // against prost.
+        debug_assert_eq!(
+            BaseCommand::decode(bytes)
+                .ok()
+                .as_ref()
+                .and_then(|command| command.send.as_deref())
+                .map(SendCommand::from),
+            Some(send)
+        );
+        return Ok((Command::Send(send), Type::Send));
+    }
+    decode_command_prost(bytes)
+}
+
+#[cold]
+fn decode_command_prost(bytes: &[u8]) -> Result<(Command, Type), WireError> {
+    let command = BaseCommand::decode(bytes).map_err(WireError::protobuf("BaseCommand"))?;
+    let Some(command_type) = command_type(&command) else {
+        return Err(WireError::UnknownCommandType {
+            value: command.r#type,
+        });
+    };
+    if !has_body(&command, command_type) {
+        return Err(WireError::MissingCommandBody { command_type });
+    }
+    Ok((Command::from(command), command_type))
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn fast_send_parser_matches_prost() {
-        use prost::Message;
-        let send = CommandSend {
-            producer_id: u64::MAX,
-            sequence_id: 1 << 40,
-            num_messages: Some(-1),
-            txnid_least_bits: Some(3),
-            txnid_most_bits: Some(4),
-            highest_sequence_id: Some(5),
-            is_chunk: Some(true),
-            marker: Some(false),
-            message_id: None,
-        };
-        let command = BaseCommand::from(send.clone());
-        let bytes = command.encode_to_vec();
-        assert_eq!(decode_send_fast(&bytes), Some(command));
-        // Falls back (None) for what it does not handle.
-        let with_message_id = BaseCommand::from(CommandSend {
-            message_id: Some(proto::MessageIdData::default()),
-            ..send
-        });
-        assert_eq!(decode_send_fast(&with_message_id.encode_to_vec()), None);
-        assert_eq!(
-            decode_send_fast(&BaseCommand::from(proto::CommandPing {}).encode_to_vec()),
-            None
-        );
-        assert_eq!(decode_send_fast(&[0x08]), None);
-        // Type SEND without the body: prost's answer (no body) is kept.
-        assert_eq!(
-            decode_send_fast(&[0x08, 0x06]),
-            Some(BaseCommand {
-                r#type: 6,
-                ..Default::default()
-            })
-        );
-    }
 
     #[test]
     fn from_sets_type_and_body() {

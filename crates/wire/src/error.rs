@@ -4,7 +4,8 @@
 //! peer bytes. The broker's policy per variant is in [`WireError::is_stream_fatal`]
 //! and the variant docs.
 
-use crate::proto::{BaseCommand, base_command::Type};
+use crate::command::Command;
+use crate::proto::base_command::Type;
 
 /// Why a frame could not be decoded.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +69,7 @@ pub enum WireError {
     /// command (when the error came from a whole frame) and keeps reading.
     #[error("checksum mismatch: frame says 0x{expected:08x}, computed 0x{computed:08x}")]
     ChecksumMismatch {
-        command: Option<Box<BaseCommand>>,
+        command: Option<Command>,
         expected: u32,
         computed: u32,
     },

@@ -17,8 +17,11 @@
 //! Map:
 //! - `frame`: [`FrameDecoder`] (stream -> [`Frame`]), [`PayloadSection`]
 //!   (checksum, metadata, payload, stored entry), the encoders, size limits.
-//! - `command`: `From<CommandX> for BaseCommand`, the type <-> sub-message
-//!   table, and the hand-written parser for SEND (the hot command).
+//! - `command`: [`Command`] (a frame's command: [`SendCommand`] or a boxed
+//!   prost BaseCommand), `From<CommandX> for BaseCommand`, the type <->
+//!   sub-message table.
+//! - `send`: [`SendCommand`] and the scanner that reads SEND (the hot
+//!   command) from the bytes, leaving anything unusual to prost.
 //! - `metadata`: [`MetadataSummary`], an allocation-free scan of the
 //!   MessageMetadata fields the broker reads per message.
 //! - `batch`, `compression`: the batch payload format and the five codecs.
@@ -36,6 +39,7 @@ mod error;
 pub mod frame;
 pub mod hash;
 pub mod metadata;
+mod send;
 
 /// Prost types generated from `proto/pulsar.proto` (package `pulsar.proto`).
 /// Sub-messages of `BaseCommand` are boxed; build a command with
@@ -51,6 +55,7 @@ pub mod proto {
     include!(concat!(env!("OUT_DIR"), "/pulsar.proto.rs"));
 }
 
+pub use command::Command;
 pub use error::WireError;
 pub use frame::{
     Checksum, EntryPeek, FRAME_HEADER_ROOM_BYTES, FRAME_SIZE_LIMIT_BYTES,
@@ -59,3 +64,4 @@ pub use frame::{
     encode_message_frame, encode_message_header, encode_payload_frame, peek_entry,
 };
 pub use metadata::{ByteSpan, MetadataSummary};
+pub use send::SendCommand;

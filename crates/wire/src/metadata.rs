@@ -5,6 +5,8 @@
 //! decode allocates strings and vectors it never reads. [`MetadataSummary::scan`]
 //! walks the protobuf once, checks its structure (tags, varints, lengths within
 //! bounds) and keeps only those fields; keys are [`ByteSpan`]s into the input.
+//! The frame decoder runs the same walk, keeping nothing, as its check of each
+//! payload section's metadata, so a summary scanned later cannot fail.
 //!
 //! Owns: the hand-written protobuf reader (`ProtoReader`). Never allocates
 //! and never panics on malformed input.
@@ -20,23 +22,55 @@ const WIRE_FIXED32: u32 = 5;
 /// A varint is at most 10 bytes (64 bits in 7-bit groups).
 const VARINT_BYTES_MAX: usize = 10;
 
+/// Why bytes are malformed. The reader's errors are this small value, not a
+/// `WireError`, so that the hot loop keeps everything in registers; callers
+/// turn it into [`WireError::MalformedProtobuf`] at the edge.
+pub(crate) type Malformed = &'static str;
+
+#[cold]
+fn malformed(reason: Malformed) -> WireError {
+    WireError::MalformedProtobuf {
+        what: "MessageMetadata",
+        reason,
+    }
+}
+
+/// A varint of two or more bytes: (value, bytes read).
+#[inline(always)]
+fn varint_multi(input: &[u8]) -> Result<(u64, usize), Malformed> {
+    let mut value: u64 = 0;
+    for index in 0..VARINT_BYTES_MAX {
+        let Some(&byte) = input.get(index) else {
+            return Err("varint runs past the end");
+        };
+        if index == VARINT_BYTES_MAX - 1 && byte > 1 {
+            return Err("varint overflows 64 bits");
+        }
+        value |= u64::from(byte & 0x7f) << (7 * index);
+        if byte < 0x80 {
+            return Ok((value, index + 1));
+        }
+    }
+    Err("varint longer than 10 bytes")
+}
+
 /// A cursor over protobuf bytes that checks every read.
+///
+/// Every method is inlined and nothing takes the reader's address out of
+/// line: a reader in memory would make each byte read wait on a store and a
+/// reload.
 #[derive(Debug)]
 pub(crate) struct ProtoReader<'a> {
     bytes: &'a [u8],
     offset: usize,
-    what: &'static str,
 }
 
 impl<'a> ProtoReader<'a> {
-    pub(crate) fn new(bytes: &'a [u8], what: &'static str) -> Self {
-        ProtoReader {
-            bytes,
-            offset: 0,
-            what,
-        }
+    pub(crate) fn new(bytes: &'a [u8]) -> Self {
+        ProtoReader { bytes, offset: 0 }
     }
 
+    #[inline(always)]
     pub(crate) fn is_empty(&self) -> bool {
         self.offset >= self.bytes.len()
     }
@@ -45,15 +79,8 @@ impl<'a> ProtoReader<'a> {
         self.offset
     }
 
-    fn malformed(&self, reason: &'static str) -> WireError {
-        WireError::MalformedProtobuf {
-            what: self.what,
-            reason,
-        }
-    }
-
-    #[inline]
-    pub(crate) fn varint(&mut self) -> Result<u64, WireError> {
+    #[inline(always)]
+    pub(crate) fn varint(&mut self) -> Result<u64, Malformed> {
         // Fast path: one-byte varint.
         if let Some(&byte) = self.bytes.get(self.offset)
             && byte < 0x80
@@ -61,85 +88,73 @@ impl<'a> ProtoReader<'a> {
             self.offset += 1;
             return Ok(u64::from(byte));
         }
-        let mut value: u64 = 0;
-        let mut index = 0;
-        while index < VARINT_BYTES_MAX {
-            let Some(&byte) = self.bytes.get(self.offset + index) else {
-                return Err(self.malformed("varint runs past the end"));
-            };
-            if index == VARINT_BYTES_MAX - 1 && byte > 1 {
-                return Err(self.malformed("varint overflows 64 bits"));
-            }
-            value |= u64::from(byte & 0x7f) << (7 * index);
-            index += 1;
-            if byte < 0x80 {
-                self.offset += index;
-                return Ok(value);
-            }
-        }
-        Err(self.malformed("varint longer than 10 bytes"))
+        let (value, len) = varint_multi(self.bytes.get(self.offset..).unwrap_or_default())?;
+        self.offset += len;
+        Ok(value)
     }
 
     /// Reads a tag; returns (field number, wire type).
-    #[inline]
-    pub(crate) fn tag(&mut self) -> Result<(u32, u32), WireError> {
+    #[inline(always)]
+    pub(crate) fn tag(&mut self) -> Result<(u32, u32), Malformed> {
         let key = self.varint()?;
         let Ok(key) = u32::try_from(key) else {
-            return Err(self.malformed("tag exceeds 32 bits"));
+            return Err("tag exceeds 32 bits");
         };
         let field = key >> 3;
         if field == 0 {
-            return Err(self.malformed("field number 0"));
+            return Err("field number 0");
         }
         Ok((field, key & 7))
     }
 
     /// Reads a length-delimited field's bounds (start, end) within the input.
-    #[inline]
-    pub(crate) fn len_delimited(&mut self) -> Result<(usize, usize), WireError> {
+    #[inline(always)]
+    pub(crate) fn len_delimited(&mut self) -> Result<(usize, usize), Malformed> {
         let len = self.varint()?;
         let remaining = self.bytes.len() - self.offset;
         if len > remaining as u64 {
-            return Err(self.malformed("length runs past the end"));
+            return Err("length runs past the end");
         }
         let start = self.offset;
         self.offset += len as usize; // len <= remaining, fits in usize
         Ok((start, self.offset))
     }
 
-    fn fixed(&mut self, size: usize) -> Result<&'a [u8], WireError> {
-        let Some(slice) = self.bytes.get(self.offset..self.offset + size) else {
-            return Err(self.malformed("fixed-width value runs past the end"));
-        };
+    #[inline(always)]
+    fn fixed(&mut self, size: usize) -> Result<(), Malformed> {
+        if self.bytes.len() - self.offset < size {
+            return Err("fixed-width value runs past the end");
+        }
         self.offset += size;
-        Ok(slice)
+        Ok(())
     }
 
     /// Skips a field of `wire_type` whose tag has been read.
-    pub(crate) fn skip(&mut self, wire_type: u32) -> Result<(), WireError> {
+    #[inline(always)]
+    pub(crate) fn skip(&mut self, wire_type: u32) -> Result<(), Malformed> {
         match wire_type {
             WIRE_VARINT => self.varint().map(drop),
-            WIRE_FIXED64 => self.fixed(8).map(drop),
+            WIRE_FIXED64 => self.fixed(8),
             WIRE_LEN => self.len_delimited().map(drop),
-            WIRE_FIXED32 => self.fixed(4).map(drop),
-            _ => Err(self.malformed("unsupported wire type (groups are not used by Pulsar)")),
+            WIRE_FIXED32 => self.fixed(4),
+            _ => Err("unsupported wire type (groups are not used by Pulsar)"),
         }
     }
 
     /// Reads a varint field, checking the wire type.
-    #[inline]
-    pub(crate) fn varint_field(&mut self, wire_type: u32) -> Result<u64, WireError> {
+    #[inline(always)]
+    pub(crate) fn varint_field(&mut self, wire_type: u32) -> Result<u64, Malformed> {
         if wire_type != WIRE_VARINT {
-            return Err(self.malformed("expected a varint field"));
+            return Err("expected a varint field");
         }
         self.varint()
     }
 
     /// Reads a length-delimited field, checking the wire type.
-    #[inline]
-    pub(crate) fn len_field(&mut self, wire_type: u32) -> Result<(usize, usize), WireError> {
+    #[inline(always)]
+    pub(crate) fn len_field(&mut self, wire_type: u32) -> Result<(usize, usize), Malformed> {
         if wire_type != WIRE_LEN {
-            return Err(self.malformed("expected a length-delimited field"));
+            return Err("expected a length-delimited field");
         }
         self.len_delimited()
     }
@@ -208,34 +223,81 @@ pub struct MetadataSummary {
     pub chunk_id: Option<i32>,
 }
 
+/// Checks MessageMetadata bytes exactly as [`MetadataSummary::scan`] does
+/// (the same walk: a payload section's summary, scanned later, cannot fail),
+/// keeping nothing: the frame decoder's per-SEND check.
+#[inline(always)]
+pub(crate) fn check(metadata: &[u8]) -> Result<(), WireError> {
+    walk(metadata, |_, _| {}, |_, _| {}).map_err(malformed)
+}
+
+/// [`check`] as a bool, for the SEND fast path (which leaves errors to the
+/// general path).
+#[inline(always)]
+pub(crate) fn is_well_formed(metadata: &[u8]) -> bool {
+    walk(metadata, |_, _| {}, |_, _| {}).is_ok()
+}
+
+/// Walks MessageMetadata bytes once, checking their structure (tags, varints,
+/// lengths within bounds, the wire type of each field the summary keeps) and
+/// handing each kept field to `on_varint` or `on_bytes`. Inlined into each
+/// caller, so that `check` compiles to the bare walk.
+#[inline(always)]
+fn walk(
+    metadata: &[u8],
+    mut on_varint: impl FnMut(u32, u64),
+    mut on_bytes: impl FnMut(u32, ByteSpan),
+) -> Result<(), Malformed> {
+    debug_assert!(metadata.len() <= crate::FRAME_SIZE_LIMIT_BYTES);
+    let mut reader = ProtoReader::new(metadata);
+    while !reader.is_empty() {
+        let (field, wire_type) = reader.tag()?;
+        match field {
+            1 | 6 | 18 => on_bytes(field, ByteSpan::new(reader.len_field(wire_type)?)),
+            2 | 3 | 8 | 9 | 11 | 12 | 19 | 20 | 24 | 27 | 29 => {
+                on_varint(field, reader.varint_field(wire_type)?);
+            }
+            _ => reader.skip(wire_type)?,
+        }
+    }
+    debug_assert_eq!(reader.offset(), metadata.len());
+    Ok(())
+}
+
 impl MetadataSummary {
     /// Scans MessageMetadata bytes (at most [`crate::FRAME_SIZE_LIMIT_BYTES`] long).
     pub fn scan(metadata: &[u8]) -> Result<MetadataSummary, WireError> {
-        debug_assert!(metadata.len() <= crate::FRAME_SIZE_LIMIT_BYTES);
         let mut summary = MetadataSummary::default();
-        let mut reader = ProtoReader::new(metadata, "MessageMetadata");
-        while !reader.is_empty() {
-            let (field, wire_type) = reader.tag()?;
-            match field {
-                1 => summary.producer_name = Some(ByteSpan::new(reader.len_field(wire_type)?)),
-                2 => summary.sequence_id = Some(reader.varint_field(wire_type)?),
-                3 => summary.publish_time_ms = Some(reader.varint_field(wire_type)?),
-                6 => summary.partition_key = Some(ByteSpan::new(reader.len_field(wire_type)?)),
+        let mut spans = [None; 3];
+        walk(
+            metadata,
+            |field, value| match field {
+                2 => summary.sequence_id = Some(value),
+                3 => summary.publish_time_ms = Some(value),
                 // int32/enum: protobuf truncates the varint to 32 bits.
-                8 => summary.compression = Some(reader.varint_field(wire_type)? as i32),
-                9 => summary.uncompressed_size = Some(reader.varint_field(wire_type)? as u32),
-                11 => summary.num_messages_in_batch = Some(reader.varint_field(wire_type)? as i32),
-                12 => summary.event_time_ms = Some(reader.varint_field(wire_type)?),
-                18 => summary.ordering_key = Some(ByteSpan::new(reader.len_field(wire_type)?)),
-                19 => summary.deliver_at_time_ms = Some(reader.varint_field(wire_type)? as i64),
-                20 => summary.marker_type = Some(reader.varint_field(wire_type)? as i32),
-                24 => summary.highest_sequence_id = Some(reader.varint_field(wire_type)?),
-                27 => summary.num_chunks_from_msg = Some(reader.varint_field(wire_type)? as i32),
-                29 => summary.chunk_id = Some(reader.varint_field(wire_type)? as i32),
-                _ => reader.skip(wire_type)?,
-            }
-        }
-        debug_assert_eq!(reader.offset(), metadata.len());
+                8 => summary.compression = Some(value as i32),
+                9 => summary.uncompressed_size = Some(value as u32),
+                11 => summary.num_messages_in_batch = Some(value as i32),
+                12 => summary.event_time_ms = Some(value),
+                19 => summary.deliver_at_time_ms = Some(value as i64),
+                20 => summary.marker_type = Some(value as i32),
+                24 => summary.highest_sequence_id = Some(value),
+                27 => summary.num_chunks_from_msg = Some(value as i32),
+                29 => summary.chunk_id = Some(value as i32),
+                _ => debug_assert!(false, "walk passed varint field {field}"),
+            },
+            |field, span| match field {
+                1 => spans[0] = Some(span),
+                6 => spans[1] = Some(span),
+                _ => spans[2] = Some(span),
+            },
+        )
+        .map_err(malformed)?;
+        [
+            summary.producer_name,
+            summary.partition_key,
+            summary.ordering_key,
+        ] = spans;
         Ok(summary)
     }
 

@@ -16,7 +16,7 @@ use vela_wire::proto::{
     base_command::Type,
     command_subscribe::{InitialPosition, SubType},
 };
-use vela_wire::{Frame, FrameDecoder};
+use vela_wire::{FrameDecoder, PayloadSection};
 
 pub const TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -31,6 +31,30 @@ pub async fn start_broker_with(tweak: impl FnOnce(&mut BrokerConfig)) -> BrokerH
     Broker::start(config, meta, vela_log::LogEnv::in_memory())
         .await
         .unwrap()
+}
+
+/// A frame from the broker, its command as prost's BaseCommand (the broker
+/// never sends SEND, the one command `vela_wire::Command` keeps compact), so
+/// that tests read `frame.command.send_receipt` and the like directly.
+#[derive(Debug)]
+pub struct Frame {
+    pub command: BaseCommand,
+    pub payload: Option<PayloadSection>,
+}
+
+impl Frame {
+    pub fn command_type(&self) -> Option<Type> {
+        Type::try_from(self.command.r#type).ok()
+    }
+}
+
+impl From<vela_wire::Frame> for Frame {
+    fn from(frame: vela_wire::Frame) -> Self {
+        Frame {
+            command: frame.command.into_base_command(),
+            payload: frame.payload,
+        }
+    }
 }
 
 /// A hand-driven client: one boundary helper for every test.
@@ -125,7 +149,7 @@ impl Client {
                     if frame.command_type() == Some(Type::Ping) {
                         continue;
                     }
-                    return Some(frame);
+                    return Some(Frame::from(frame));
                 }
                 match self.stream.read_buf(&mut self.buf).await {
                     Ok(0) | Err(_) => return None,
