@@ -90,6 +90,13 @@ pub(crate) enum Outbound {
         /// The stored entry, shared with the log's tail cache.
         entry: Bytes,
     },
+    /// A SEND_RECEIPT; its publish latency is recorded once it is written.
+    Receipt {
+        /// The SEND_RECEIPT frame.
+        frame: Bytes,
+        /// When its SEND arrived, and where the latency goes.
+        timing: crate::metrics::PublishTiming,
+    },
 }
 
 /// Encodes a simple command frame.

@@ -187,6 +187,7 @@ async fn serve_halves<R, W>(
         pending_sends: Arc::new(Semaphore::new(limits.pending_sends_max)),
         pending_bytes: Arc::new(Semaphore::new(limits.pending_send_bytes_max)),
         auth: ConnAuth::default(),
+        read_at: Instant::now(),
         service,
     };
     let reason = connection.run(read_half, shutdown).await;
@@ -222,6 +223,9 @@ struct Connection {
     pending_sends: Arc<Semaphore>,
     pending_bytes: Arc<Semaphore>,
     auth: ConnAuth,
+    /// When the bytes being handled were read from the socket (the start of
+    /// a SEND's broker publish stage).
+    read_at: Instant,
 }
 
 /// Authentication state of a connection (empty when auth is off).
@@ -287,7 +291,10 @@ impl Connection {
                 read = read_half.read_buf(&mut buf) => {
                     match read {
                         Ok(0) => return Close("peer closed the connection".into()),
-                        Ok(_) => ping_outstanding = false,
+                        Ok(_) => {
+                            ping_outstanding = false;
+                            self.read_at = Instant::now();
+                        }
                         Err(e) => return Close(format!("read error: {e}")),
                     }
                     let mut handled = 0;
@@ -918,7 +925,7 @@ impl Connection {
                 body.producer_id
             )));
         };
-        let received = Instant::now();
+        let received = self.read_at;
         let jobs = producer.jobs.clone();
         let sequence_id = body.sequence_id;
         let highest_sequence_id = body.highest_sequence_id().unwrap_or(0);
@@ -1483,16 +1490,25 @@ async fn receipt_loop(
                     topic_metrics
                         .storage_write_latency
                         .record(durable.saturating_duration_since(issued));
-                    let publish = durable.saturating_duration_since(received);
-                    metrics.publish_latency.record(publish);
-                    topic_metrics.publish_latency.record(publish);
-                    receipt(
+                    let frame = receipt(
                         producer_id,
                         sequence_id,
                         highest_sequence_id,
                         position.ledger_id,
                         position.entry_id,
-                    )
+                    );
+                    match frame {
+                        // Recorded by the writer once the receipt is out.
+                        Outbound::Simple(frame) => Outbound::Receipt {
+                            frame,
+                            timing: crate::metrics::PublishTiming {
+                                received,
+                                service: Arc::clone(&service),
+                                topic: topic_metrics,
+                            },
+                        },
+                        other => other,
+                    }
                 }
                 Err(e) => {
                     metrics
@@ -1578,13 +1594,14 @@ async fn write_loop<W: AsyncWrite + Unpin>(
 ) {
     let budget = frames_per_wakeup.max(1);
     let mut batch: Vec<Bytes> = Vec::with_capacity(budget * 2);
+    let mut timings: Vec<crate::metrics::PublishTiming> = Vec::with_capacity(budget);
     while let Some(first) = frames.recv().await {
-        push_frame(&mut batch, first);
+        push_frame(&mut batch, &mut timings, first);
         let mut count = 1;
         while count < budget {
             match frames.try_recv() {
                 Ok(frame) => {
-                    push_frame(&mut batch, frame);
+                    push_frame(&mut batch, &mut timings, frame);
                     count += 1;
                 }
                 Err(_) => break,
@@ -1594,17 +1611,29 @@ async fn write_loop<W: AsyncWrite + Unpin>(
             tracing::debug!(error = %e, "write failed");
             return;
         }
+        let written = Instant::now();
+        for timing in timings.drain(..) {
+            timing.record(written);
+        }
         batch.clear();
     }
     let _ = writer.shutdown().await;
 }
 
-fn push_frame(batch: &mut Vec<Bytes>, frame: Outbound) {
+fn push_frame(
+    batch: &mut Vec<Bytes>,
+    timings: &mut Vec<crate::metrics::PublishTiming>,
+    frame: Outbound,
+) {
     match frame {
         Outbound::Simple(bytes) => batch.push(bytes),
         Outbound::Message { header, entry } => {
             batch.push(header);
             batch.push(entry);
+        }
+        Outbound::Receipt { frame, timing } => {
+            batch.push(frame);
+            timings.push(timing);
         }
     }
 }

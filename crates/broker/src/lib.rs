@@ -484,6 +484,7 @@ async fn refuse(mut stream: TcpStream, message: String) {
     }) {
         codec::Outbound::Simple(bytes) => bytes,
         codec::Outbound::Message { header, .. } => header,
+        codec::Outbound::Receipt { frame, .. } => frame,
     };
     let write = async {
         stream.write_all(&frame).await?;

@@ -230,7 +230,7 @@ impl LatencySnapshot {
 /// A stage of the write path (DESIGN §8), outermost first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stage {
-    /// Broker: SEND received → SEND_RECEIPT queued.
+    /// Broker: SEND read from the socket → SEND_RECEIPT written to it.
     BrokerPublish,
     /// Ledger client: add submitted → acknowledged by Qa bookies in order.
     LedgerAdd,
@@ -396,10 +396,33 @@ pub const STORAGE_METRICS_PER_SOURCE_MAX: usize = 1024;
 /// handful of bookies; 64 bounds the list. When reached: registration fails.
 pub const WRITE_PATH_SOURCES_MAX: usize = 64;
 
+/// A publish on its way out: recorded by the connection's writer right after
+/// the SEND_RECEIPT went into the socket, so the broker publish stage spans
+/// everything the broker does for a SEND (socket read → socket write).
+#[derive(Debug, Clone)]
+pub(crate) struct PublishTiming {
+    /// When the bytes holding the SEND were read from the socket.
+    pub(crate) received: std::time::Instant,
+    /// The broker (its broker-wide histogram).
+    pub(crate) service: std::sync::Arc<crate::service::Service>,
+    /// The topic's histograms.
+    pub(crate) topic: std::sync::Arc<TopicMetrics>,
+}
+
+impl PublishTiming {
+    /// Records the publish as complete at `written`.
+    pub(crate) fn record(self, written: std::time::Instant) {
+        let latency = written.saturating_duration_since(self.received);
+        self.service.metrics.publish_latency.record(latency);
+        self.topic.publish_latency.record(latency);
+    }
+}
+
 /// Per-topic latencies.
 #[derive(Debug, Default)]
 pub(crate) struct TopicMetrics {
-    /// SEND received → receipt queued (the topic's share of broker publish).
+    /// SEND read from the socket → its receipt written (the topic's share of
+    /// broker publish).
     pub(crate) publish_latency: LatencyHistogram,
     /// Append issued → durable (Pulsar's storage write latency).
     pub(crate) storage_write_latency: LatencyHistogram,
