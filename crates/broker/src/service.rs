@@ -100,20 +100,28 @@ impl Service {
         format!("{CLUSTER_NAME}-0-{n}")
     }
 
+    /// The policies of `topic`'s namespace; TopicNotFound when the namespace
+    /// does not exist (what PARTITIONED_METADATA, LOOKUP and topic opens
+    /// answer then).
+    async fn namespace_policies_of(
+        &self,
+        topic: &TopicName,
+    ) -> Result<NamespacePolicies, ServiceError> {
+        self.admin
+            .namespace_policies(&topic.namespace)
+            .await?
+            .ok_or_else(|| {
+                ServiceError::new(
+                    ServerError::TopicNotFound,
+                    format!("Namespace {} does not exist", topic.namespace),
+                )
+            })
+    }
+
     /// Partitions to answer in PARTITIONED_METADATA: N for a partitioned
     /// topic, 0 otherwise. Fails when the namespace does not exist.
     pub(crate) async fn partitions_of(&self, topic: &TopicName) -> Result<u32, ServiceError> {
-        if self
-            .admin
-            .namespace_policies(&topic.namespace)
-            .await?
-            .is_none()
-        {
-            return Err(ServiceError::new(
-                ServerError::TopicNotFound,
-                format!("Namespace {} does not exist", topic.namespace),
-            ));
-        }
+        self.namespace_policies_of(topic).await?;
         // A partition is itself a plain topic (as Pulsar answers): a client
         // opening `t-partition-0` must not look for its partitions.
         if topic.partition.is_some() {
@@ -141,12 +149,7 @@ impl Service {
                 "non-persistent topics are not supported",
             ));
         }
-        let Some(policies) = self.admin.namespace_policies(&topic.namespace).await? else {
-            return Err(ServiceError::new(
-                ServerError::TopicNotFound,
-                format!("Namespace {} does not exist", topic.namespace),
-            ));
-        };
+        let policies = self.namespace_policies_of(topic).await?;
         if let Some(ownership) = self.ownership.get() {
             ownership
                 .check_owned(topic)
@@ -244,17 +247,7 @@ impl Service {
         topic: &TopicName,
         authoritative: bool,
     ) -> Result<(String, String, bool), ServiceError> {
-        if self
-            .admin
-            .namespace_policies(&topic.namespace)
-            .await?
-            .is_none()
-        {
-            return Err(ServiceError::new(
-                ServerError::TopicNotFound,
-                format!("Namespace {} does not exist", topic.namespace),
-            ));
-        }
+        self.namespace_policies_of(topic).await?;
         let Some(ownership) = self.ownership.get() else {
             let http_url = self.http_url.get().cloned().unwrap_or_default();
             return Ok((self.advertised_url.clone(), http_url, false));

@@ -87,6 +87,14 @@ struct Waiter {
     request_id: u64,
 }
 
+/// A subscription task that ended while asked to do something.
+fn subscription_closing() -> ServiceError {
+    ServiceError::new(
+        ServerError::ServiceNotReady,
+        "subscription is closing, retry",
+    )
+}
+
 /// Tells a producer's connection the broker closed it.
 fn close_producer(reg: &ProducerReg) {
     let _ = reg
@@ -588,18 +596,12 @@ impl Topic {
             reply,
         };
         if handle.tx.send(command).await.is_err() {
-            return Err(ServiceError::new(
-                ServerError::ServiceNotReady,
-                "subscription is closing, retry",
-            ));
+            return Err(subscription_closing());
         }
         match answer.await {
             Ok(Ok(())) => Ok((handle, slot)),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(ServiceError::new(
-                ServerError::ServiceNotReady,
-                "subscription is closing, retry",
-            )),
+            Err(_) => Err(subscription_closing()),
         }
     }
 
@@ -832,6 +834,20 @@ impl Topic {
             .filter(|h| !h.tx.is_closed())
     }
 
+    /// Runs `command` on the subscription's task when one is running.
+    /// `None`: no task took it (the caller works on the durable cursor
+    /// itself); `Some(None)`: the task ended before answering.
+    async fn ask_live<T>(
+        &self,
+        name: &str,
+        command: impl FnOnce(oneshot::Sender<T>) -> SubCommand,
+    ) -> Option<Option<T>> {
+        let handle = self.live_subscription(name)?;
+        let (reply, answer) = oneshot::channel();
+        handle.tx.send(command(reply)).await.ok()?;
+        Some(answer.await.ok())
+    }
+
     fn not_found(&self, name: &str) -> AdminError {
         AdminError::NotFound(format!(
             "Subscription {name} not found for topic {}",
@@ -890,23 +906,13 @@ impl Topic {
         name: &str,
         target: crate::subscription::SeekTarget,
     ) -> Result<(), AdminError> {
-        if let Some(handle) = self.live_subscription(name) {
-            let (reply, answer) = oneshot::channel();
-            if handle
-                .tx
-                .send(SubCommand::Seek { target, reply })
-                .await
-                .is_ok()
-            {
-                return match answer.await {
-                    Ok(result) => Ok(result?),
-                    Err(_) => Err(ServiceError::new(
-                        ServerError::ServiceNotReady,
-                        "subscription is closing, retry",
-                    )
-                    .into()),
-                };
-            }
+        match self
+            .ask_live(name, |reply| SubCommand::Seek { target, reply })
+            .await
+        {
+            Some(Some(result)) => return Ok(result?),
+            Some(None) => return Err(subscription_closing().into()),
+            None => {}
         }
         let Some(cursor) = self.log.cursor(name) else {
             return Err(self.not_found(name));
@@ -919,17 +925,11 @@ impl Topic {
 
     /// The subscription's mark-delete position (`Ok(None)`: nothing acked).
     async fn mark_delete_of(&self, name: &str) -> Result<Option<Position>, AdminError> {
-        if let Some(handle) = self.live_subscription(name) {
-            let (reply, answer) = oneshot::channel();
-            if handle
-                .tx
-                .send(SubCommand::MarkDelete { reply })
-                .await
-                .is_ok()
-                && let Ok(position) = answer.await
-            {
-                return Ok(position);
-            }
+        if let Some(Some(position)) = self
+            .ask_live(name, |reply| SubCommand::MarkDelete { reply })
+            .await
+        {
+            return Ok(position);
         }
         match self.log.cursor(name) {
             Some(cursor) => Ok(cursor.mark_delete_position()),
@@ -944,23 +944,15 @@ impl Topic {
         position: Position,
         expired: bool,
     ) -> Result<(), AdminError> {
-        if let Some(handle) = self.live_subscription(name) {
-            let (reply, answer) = oneshot::channel();
-            let command = SubCommand::AckUpTo {
-                position,
-                expired,
-                reply,
-            };
-            if handle.tx.send(command).await.is_ok() {
-                return match answer.await {
-                    Ok(result) => Ok(result?),
-                    Err(_) => Err(ServiceError::new(
-                        ServerError::ServiceNotReady,
-                        "subscription is closing, retry",
-                    )
-                    .into()),
-                };
-            }
+        let command = |reply| SubCommand::AckUpTo {
+            position,
+            expired,
+            reply,
+        };
+        match self.ask_live(name, command).await {
+            Some(Some(result)) => return Ok(result?),
+            Some(None) => return Err(subscription_closing().into()),
+            None => {}
         }
         let Some(cursor) = self.log.cursor(name) else {
             return Err(self.not_found(name));
