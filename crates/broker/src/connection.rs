@@ -164,7 +164,12 @@ async fn serve_halves<R, W>(
 {
     let limits = service.config.limits.clone();
     let (out, out_rx) = mpsc::channel(limits.outbound_frames_max);
-    let writer = tokio::spawn(write_loop(write_half, out_rx, limits.frames_per_wakeup_max));
+    let writer = tokio::spawn(write_loop(
+        write_half,
+        out_rx,
+        limits.frames_per_wakeup_max,
+        Arc::clone(&service),
+    ));
     // Events: at most one per producer and consumer of this connection
     // outstanding in practice; sized to never fill in normal operation.
     let (events_tx, events_rx) = mpsc::channel(2 * (limits.producers_max + limits.consumers_max));
@@ -1503,7 +1508,6 @@ async fn receipt_loop(
                             frame,
                             timing: crate::metrics::PublishTiming {
                                 received,
-                                service: Arc::clone(&service),
                                 topic: topic_metrics,
                             },
                         },
@@ -1591,6 +1595,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
     mut writer: W,
     mut frames: mpsc::Receiver<Outbound>,
     frames_per_wakeup: usize,
+    service: Arc<Service>,
 ) {
     let budget = frames_per_wakeup.max(1);
     let mut batch: Vec<Bytes> = Vec::with_capacity(budget * 2);
@@ -1613,7 +1618,7 @@ async fn write_loop<W: AsyncWrite + Unpin>(
         }
         let written = Instant::now();
         for timing in timings.drain(..) {
-            timing.record(written);
+            timing.record(written, &service.metrics.publish_latency);
         }
         batch.clear();
     }

@@ -403,17 +403,16 @@ pub const WRITE_PATH_SOURCES_MAX: usize = 64;
 pub(crate) struct PublishTiming {
     /// When the bytes holding the SEND were read from the socket.
     pub(crate) received: std::time::Instant,
-    /// The broker (its broker-wide histogram).
-    pub(crate) service: std::sync::Arc<crate::service::Service>,
     /// The topic's histograms.
     pub(crate) topic: std::sync::Arc<TopicMetrics>,
 }
 
 impl PublishTiming {
-    /// Records the publish as complete at `written`.
-    pub(crate) fn record(self, written: std::time::Instant) {
+    /// Records the publish as complete at `written`, in the topic's and the
+    /// broker-wide (`broker`) histograms.
+    pub(crate) fn record(self, written: std::time::Instant, broker: &LatencyHistogram) {
         let latency = written.saturating_duration_since(self.received);
-        self.service.metrics.publish_latency.record(latency);
+        broker.record(latency);
         self.topic.publish_latency.record(latency);
     }
 }
