@@ -16,11 +16,10 @@
 //!
 //! Owns: the per-topic compaction state and status, the compacted ledger's
 //! format, the compacted view readers use. Never: changes the log itself, or
-//! runs two compactions of one topic at once.
+//! runs two compactions of one topic at once (`begin` under the status lock).
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use parking_lot::Mutex;
@@ -182,6 +181,21 @@ fn join_compacted(position: Position, entry: &[u8]) -> Bytes {
     buf.freeze()
 }
 
+/// The `__compaction` cursor, opened (at the earliest entry) if absent: from
+/// then on the log keeps what is not compacted yet, even when no
+/// subscription holds it.
+pub(crate) async fn compaction_cursor(
+    log: &ManagedLog,
+) -> Result<Arc<vela_log::Cursor>, vela_log::LogError> {
+    match log.cursor(COMPACTION_SUBSCRIPTION) {
+        Some(cursor) => Ok(cursor),
+        None => {
+            log.open_cursor(COMPACTION_SUBSCRIPTION, CursorStart::Earliest)
+                .await
+        }
+    }
+}
+
 /// A topic's compaction state.
 #[derive(Debug)]
 pub(crate) struct Compaction {
@@ -191,7 +205,6 @@ pub(crate) struct Compaction {
     /// The latest compaction's view, loaded when first needed.
     view: tokio::sync::Mutex<Option<ViewState>>,
     status: Mutex<CompactionStatus>,
-    running: AtomicBool,
 }
 
 #[derive(Debug, Clone)]
@@ -213,7 +226,6 @@ impl Compaction {
             ledgers,
             view: tokio::sync::Mutex::new(None),
             status: Mutex::new(CompactionStatus::NotRun),
-            running: AtomicBool::new(false),
         }
     }
 
@@ -281,31 +293,31 @@ impl Compaction {
         })
     }
 
-    /// Compacts `log` up to its last confirmed entry. Fails at once with
-    /// `AlreadyRunning` when a compaction is under way.
-    pub(crate) async fn compact(&self, log: &ManagedLog) -> Result<(), CompactionError> {
-        if self.running.swap(true, Ordering::AcqRel) {
+    /// Marks a compaction as running; `AlreadyRunning` when one is. The
+    /// caller then runs it with [`Compaction::run`].
+    pub(crate) fn begin(&self) -> Result<(), CompactionError> {
+        let mut status = self.status.lock();
+        if *status == CompactionStatus::Running {
             return Err(CompactionError::AlreadyRunning);
         }
-        *self.status.lock() = CompactionStatus::Running;
+        *status = CompactionStatus::Running;
+        Ok(())
+    }
+
+    /// Compacts `log` up to its last confirmed entry, after [`Compaction::begin`].
+    pub(crate) async fn run(&self, log: &ManagedLog) -> Result<(), CompactionError> {
+        debug_assert_eq!(self.status(), CompactionStatus::Running);
         let result = self.compact_running(log).await;
         *self.status.lock() = match &result {
             Ok(()) => CompactionStatus::Success,
             Err(error) => CompactionStatus::Error(error.to_string()),
         };
-        self.running.store(false, Ordering::Release);
         result
     }
 
     async fn compact_running(&self, log: &ManagedLog) -> Result<(), CompactionError> {
         // The cursor first: from now on the log keeps what is not compacted.
-        let cursor = match log.cursor(COMPACTION_SUBSCRIPTION) {
-            Some(cursor) => cursor,
-            None => {
-                log.open_cursor(COMPACTION_SUBSCRIPTION, CursorStart::Earliest)
-                    .await?
-            }
-        };
+        let cursor = compaction_cursor(log).await?;
         let Some(horizon) = log.last_confirmed() else {
             return Ok(());
         };

@@ -8,7 +8,7 @@
 //! subscription except what TTL or an eviction quota asks for (both are what
 //! the operator configured).
 
-use std::sync::Weak;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use vela_log::{Position, Retention};
@@ -170,7 +170,7 @@ pub(crate) async fn run(service: Weak<Service>, interval: Duration) {
 pub(crate) async fn enforce(topic: &Topic) {
     let policies = topic.lifecycle_policies();
     if let Some(ttl) = policies.message_ttl {
-        for name in topic.log.cursor_names() {
+        for (name, _) in subscriptions(topic) {
             if let Err(error) = topic.expire(&name, ttl).await {
                 tracing::debug!(topic = %topic.full_name, subscription = name, %error, "TTL not applied");
             }
@@ -196,7 +196,7 @@ pub(crate) async fn enforce(topic: &Topic) {
         topic.disconnect_producers();
     }
     if let Some(threshold) = policies.compaction_threshold_bytes {
-        let compacted_to = match topic.keep_for_compaction().await {
+        let compacted_to = match crate::compaction::compaction_cursor(&topic.log).await {
             Ok(cursor) => cursor.mark_delete_position(),
             Err(error) => {
                 tracing::warn!(topic = %topic.full_name, %error, "compaction cursor not opened");
@@ -230,14 +230,21 @@ pub(crate) fn admit_producer(topic: &Topic) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// Backlog bytes of the slowest durable subscription.
-fn slowest_backlog_bytes(topic: &Topic) -> u64 {
+/// The durable subscriptions (name, cursor) the policies apply to.
+fn subscriptions(topic: &Topic) -> Vec<(String, Arc<vela_log::Cursor>)> {
     topic
         .log
         .cursor_names()
+        .into_iter()
+        .filter_map(|name| topic.log.cursor(&name).map(|cursor| (name, cursor)))
+        .collect()
+}
+
+/// Backlog bytes of the slowest durable subscription.
+fn slowest_backlog_bytes(topic: &Topic) -> u64 {
+    subscriptions(topic)
         .iter()
-        .filter_map(|name| topic.log.cursor(name))
-        .map(|cursor| topic.log.bytes_after(cursor.mark_delete_position()))
+        .map(|(_, cursor)| topic.log.bytes_after(cursor.mark_delete_position()))
         .max()
         .unwrap_or(0)
 }
@@ -248,18 +255,13 @@ async fn quota_exceeded(topic: &Topic, limit: QuotaLimit) -> bool {
         QuotaLimit::AgeSeconds(seconds) => match oldest_kept_position(topic, seconds).await {
             // Entries before `first_young` are older than the limit: exceeded
             // when a subscription has not consumed them all.
-            Some(first_young) => topic
-                .log
-                .cursor_names()
-                .iter()
-                .filter_map(|name| topic.log.cursor(name))
-                .any(|cursor| {
-                    let next = cursor.mark_delete_position().map_or_else(
-                        || topic.log.first_position(),
-                        |md| Some(topic.log.next_position(md)),
-                    );
-                    next.is_some_and(|next| next < first_young)
-                }),
+            Some(first_young) => subscriptions(topic).iter().any(|(_, cursor)| {
+                let next = cursor.mark_delete_position().map_or_else(
+                    || topic.log.first_position(),
+                    |md| Some(topic.log.next_position(md)),
+                );
+                next.is_some_and(|next| next < first_young)
+            }),
             None => false,
         },
     }
@@ -281,12 +283,9 @@ async fn oldest_kept_position(topic: &Topic, seconds: u64) -> Option<Position> {
 
 /// Drops the oldest backlog of every subscription over the quota.
 async fn evict(topic: &Topic, limit: QuotaLimit) {
-    for name in topic.log.cursor_names() {
+    for (name, cursor) in subscriptions(topic) {
         let result = match limit {
             QuotaLimit::SizeBytes(bytes) => {
-                let Some(cursor) = topic.log.cursor(&name) else {
-                    continue;
-                };
                 if topic.log.bytes_after(cursor.mark_delete_position()) <= bytes {
                     continue;
                 }

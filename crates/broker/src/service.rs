@@ -229,7 +229,7 @@ impl Service {
                     self.config.topic_limits,
                 );
                 if lifecycle.compaction_threshold_bytes.is_some() {
-                    served.keep_for_compaction().await?;
+                    crate::compaction::compaction_cursor(&served.log).await?;
                 }
                 served.set_lifecycle_policies(lifecycle);
                 served.rebuild_dedup().await?;

@@ -715,39 +715,16 @@ impl Topic {
         self.log.delete().await
     }
 
-    /// The `__compaction` cursor, opened (at the earliest entry) if absent:
-    /// with a compaction threshold set, the log keeps what is not compacted
-    /// yet even when no subscription holds it.
-    pub(crate) async fn keep_for_compaction(
-        &self,
-    ) -> Result<Arc<vela_log::Cursor>, vela_log::LogError> {
-        match self.log.cursor(crate::compaction::COMPACTION_SUBSCRIPTION) {
-            Some(cursor) => Ok(cursor),
-            None => {
-                self.log
-                    .open_cursor(
-                        crate::compaction::COMPACTION_SUBSCRIPTION,
-                        CursorStart::Earliest,
-                    )
-                    .await
-            }
-        }
-    }
-
     /// Compacts the topic in the background (admin trigger, size threshold).
     /// Fails at once when a compaction is already running.
     pub(crate) fn start_compaction(&self) -> Result<(), crate::compaction::CompactionError> {
-        if self.compaction.status() == crate::compaction::CompactionStatus::Running {
-            return Err(crate::compaction::CompactionError::AlreadyRunning);
-        }
+        self.compaction.begin()?;
         let compaction = Arc::clone(&self.compaction);
         let log = Arc::clone(&self.log);
         let name = self.full_name.clone();
         tokio::spawn(async move {
-            match compaction.compact(&log).await {
-                Ok(()) => {}
-                Err(crate::compaction::CompactionError::AlreadyRunning) => {}
-                Err(error) => tracing::warn!(topic = %name, %error, "compaction failed"),
+            if let Err(error) = compaction.run(&log).await {
+                tracing::warn!(topic = %name, %error, "compaction failed");
             }
         });
         Ok(())
