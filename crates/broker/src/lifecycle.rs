@@ -230,12 +230,15 @@ pub(crate) fn admit_producer(topic: &Topic) -> Result<(), ServiceError> {
     Ok(())
 }
 
-/// The durable subscriptions (name, cursor) the policies apply to.
+/// The durable subscriptions (name, cursor) the policies apply to. Not the
+/// `__compaction` cursor (as in Pulsar): it is no consumer, and moving it by
+/// TTL or eviction would let the log trim what the next compaction needs.
 fn subscriptions(topic: &Topic) -> Vec<(String, Arc<vela_log::Cursor>)> {
     topic
         .log
         .cursor_names()
         .into_iter()
+        .filter(|name| name != crate::compaction::COMPACTION_SUBSCRIPTION)
         .filter_map(|name| topic.log.cursor(&name).map(|cursor| (name, cursor)))
         .collect()
 }
