@@ -15,7 +15,9 @@
 //!
 //! Run: `cargo bench -p vela-bookie --bench bookie` (dir: env VELA_BENCH_DIR,
 //! default a temp dir under the workspace's target/; seconds per phase: env
-//! VELA_BENCH_SECS, default 5; the whole run stays under ~60 s).
+//! VELA_BENCH_SECS, default 5; the whole run stays under ~60 s). Ledger storage
+//! shares the journal's directory (so its device) unless env
+//! VELA_BENCH_LEDGER_DIR names another, as a production bookie would have.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::VecDeque;
@@ -349,6 +351,21 @@ fn main() {
         dir.path().display(),
         run
     );
+    // Kept alive to the end: the ledger dirs live in it.
+    let ledger_dir = std::env::var("VELA_BENCH_LEDGER_DIR").ok().map(|base| {
+        let base = PathBuf::from(base);
+        std::fs::create_dir_all(&base).unwrap();
+        let ledger_dir = tempfile::Builder::new()
+            .prefix("bookie-bench-ledgers-")
+            .tempdir_in(base)
+            .unwrap();
+        println!(
+            "ledger storage in {} (journal and raw figures: above)",
+            ledger_dir.path().display()
+        );
+        ledger_dir
+    });
+    let ledger_base = ledger_dir.as_ref().map_or(dir.path(), |d| d.path());
 
     let mut raw_file = RawFile::create(dir.path());
 
@@ -360,7 +377,7 @@ fn main() {
 
     // Latency phases: a low flush threshold, so the background writer of the
     // second phase keeps storage flushing.
-    let latency_bookie = open_bookie(dir.path(), "latency", FLUSH_THRESHOLD_BYTES);
+    let latency_bookie = open_bookie(dir.path(), ledger_base, "latency", FLUSH_THRESHOLD_BYTES);
     runtime.block_on(async {
         let served = Served::start(latency_bookie.clone()).await;
         let client = BookieClient::connect(served.addr).await.unwrap();
@@ -417,7 +434,8 @@ fn main() {
     drop(latency_bookie);
 
     // Throughput phases: the default flush threshold (a quarter of the cache).
-    let throughput_bookie = open_bookie(dir.path(), "throughput", WRITE_CACHE_BYTES / 4);
+    let throughput_bookie =
+        open_bookie(dir.path(), ledger_base, "throughput", WRITE_CACHE_BYTES / 4);
     let rss_before = vm_rss_bytes();
     let peak_rss = Arc::new(AtomicU64::new(rss_before));
     let sampling = Arc::new(AtomicBool::new(true));
@@ -487,10 +505,15 @@ fn main() {
     );
 }
 
-fn open_bookie(dir: &Path, name: &str, flush_threshold_bytes: u64) -> Arc<Bookie> {
+fn open_bookie(
+    journal_base: &Path,
+    ledger_base: &Path,
+    name: &str,
+    flush_threshold_bytes: u64,
+) -> Arc<Bookie> {
     let mut config = BookieConfig::new(
-        dir.join(format!("{name}-journal")),
-        dir.join(format!("{name}-ledgers")),
+        journal_base.join(format!("{name}-journal")),
+        ledger_base.join(format!("{name}-ledgers")),
     );
     config.storage.write_cache_bytes_max = WRITE_CACHE_BYTES;
     config.storage.read_cache_bytes_max = READ_CACHE_BYTES;

@@ -3,7 +3,10 @@
 //! Owns: the listening socket and, per connection, a reader task (decodes
 //! frames, hands each request to the `Bookie`) and a writer task (writes every
 //! response queued since its last write in one vectored write, READ entries
-//! by reference; TCP_NODELAY).
+//! by reference; TCP_NODELAY). A small answer completed while the writer task
+//! has nothing in hand is written at once by the completing thread (a
+//! non-blocking write under the outbox lock; the task takes over what the
+//! socket does not): at depth 1 that saves waking a runtime thread per ADD.
 //! Guarantees: ADDs are pipelined (the reader never waits for entry N's answer
 //! before reading N+1); a connection has at most `CONNECTION_IN_FLIGHT_MAX`
 //! requests between "read off the socket" and "answer written", and past that
@@ -19,7 +22,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncReadExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
@@ -48,6 +51,10 @@ pub const READS_IN_FLIGHT_MAX: usize = 64;
 /// each, per ledger client) and tools, so 1024 is generous; it also caps read
 /// buffers at 1024 x `READ_BUFFER_BYTES` = 256 MiB.
 pub const CONNECTIONS_MAX: usize = 1024;
+/// Answers up to this size (with what is queued before them) are written by
+/// the completing thread when the writer task is idle; bigger ones (READ
+/// entries) go through the task, so nobody copies megabytes under the lock.
+const DIRECT_WRITE_BYTES_MAX: usize = 16 * 1024;
 /// How long a connection the client half-closed waits for its pending
 /// answers (adds wait for an fdatasync: far below this unless the disk hangs).
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -147,6 +154,10 @@ struct Connection {
     peer: SocketAddr,
     out: Mutex<Outbox>,
     wake: Notify,
+    /// Written by the writer task, or by `respond` under the outbox lock
+    /// while the task holds nothing (`Outbox::writer_busy`), so frames never
+    /// interleave.
+    socket: OwnedWriteHalf,
 }
 
 #[derive(Debug, Default)]
@@ -157,6 +168,9 @@ struct Outbox {
     /// In-flight permits of the answers in `bytes`: released once written, so
     /// unwritten answers count against `CONNECTION_IN_FLIGHT_MAX`.
     permits: Vec<InFlight>,
+    /// The writer task took answers off `queue` and has not finished writing
+    /// them: nobody else may write to the socket.
+    writer_busy: bool,
 }
 
 /// Holds a connection's in-flight slot (and, for reads, a read slot).
@@ -175,16 +189,36 @@ impl Connection {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Queues the answer to `request_id`; the writer sends it at its next wake.
+    /// Sends the answer to `request_id`: at once if the writer task is idle
+    /// and the answer small, else (or for what the socket did not take) by
+    /// the writer task at its next wake.
     fn respond(&self, request_id: u64, response: &Response, in_flight: InFlight) {
-        {
-            let mut out = self.lock();
-            if out.closed {
-                return;
-            }
-            out.queue.push_response(request_id, response);
-            out.permits.push(in_flight);
+        let mut out = self.lock();
+        if out.closed {
+            return;
         }
+        out.queue.push_response(request_id, response);
+        out.permits.push(in_flight);
+        if !out.writer_busy && out.queue.len_bytes() <= DIRECT_WRITE_BYTES_MAX {
+            match out
+                .queue
+                .write_now(|slices| self.socket.try_write_vectored(slices))
+            {
+                Ok(true) => {
+                    out.permits.clear();
+                    return;
+                }
+                // The socket is full: the writer task waits for it.
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::debug!(peer = %self.peer, %error, "bookie connection write failed");
+                    drop(out);
+                    self.close();
+                    return;
+                }
+            }
+        }
+        drop(out);
         self.wake.notify_one();
     }
 
@@ -215,8 +249,9 @@ async fn serve_connection(
         peer,
         out: Mutex::new(Outbox::default()),
         wake: Notify::new(),
+        socket: write_half,
     });
-    let writer = tokio::spawn(write_loop(connection.clone(), write_half));
+    let writer = tokio::spawn(write_loop(connection.clone()));
     // If this task is aborted (server shutdown), the writer still stops.
     let _close_writer = CloseOnDrop(connection.clone());
     let requests = Arc::new(Semaphore::new(CONNECTION_IN_FLIGHT_MAX));
@@ -440,7 +475,7 @@ async fn blocking_read<T: Send + 'static>(
         .unwrap_or(Err(Status::IoError))
 }
 
-async fn write_loop(connection: Arc<Connection>, mut socket: OwnedWriteHalf) {
+async fn write_loop(connection: Arc<Connection>) {
     let mut sending = FrameQueue::default();
     let mut written_permits = Vec::new();
     loop {
@@ -448,6 +483,7 @@ async fn write_loop(connection: Arc<Connection>, mut socket: OwnedWriteHalf) {
             let mut out = connection.lock();
             std::mem::swap(&mut out.queue, &mut sending);
             std::mem::swap(&mut out.permits, &mut written_permits);
+            out.writer_busy = !sending.is_empty();
             out.closed
         };
         if closed {
@@ -459,12 +495,19 @@ async fn write_loop(connection: Arc<Connection>, mut socket: OwnedWriteHalf) {
         }
         // Every answer queued since the last write, in one vectored write
         // (more only if the socket takes less).
-        if let Err(error) = sending.write_to(&mut socket).await {
+        if let Err(error) = write_all(&connection.socket, &mut sending).await {
             tracing::debug!(peer = %connection.peer, %error, "bookie connection write failed");
             connection.close();
             break;
         }
         written_permits.clear();
     }
-    let _ = socket.shutdown().await;
+    let _ = socket2::SockRef::from(connection.socket.as_ref()).shutdown(std::net::Shutdown::Write);
+}
+
+async fn write_all(socket: &OwnedWriteHalf, frames: &mut FrameQueue) -> io::Result<()> {
+    while !frames.write_now(|slices| socket.try_write_vectored(slices))? {
+        socket.writable().await?;
+    }
+    Ok(())
 }

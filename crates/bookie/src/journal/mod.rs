@@ -5,16 +5,19 @@
 //! aligned block, writes it), the force-write thread (one fdatasync for every
 //! group written since the last one, then runs their callbacks in order) and the
 //! preallocator (zero-fills space ahead of the writer and prepares the next file).
+//! A group with nothing to pipeline with (the force-write thread idle, no record
+//! queued: depth 1) is synced and completed by the writer itself, saving a
+//! thread wake-up on the latency path.
 //!
 //! Guarantees: an append's callback gets `Ok(mark)` only after an fdatasync
 //! covering the record (unless `JournalSync::Off`); callbacks run in append order,
-//! from the force-write thread; a failed write or fdatasync is fatal to this
+//! from the force-write thread or the writer (never both at once); a failed write or fdatasync is fatal to this
 //! `Journal` (every waiter fails, later appends return `Broken`, nothing is
 //! retried).
 //!
 //! After a failure (ENOSPC, EIO): `shutdown` seals the file being written at the
 //! last synced mark (a FileEnd record there, synced). Invariants:
-//! - every acknowledged record ends at or before the synced mark (the force-write
+//! - every acknowledged record ends at or before the synced mark (the completing
 //!   thread advances the mark before it runs any `Ok` callback of the batch, and
 //!   only when nothing has failed);
 //! - groups are padded to whole aligned blocks, so the block at the synced mark
@@ -46,7 +49,7 @@
 //!
 //! Never: reads ledger storage; blocks a tokio worker (`append` only takes a
 //! mutex to enqueue); fsyncs per record; grows the queue past `queue_depth_max`.
-//! Only the force-write thread advances the synced mark.
+//! Only the thread completing groups (see above) advances the synced mark.
 
 mod config;
 mod error;
@@ -83,10 +86,10 @@ use stats::StatsCell;
 use writer::{Pending, QueueState, Shared, SpaceState};
 
 /// Called once per append with the mark just past the record (durable unless
-/// sync is off) or the error that lost it. Runs on the force-write thread, in
-/// append order: keep it short (hand the result to a channel or a task); it may
-/// call `append` (which never blocks) but must not call `shutdown` (which joins
-/// that thread).
+/// sync is off) or the error that lost it. Runs on the force-write thread or
+/// the writer thread, in append order: keep it short (hand the result to a
+/// channel or a task); it may call `append` (which never blocks) but must not
+/// call `shutdown` (which joins those threads).
 pub type AppendCallback = Box<dyn FnOnce(Result<JournalMark, JournalError>) + Send + 'static>;
 
 /// The write-ahead journal. `Send + Sync`: share it behind an `Arc`.

@@ -5,8 +5,9 @@
 //! the synced mark, and the broken flag.
 //!
 //! Access rules: only the writer writes records and advances the write offset;
-//! only the force-write thread calls fdatasync for groups, advances `synced_mark`
-//! and runs callbacks (so callbacks run in append order); only the preallocator
+//! groups are synced and completed (fdatasync, `synced_mark`, callbacks) by the
+//! force-write thread, or by the writer while `force_pending` is 0 (so one
+//! thread at a time, and callbacks run in append order); only the preallocator
 //! zero-fills space and creates the next file, publishing `SpaceState` under its
 //! mutex. Any I/O failure marks the journal broken; from then on every queued
 //! or new append fails, and nothing is retried.
@@ -698,8 +699,13 @@ impl Writer {
         let entries = waiters.len();
         self.offset += total as u64;
         self.publish_offset(total as u64);
-        self.shared.force_pending.fetch_add(1, Ordering::SeqCst);
-        self.send(ForceItem::Written {
+        let queue_wait = oldest
+            .map(|t| taken.saturating_duration_since(t))
+            .unwrap_or_default();
+        self.shared
+            .stats
+            .record_group(queue_wait, write_time, entries, total);
+        let written = ForceItem::Written {
             file: self.file.clone(),
             end_mark: JournalMark {
                 file_id: self.file_id,
@@ -707,13 +713,27 @@ impl Writer {
             },
             waiters,
             oldest_enqueued: oldest,
-        });
-        let queue_wait = oldest
-            .map(|t| taken.saturating_duration_since(t))
-            .unwrap_or_default();
-        self.shared
-            .stats
-            .record_group(queue_wait, write_time, entries, total);
+        };
+        if self.sync_inline() {
+            // Nothing to pipeline with: handing over would only add a thread
+            // wake-up (tens of µs on an idle machine) to this group's latency.
+            sync_and_complete(&self.shared, &mut vec![written]);
+        } else {
+            self.shared.force_pending.fetch_add(1, Ordering::SeqCst);
+            self.send(written);
+        }
+    }
+
+    /// Whether the writer syncs and completes the group it just wrote itself:
+    /// when the force-write thread has nothing pending (so completions stay in
+    /// append order) and no record is queued (so there is no next group to
+    /// gather while this one syncs). That is the depth-1 case; under load the
+    /// groups go to the force-write thread and the two threads pipeline.
+    fn sync_inline(&self) -> bool {
+        if self.shared.force_pending.load(Ordering::SeqCst) != 0 {
+            return false;
+        }
+        self.shared.lock_queue().items.is_empty()
     }
 
     fn publish_offset(&self, group_bytes: u64) {
@@ -851,11 +871,10 @@ impl Writer {
 // Force-write thread.
 // ---------------------------------------------------------------------------
 
-/// Takes every group handed over since its last pass, does one fdatasync per
-/// file among them (one in the steady state), then completes their waiters in
-/// order and advances the synced mark.
+/// Takes every group handed over since its last pass, syncs and completes
+/// them (`sync_and_complete`), then wakes the writer if it holds a group back
+/// for this thread.
 pub(crate) fn run_force_writer(shared: Arc<Shared>, from_writer: Receiver<ForceItem>) {
-    let sync_on = shared.config.sync == JournalSync::Fdatasync;
     let mut batch: Vec<ForceItem> = Vec::with_capacity(FORCE_WRITE_GROUPS_MAX);
     loop {
         let Ok(first) = from_writer.recv() else {
@@ -868,78 +887,8 @@ pub(crate) fn run_force_writer(shared: Arc<Shared>, from_writer: Receiver<ForceI
             };
             batch.push(item);
         }
-        let mut stop = false;
-        // Sync each distinct file of the written groups, oldest first.
-        let mut sync_error: Option<JournalError> = None;
-        let mut sync_time: Option<Duration> = None;
-        let mut groups = 0usize;
-        if sync_on && !shared.is_broken() {
-            let mut last: Option<&Arc<dyn JournalFile>> = None;
-            for item in &batch {
-                if let ForceItem::Written { file, .. } = item {
-                    groups += 1;
-                    if last.is_some_and(|l| Arc::ptr_eq(l, file)) {
-                        continue;
-                    }
-                    let started = Instant::now();
-                    if let Err(e) = file.sync_data() {
-                        let e = JournalError::io("fdatasync", file.path(), e);
-                        shared.fail(&e);
-                        sync_error = Some(e);
-                        break;
-                    }
-                    *sync_time.get_or_insert(Duration::ZERO) += started.elapsed();
-                    last = Some(file);
-                }
-            }
-        }
-        if sync_error.is_none() && !shared.is_broken() {
-            let end = batch.iter().rev().find_map(|item| match item {
-                ForceItem::Written { end_mark, .. } => Some(*end_mark),
-                _ => None,
-            });
-            if let Some(end) = end
-                && let Ok(mut synced) = shared.synced_mark.lock()
-            {
-                *synced = (*synced).max(end);
-            }
-        }
-        shared.stats.record_sync(sync_time, groups);
-        let failure = sync_error.or_else(|| shared.is_broken().then(|| shared.broken_error()));
-        let now = Instant::now();
-        let mut groups_done = 0usize;
-        for item in batch.drain(..) {
-            match item {
-                ForceItem::Written {
-                    waiters,
-                    oldest_enqueued,
-                    ..
-                } => {
-                    groups_done += 1;
-                    for (done, mark) in waiters {
-                        match &failure {
-                            None => done(Ok(mark)),
-                            Some(e) => done(Err(e.clone())),
-                        }
-                    }
-                    if let Some(t) = oldest_enqueued.filter(|_| failure.is_none()) {
-                        shared.stats.record_done(now.saturating_duration_since(t));
-                    }
-                }
-                ForceItem::Failed { waiters, error } => {
-                    for done in waiters {
-                        done(Err(error.clone()));
-                    }
-                }
-                ForceItem::Stop => stop = true,
-            }
-        }
-        if groups_done > 0
-            && shared
-                .force_pending
-                .fetch_sub(groups_done, Ordering::SeqCst)
-                == groups_done
-        {
+        let Completed { groups, stop } = sync_and_complete(&shared, &mut batch);
+        if groups > 0 && shared.force_pending.fetch_sub(groups, Ordering::SeqCst) == groups {
             // Idle now: wake the writer if it holds a group back for us.
             let _queue = shared.lock_queue();
             shared.queue_cv.notify_all();
@@ -947,5 +896,92 @@ pub(crate) fn run_force_writer(shared: Arc<Shared>, from_writer: Receiver<ForceI
         if stop {
             return;
         }
+    }
+}
+
+/// What one `sync_and_complete` pass did.
+struct Completed {
+    /// `Written` groups completed.
+    groups: usize,
+    /// A `Stop` was among the items.
+    stop: bool,
+}
+
+/// Does one fdatasync per file among the written groups of `batch` (one in the
+/// steady state), then completes their waiters in order, advances the synced
+/// mark, and drains `batch`. Callers guarantee no other thread is completing
+/// groups at the same time (see the module's access rules), so waiters complete
+/// in append order.
+fn sync_and_complete(shared: &Shared, batch: &mut Vec<ForceItem>) -> Completed {
+    let sync_on = shared.config.sync == JournalSync::Fdatasync;
+    let mut stop = false;
+    // Sync each distinct file of the written groups, oldest first.
+    let mut sync_error: Option<JournalError> = None;
+    let mut sync_time: Option<Duration> = None;
+    let mut groups = 0usize;
+    if sync_on && !shared.is_broken() {
+        let mut last: Option<&Arc<dyn JournalFile>> = None;
+        for item in batch.iter() {
+            if let ForceItem::Written { file, .. } = item {
+                groups += 1;
+                if last.is_some_and(|l| Arc::ptr_eq(l, file)) {
+                    continue;
+                }
+                let started = Instant::now();
+                if let Err(e) = file.sync_data() {
+                    let e = JournalError::io("fdatasync", file.path(), e);
+                    shared.fail(&e);
+                    sync_error = Some(e);
+                    break;
+                }
+                *sync_time.get_or_insert(Duration::ZERO) += started.elapsed();
+                last = Some(file);
+            }
+        }
+    }
+    if sync_error.is_none() && !shared.is_broken() {
+        let end = batch.iter().rev().find_map(|item| match item {
+            ForceItem::Written { end_mark, .. } => Some(*end_mark),
+            _ => None,
+        });
+        if let Some(end) = end
+            && let Ok(mut synced) = shared.synced_mark.lock()
+        {
+            *synced = (*synced).max(end);
+        }
+    }
+    shared.stats.record_sync(sync_time, groups);
+    let failure = sync_error.or_else(|| shared.is_broken().then(|| shared.broken_error()));
+    let now = Instant::now();
+    let mut groups_done = 0usize;
+    for item in batch.drain(..) {
+        match item {
+            ForceItem::Written {
+                waiters,
+                oldest_enqueued,
+                ..
+            } => {
+                groups_done += 1;
+                for (done, mark) in waiters {
+                    match &failure {
+                        None => done(Ok(mark)),
+                        Some(e) => done(Err(e.clone())),
+                    }
+                }
+                if let Some(t) = oldest_enqueued.filter(|_| failure.is_none()) {
+                    shared.stats.record_done(now.saturating_duration_since(t));
+                }
+            }
+            ForceItem::Failed { waiters, error } => {
+                for done in waiters {
+                    done(Err(error.clone()));
+                }
+            }
+            ForceItem::Stop => stop = true,
+        }
+    }
+    Completed {
+        groups: groups_done,
+        stop,
     }
 }

@@ -75,25 +75,58 @@ impl FrameQueue {
         &mut self,
         socket: &mut W,
     ) -> io::Result<()> {
-        if !self.tail.is_empty() {
-            self.chunks.push_back(self.tail.split().freeze());
-        }
+        self.seal_tail();
         while !self.chunks.is_empty() {
-            let written = {
-                let slices: Vec<IoSlice<'_>> = self
-                    .chunks
-                    .iter()
-                    .take(IOVECS_PER_WRITE_MAX)
-                    .map(|chunk| IoSlice::new(chunk))
-                    .collect();
-                socket.write_vectored(&slices).await?
-            };
+            let written = socket.write_vectored(&self.front_slices()).await?;
             if written == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
             self.consume(written);
         }
         Ok(())
+    }
+
+    /// Bytes queued.
+    pub(crate) fn len_bytes(&self) -> usize {
+        self.chunks.iter().map(Bytes::len).sum::<usize>() + self.tail.len()
+    }
+
+    /// Writes what `try_write` takes now (a non-blocking vectored write):
+    /// `Ok(true)` once the queue is empty, `Ok(false)` if the socket would
+    /// block first (the rest stays queued, in order).
+    pub(crate) fn write_now(
+        &mut self,
+        mut try_write: impl FnMut(&[IoSlice<'_>]) -> io::Result<usize>,
+    ) -> io::Result<bool> {
+        self.seal_tail();
+        while !self.chunks.is_empty() {
+            let written = match try_write(&self.front_slices()) {
+                Ok(written) => written,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+                Err(e) => return Err(e),
+            };
+            if written == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            self.consume(written);
+        }
+        Ok(true)
+    }
+
+    /// Moves the copied small frames into `chunks`, behind the frames before them.
+    fn seal_tail(&mut self) {
+        if !self.tail.is_empty() {
+            self.chunks.push_back(self.tail.split().freeze());
+        }
+    }
+
+    /// The iovecs of one vectored write, from the front.
+    fn front_slices(&self) -> Vec<IoSlice<'_>> {
+        self.chunks
+            .iter()
+            .take(IOVECS_PER_WRITE_MAX)
+            .map(|chunk| IoSlice::new(chunk))
+            .collect()
     }
 
     /// Drops `written` bytes off the front.
