@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use bytes::{Buf, Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot, watch};
 use vela_log::{AppendFuture, Position};
@@ -119,8 +119,9 @@ pub(crate) async fn serve(
     if let Err(e) = stream.set_nodelay(true) {
         tracing::debug!(%peer, error = %e, "set_nodelay failed");
     }
-    // Owned halves: no lock between the reader and the writer.
-    let (read_half, write_half) = stream.into_split();
+    // Halves sharing the socket: no lock between the reader and the writer;
+    // reads carry kernel arrival stamps (publish timing starts there).
+    let (read_half, write_half) = crate::arrival::split(stream);
     serve_halves(service, read_half, write_half, peer, shutdown).await;
 }
 
@@ -159,7 +160,7 @@ async fn serve_halves<R, W>(
     peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
 ) where
-    R: AsyncRead + Unpin,
+    R: crate::arrival::ConnectionRead,
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let limits = service.config.limits.clone();
@@ -228,8 +229,9 @@ struct Connection {
     pending_sends: Arc<Semaphore>,
     pending_bytes: Arc<Semaphore>,
     auth: ConnAuth,
-    /// When the bytes being handled were read from the socket (the start of
-    /// a SEND's broker publish stage).
+    /// When the bytes being handled reached the broker: the kernel's receive
+    /// stamp on plain TCP, else when they were read (the start of a SEND's
+    /// broker publish stage).
     read_at: Instant,
 }
 
@@ -245,7 +247,7 @@ struct ConnAuth {
 }
 
 impl Connection {
-    async fn run<R: AsyncRead + Unpin>(
+    async fn run<R: crate::arrival::ConnectionRead>(
         &mut self,
         mut read_half: R,
         mut shutdown: watch::Receiver<bool>,
@@ -298,7 +300,7 @@ impl Connection {
                         Ok(0) => return Close("peer closed the connection".into()),
                         Ok(_) => {
                             ping_outstanding = false;
-                            self.read_at = Instant::now();
+                            self.read_at = read_half.arrival().unwrap_or_else(Instant::now);
                         }
                         Err(e) => return Close(format!("read error: {e}")),
                     }

@@ -38,6 +38,7 @@
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
 pub mod admin;
+mod arrival;
 pub mod auth;
 mod cluster;
 mod codec;
