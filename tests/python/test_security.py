@@ -5,8 +5,6 @@ without or with a bad token and for a role without a grant, the admin API's
 new certificate). The certificates are made here (a CA and leaves signed by
 it) with the `cryptography` package; tokens with `vela admin tokens`."""
 
-import datetime
-import ipaddress
 import json
 import os
 import shutil
@@ -21,85 +19,15 @@ import uuid
 
 import pulsar
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
+from certs import make_ca, write_leaf
 from pulsarframes import base_command, field_bytes, field_varint, read_command, simple_frame
 from velaproc import Proc, vela_binary
 
 AUTHENTICATION_ERROR = 3
 READY = r"pulsar\+ssl://[0-9.]+:\d+"
-
-
-def _name(common_name):
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def make_ca(directory):
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("vela-test-ca"))
-        .issuer_name(_name("vela-test-ca"))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    path = os.path.join(directory, "ca.pem")
-    with open(path, "wb") as f:
-        f.write(cert.public_bytes(serialization.Encoding.PEM))
-    return key, cert, path
-
-
-def write_leaf(ca_key, ca_cert, cert_path, key_path):
-    """A server certificate for 127.0.0.1/localhost signed by the CA;
-    returns its DER bytes."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("localhost"))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    # Key first, then the certificate: each file is replaced whole (rename),
-    # as a certificate manager does.
-    for path, data in ((key_path, key_pem), (cert_path, cert.public_bytes(serialization.Encoding.PEM))):
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    return cert.public_bytes(serialization.Encoding.DER)
 
 
 def vela(*args):
