@@ -9,6 +9,7 @@ missing=()
 python3 -c 'import pulsar' 2>/dev/null || missing+=(pulsar-client)
 python3 -c 'import pytest' 2>/dev/null || missing+=(pytest)
 python3 -c 'import pytest_timeout' 2>/dev/null || missing+=(pytest-timeout)
+python3 -c 'import cryptography' 2>/dev/null || missing+=(cryptography)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing Python packages: ${missing[*]}"
   python3 -m pip install --quiet --disable-pip-version-check "${missing[@]}"

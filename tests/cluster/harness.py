@@ -135,6 +135,16 @@ class Cluster:
     def http_url_of(broker):
         return broker.find(r"http://[0-9.]+:\d+")
 
+    @staticmethod
+    def pulsar_tls_url_of(broker):
+        """`pulsar+ssl://H:P`, when the broker has a TLS port."""
+        return broker.find(r"pulsar\+ssl://[0-9.]+:\d+")
+
+    @staticmethod
+    def https_url_of(broker):
+        """`https://H:P`, when the broker has an HTTPS port."""
+        return broker.find(r"https://[0-9.]+:\d+")
+
     def service_url(self, brokers=None):
         """`pulsar://h:p1,h:p2`: the client tries each."""
         hosts = [self.pulsar_url_of(b)[len("pulsar://"):] for b in (brokers or self.brokers) if b.alive()]

@@ -9,16 +9,23 @@ acknowledged lost, order per partition kept, no duplicates with dedup on.
 
 import os
 import random
+import shutil
+import ssl
 import sys
+import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
+import zlib
 
 import pulsar
 import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "support"))
 
+from certs import make_ca, write_leaf  # noqa: E402
 from harness import Cluster  # noqa: E402
 from pulsarframes import (  # noqa: E402
     open_connection,
@@ -424,3 +431,91 @@ def test_hot_bundles_split_automatically():
         client.close()
     finally:
         c.close()
+
+
+def https_put_status(url, ca_path):
+    """(status, Location) of a PUT over HTTPS, redirects not followed."""
+    context = ssl.create_default_context(cafile=ca_path)
+    req = urllib.request.Request(url, data=b"", method="PUT")
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=context) as resp:
+            return resp.status, None
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("Location")
+
+
+def test_tls_client_reaches_topics_owned_by_the_other_broker():
+    """A `pulsar+ssl://` client of broker A, for a topic broker B serves:
+    A's lookup answers (the redirect to B, then B as owner) carry B's TLS
+    URL, read from B's registration; so do the HTTP lookup (LookupData's
+    brokerUrlTls / httpUrlTls) and a bundle redirect over HTTPS."""
+    certs = tempfile.mkdtemp(prefix="vela-cluster-certs-")
+    ca_key, ca_cert, ca_path = make_ca(certs)
+    cert_path = os.path.join(certs, "broker.cert.pem")
+    key_path = os.path.join(certs, "broker.key.pem")
+    write_leaf(ca_key, ca_cert, cert_path, key_path)
+    tls_args = ["--tls-port", "0", "--https-port", "0", "--tls-cert-file", cert_path, "--tls-key-file", key_path]
+    c = Cluster(bookies=2, brokers=2, broker_args=tls_args + ["--ensemble-size", "2"])
+    try:
+        a, b = c.brokers
+        b_tls, b_https = c.pulsar_tls_url_of(b), c.https_url_of(b)
+        assert b_tls and b_https, b.ready_line
+        # A topic whose (unowned) bundle A sends to B: A redirects there.
+        topic = None
+        for i in range(64):
+            candidate = "persistent://public/default/tls-%d-%s" % (i, uuid.uuid4().hex[:6])
+            status, answer = c.http("GET", "/lookup/v2/topic/" + candidate.replace("persistent://", "persistent/"), broker=a)
+            assert status == 200, (status, answer)
+            if answer["brokerUrl"] == c.pulsar_url_of(b):
+                topic = candidate
+                break
+        assert topic, "A placed none of 64 topics on B"
+        redirect_answer = answer
+
+        def tls_client():
+            return pulsar.Client(
+                c.pulsar_tls_url_of(a),
+                tls_trust_certs_file_path=ca_path,
+                operation_timeout_seconds=15,
+                logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+            )
+
+        # Unowned: A answers Redirect(B); the client asks B, which takes it.
+        producer_client = tls_client()
+        producer = producer_client.create_producer(topic, batching_enabled=False)
+        for i in range(10):
+            producer.send(b"m-%d" % i)
+        assert c.owner_of(topic) is b
+        # Owned by B: A answers Connect(B) from B's ownership record.
+        consumer_client = tls_client()
+        consumer = consumer_client.subscribe(
+            topic, "s", initial_position=pulsar.InitialPosition.Earliest
+        )
+        got = [consumer.receive(timeout_millis=10000).data() for _ in range(10)]
+        assert got == [b"m-%d" % i for i in range(10)]
+        consumer_client.close()
+        producer_client.close()
+
+        # The HTTP lookup at A: B's URLs, before (B chosen) and after (B owns).
+        status, owner_answer = c.http("GET", "/lookup/v2/topic/" + topic.replace("persistent://", "persistent/"), broker=a)
+        assert status == 200, (status, owner_answer)
+        for answer in (redirect_answer, owner_answer):
+            assert answer["brokerUrl"] == c.pulsar_url_of(b), answer
+            assert answer["brokerUrlTls"] == b_tls, answer
+            assert answer["httpUrl"] == c.http_url_of(b), answer
+            assert answer["httpUrlTls"] == b_https, answer
+
+        # Over HTTPS, A sends an admin request for B's bundle to B's HTTPS port.
+        status, layout = c.http("GET", "/admin/v2/namespaces/public/default/bundles")
+        assert status == 200, layout
+        bounds = [int(x, 16) for x in layout["boundaries"]]
+        hash_ = zlib.crc32(topic.encode())
+        lo, hi = next((lo, hi) for lo, hi in zip(bounds, bounds[1:]) if lo <= hash_ < hi or hash_ == hi == 0xFFFFFFFF)
+        path = "/admin/v2/namespaces/public/default/0x%08x_0x%08x/unload" % (lo, hi)
+        status, location = https_put_status(c.https_url_of(a) + path, ca_path)
+        assert status == 307 and location == b_https + path, (status, location)
+    finally:
+        if os.environ.get("VELA_CLUSTER_LOGS"):
+            print(c.logs())
+        c.close()
+        shutil.rmtree(certs, ignore_errors=True)

@@ -3,10 +3,9 @@
 without or with a bad token and for a role without a grant, the admin API's
 401/403/200 over HTTPS, and certificate reload (a new connection sees the
 new certificate). The certificates are made here (a CA and leaves signed by
-it) with the `cryptography` package; tokens with `vela admin tokens`."""
+it) with the `cryptography` package; tokens and an RS256 key pair with `vela
+admin tokens`."""
 
-import datetime
-import ipaddress
 import json
 import os
 import shutil
@@ -21,85 +20,15 @@ import uuid
 
 import pulsar
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec, rsa
-from cryptography.x509.oid import NameOID
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
+from certs import make_ca, write_leaf
 from pulsarframes import base_command, field_bytes, field_varint, read_command, simple_frame
 from velaproc import Proc, vela_binary
 
 AUTHENTICATION_ERROR = 3
 READY = r"pulsar\+ssl://[0-9.]+:\d+"
-
-
-def _name(common_name):
-    return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-
-
-def make_ca(directory):
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("vela-test-ca"))
-        .issuer_name(_name("vela-test-ca"))
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True, key_cert_sign=True, crl_sign=True,
-                content_commitment=False, key_encipherment=False, data_encipherment=False,
-                key_agreement=False, encipher_only=False, decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    path = os.path.join(directory, "ca.pem")
-    with open(path, "wb") as f:
-        f.write(cert.public_bytes(serialization.Encoding.PEM))
-    return key, cert, path
-
-
-def write_leaf(ca_key, ca_cert, cert_path, key_path):
-    """A server certificate for 127.0.0.1/localhost signed by the CA;
-    returns its DER bytes."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(_name("localhost"))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    )
-    # Key first, then the certificate: each file is replaced whole (rename),
-    # as a certificate manager does.
-    for path, data in ((key_path, key_pem), (cert_path, cert.public_bytes(serialization.Encoding.PEM))):
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    return cert.public_bytes(serialization.Encoding.DER)
 
 
 def vela(*args):
@@ -109,15 +38,19 @@ def vela(*args):
 
 class SecureBroker:
     """`vela standalone` with TLS ports only and token auth: HS256 (a
-    secret key) or, with `rs256`, RS256 (Pulsar's DER public key file)."""
+    secret key) or, with `rs256`, RS256 (Pulsar's DER public key file), or
+    RS256 with `key_pair`'s (private, public) files."""
 
-    def __init__(self, rs256=False):
+    def __init__(self, rs256=False, key_pair=None):
         self.dir = tempfile.mkdtemp(prefix="vela-secure-")
         self.ca_key, self.ca_cert, self.ca_path = make_ca(self.dir)
         self.cert_path = os.path.join(self.dir, "broker.cert.pem")
         self.key_path = os.path.join(self.dir, "broker.key.pem")
         self.leaf_der = write_leaf(self.ca_key, self.ca_cert, self.cert_path, self.key_path)
-        if rs256:
+        if key_pair:
+            self.signing = ["--private-key", key_pair[0]]
+            key_args = ["--auth-token-public-key", key_pair[1]]
+        elif rs256:
             private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
             self.signing = ["--private-key", os.path.join(self.dir, "private.pem")]
             with open(self.signing[1], "wb") as f:
@@ -383,3 +316,53 @@ def test_rs256_tokens():
         assert broker.http("GET", "/admin/v2/tenants", hs)[0] == 401
     finally:
         broker.stop()
+
+
+def create_key_pair(directory, name):
+    """`vela admin tokens create-key-pair` into DIRECTORY/NAME-{private,public}.key."""
+    private = os.path.join(directory, name + "-private.key")
+    public = os.path.join(directory, name + "-public.key")
+    vela("admin", "tokens", "create-key-pair", "--output-private-key", private, "--output-public-key", public)
+    return private, public
+
+
+def test_key_pair_made_by_vela_admin_tokens():
+    keys = tempfile.mkdtemp(prefix="vela-keys-")
+    try:
+        private, public = create_key_pair(keys, "broker")
+        # Pulsar's files: raw DER, PKCS#8 and SubjectPublicKeyInfo, RSA 2048.
+        with open(private, "rb") as f:
+            private_key = serialization.load_der_private_key(f.read(), password=None)
+        with open(public, "rb") as f:
+            public_key = serialization.load_der_public_key(f.read())
+        assert isinstance(private_key, rsa.RSAPrivateKey) and private_key.key_size == 2048
+        assert public_key.public_numbers() == private_key.public_key().public_numbers()
+        assert os.stat(private).st_mode & 0o777 == 0o600
+        # Never overwritten.
+        again = subprocess.run(
+            [vela_binary(), "admin", "tokens", "create-key-pair",
+             "--output-private-key", private, "--output-public-key", public + ".new"],
+            capture_output=True, text=True,
+        )
+        assert again.returncode != 0 and "exists" in again.stderr, again.stderr
+        assert not os.path.exists(public + ".new")
+        other_private, _ = create_key_pair(keys, "other")
+
+        broker = SecureBroker(key_pair=(private, public))
+        try:
+            client = broker.client(broker.token("admin", expiry="1h"))
+            topic = "persistent://public/default/key-pair-" + uuid.uuid4().hex[:8]
+            consumer = client.subscribe(topic, "s")
+            client.create_producer(topic).send(b"signed with the new pair")
+            assert consumer.receive(timeout_millis=5000).data() == b"signed with the new pair"
+            client.close()
+            # A token of another pair is refused, on the wire and over HTTPS.
+            forged = vela("admin", "tokens", "create", "--private-key", other_private, "--subject", "admin")
+            cmd_type, body = broker.raw_connect(forged)
+            assert cmd_type == 14 and body[2] == [AUTHENTICATION_ERROR], (cmd_type, body)
+            assert broker.http("GET", "/admin/v2/tenants", forged)[0] == 401
+            assert broker.http("GET", "/admin/v2/tenants", broker.admin_token)[0] == 200
+        finally:
+            broker.stop()
+    finally:
+        shutil.rmtree(keys, ignore_errors=True)

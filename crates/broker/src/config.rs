@@ -258,6 +258,16 @@ impl BrokerConfig {
             .map(|addr| format!("pulsar+ssl://{}:{}", self.advertised_host, addr.port()))
     }
 
+    /// This broker's id in a cluster: `host:port` of its Pulsar listener
+    /// (the plain one, else the TLS one).
+    pub(crate) fn broker_id(&self) -> String {
+        let port = self
+            .pulsar_addr
+            .or(self.pulsar_tls_addr)
+            .map_or(0, |addr| addr.port());
+        format!("{}:{port}", self.advertised_host)
+    }
+
     /// Largest frame accepted from a client.
     pub fn max_frame_bytes(&self) -> usize {
         self.max_message_size_bytes + FRAME_PADDING_BYTES

@@ -47,6 +47,7 @@ use crate::auth::{self, Principal, TopicAction};
 use crate::codec::{self, Decoder, FrameError, Inbound, Outbound};
 use crate::config::{PROTOCOL_VERSION_MAX, SERVER_VERSION};
 use crate::error::ServiceError;
+use crate::ownership::LookupAnswer;
 use crate::schema;
 use crate::service::Service;
 use crate::subscription::{ConnEvent, ConsumerInfo, SeekTarget, SubCommand, SubscriptionHandle};
@@ -662,21 +663,6 @@ impl Connection {
             .await
     }
 
-    /// The TLS URL to answer beside `service_url` in a lookup: ours when
-    /// the topic is served here and we have a TLS listener. (Another
-    /// broker's TLS URL is not known: cluster registrations carry one URL.)
-    fn tls_url_of(&self, service_url: &str) -> Option<String> {
-        let own =
-            service_url == self.service.advertised_url || service_url.starts_with("pulsar+ssl://");
-        if !own {
-            return None;
-        }
-        if service_url.starts_with("pulsar+ssl://") {
-            return Some(service_url.to_string());
-        }
-        self.service.config.advertised_tls_url()
-    }
-
     async fn on_partitioned_metadata(
         &mut self,
         body: proto::CommandPartitionedTopicMetadata,
@@ -727,20 +713,24 @@ impl Connection {
         }
         .await;
         let response = match result {
-            Ok((service_url, _, redirect)) => proto::CommandLookupTopicResponse {
-                broker_service_url_tls: self.tls_url_of(&service_url),
-                broker_service_url: Some(service_url),
-                response: Some(if redirect {
-                    LookupType::Redirect as i32
-                } else {
-                    LookupType::Connect as i32
-                }),
-                request_id,
-                authoritative: Some(true),
-                error: None,
-                message: None,
-                proxy_through_service_url: Some(false),
-            },
+            Ok(answer) => {
+                let (owner, response) = match answer {
+                    LookupAnswer::Connect(owner) => (owner, LookupType::Connect),
+                    LookupAnswer::Redirect(chosen) => (chosen, LookupType::Redirect),
+                };
+                proto::CommandLookupTopicResponse {
+                    // A `pulsar+ssl://` client follows the TLS URL: each broker's
+                    // registration carries its own.
+                    broker_service_url_tls: owner.service_url_tls,
+                    broker_service_url: Some(owner.service_url),
+                    response: Some(response as i32),
+                    request_id,
+                    authoritative: Some(true),
+                    error: None,
+                    message: None,
+                    proxy_through_service_url: Some(false),
+                }
+            }
             Err(e) => proto::CommandLookupTopicResponse {
                 broker_service_url: None,
                 broker_service_url_tls: None,

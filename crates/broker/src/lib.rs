@@ -223,18 +223,13 @@ impl BrokerHandle {
     /// Joins the cluster: registers this broker in the metadata store (on a
     /// session of `session_ttl`) and from then on serves only the namespace
     /// bundles it owns; lookups answer with each bundle's owner. Call after
-    /// `start_http` (its URL goes into the registration). When the session
+    /// `start_http` and `start_https` (their URLs go into the registration,
+    /// beside the Pulsar URLs, plain and TLS). When the session
     /// ends (expired: this broker was cut off) every topic is unloaded and
     /// the broker registers again with a new session.
     pub async fn join_cluster(&self, session_ttl: Duration) -> Result<(), BrokerError> {
         let service = &self.service;
-        let host = &service.config.advertised_host;
-        let me = ownership::BrokerInfo {
-            id: format!("{host}:{}", self.pulsar_addr.port()),
-            service_url: service.advertised_url.clone(),
-            http_url: service.http_url.get().cloned().unwrap_or_default(),
-            load: ownership::LoadReport::default(),
-        };
+        let me = service.me();
         let ownership = ownership::Ownership::start(Arc::clone(&service.meta), me, session_ttl)
             .await
             .map_err(|e| BrokerError::Cluster(e.to_string()))?;

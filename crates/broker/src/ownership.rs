@@ -119,10 +119,17 @@ pub fn default_layout(count: u32) -> Vec<BundleRange> {
 pub struct BrokerInfo {
     /// Its id (`host:port` of its Pulsar listener).
     pub id: String,
-    /// `pulsar://host:port`.
+    /// `pulsar://host:port` (`pulsar+ssl://` when it has no plain port).
     pub service_url: String,
-    /// `http://host:port` (admin API).
+    /// `pulsar+ssl://host:port` when it has a TLS Pulsar port (absent in
+    /// records written before brokers published it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_url_tls: Option<String>,
+    /// `http://host:port` (admin API; `https://` when it has no plain port).
     pub http_url: String,
+    /// `https://host:port` when it has an HTTPS port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_url_tls: Option<String>,
     /// Load, for placing unowned bundles.
     #[serde(default)]
     pub load: LoadReport,
@@ -713,7 +720,10 @@ const OWNER_PROBE_TIMEOUT: Duration = Duration::from_millis(300);
 /// process behind it is gone). Anything else (accepted, timed out, no route)
 /// is not proof.
 async fn refuses_connections(service_url: &str) -> bool {
-    let Some(address) = service_url.strip_prefix("pulsar://") else {
+    let Some(address) = service_url
+        .strip_prefix("pulsar://")
+        .or_else(|| service_url.strip_prefix("pulsar+ssl://"))
+    else {
         return false;
     };
     match tokio::time::timeout(OWNER_PROBE_TIMEOUT, tokio::net::TcpStream::connect(address)).await {
@@ -816,9 +826,34 @@ mod tests {
         BrokerInfo {
             id: id.to_string(),
             service_url: format!("pulsar://{id}"),
+            service_url_tls: None,
             http_url: format!("http://{id}"),
+            http_url_tls: None,
             load: LoadReport::default(),
         }
+    }
+
+    #[test]
+    fn registrations_without_tls_urls_still_parse() {
+        // As brokers wrote them before the TLS URLs were published.
+        let old = br#"{"id":"h:1","service_url":"pulsar://h:1","http_url":"http://h:2",
+            "load":{"bundles":1,"topics":2,"msg_rate_in":3}}"#;
+        let info: BrokerInfo = decode("/brokers/available/h:1", old).unwrap();
+        assert_eq!(info.service_url_tls, None);
+        assert_eq!(info.http_url_tls, None);
+        assert_eq!(info.load.topics, 2);
+        // And the TLS URLs round-trip.
+        let mut tls = info.clone();
+        tls.service_url_tls = Some("pulsar+ssl://h:3".to_string());
+        tls.http_url_tls = Some("https://h:4".to_string());
+        let back: BrokerInfo = decode("k", &encode(&tls)).unwrap();
+        assert_eq!(back, tls);
+        // Without them the record is written as before.
+        assert!(
+            !String::from_utf8(encode(&info).to_vec())
+                .unwrap()
+                .contains("tls")
+        );
     }
 
     fn connect_id(answer: LookupAnswer) -> String {

@@ -23,7 +23,9 @@ use crate::config::{BrokerConfig, CLUSTER_NAME};
 use crate::error::ServiceError;
 use crate::lifecycle::TopicPolicies;
 use crate::metrics::{Stage, StageLatency, WritePathSource};
-use crate::ownership::{BundleRange, LookupAnswer, Ownership, OwnershipError};
+use crate::ownership::{
+    BrokerInfo, BundleRange, LoadReport, LookupAnswer, Ownership, OwnershipError,
+};
 use crate::schema::SchemaRegistry;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};
@@ -50,8 +52,10 @@ pub(crate) struct Service {
     pub(crate) advertised_url: String,
     /// Broker-wide counters and histograms.
     pub(crate) metrics: crate::metrics::BrokerMetrics,
-    /// `http://host:port` of the HTTP listener, once started (lookups).
+    /// `http://host:port` of the plain HTTP listener, once started (lookups).
     pub(crate) http_url: std::sync::OnceLock<String>,
+    /// `https://host:port` of the HTTPS listener, once started (lookups).
+    pub(crate) https_url: std::sync::OnceLock<String>,
     /// Write-path stages below the broker (ledger client, bookies).
     pub(crate) write_path_sources: Mutex<Vec<Arc<dyn WritePathSource>>>,
     /// The metadata store (ownership, schemas and admin records live there).
@@ -80,6 +84,7 @@ impl Service {
             advertised_url,
             metrics: crate::metrics::BrokerMetrics::default(),
             http_url: std::sync::OnceLock::new(),
+            https_url: std::sync::OnceLock::new(),
             ownership: std::sync::OnceLock::new(),
             meta: Arc::clone(&meta),
             write_path_sources: Mutex::new(Vec::new()),
@@ -239,27 +244,40 @@ impl Service {
         Ok(Arc::clone(served))
     }
 
-    /// Who serves `topic`: `(service URL, HTTP URL, redirect)`. `redirect`:
-    /// the client must ask that broker (authoritatively) rather than connect.
-    /// Fails when the namespace does not exist.
+    /// This broker's URLs as lookups answer them and its cluster
+    /// registration publishes them: the Pulsar URL (plain, else TLS), the
+    /// TLS one, the admin URL (plain, else HTTPS) and the HTTPS one. Read
+    /// after the HTTP listeners started.
+    pub(crate) fn me(&self) -> BrokerInfo {
+        let https_url = self.https_url.get().cloned();
+        let http_url = self.http_url.get().cloned().or_else(|| https_url.clone());
+        BrokerInfo {
+            id: self.config.broker_id(),
+            service_url: self.advertised_url.clone(),
+            service_url_tls: self.config.advertised_tls_url(),
+            http_url: http_url.unwrap_or_default(),
+            http_url_tls: https_url,
+            load: LoadReport::default(),
+        }
+    }
+
+    /// Who serves `topic`, with all its URLs: `Connect` (it owns the topic;
+    /// this broker itself in standalone mode) or `Redirect` (the client must
+    /// ask that broker, authoritatively). Fails when the namespace does not
+    /// exist.
     pub(crate) async fn lookup(
         &self,
         topic: &TopicName,
         authoritative: bool,
-    ) -> Result<(String, String, bool), ServiceError> {
+    ) -> Result<LookupAnswer, ServiceError> {
         self.namespace_policies_of(topic).await?;
         let Some(ownership) = self.ownership.get() else {
-            let http_url = self.http_url.get().cloned().unwrap_or_default();
-            return Ok((self.advertised_url.clone(), http_url, false));
+            return Ok(LookupAnswer::Connect(self.me()));
         };
-        match ownership
+        ownership
             .lookup(topic, authoritative)
             .await
-            .map_err(ownership_error)?
-        {
-            LookupAnswer::Connect(owner) => Ok((owner.service_url, owner.http_url, false)),
-            LookupAnswer::Redirect(chosen) => Ok((chosen.service_url, chosen.http_url, true)),
-        }
+            .map_err(ownership_error)
     }
 
     /// Unloads every served topic of `range` in `ns`, then gives the bundle up.

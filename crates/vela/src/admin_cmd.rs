@@ -7,7 +7,8 @@
 //! time is all a CLI needs) and printing answers (JSON pretty-printed, lists
 //! one per line, errors as Pulsar's `reason`). Never: talks to the metadata
 //! store or the broker's protocol port; everything goes through HTTP
-//! (`tokens` excepted: it mints tokens locally from a key file).
+//! (`tokens` excepted: it makes keys and mints tokens locally, see
+//! `token_keys`).
 //! Authentication: `--auth-token`/`--auth-token-file` send
 //! `Authorization: Bearer`; `https://` URLs are checked against the system
 //! roots or `--tls-trust-certs-file`.
@@ -88,6 +89,21 @@ enum TokensCmd {
         /// it base64-encoded.
         #[arg(short = 'o', long)]
         output: Option<PathBuf>,
+    },
+    /// Make a new RS256 key pair, in the files Pulsar's `tokens
+    /// create-key-pair` writes (DER: PKCS#8 private key, SubjectPublicKeyInfo
+    /// public key). The private key signs tokens (`create --private-key`);
+    /// brokers verify them with the public one (`--auth-token-public-key`).
+    CreateKeyPair {
+        /// The private key's file (new; mode 0600).
+        #[arg(long, value_name = "FILE")]
+        output_private_key: PathBuf,
+        /// The public key's file (new).
+        #[arg(long, value_name = "FILE")]
+        output_public_key: PathBuf,
+        /// Signature algorithm (Pulsar's flag; RS256 only).
+        #[arg(short = 'a', long, default_value = "RS256", value_parser = ["RS256"])]
+        signature_algorithm: String,
     },
     /// Mint a token for a role.
     Create {
@@ -659,14 +675,51 @@ fn tokens(cmd: TokensCmd) -> anyhow::Result<()> {
     use vela_broker::auth::jwt::{self, SigningKey, VerifyKey};
 
     use crate::security_args::read_key;
+    use crate::token_keys::{KeyPairDer, PUBLIC_FILE_MODE, SECRET_FILE_MODE, write_new_file};
     match cmd {
         TokensCmd::CreateSecretKey { output } => {
             let secret = jwt::new_secret()?;
             match output {
-                Some(path) => write_secret(&path, &secret)
+                Some(path) => write_new_file(&path, &secret, SECRET_FILE_MODE)
                     .with_context(|| format!("cannot write --output {}", path.display())),
                 None => out(&base64::engine::general_purpose::STANDARD.encode(secret)),
             }
+        }
+        TokensCmd::CreateKeyPair {
+            output_private_key,
+            output_public_key,
+            signature_algorithm: _,
+        } => {
+            for (flag, path) in [
+                ("--output-private-key", &output_private_key),
+                ("--output-public-key", &output_public_key),
+            ] {
+                if path.exists() {
+                    bail!(
+                        "{flag} {}: the file exists (never overwritten)",
+                        path.display()
+                    );
+                }
+            }
+            let pair = KeyPairDer::generate()?;
+            // The public file first: if the private one cannot be written,
+            // no private key is left without its public half.
+            write_new_file(&output_public_key, pair.public_der(), PUBLIC_FILE_MODE).with_context(
+                || {
+                    format!(
+                        "cannot write --output-public-key {}",
+                        output_public_key.display()
+                    )
+                },
+            )?;
+            write_new_file(&output_private_key, pair.private_der(), SECRET_FILE_MODE).with_context(
+                || {
+                    format!(
+                        "cannot write --output-private-key {}",
+                        output_private_key.display()
+                    )
+                },
+            )
         }
         TokensCmd::Create {
             secret_key,
@@ -719,19 +772,6 @@ fn tokens(cmd: TokensCmd) -> anyhow::Result<()> {
             out(&format!("role {} ({expiry})", verified.subject))
         }
     }
-}
-
-/// Writes a secret key readable by its owner only.
-fn write_secret(path: &std::path::Path, secret: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(secret)?;
-    file.sync_all()
 }
 
 fn split_list(text: &str) -> Vec<String> {

@@ -17,6 +17,7 @@ mod registration;
 mod security_args;
 mod standalone;
 mod storage_args;
+mod token_keys;
 mod topic_args;
 mod write_path_source;
 

@@ -16,6 +16,7 @@ use vela_log::{LedgerDescription, LedgerSummary, Position};
 
 use super::{AdminError, BacklogQuota, NamespacePolicies, RetentionPolicy, TenantInfo};
 use crate::config::CLUSTER_NAME;
+use crate::ownership::BrokerInfo;
 use crate::stats::{SubscriptionStats, TopicStats};
 
 /// Parses a JSON body (an empty body parses as JSON `null`).
@@ -649,15 +650,17 @@ pub fn internal_stats_json(input: &InternalStatsInput<'_>) -> Value {
     })
 }
 
-/// Pulsar's LookupData.
-pub fn lookup_json(broker_url: &str, http_url: &str) -> Value {
+/// Pulsar's LookupData of `owner` (`brokerUrlSsl` is the old name of
+/// `brokerUrlTls`; a URL the broker lacks is `""`).
+pub fn lookup_json(owner: &BrokerInfo) -> Value {
+    let broker_url_tls = owner.service_url_tls.as_deref().unwrap_or("");
     json!({
-        "brokerUrl": broker_url,
-        "brokerUrlTls": "",
-        "brokerUrlSsl": "",
-        "httpUrl": http_url,
-        "httpUrlTls": "",
-        "nativeUrl": broker_url
+        "brokerUrl": owner.service_url,
+        "brokerUrlTls": broker_url_tls,
+        "brokerUrlSsl": broker_url_tls,
+        "httpUrl": owner.http_url,
+        "httpUrlTls": owner.http_url_tls.as_deref().unwrap_or(""),
+        "nativeUrl": owner.service_url
     })
 }
 

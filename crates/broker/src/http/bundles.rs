@@ -2,11 +2,13 @@
 //! `NamespacesBase` bundle routes).
 //!
 //! In cluster mode a request for a bundle this broker does not own is
-//! redirected (307) to the owner's HTTP address, as Pulsar does; a standalone
+//! redirected (307) to the owner's HTTP address (its HTTPS one for a request
+//! that came over HTTPS), as Pulsar does; a standalone
 //! broker serves every bundle itself and reports the default layout.
 
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::Router;
 use axum::extract::{OriginalUri, Path, State};
 use axum::http::{StatusCode, header};
@@ -15,7 +17,7 @@ use axum::routing::{get, put};
 use serde_json::json;
 
 use super::namespaces::namespace_of;
-use super::{ApiError, ApiResult, Shared};
+use super::{ApiError, ApiResult, ListenerScheme, Shared};
 use crate::ownership::{BUNDLES_DEFAULT, BundleRange, default_layout};
 use crate::service::{Service, ownership_error};
 use crate::topic_name::NamespaceName;
@@ -85,16 +87,26 @@ async fn redirect_to_owner(
     ns: &NamespaceName,
     range: &BundleRange,
     uri: &axum::http::Uri,
+    scheme: ListenerScheme,
 ) -> ApiResult<Option<Response>> {
     let Some(ownership) = service.ownership.get() else {
         return Ok(None);
     };
     let owner = ownership.owner(ns, range).await.map_err(ownership_error)?;
-    match owner {
-        Some(owner) if owner.id != ownership.me().id && !owner.http_url.is_empty() => {
+    let Some(owner) = owner.filter(|owner| owner.id != ownership.me().id) else {
+        return Ok(None);
+    };
+    // A request that came over HTTPS goes on over HTTPS when the owner has it.
+    let base = match (scheme, &owner.http_url_tls) {
+        (ListenerScheme::Https, Some(https_url)) => https_url,
+        _ => &owner.http_url,
+    };
+    match base.as_str() {
+        "" => Ok(None),
+        base => {
             let location = format!(
                 "{}{}",
-                owner.http_url.trim_end_matches('/'),
+                base.trim_end_matches('/'),
                 uri.path_and_query().map_or(uri.path(), |p| p.as_str())
             );
             Ok(Some(
@@ -105,18 +117,18 @@ async fn redirect_to_owner(
                     .into_response(),
             ))
         }
-        _ => Ok(None),
     }
 }
 
 async fn unload(
     State(service): Shared,
     OriginalUri(uri): OriginalUri,
+    Extension(scheme): Extension<ListenerScheme>,
     Path((tenant, namespace, bundle)): Path<(String, String, String)>,
 ) -> ApiResult<Response> {
     let ns = existing_namespace(&service, &tenant, &namespace).await?;
     let range = range_of(&bundle)?;
-    if let Some(redirect) = redirect_to_owner(&service, &ns, &range, &uri).await? {
+    if let Some(redirect) = redirect_to_owner(&service, &ns, &range, &uri, scheme).await? {
         return Ok(redirect);
     }
     if service.ownership.get().is_some() {
@@ -132,11 +144,12 @@ async fn unload(
 async fn split(
     State(service): Shared,
     OriginalUri(uri): OriginalUri,
+    Extension(scheme): Extension<ListenerScheme>,
     Path((tenant, namespace, bundle)): Path<(String, String, String)>,
 ) -> ApiResult<Response> {
     let ns = existing_namespace(&service, &tenant, &namespace).await?;
     let range = range_of(&bundle)?;
-    if let Some(redirect) = redirect_to_owner(&service, &ns, &range, &uri).await? {
+    if let Some(redirect) = redirect_to_owner(&service, &ns, &range, &uri, scheme).await? {
         return Ok(redirect);
     }
     let Some(ownership) = service.ownership.get() else {

@@ -42,6 +42,7 @@ use vela_wire::proto::ServerError;
 use crate::admin::AdminError;
 use crate::error::{BrokerError, ServiceError};
 use crate::metrics::Stage;
+use crate::ownership::LookupAnswer;
 use crate::service::Service;
 use crate::topic_name::{InvalidName, TopicName};
 
@@ -61,15 +62,19 @@ impl HttpServer {
     ) -> Result<HttpServer, BrokerError> {
         let listener = TcpListener::bind(addr).await?;
         let local_addr = listener.local_addr()?;
-        let scheme = if tls.is_some() { "https" } else { "http" };
-        // The first listener started is the one lookups and the cluster
-        // registration name.
-        let _ = service.http_url.set(format!(
-            "{scheme}://{}:{}",
+        let (scheme, url_cell) = match tls {
+            Some(_) => (ListenerScheme::Https, &service.https_url),
+            None => (ListenerScheme::Http, &service.http_url),
+        };
+        // Lookups and the cluster registration name the first listener of
+        // each scheme.
+        let _ = url_cell.set(format!(
+            "{}://{}:{}",
+            scheme.as_str(),
             service.config.advertised_host,
             local_addr.port()
         ));
-        let router = router(service);
+        let router = router(service).layer(axum::Extension(scheme));
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;
@@ -89,7 +94,7 @@ impl HttpServer {
                 })
             }
         };
-        tracing::info!(addr = %local_addr, scheme, "HTTP listening");
+        tracing::info!(addr = %local_addr, scheme = scheme.as_str(), "HTTP listening");
         Ok(HttpServer {
             local_addr,
             stop,
@@ -109,6 +114,23 @@ impl HttpServer {
             Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::warn!(%error, "HTTP server failed"),
             Err(error) => tracing::warn!(%error, "HTTP server task failed"),
+        }
+    }
+}
+
+/// Whether a request came over the plain or the HTTPS listener (handlers
+/// that send the client to another broker keep the scheme).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ListenerScheme {
+    Http,
+    Https,
+}
+
+impl ListenerScheme {
+    fn as_str(self) -> &'static str {
+        match self {
+            ListenerScheme::Http => "http",
+            ListenerScheme::Https => "https",
         }
     }
 }
@@ -268,11 +290,10 @@ async fn lookup(
     Path((domain, tenant, namespace, topic)): Path<(String, String, String, String)>,
 ) -> ApiResult<axum::Json<serde_json::Value>> {
     let topic = topic_of(&domain, &tenant, &namespace, &topic)?;
-    let (service_url, http_url, _) = service.lookup(&topic, false).await?;
-    Ok(axum::Json(crate::admin::json::lookup_json(
-        &service_url,
-        &http_url,
-    )))
+    let owner = match service.lookup(&topic, false).await? {
+        LookupAnswer::Connect(owner) | LookupAnswer::Redirect(owner) => owner,
+    };
+    Ok(axum::Json(crate::admin::json::lookup_json(&owner)))
 }
 
 async fn metrics(State(service): Shared) -> Response {

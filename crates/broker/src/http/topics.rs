@@ -138,15 +138,11 @@ async fn open(service: &Service, topic: &TopicName) -> ApiResult<Arc<Topic>> {
 }
 
 fn owner_broker(service: &Service) -> String {
-    service
-        .http_url
-        .get()
-        .map(|url| {
-            url.trim_start_matches("http://")
-                .trim_start_matches("https://")
-                .to_string()
-        })
-        .unwrap_or_default()
+    let http_url = service.me().http_url;
+    http_url
+        .trim_start_matches("http://")
+        .trim_start_matches("https://")
+        .to_string()
 }
 
 async fn list_topics(
