@@ -23,9 +23,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::AsyncReadExt;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::AbortHandle;
 
@@ -63,6 +62,9 @@ pub struct ClientConfig {
     pub in_flight_max: usize,
     /// Request bytes in flight at most (must be at least one max frame).
     pub in_flight_bytes_max: usize,
+    /// Talk TLS, trusting these roots (see `vela_tls::client_config`); the
+    /// bookie's certificate must name the IP address dialled.
+    pub tls: Option<Arc<vela_tls::TlsClientConfig>>,
 }
 
 impl Default for ClientConfig {
@@ -72,6 +74,7 @@ impl Default for ClientConfig {
             connect_timeout: CONNECT_TIMEOUT_DEFAULT,
             in_flight_max: IN_FLIGHT_MAX_DEFAULT,
             in_flight_bytes_max: IN_FLIGHT_BYTES_MAX_DEFAULT,
+            tls: None,
         }
     }
 }
@@ -241,13 +244,23 @@ impl BookieClient {
             addr,
             source: Arc::new(source),
         };
-        let stream =
-            match tokio::time::timeout(config.connect_timeout, TcpStream::connect(addr)).await {
-                Ok(connected) => connected.map_err(connect_error)?,
-                Err(_) => return Err(connect_error(std::io::ErrorKind::TimedOut.into())),
+        // One deadline for TCP connect and TLS handshake.
+        let connecting = async {
+            let stream = TcpStream::connect(addr).await?;
+            stream.set_nodelay(true)?;
+            let Some(tls) = &config.tls else {
+                return Ok(Stream::Plain(stream));
             };
-        stream.set_nodelay(true).map_err(connect_error)?;
-        let (read_half, write_half) = stream.into_split();
+            let name = vela_tls::ServerName::IpAddress(addr.ip().into());
+            let connector = vela_tls::TlsConnector::from(Arc::clone(tls));
+            Ok(Stream::Tls(Box::new(
+                connector.connect(name, stream).await?,
+            )))
+        };
+        let stream = match tokio::time::timeout(config.connect_timeout, connecting).await {
+            Ok(connected) => connected.map_err(connect_error)?,
+            Err(_) => return Err(connect_error(std::io::ErrorKind::TimedOut.into())),
+        };
         let shared = Arc::new(Shared {
             addr,
             request_slots: Arc::new(Semaphore::new(config.in_flight_max)),
@@ -257,8 +270,23 @@ impl BookieClient {
             state: Mutex::new(State::default()),
             writer_wake: Notify::new(),
         });
-        let reader = tokio::spawn(read_loop(shared.clone(), read_half)).abort_handle();
-        let writer = tokio::spawn(write_loop(shared.clone(), write_half)).abort_handle();
+        let (reader, writer) = match stream {
+            Stream::Plain(stream) => {
+                let (read_half, write_half) = stream.into_split();
+                (
+                    tokio::spawn(read_loop(shared.clone(), read_half)),
+                    tokio::spawn(write_loop(shared.clone(), write_half)),
+                )
+            }
+            Stream::Tls(stream) => {
+                let (read_half, write_half) = tokio::io::split(*stream);
+                (
+                    tokio::spawn(read_loop(shared.clone(), read_half)),
+                    tokio::spawn(write_loop(shared.clone(), write_half)),
+                )
+            }
+        };
+        let (reader, writer) = (reader.abort_handle(), writer.abort_handle());
         Ok(BookieClient {
             handle: Arc::new(Handle {
                 shared,
@@ -616,7 +644,14 @@ impl Shared {
     }
 }
 
-async fn read_loop(shared: Arc<Shared>, mut socket: OwnedReadHalf) {
+/// A connected socket, before it is split into the reader's and the
+/// writer's halves.
+enum Stream {
+    Plain(TcpStream),
+    Tls(Box<vela_tls::client::TlsStream<TcpStream>>),
+}
+
+async fn read_loop(shared: Arc<Shared>, mut socket: impl AsyncRead + Unpin) {
     let mut buf = BytesMut::with_capacity(READ_BUFFER_BYTES);
     loop {
         match socket.read_buf(&mut buf).await {
@@ -649,7 +684,7 @@ fn complete_frames(shared: &Shared, buf: &mut BytesMut) -> Result<(), ProtocolEr
     Ok(())
 }
 
-async fn write_loop(shared: Arc<Shared>, mut socket: OwnedWriteHalf) {
+async fn write_loop(shared: Arc<Shared>, mut socket: impl AsyncWrite + Unpin) {
     let mut sending = FrameQueue::default();
     loop {
         let closed = {

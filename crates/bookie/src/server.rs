@@ -7,6 +7,9 @@
 //! has nothing in hand is written at once by the completing thread (a
 //! non-blocking write under the outbox lock; the task takes over what the
 //! socket does not): at depth 1 that saves waking a runtime thread per ADD.
+//! With TLS (`with_tls`), every connection first completes a handshake
+//! (bounded by `TLS_HANDSHAKE_TIMEOUT`, in its own task) and answers always
+//! go through the writer task (a TLS stream has one writer).
 //! Guarantees: ADDs are pipelined (the reader never waits for entry N's answer
 //! before reading N+1); a connection has at most `CONNECTION_IN_FLIGHT_MAX`
 //! requests between "read off the socket" and "answer written", and past that
@@ -22,11 +25,13 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::BytesMut;
-use tokio::io::AsyncReadExt;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use vela_tls::TlsCertificates;
+use vela_tls::server::TlsStream;
 
 use crate::bookie::Bookie;
 use crate::protocol::{
@@ -55,6 +60,8 @@ pub const CONNECTIONS_MAX: usize = 1024;
 /// the completing thread when the writer task is idle; bigger ones (READ
 /// entries) go through the task, so nobody copies megabytes under the lock.
 const DIRECT_WRITE_BYTES_MAX: usize = 16 * 1024;
+/// Time a client has to finish its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 /// How long a connection the client half-closed waits for its pending
 /// answers (adds wait for an fdatasync: far below this unless the disk hangs).
 const DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
@@ -75,6 +82,7 @@ pub struct Server {
     listener: TcpListener,
     local_addr: SocketAddr,
     bookie: Arc<Bookie>,
+    tls: Option<Arc<TlsCertificates>>,
 }
 
 impl Server {
@@ -86,7 +94,15 @@ impl Server {
             listener,
             local_addr,
             bookie,
+            tls: None,
         })
+    }
+
+    /// Serves TLS only, with `certs` (reloaded by their owner's
+    /// `vela_tls::reload_loop`): a plain client fails its first request.
+    pub fn with_tls(mut self, certs: Arc<TlsCertificates>) -> Server {
+        self.tls = Some(certs);
+        self
     }
 
     /// The bound address.
@@ -123,8 +139,9 @@ impl Server {
                 Ok((socket, peer)) => {
                     let bookie = self.bookie.clone();
                     let limits = limits.clone();
+                    let tls = self.tls.clone();
                     connections.spawn(async move {
-                        serve_connection(socket, peer, bookie, limits).await;
+                        serve_connection(socket, peer, bookie, limits, tls).await;
                         drop(permit);
                     });
                 }
@@ -154,10 +171,10 @@ struct Connection {
     peer: SocketAddr,
     out: Mutex<Outbox>,
     wake: Notify,
-    /// Written by the writer task, or by `respond` under the outbox lock
-    /// while the task holds nothing (`Outbox::writer_busy`), so frames never
-    /// interleave.
-    socket: OwnedWriteHalf,
+    /// A plain connection's socket: written by the writer task, or by
+    /// `respond` under the outbox lock while the task holds nothing
+    /// (`Outbox::writer_busy`), so frames never interleave. None with TLS.
+    plain: Option<OwnedWriteHalf>,
 }
 
 #[derive(Debug, Default)]
@@ -199,10 +216,13 @@ impl Connection {
         }
         out.queue.push_response(request_id, response);
         out.permits.push(in_flight);
-        if !out.writer_busy && out.queue.len_bytes() <= DIRECT_WRITE_BYTES_MAX {
+        if let Some(socket) = &self.plain
+            && !out.writer_busy
+            && out.queue.len_bytes() <= DIRECT_WRITE_BYTES_MAX
+        {
             match out
                 .queue
-                .write_now(|slices| self.socket.try_write_vectored(slices))
+                .write_now(|slices| socket.try_write_vectored(slices))
             {
                 Ok(true) => {
                     out.permits.clear();
@@ -238,20 +258,70 @@ async fn serve_connection(
     peer: SocketAddr,
     bookie: Arc<Bookie>,
     limits: Arc<ServerLimits>,
+    tls: Option<Arc<TlsCertificates>>,
 ) {
     if let Err(error) = socket.set_nodelay(true) {
         tracing::warn!(%peer, %error, "cannot set TCP_NODELAY; closing the connection");
         return;
     }
     tracing::debug!(%peer, "bookie connection opened");
-    let (read_half, write_half) = socket.into_split();
+    let Some(certs) = tls else {
+        let (read_half, write_half) = socket.into_split();
+        let output = Output::<tokio::io::WriteHalf<TlsStream<TcpStream>>>::Plain;
+        serve_stream(peer, read_half, Some(write_half), output, bookie, limits).await;
+        return;
+    };
+    let stream =
+        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, certs.acceptor().accept(socket)).await {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(error)) => {
+                tracing::info!(%peer, %error, "bookie TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::info!(%peer, "bookie TLS handshake timed out");
+                return;
+            }
+        };
+    let (read_half, write_half) = tokio::io::split(stream);
+    serve_stream(
+        peer,
+        read_half,
+        None,
+        Output::Tls(write_half),
+        bookie,
+        limits,
+    )
+    .await;
+}
+
+/// Where a connection's writer task writes.
+enum Output<W> {
+    /// The plain socket in `Connection::plain` (shared with `respond`).
+    Plain,
+    /// Its own half of a TLS stream.
+    Tls(W),
+}
+
+async fn serve_stream<R, W>(
+    peer: SocketAddr,
+    read_half: R,
+    plain: Option<OwnedWriteHalf>,
+    output: Output<W>,
+    bookie: Arc<Bookie>,
+    limits: Arc<ServerLimits>,
+) where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    debug_assert_eq!(plain.is_some(), matches!(output, Output::Plain));
     let connection = Arc::new(Connection {
         peer,
         out: Mutex::new(Outbox::default()),
         wake: Notify::new(),
-        socket: write_half,
+        plain,
     });
-    let writer = tokio::spawn(write_loop(connection.clone()));
+    let writer = tokio::spawn(write_loop(connection.clone(), output));
     // If this task is aborted (server shutdown), the writer still stops.
     let _close_writer = CloseOnDrop(connection.clone());
     let requests = Arc::new(Semaphore::new(CONNECTION_IN_FLIGHT_MAX));
@@ -298,7 +368,7 @@ enum ConnectionError {
 
 async fn read_loop(
     connection: &Arc<Connection>,
-    mut socket: OwnedReadHalf,
+    mut socket: impl AsyncRead + Unpin,
     bookie: &Arc<Bookie>,
     limits: &Arc<ServerLimits>,
     requests: &Arc<Semaphore>,
@@ -475,7 +545,7 @@ async fn blocking_read<T: Send + 'static>(
         .unwrap_or(Err(Status::IoError))
 }
 
-async fn write_loop(connection: Arc<Connection>) {
+async fn write_loop<W: AsyncWrite + Unpin>(connection: Arc<Connection>, mut output: Output<W>) {
     let mut sending = FrameQueue::default();
     let mut written_permits = Vec::new();
     loop {
@@ -495,14 +565,27 @@ async fn write_loop(connection: Arc<Connection>) {
         }
         // Every answer queued since the last write, in one vectored write
         // (more only if the socket takes less).
-        if let Err(error) = write_all(&connection.socket, &mut sending).await {
+        let written = match (&mut output, &connection.plain) {
+            (Output::Tls(stream), _) => sending.write_to(stream).await,
+            (Output::Plain, Some(socket)) => write_all(socket, &mut sending).await,
+            (Output::Plain, None) => Err(io::ErrorKind::NotConnected.into()),
+        };
+        if let Err(error) = written {
             tracing::debug!(peer = %connection.peer, %error, "bookie connection write failed");
             connection.close();
             break;
         }
         written_permits.clear();
     }
-    let _ = socket2::SockRef::from(connection.socket.as_ref()).shutdown(std::net::Shutdown::Write);
+    match (&mut output, &connection.plain) {
+        (Output::Tls(stream), _) => {
+            let _ = stream.shutdown().await;
+        }
+        (Output::Plain, Some(socket)) => {
+            let _ = socket2::SockRef::from(socket.as_ref()).shutdown(std::net::Shutdown::Write);
+        }
+        (Output::Plain, None) => {}
+    }
 }
 
 async fn write_all(socket: &OwnedWriteHalf, frames: &mut FrameQueue) -> io::Result<()> {

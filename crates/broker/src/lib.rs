@@ -164,7 +164,10 @@ impl Broker {
             )));
         }
         if let Some(certs) = &certs {
-            tokio::spawn(tls::reload_loop(Arc::downgrade(certs), shutdown_rx.clone()));
+            let mut stop = shutdown_rx.clone();
+            tokio::spawn(tls::reload_loop(Arc::downgrade(certs), async move {
+                let _ = stop.changed().await;
+            }));
         }
         tracing::info!(
             addr = ?service.config.pulsar_addr,

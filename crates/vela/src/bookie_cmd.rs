@@ -71,6 +71,10 @@ pub(crate) struct BookieArgs {
     autorecovery_interval_s: u64,
     #[command(flatten)]
     storage: StorageArgs,
+    #[command(flatten)]
+    tls: crate::bookie_tls_args::BookieTlsServerArgs,
+    #[command(flatten)]
+    bookie_tls: crate::bookie_tls_args::BookieTlsClientArgs,
 }
 
 impl BookieArgs {
@@ -88,6 +92,9 @@ pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
         );
     }
     let config = args.config()?;
+    let tls = args.tls.config()?;
+    // Checked before the bookie opens (and replays its journal).
+    let autorecovery_client = args.bookie_tls.client_config()?;
     let addr = SocketAddr::new(args.bind, args.port);
     let bookie = Bookie::open(config).with_context(|| {
         format!(
@@ -102,7 +109,7 @@ pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
         .thread_name("vela-bookie-net")
         .build()
         .context("cannot start the tokio runtime")?;
-    let served = runtime.block_on(serve(&args, addr, bookie.clone()));
+    let served = runtime.block_on(serve(&args, addr, bookie.clone(), tls, autorecovery_client));
     // Outside the runtime: shutdown blocks on the journal threads.
     drop(runtime);
     bookie.shutdown();
@@ -116,11 +123,9 @@ pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
 fn start_autorecovery(
     store: Arc<dyn vela_meta::MetadataStore>,
     config: vela_ledger::AutoRecoveryConfig,
+    client_config: vela_bookie::client::ClientConfig,
 ) {
-    let transport = vela_ledger::BookieClientTransport::new(
-        store.clone(),
-        vela_bookie::client::ClientConfig::default(),
-    );
+    let transport = vela_ledger::BookieClientTransport::new(store.clone(), client_config);
     let client = vela_ledger::LedgerClient::new(
         store,
         Arc::new(transport),
@@ -137,10 +142,29 @@ fn start_autorecovery(
 }
 
 /// Serves until SIGINT or SIGTERM.
-async fn serve(args: &BookieArgs, addr: SocketAddr, bookie: Arc<Bookie>) -> anyhow::Result<()> {
-    let server = Server::bind(addr, bookie.clone())
+async fn serve(
+    args: &BookieArgs,
+    addr: SocketAddr,
+    bookie: Arc<Bookie>,
+    tls: Option<vela_tls::TlsConfig>,
+    autorecovery_client: vela_bookie::client::ClientConfig,
+) -> anyhow::Result<()> {
+    let mut server = Server::bind(addr, bookie.clone())
         .await
         .with_context(|| format!("cannot listen on {addr} (--bind, --port)"))?;
+    // Kept for the life of the server: the reload task stops when it goes.
+    let _certs = match tls {
+        None => None,
+        Some(tls) => {
+            let certs = vela_tls::TlsCertificates::load(tls).await?;
+            tokio::spawn(vela_tls::reload_loop(
+                Arc::downgrade(&certs),
+                std::future::pending(),
+            ));
+            server = server.with_tls(certs.clone());
+            Some(certs)
+        }
+    };
     let mut signals = StopSignals::install()?;
     let local_addr = server.local_addr();
     let registration = match &args.metadata {
@@ -170,6 +194,7 @@ async fn serve(args: &BookieArgs, addr: SocketAddr, bookie: Arc<Bookie>) -> anyh
                         lost_grace: Duration::from_secs(args.lost_bookie_grace_s),
                         scan_interval: Duration::from_secs(args.autorecovery_interval_s),
                     },
+                    autorecovery_client,
                 );
             }
             Some(registration)

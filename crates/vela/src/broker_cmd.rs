@@ -70,6 +70,8 @@ pub(crate) struct BrokerArgs {
     security: SecurityArgs,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    bookie_tls: crate::bookie_tls_args::BookieTlsClientArgs,
 }
 
 impl BrokerArgs {
@@ -86,6 +88,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     // Pulsar's cluster default: two copies of everything.
     let persistence = args.persistence.resolve(2, None)?;
+    let bookie_client = args.bookie_tls.client_config()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("vela-broker")
@@ -95,10 +98,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         let store = vela_meta::open_store(&args.metadata)
             .await
             .with_context(|| format!("cannot open the metadata store (--metadata {})", args.metadata))?;
-        let transport = BookieClientTransport::new(
-            store.clone(),
-            vela_bookie::client::ClientConfig::default(),
-        );
+        let transport = BookieClientTransport::new(store.clone(), bookie_client);
         let ledgers = LedgerClient::new(store.clone(), Arc::new(transport), LedgerConfig::default());
         let stages = StandaloneStages::new(ledgers.clone(), Vec::new());
         let log_env = LogEnv::new(store.clone(), Arc::new(ReplicatedLedgers::new(ledgers)));

@@ -27,6 +27,8 @@ pub(crate) struct LedgersArgs {
     /// Metadata store (`etcd://host:2379`, `file:///dir`).
     #[arg(long, value_name = "URL", global = true, default_value = "")]
     metadata: String,
+    #[command(flatten)]
+    bookie_tls: crate::bookie_tls_args::BookieTlsClientArgs,
     #[command(subcommand)]
     command: LedgersCommand,
 }
@@ -62,7 +64,7 @@ pub(crate) fn run(args: LedgersArgs) -> anyhow::Result<()> {
             })?;
         let transport = Arc::new(BookieClientTransport::new(
             store.clone(),
-            vela_bookie::client::ClientConfig::default(),
+            args.bookie_tls.client_config()?,
         ));
         let client = LedgerClient::new(store, transport.clone(), LedgerConfig::default());
         match args.command {

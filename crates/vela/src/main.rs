@@ -7,6 +7,7 @@
 
 mod admin_cmd;
 mod bookie_cmd;
+mod bookie_tls_args;
 mod broker_cmd;
 mod ledgers_cmd;
 mod limit_args;
