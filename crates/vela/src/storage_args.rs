@@ -20,8 +20,9 @@ pub(crate) struct StorageArgs {
     /// machine).
     #[arg(long, value_enum, default_value_t = SyncArg::Fdatasync)]
     journal_sync: SyncArg,
-    /// Journal file backend: page cache, or O_DIRECT.
-    #[arg(long, value_enum, default_value_t = BackendArg::Buffered)]
+    /// Journal file backend: O_DIRECT where the filesystem takes it (auto),
+    /// page cache (buffered), or O_DIRECT or fail (direct).
+    #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     journal_backend: BackendArg,
     /// Longest time a journal group waits for more records, in microseconds
     /// (groups are written at once when the queue is empty).
@@ -80,6 +81,7 @@ enum SyncArg {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum BackendArg {
+    Auto,
     Buffered,
     Direct,
 }
@@ -100,6 +102,7 @@ impl StorageArgs {
             SyncArg::Off => JournalSync::Off,
         };
         config.journal.backend = match self.journal_backend {
+            BackendArg::Auto => JournalBackendKind::Auto,
             BackendArg::Buffered => JournalBackendKind::Buffered,
             BackendArg::Direct => JournalBackendKind::Direct,
         };

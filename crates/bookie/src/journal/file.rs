@@ -53,6 +53,11 @@ impl Backend {
             Backend::Kind(JournalBackendKind::Buffered) => {
                 Ok(Arc::new(PlainFile::open(path, create, false)?))
             }
+            // `Journal::open` resolves Auto before any file is opened.
+            Backend::Kind(JournalBackendKind::Auto) => {
+                debug_assert!(false, "JournalBackendKind::Auto reached a file open");
+                Ok(Arc::new(PlainFile::open(path, create, false)?))
+            }
             Backend::Kind(JournalBackendKind::Direct) => {
                 Ok(Arc::new(PlainFile::open(path, create, true)?))
             }
@@ -63,6 +68,29 @@ impl Backend {
             })),
         }
     }
+}
+
+/// Name of the file `direct_io_works` writes and removes.
+const DIRECT_IO_PROBE_FILE_NAME: &str = ".direct-io-probe";
+
+/// Whether `dir`'s filesystem takes an aligned O_DIRECT write (`Auto`'s
+/// choice). Any failure counts as "no": the journal then writes buffered, and
+/// real trouble with the directory shows up when its files are opened.
+pub(crate) fn direct_io_works(dir: &Path) -> Result<(), io::Error> {
+    const PROBE_BYTES: usize = 4096;
+    let path = dir.join(DIRECT_IO_PROBE_FILE_NAME);
+    let written = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(&path)
+        .and_then(|file| {
+            let block = AlignedBuf::zeroed(PROBE_BYTES, PROBE_BYTES);
+            file.write_all_at(block.as_slice(), 0)
+        });
+    let _ = std::fs::remove_file(&path);
+    written
 }
 
 /// A file opened buffered or with O_DIRECT; both use pwrite/pread/fdatasync.

@@ -116,6 +116,10 @@ impl Journal {
         E: std::error::Error + Send + Sync + 'static,
         F: FnMut(JournalRecord, JournalMark) -> Result<(), E>,
     {
+        let mut config = config;
+        if config.backend == JournalBackendKind::Auto {
+            config.backend = resolve_auto_backend(&config);
+        }
         let backend = Backend::Kind(config.backend);
         Journal::open_with_backend(config, backend, from, on_record)
     }
@@ -402,5 +406,31 @@ fn lock_dir(dir: &Path) -> Result<File, JournalError> {
             dir: dir.to_path_buf(),
         }),
         Err(std::fs::TryLockError::Error(e)) => Err(JournalError::io("flock", &path, e)),
+    }
+}
+
+/// `JournalBackendKind::Auto`: O_DIRECT if the directory's filesystem takes
+/// it and the alignment suits it, else buffered, with a log line either way.
+fn resolve_auto_backend(config: &JournalConfig) -> JournalBackendKind {
+    let dir = &config.dir;
+    if !config.alignment_bytes.is_multiple_of(4096) {
+        tracing::info!(dir = %dir.display(), alignment_bytes = config.alignment_bytes,
+            "journal: writing through the page cache (O_DIRECT needs 4 KiB alignment)");
+        return JournalBackendKind::Buffered;
+    }
+    if let Err(error) = std::fs::create_dir_all(dir) {
+        tracing::info!(dir = %dir.display(), %error, "journal: cannot probe O_DIRECT; writing through the page cache");
+        return JournalBackendKind::Buffered;
+    }
+    match file::direct_io_works(dir) {
+        Ok(()) => {
+            tracing::info!(dir = %dir.display(), "journal: O_DIRECT writes");
+            JournalBackendKind::Direct
+        }
+        Err(error) => {
+            tracing::info!(dir = %dir.display(), %error,
+                "journal: the filesystem refused an O_DIRECT write; writing through the page cache");
+            JournalBackendKind::Buffered
+        }
     }
 }

@@ -264,3 +264,51 @@ fn a_failed_write_is_sealed_too() {
     drop(journal);
     assert_eq!(replayed_entry_ids(dir.path()), (0..7).collect::<Vec<_>>());
 }
+
+#[test]
+fn auto_backend_probes_o_direct_and_leaves_no_probe_file() {
+    use super::JournalBackendKind;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = JournalConfig::new(dir.path());
+    assert_eq!(cfg.backend, JournalBackendKind::Auto);
+    let expected = match super::file::direct_io_works(dir.path()) {
+        Ok(()) => JournalBackendKind::Direct,
+        Err(_) => JournalBackendKind::Buffered,
+    };
+    assert_eq!(super::resolve_auto_backend(&cfg), expected);
+    // O_DIRECT needs 4 KiB blocks: a smaller alignment writes buffered.
+    cfg.alignment_bytes = 512;
+    assert_eq!(
+        super::resolve_auto_backend(&cfg),
+        JournalBackendKind::Buffered
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "probe left {left:?}");
+
+    // A journal opened with Auto appends and replays what it acknowledged.
+    cfg.alignment_bytes = super::JournalConfig::new(dir.path()).alignment_bytes;
+    let journal =
+        Journal::open(cfg.clone(), JournalMark::START, |_, _| Ok::<(), Never>(())).unwrap();
+    let (done, acked) = mpsc::channel();
+    for id in 0..10 {
+        let done = done.clone();
+        journal
+            .append(entry(id, 1000), move |result| {
+                done.send(result.is_ok()).unwrap()
+            })
+            .unwrap();
+    }
+    for _ in 0..10 {
+        assert!(acked.recv_timeout(Duration::from_secs(10)).unwrap());
+    }
+    journal.shutdown().unwrap();
+    drop(journal);
+    let mut replayed = 0;
+    let journal = Journal::open(cfg, JournalMark::START, |_, _| {
+        replayed += 1;
+        Ok::<(), Never>(())
+    })
+    .unwrap();
+    journal.shutdown().unwrap();
+    assert_eq!(replayed, 10);
+}
