@@ -343,6 +343,23 @@ fn vm_rss_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
+/// The bookie's own stage latencies (cumulative since it opened).
+fn print_stages(label: &str, stats: &vela_bookie::bookie::BookieStats) {
+    println!(
+        "    {label}: bookie add (add -> durable) {:?}",
+        stats.add_us
+    );
+    println!(
+        "    {label}: journal queue wait {:?}",
+        stats.journal.queue_wait_us
+    );
+    println!("    {label}: journal write {:?}", stats.journal.write_us);
+    println!(
+        "    {label}: journal fdatasync {:?}",
+        stats.journal.fdatasync_us
+    );
+}
+
 fn main() {
     let dir = bench_dir();
     let run = phase_duration();
@@ -394,6 +411,8 @@ fn main() {
             add.p50 as i64 - raw.p50 as i64
         );
 
+        print_stages("plain phase", &latency_bookie.stats());
+
         let flushes_before = latency_bookie.stats().storage.flush_count;
         let stop = Arc::new(AtomicBool::new(false));
         let written = Arc::new(AtomicU64::new(0));
@@ -421,15 +440,7 @@ fn main() {
         served.stop().await;
     });
     drop(raw_file);
-    let stats = latency_bookie.stats();
-    println!(
-        "    bookie add stage (add -> durable), latency phases: {:?}",
-        stats.add_us
-    );
-    println!(
-        "    journal fdatasync, latency phases: {:?}",
-        stats.journal.fdatasync_us
-    );
+    print_stages("both latency phases", &latency_bookie.stats());
     latency_bookie.shutdown();
     drop(latency_bookie);
 

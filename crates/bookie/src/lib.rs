@@ -9,6 +9,7 @@
 
 pub mod bookie;
 pub mod client;
+mod direct_io;
 pub mod disk;
 pub mod entry;
 pub mod journal;

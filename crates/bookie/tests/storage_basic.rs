@@ -3,6 +3,8 @@
 //! bounds; ledger state; corruption.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -375,14 +377,15 @@ fn corrupted_entry_log_byte_is_a_corruption_error_not_a_panic() {
     let path = dir.path().join(&logs[0]);
     let mut bytes = std::fs::read(&path).unwrap();
     let first_len = 24 + payload(1, 0).len();
-    let pos = 512 + first_len + 24 + 3;
+    let records_start = common::records_start(&bytes, &payload(1, 0));
+    let pos = records_start + first_len + 24 + 3;
     bytes[pos] ^= 0xff;
     std::fs::write(&path, &bytes).unwrap();
     let (s, _) = open(&c);
     check_range(&s, 1, 0..1);
     match s.get_entry(1, 1) {
         Err(StorageError::Corruption { offset, .. }) => {
-            assert_eq!(offset, (512 + first_len) as u64)
+            assert_eq!(offset, (records_start + first_len) as u64)
         }
         other => panic!("expected corruption, got {other:?}"),
     }
@@ -390,7 +393,7 @@ fn corrupted_entry_log_byte_is_a_corruption_error_not_a_panic() {
     check_range(&s, 1, 2..3);
     // Truncating the log under the index is corruption too.
     drop(s);
-    std::fs::write(&path, &bytes[..512 + first_len + 10]).unwrap();
+    std::fs::write(&path, &bytes[..records_start + first_len + 10]).unwrap();
     let (s, _) = open(&c);
     assert!(matches!(
         s.get_entry(1, 2),

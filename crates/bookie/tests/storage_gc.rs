@@ -1,6 +1,8 @@
 //! Ledger deletion, garbage collection and compaction through the public API.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 
 use bytes::Bytes;
@@ -200,7 +202,8 @@ fn compaction_skips_a_log_with_a_corrupt_record_and_storage_stays_usable() {
     // records come first: ledgers are written in id order).
     let first_log = dir.path().join(&log_files(dir.path())[0]);
     let mut bytes = std::fs::read(&first_log).unwrap();
-    let offset: usize = 512 + (0..50).map(|e| 24 + payload(10, e).len()).sum::<usize>();
+    let records_start = common::records_start(&bytes, &payload(10, 0));
+    let offset: usize = records_start + (0..50).map(|e| 24 + payload(10, e).len()).sum::<usize>();
     bytes[offset + 24 + 100] ^= 0xff;
     std::fs::write(&first_log, &bytes).unwrap();
 

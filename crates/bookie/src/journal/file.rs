@@ -1,6 +1,7 @@
 //! The narrow I/O seam under the journal: `JournalFile` and its backends
 //! (buffered + fdatasync, O_DIRECT, and in tests a fault-injecting wrapper), plus
-//! `AlignedBuf` (aligned memory without unsafe code) and directory helpers.
+//! directory helpers. Aligned buffers and the O_DIRECT probe are in
+//! `crate::direct_io` (shared with the entry logs).
 //!
 //! Never: decides what to write or when; interprets bytes.
 
@@ -12,6 +13,7 @@ use std::sync::Arc;
 
 use super::config::JournalBackendKind;
 use super::error::JournalError;
+pub(crate) use crate::direct_io::{AlignedBuf, direct_io_works};
 
 /// One journal file as the journal threads see it. Offsets and lengths passed to
 /// `write_at` are multiples of the configured alignment, buffers aligned too.
@@ -68,29 +70,6 @@ impl Backend {
             })),
         }
     }
-}
-
-/// Name of the file `direct_io_works` writes and removes.
-const DIRECT_IO_PROBE_FILE_NAME: &str = ".direct-io-probe";
-
-/// Whether `dir`'s filesystem takes an aligned O_DIRECT write (`Auto`'s
-/// choice). Any failure counts as "no": the journal then writes buffered, and
-/// real trouble with the directory shows up when its files are opened.
-pub(crate) fn direct_io_works(dir: &Path) -> Result<(), io::Error> {
-    const PROBE_BYTES: usize = 4096;
-    let path = dir.join(DIRECT_IO_PROBE_FILE_NAME);
-    let written = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(&path)
-        .and_then(|file| {
-            let block = AlignedBuf::zeroed(PROBE_BYTES, PROBE_BYTES);
-            file.write_all_at(block.as_slice(), 0)
-        });
-    let _ = std::fs::remove_file(&path);
-    written
 }
 
 /// A file opened buffered or with O_DIRECT; both use pwrite/pread/fdatasync.
@@ -173,50 +152,6 @@ pub(crate) fn sync_dir(dir: &Path) -> Result<(), JournalError> {
     let d = File::open(dir).map_err(|e| JournalError::io("open dir", dir, e))?;
     d.sync_all()
         .map_err(|e| JournalError::io("fsync dir", dir, e))
-}
-
-/// A byte buffer whose start is aligned to `alignment` (for O_DIRECT), built on
-/// a `Vec` with slack so no unsafe code is needed.
-#[derive(Debug)]
-pub(crate) struct AlignedBuf {
-    vec: Vec<u8>,
-    start: usize,
-    len: usize,
-    alignment: usize,
-}
-
-impl AlignedBuf {
-    /// A zeroed buffer of `len` bytes (`len` a multiple of `alignment`).
-    pub(crate) fn zeroed(len: usize, alignment: usize) -> AlignedBuf {
-        debug_assert!(alignment.is_power_of_two());
-        let vec = vec![0u8; len + alignment];
-        let start = vec.as_ptr().align_offset(alignment);
-        assert!(start < alignment);
-        AlignedBuf {
-            vec,
-            start,
-            len,
-            alignment,
-        }
-    }
-
-    /// Makes the buffer `len` bytes long, all zero (reallocates only to grow).
-    pub(crate) fn reset_zeroed(&mut self, len: usize) {
-        if self.start + len > self.vec.len() {
-            *self = AlignedBuf::zeroed(len.next_power_of_two(), self.alignment);
-        }
-        self.len = len;
-        let range = self.start..self.start + len;
-        self.vec[range].fill(0);
-    }
-
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        &self.vec[self.start..self.start + self.len]
-    }
-
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        &mut self.vec[self.start..self.start + self.len]
-    }
 }
 
 #[cfg(test)]

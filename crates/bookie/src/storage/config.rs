@@ -36,6 +36,10 @@ pub struct StorageConfig {
     /// steps of dirty page cache. `0` turns it off (one `fdatasync` at the end
     /// only: the whole flush sits dirty until then — the benchmark's baseline).
     pub writeback_step_bytes: u64,
+    /// Write entry logs with O_DIRECT where the ledger dir's filesystem takes
+    /// it (probed when storage opens, and logged); buffered with write-back
+    /// steps otherwise or when `false`.
+    pub direct_writes: bool,
     /// Page cache of the index database (redb's own, default 1 GiB there):
     /// lookups of recent records hit it; the rest read the index file.
     pub index_cache_bytes_max: u64,
@@ -58,8 +62,9 @@ pub enum FailPoint {
 
 impl StorageConfig {
     /// Defaults for a ledger dir: 256 MiB write cache flushed at 64 MiB or every
-    /// 10 s, 64 MiB read cache, 64 MiB index cache, 1 GiB entry logs, 4 MiB
-    /// write-back steps, compaction below 20% live.
+    /// 10 s, 64 MiB read cache, 64 MiB index cache, 1 GiB entry logs written with
+    /// O_DIRECT where possible (else 4 MiB write-back steps), compaction below
+    /// 20% live.
     pub fn new(ledger_dir: impl Into<PathBuf>) -> StorageConfig {
         StorageConfig {
             ledger_dir: ledger_dir.into(),
@@ -70,6 +75,7 @@ impl StorageConfig {
             flush_interval: Duration::from_secs(10),
             entry_log_size_max_bytes: 1024 * 1024 * 1024,
             writeback_step_bytes: 4 * 1024 * 1024,
+            direct_writes: true,
             index_cache_bytes_max: 64 * 1024 * 1024,
             compaction_live_fraction: 0.2,
             fail_point: None,
