@@ -1,6 +1,7 @@
 //! Ledger storage benchmark (harness = false, ~30-60 s):
 //!
-//! 1. Flush throughput with and without incremental write-back, the page cache's
+//! 1. Flush throughput with and without incremental write-back and with O_DIRECT
+//!    entry logs (where the filesystem takes them), the page cache's
 //!    peak `Dirty:` during each flush (sampled from /proc/meminfo every 2 ms), and
 //!    the latency of a journal-like probe (4 KiB pwrite + fdatasync in a loop on a
 //!    zero-filled file in the same file system) while the flush runs, against the
@@ -57,17 +58,20 @@ fn main() {
     // mostly measure whoever else was writing at that moment.
     let step_on = 4 * 1024 * 1024;
     let modes = [
-        ("no write-back steps", 0u64),
-        ("write-back every 4 MiB", step_on),
-        ("no write-back steps", 0),
-        ("write-back every 4 MiB", step_on),
+        ("no write-back steps", 0u64, false),
+        ("write-back every 4 MiB", step_on, false),
+        ("O_DIRECT entry logs", 0, true),
+        ("no write-back steps", 0, false),
+        ("write-back every 4 MiB", step_on, false),
+        ("O_DIRECT entry logs", 0, true),
     ];
-    for (round, (label, step)) in modes.into_iter().enumerate() {
+    for (round, (label, step, direct)) in modes.into_iter().enumerate() {
         let dir = tmp.path().join(format!("ledgers-{round}"));
         let mut c = StorageConfig::new(&dir);
         c.write_cache_bytes_max = (flush_mib + 64) * 1024 * 1024;
         c.flush_threshold_bytes = c.write_cache_bytes_max;
         c.writeback_step_bytes = step;
+        c.direct_writes = direct;
         c.read_cache_bytes_max = 8 * 1024 * 1024;
         c.read_ahead_bytes_max = 256 * 1024;
         let (s, _) = LedgerStorage::open(c).unwrap();

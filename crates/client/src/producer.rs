@@ -27,12 +27,12 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::time::Instant;
 use vela_wire::batch::{BatchMessage, build_batch};
 use vela_wire::compression::compress;
-use vela_wire::encode_payload_frame;
 use vela_wire::proto::{
     BaseCommand, CommandCloseProducer, CommandProducer, CommandSend, CommandSendError,
     CommandSendReceipt, CompressionType, KeyValue, MessageMetadata, ServerError,
     SingleMessageMetadata,
 };
+use vela_wire::{encode_payload_frame, encode_payload_frame_with};
 
 use crate::client::{Client, partition_name};
 use crate::connection::{Connection, ProducerEvents};
@@ -588,6 +588,7 @@ impl ProducerCore {
             return;
         }
         let entries = std::mem::take(&mut state.batch);
+        let payload_bytes = state.batch_bytes;
         state.batch_bytes = 0;
         state.batch_started = None;
         let first = entries[0].sequence_id;
@@ -607,16 +608,9 @@ impl ProducerCore {
                 BatchMessage::new(single, message.payload.clone())
             })
             .collect();
-        let mut raw = BytesMut::new();
-        build_batch(&messages, &mut raw);
         let mut metadata = self.metadata(state, first);
         metadata.num_messages_in_batch = Some(count);
         metadata.highest_sequence_id = Some(last);
-        let (payload, uncompressed) = self.compressed(&raw);
-        if uncompressed.is_none() {
-            metadata.compression = None;
-        }
-        metadata.uncompressed_size = uncompressed;
         let command = BaseCommand::from(CommandSend {
             producer_id: self.producer_id,
             sequence_id: first,
@@ -624,8 +618,25 @@ impl ProducerCore {
             highest_sequence_id: Some(last),
             ..Default::default()
         });
+        // Each record adds its size field and a few bytes of metadata.
+        let records_bytes_hint = payload_bytes + messages.len() * 16;
         let mut frame = BytesMut::new();
-        encode_payload_frame(&command, &metadata, &payload, &mut frame);
+        if self.options.compression == CompressionType::None {
+            // Built straight into the frame: the payloads are copied once.
+            metadata.compression = None;
+            encode_payload_frame_with(&command, &metadata, records_bytes_hint, &mut frame, |buf| {
+                build_batch(&messages, buf)
+            });
+        } else {
+            let mut raw = BytesMut::with_capacity(records_bytes_hint);
+            build_batch(&messages, &mut raw);
+            let (payload, uncompressed) = self.compressed(&raw);
+            if uncompressed.is_none() {
+                metadata.compression = None;
+            }
+            metadata.uncompressed_size = uncompressed;
+            encode_payload_frame(&command, &metadata, &payload, &mut frame);
+        }
         state.pending.push_back(InFlight {
             sequence_id: first,
             frame: frame.freeze(),

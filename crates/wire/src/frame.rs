@@ -703,11 +703,34 @@ pub fn encode_payload_frame(
     payload: &[u8],
     buf: &mut BytesMut,
 ) {
+    encode_payload_frame_with(command, metadata, payload.len(), buf, |buf| {
+        buf.extend_from_slice(payload)
+    });
+}
+
+/// `encode_payload_frame` whose payload `write_payload` appends to `buf` in
+/// place (a batch built straight into its frame: no copy of the payload).
+/// `payload_bytes_hint` only sizes the reservation.
+pub fn encode_payload_frame_with(
+    command: &BaseCommand,
+    metadata: &MessageMetadata,
+    payload_bytes_hint: usize,
+    buf: &mut BytesMut,
+    write_payload: impl FnOnce(&mut BytesMut),
+) {
     let metadata_size = metadata.encoded_len();
     let command_size = command.encoded_len();
-    let entry_bytes = MAGIC_AND_U32_BYTES + METADATA_SIZE_BYTES + metadata_size + payload.len();
-    buf.reserve(TOTAL_SIZE_BYTES + COMMAND_SIZE_BYTES + command_size + entry_bytes);
-    buf.put_u32(size_u32(COMMAND_SIZE_BYTES + command_size + entry_bytes));
+    buf.reserve(
+        TOTAL_SIZE_BYTES
+            + COMMAND_SIZE_BYTES
+            + command_size
+            + MAGIC_AND_U32_BYTES
+            + METADATA_SIZE_BYTES
+            + metadata_size
+            + payload_bytes_hint,
+    );
+    let frame_start = buf.len();
+    buf.put_u32(0); // total size, filled in below
     buf.put_u32(size_u32(command_size));
     command.encode_raw(buf);
     buf.put_u16(MAGIC_CRC32C);
@@ -716,7 +739,9 @@ pub fn encode_payload_frame(
     let covered_start = buf.len();
     buf.put_u32(size_u32(metadata_size));
     metadata.encode_raw(buf);
-    buf.extend_from_slice(payload);
+    write_payload(buf);
+    let total_size = size_u32(buf.len() - frame_start - TOTAL_SIZE_BYTES);
+    buf[frame_start..frame_start + TOTAL_SIZE_BYTES].copy_from_slice(&total_size.to_be_bytes());
     let checksum = crc32c::crc32c(&buf[covered_start..]);
     buf[checksum_offset..covered_start].copy_from_slice(&checksum.to_be_bytes());
 }
@@ -908,6 +933,23 @@ mod tests {
         let mut encoded = BytesMut::new();
         encode_payload_frame(&send_command(), &send_metadata(), b"hi", &mut encoded);
         assert_eq!(&encoded[..], &bytes[..]);
+    }
+
+    #[test]
+    fn payload_written_in_place_gives_the_same_frame_whatever_the_hint() {
+        let expected = hex(SEND_HEX);
+        for hint in [0, 2, 1 << 20] {
+            // After a frame already in the buffer: sizes are the new frame's own.
+            let mut encoded = BytesMut::from(&hex(PING_HEX)[..]);
+            encode_payload_frame_with(&send_command(), &send_metadata(), hint, &mut encoded, |b| {
+                b.extend_from_slice(b"h");
+                b.extend_from_slice(b"i");
+            });
+            assert_eq!(
+                &encoded[..],
+                &[hex(PING_HEX), expected.clone()].concat()[..]
+            );
+        }
     }
 
     #[test]

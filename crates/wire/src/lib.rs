@@ -61,7 +61,8 @@ pub use frame::{
     Checksum, EntryPeek, FRAME_HEADER_ROOM_BYTES, FRAME_SIZE_LIMIT_BYTES,
     FRAME_SIZE_MAX_DEFAULT_BYTES, Frame, FrameDecoder, MESSAGE_SIZE_MAX_DEFAULT_BYTES,
     MessageFrameParts, PayloadSection, build_stored_entry, decode_frame, encode_command,
-    encode_message_frame, encode_message_header, encode_payload_frame, peek_entry,
+    encode_message_frame, encode_message_header, encode_payload_frame, encode_payload_frame_with,
+    peek_entry,
 };
 pub use metadata::{ByteSpan, MetadataSummary};
 pub use send::SendCommand;
