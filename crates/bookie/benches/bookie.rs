@@ -33,6 +33,7 @@ use hdrhistogram::Histogram;
 use vela_bookie::bookie::{Bookie, BookieConfig};
 use vela_bookie::client::{BookieClient, BookieError};
 use vela_bookie::entry::{EntryHeader, encode_entry};
+use vela_bookie::journal::JournalBackendKind;
 use vela_bookie::protocol::AddMode;
 use vela_bookie::server::Server;
 
@@ -529,6 +530,13 @@ fn open_bookie(
     config.storage.write_cache_bytes_max = WRITE_CACHE_BYTES;
     config.storage.read_cache_bytes_max = READ_CACHE_BYTES;
     config.storage.flush_threshold_bytes = flush_threshold_bytes;
+    // Comparisons of the journal's write paths on the same machine.
+    match std::env::var("VELA_BENCH_JOURNAL_BACKEND").as_deref() {
+        Ok("buffered") => config.journal.backend = JournalBackendKind::Buffered,
+        Ok("direct") => config.journal.backend = JournalBackendKind::Direct,
+        Ok("auto") | Err(_) => {}
+        Ok(other) => panic!("VELA_BENCH_JOURNAL_BACKEND={other}: buffered, direct or auto"),
+    }
     Arc::new(Bookie::open(config).unwrap())
 }
 
