@@ -374,7 +374,7 @@ async fn full_journal_queue_answers_too_many_requests() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn full_write_cache_answers_too_many_requests_then_recovers() {
+async fn a_burst_beyond_the_write_cache_waits_for_flushes_and_every_add_lands() {
     let dirs = Arc::new(tempfile::tempdir().unwrap());
     let mut config = config(&dirs);
     // The smallest cache storage accepts (two max-size entries); flush only when
@@ -394,36 +394,20 @@ async fn full_write_cache_answers_too_many_requests_then_recovers() {
         };
         encode_entry(&header, &vec![entry_id as u8; 256 * 1024])
     };
+    // 50 MiB pipelined into a 10 MiB cache: the server stops reading while the
+    // cache is full (back-pressure through TCP) instead of refusing entries.
     let adds: Vec<_> = (0..200)
         .map(|entry_id| client.add(big_entry(entry_id), AddMode::Normal))
         .collect();
-    let mut stored = Vec::new();
-    let mut refused = 0;
     for (entry_id, add) in adds.into_iter().enumerate() {
-        match add.await {
-            Ok(()) => stored.push(entry_id as u64),
-            Err(BookieError::TooManyRequests) => refused += 1,
-            Err(other) => panic!("unexpected error {other:?}"),
+        if let Err(error) = add.await {
+            panic!("add {entry_id} failed: {error:?}");
         }
     }
-    assert!(
-        refused > 0,
-        "50 MiB of pipelined adds never filled a 10 MiB write cache"
-    );
-    for &entry_id in &stored {
+    for entry_id in 0..200 {
         let read = client.read(4, entry_id, ReadMode::Normal).await.unwrap();
         assert_eq!(read.payload, big_entry(entry_id).slice(36..));
     }
-    // Once the flush has drained the cache, adds succeed again.
-    let mut recovered = false;
-    for _ in 0..100 {
-        if client.add(big_entry(1000), AddMode::Normal).await.is_ok() {
-            recovered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(recovered, "write cache never drained");
     bookie.stop().await;
 }
 

@@ -394,6 +394,17 @@ impl Bookie {
         }
     }
 
+    /// Whether an ADD of `entry_bytes` would find room in the write cache now
+    /// (requests a flush when not). The server waits on this before it takes
+    /// an ADD, so a full cache stops its socket reads instead of answering
+    /// TOO_MANY_REQUESTS to entries it has already read. `true` when no engine
+    /// is writable: `add` answers that.
+    pub fn write_cache_has_room(&self, entry_bytes: usize) -> bool {
+        self.core
+            .engine_now()
+            .is_none_or(|engine| engine.storage.has_write_room(entry_bytes))
+    }
+
     /// The fence check and the write-cache put of an add (under the stripe lock).
     fn check_add(
         &self,

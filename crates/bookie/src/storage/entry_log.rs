@@ -46,14 +46,6 @@ use crate::direct_io::{AlignedBuf, DIRECT_IO_ALIGNMENT_BYTES};
 /// next to the copy, small enough to stay cache-friendly.
 const WRITE_BUFFER_BYTES: usize = 1024 * 1024;
 
-/// O_DIRECT writes go out in pieces of this size at most: each occupies the
-/// device until done, and a journal write queued behind a whole 1 MiB buffer
-/// waits for all of it (the journal's zero-fill had the same problem). Bookie
-/// bench, 3 runs each: depth-1 ADD p99.9 while storage flushes 1.24-1.63 ms
-/// with 1 MiB writes, 0.78-0.84 ms with 256 KiB (0.80-1.23 with 128 KiB), at
-/// 10-15% less 64 KiB throughput (1.10-1.27 -> 0.89-1.08 GB/s).
-const DIRECT_WRITE_PIECE_BYTES: usize = 256 * 1024;
-
 /// Open read handles kept at once (one fd per log). 1 GiB logs make 256 handles
 /// cover 256 GiB of hot data; beyond that an arbitrary handle is closed.
 const LOG_READERS_OPEN_MAX: usize = 256;
@@ -174,20 +166,9 @@ impl EntryLogWriter {
                     .buf_offset
                     .is_multiple_of(DIRECT_IO_ALIGNMENT_BYTES as u64)
         );
-        let piece_bytes = if self.direct {
-            DIRECT_WRITE_PIECE_BYTES
-        } else {
-            write_bytes
-        };
-        for (i, piece) in self.buf.as_slice()[..write_bytes]
-            .chunks(piece_bytes)
-            .enumerate()
-        {
-            let offset = self.buf_offset + (i * piece_bytes) as u64;
-            self.file
-                .write_all_at(piece, offset)
-                .map_err(|e| StorageError::io("pwrite", &self.path, e))?;
-        }
+        self.file
+            .write_all_at(&self.buf.as_slice()[..write_bytes], self.buf_offset)
+            .map_err(|e| StorageError::io("pwrite", &self.path, e))?;
         self.buf_offset += write_bytes as u64;
         self.buf.consume_front(write_bytes);
         if self.direct {

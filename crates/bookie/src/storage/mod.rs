@@ -75,7 +75,7 @@ use crate::JournalMark;
 use entry_log::{EntryLogWriter, LogReaders};
 use index::{Batch, Index, LedgerState, NewRecord};
 use read_cache::ReadCache;
-use write_cache::{CacheHalf, WriteCache, accounted_bytes};
+use write_cache::{CacheHalf, WriteCache, accounted_bytes, accounted_bytes_of_len};
 
 /// Ledger storage of one ledger dir. `Send + Sync`; share it in an `Arc`.
 #[derive(Debug)]
@@ -265,6 +265,19 @@ impl LedgerStorage {
             self.request_flush(&mut st);
         }
         Ok(())
+    }
+
+    /// Whether the write cache has room now for an entry of `payload_bytes`
+    /// (a flush is requested when it has not). A hint for back-pressure:
+    /// `put_entry` still decides.
+    pub fn has_write_room(&self, payload_bytes: usize) -> bool {
+        let needed = accounted_bytes_of_len(payload_bytes);
+        let mut st = self.state.lock();
+        let room = st.cache.bytes() + needed <= self.config.write_cache_bytes_max;
+        if !room {
+            self.request_flush(&mut st);
+        }
+        room
     }
 
     fn request_flush(&self, st: &mut State) {

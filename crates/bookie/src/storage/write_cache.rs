@@ -33,7 +33,12 @@ const REORDER_WINDOW: usize = 64;
 
 /// Accounted size of an entry with this payload.
 pub(crate) fn accounted_bytes(payload: &Bytes) -> u64 {
-    payload.len() as u64 + ENTRY_OVERHEAD_BYTES
+    accounted_bytes_of_len(payload.len())
+}
+
+/// `accounted_bytes` of a payload of `payload_bytes`.
+pub(crate) fn accounted_bytes_of_len(payload_bytes: usize) -> u64 {
+    payload_bytes as u64 + ENTRY_OVERHEAD_BYTES
 }
 
 /// One ledger's entries in one half.
