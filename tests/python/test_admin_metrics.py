@@ -285,7 +285,7 @@ def test_write_path_breakdown(broker, client, topic):
         assert any(s == stage for s, _ in stages), stage
     for row in doc["stages"]:
         assert len(row["buckets"]) == len(doc["bucket_bounds_us"]) + 1
-        assert row["p50_us"] <= row["p99_us"] <= row["p999_us"] or row["count"] == 0
+        assert row["p50_us"] <= row["p99_us"] <= row["p999_us"] <= row["max_us"] or row["count"] == 0
     topic_row = next(r for r in doc["stages"] if r["stage"] == "broker_publish" and r["scope"] == "topic")
     assert topic_row["count"] == 5
 

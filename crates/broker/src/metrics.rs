@@ -487,6 +487,17 @@ mod tests {
     }
 
     #[test]
+    fn quantile_one_bounds_the_slowest_sample_from_above() {
+        let histogram = LatencyHistogram::default();
+        for us in [40, 90, 93_500] {
+            histogram.record(Duration::from_micros(us));
+        }
+        let max_bound = histogram.snapshot().quantile_us(1.0);
+        let next_bound = LATENCY_BOUNDS_US[bucket_index(93_500)] as f64;
+        assert!((93_500.0..=next_bound).contains(&max_bound), "{max_bound}");
+    }
+
+    #[test]
     fn quantiles_interpolate_inside_buckets() {
         let histogram = LatencyHistogram::default();
         for us in 1..=1000u64 {

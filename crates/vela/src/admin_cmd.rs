@@ -1183,8 +1183,8 @@ fn write_path(api: &Api, topic: Option<&str>) -> anyhow::Result<()> {
         .and_then(Value::as_array)
         .context("write-path answer without stages")?;
     out(&format!(
-        "{:<20} {:<22} {:>10} {:>10} {:>10} {:>10} {:>10}",
-        "STAGE", "SCOPE", "COUNT", "MEAN", "P50", "P99", "P99.9"
+        "{:<20} {:<22} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "STAGE", "SCOPE", "COUNT", "MEAN", "P50", "P99", "P99.9", "MAX<="
     ))?;
     for row in rows {
         let text = |key: &str| {
@@ -1195,7 +1195,7 @@ fn write_path(api: &Api, topic: Option<&str>) -> anyhow::Result<()> {
         };
         let figure = |key: &str| row.get(key).and_then(Value::as_f64).unwrap_or(0.0);
         out(&format!(
-            "{:<20} {:<22} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            "{:<20} {:<22} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             text("stage"),
             text("scope"),
             row.get("count").and_then(Value::as_u64).unwrap_or(0),
@@ -1203,11 +1203,13 @@ fn write_path(api: &Api, topic: Option<&str>) -> anyhow::Result<()> {
             micros(figure("p50_us")),
             micros(figure("p99_us")),
             micros(figure("p999_us")),
+            micros(figure("max_us")),
         ))?;
     }
     out(
         "(stages nest: broker publish ⊃ ledger add ⊃ bookie add ⊃ journal queue wait + write + \
-         fdatasync; journal stages count per group / per fdatasync)",
+         fdatasync; journal stages count per group / per fdatasync; MAX<=: the upper bound of \
+         the slowest sample's histogram bucket)",
     )
 }
 

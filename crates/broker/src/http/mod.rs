@@ -308,8 +308,8 @@ async fn metrics(State(service): Shared) -> Response {
         .into_response()
 }
 
-/// `GET /admin/v2/vela/write-path[?topic=T]`: count, mean and percentiles
-/// of each write-path stage (µs), with the bucket counts (bounds in
+/// `GET /admin/v2/vela/write-path[?topic=T]`: count, mean, percentiles and
+/// a bound on the maximum of each write-path stage (µs), with the bucket counts (bounds in
 /// `bucket_bounds_us`, the last bucket is the overflow) so a caller can
 /// subtract two snapshots; with a topic, its own broker publish and storage
 /// write latencies come first (stages below the log are shared by every
@@ -326,6 +326,9 @@ async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<
             "p50_us": latency.quantile_us(0.5),
             "p99_us": latency.quantile_us(0.99),
             "p999_us": latency.quantile_us(0.999),
+            // The upper bound of the highest non-empty bucket: the slowest
+            // sample was at most this.
+            "max_us": latency.quantile_us(1.0),
             "buckets": latency.buckets.to_vec(),
         }));
     };
