@@ -8,6 +8,7 @@ auto-recovery with a short grace period so tests can watch it work.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -128,33 +129,21 @@ class Cluster:
         return proc
 
     @staticmethod
-    def pulsar_url_of(broker):
-        return broker.find(r"pulsar://[0-9.]+:\d+")
-
-    @staticmethod
-    def http_url_of(broker):
-        return broker.find(r"http://[0-9.]+:\d+")
-
-    @staticmethod
-    def pulsar_tls_url_of(broker):
-        """`pulsar+ssl://H:P`, when the broker has a TLS port."""
-        return broker.find(r"pulsar\+ssl://[0-9.]+:\d+")
-
-    @staticmethod
-    def https_url_of(broker):
-        """`https://H:P`, when the broker has an HTTPS port."""
-        return broker.find(r"https://[0-9.]+:\d+")
+    def url_of(broker, scheme):
+        """`SCHEME://H:P` that the broker logged (pulsar, http, and pulsar+ssl
+        or https when it has TLS ports)."""
+        return broker.find(re.escape(scheme) + r"://[0-9.]+:\d+")
 
     def service_url(self, brokers=None):
         """`pulsar://h:p1,h:p2`: the client tries each."""
-        hosts = [self.pulsar_url_of(b)[len("pulsar://"):] for b in (brokers or self.brokers) if b.alive()]
+        hosts = [self.url_of(b, "pulsar")[len("pulsar://"):] for b in (brokers or self.brokers) if b.alive()]
         return "pulsar://" + ",".join(hosts)
 
     def http(self, method, path, body=None, broker=None):
         """An admin request to a live broker; returns (status, parsed JSON or bytes)."""
         target = broker or next(b for b in self.brokers if b.alive())
         data = None if body is None else (body if isinstance(body, bytes) else body.encode())
-        req = urllib.request.Request(self.http_url_of(target) + path, data=data, method=method)
+        req = urllib.request.Request(self.url_of(target, "http") + path, data=data, method=method)
         if data is not None:
             req.add_header("Content-Type", "application/json")
         try:
@@ -174,7 +163,7 @@ class Cluster:
         status, answer = self.http("GET", "/lookup/v2/topic/" + name)
         assert status == 200, (status, answer)
         url = answer["brokerUrl"]
-        return next(b for b in self.brokers if self.pulsar_url_of(b) == url)
+        return next(b for b in self.brokers if self.url_of(b, "pulsar") == url)
 
     def ledgers(self, *args):
         """`vela ledgers --metadata ... ARGS`: (exit status, output)."""

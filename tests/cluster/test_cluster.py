@@ -285,7 +285,7 @@ def test_broker_frozen_past_its_lease_gets_nothing_more_acknowledged(cluster):
     topic = "persistent://public/default/frozen-" + uuid.uuid4().hex[:6]
     owner = cluster.owner_of(topic)
     other = next(b for b in cluster.brokers if b is not owner)
-    host, port = cluster.pulsar_url_of(owner)[len("pulsar://"):].split(":")
+    host, port = cluster.url_of(owner, "pulsar")[len("pulsar://"):].split(":")
     sock = open_connection(host, int(port))
     sock.sendall(producer_frame(topic, 1, 1))
     cmd, _ = read_command(sock)
@@ -458,7 +458,7 @@ def test_tls_client_reaches_topics_owned_by_the_other_broker():
     c = Cluster(bookies=2, brokers=2, broker_args=tls_args + ["--ensemble-size", "2"])
     try:
         a, b = c.brokers
-        b_tls, b_https = c.pulsar_tls_url_of(b), c.https_url_of(b)
+        b_tls, b_https = c.url_of(b, "pulsar+ssl"), c.url_of(b, "https")
         assert b_tls and b_https, b.ready_line
         # A topic whose (unowned) bundle A sends to B: A redirects there.
         topic = None
@@ -466,7 +466,7 @@ def test_tls_client_reaches_topics_owned_by_the_other_broker():
             candidate = "persistent://public/default/tls-%d-%s" % (i, uuid.uuid4().hex[:6])
             status, answer = c.http("GET", "/lookup/v2/topic/" + candidate.replace("persistent://", "persistent/"), broker=a)
             assert status == 200, (status, answer)
-            if answer["brokerUrl"] == c.pulsar_url_of(b):
+            if answer["brokerUrl"] == c.url_of(b, "pulsar"):
                 topic = candidate
                 break
         assert topic, "A placed none of 64 topics on B"
@@ -474,7 +474,7 @@ def test_tls_client_reaches_topics_owned_by_the_other_broker():
 
         def tls_client():
             return pulsar.Client(
-                c.pulsar_tls_url_of(a),
+                c.url_of(a, "pulsar+ssl"),
                 tls_trust_certs_file_path=ca_path,
                 operation_timeout_seconds=15,
                 logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
@@ -500,9 +500,9 @@ def test_tls_client_reaches_topics_owned_by_the_other_broker():
         status, owner_answer = c.http("GET", "/lookup/v2/topic/" + topic.replace("persistent://", "persistent/"), broker=a)
         assert status == 200, (status, owner_answer)
         for answer in (redirect_answer, owner_answer):
-            assert answer["brokerUrl"] == c.pulsar_url_of(b), answer
+            assert answer["brokerUrl"] == c.url_of(b, "pulsar"), answer
             assert answer["brokerUrlTls"] == b_tls, answer
-            assert answer["httpUrl"] == c.http_url_of(b), answer
+            assert answer["httpUrl"] == c.url_of(b, "http"), answer
             assert answer["httpUrlTls"] == b_https, answer
 
         # Over HTTPS, A sends an admin request for B's bundle to B's HTTPS port.
@@ -512,7 +512,7 @@ def test_tls_client_reaches_topics_owned_by_the_other_broker():
         hash_ = zlib.crc32(topic.encode())
         lo, hi = next((lo, hi) for lo, hi in zip(bounds, bounds[1:]) if lo <= hash_ < hi or hash_ == hi == 0xFFFFFFFF)
         path = "/admin/v2/namespaces/public/default/0x%08x_0x%08x/unload" % (lo, hi)
-        status, location = https_put_status(c.https_url_of(a) + path, ca_path)
+        status, location = https_put_status(c.url_of(a, "https") + path, ca_path)
         assert status == 307 and location == b_https + path, (status, location)
     finally:
         if os.environ.get("VELA_CLUSTER_LOGS"):

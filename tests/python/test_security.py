@@ -133,6 +133,21 @@ class SecureBroker:
                 sock.sendall(simple_frame(base_command(2, 2, body)))
                 return read_command(sock)
 
+    def assert_round_trip(self, name, payload):
+        """An admin-token client produces `payload` to a new topic and reads it back."""
+        client = self.client(self.token("admin", expiry="1h"))
+        topic = "persistent://public/default/%s-%s" % (name, uuid.uuid4().hex[:8])
+        consumer = client.subscribe(topic, "s")
+        client.create_producer(topic).send(payload)
+        assert consumer.receive(timeout_millis=5000).data() == payload
+        client.close()
+
+    def assert_refused(self, token):
+        """`token` gets ERROR(AuthenticationError) on CONNECT and 401 over HTTPS."""
+        cmd_type, body = self.raw_connect(token)
+        assert cmd_type == 14 and body[2] == [AUTHENTICATION_ERROR], (cmd_type, body)
+        assert self.http("GET", "/admin/v2/tenants", token)[0] == 401
+
     def stop(self):
         self.proc.terminate()
         shutil.rmtree(self.dir, ignore_errors=True)
@@ -300,20 +315,13 @@ def test_certificate_reload():
 def test_rs256_tokens():
     broker = SecureBroker(rs256=True)
     try:
-        client = broker.client(broker.token("admin", expiry="1h"))
-        topic = "persistent://public/default/rs256-" + uuid.uuid4().hex[:8]
-        consumer = client.subscribe(topic, "s")
-        client.create_producer(topic).send(b"signed with RS256")
-        assert consumer.receive(timeout_millis=5000).data() == b"signed with RS256"
-        client.close()
+        broker.assert_round_trip("rs256", b"signed with RS256")
         assert broker.http("GET", "/admin/v2/tenants", broker.admin_token)[0] == 200
         # An HS256 token is not accepted by an RS256 broker, whatever its key.
         secret = os.path.join(broker.dir, "hs.key")
         vela("admin", "tokens", "create-secret-key", "--output", secret)
         hs = vela("admin", "tokens", "create", "--secret-key", secret, "--subject", "admin")
-        cmd_type, body = broker.raw_connect(hs)
-        assert cmd_type == 14 and body[2] == [AUTHENTICATION_ERROR], (cmd_type, body)
-        assert broker.http("GET", "/admin/v2/tenants", hs)[0] == 401
+        broker.assert_refused(hs)
     finally:
         broker.stop()
 
@@ -350,17 +358,10 @@ def test_key_pair_made_by_vela_admin_tokens():
 
         broker = SecureBroker(key_pair=(private, public))
         try:
-            client = broker.client(broker.token("admin", expiry="1h"))
-            topic = "persistent://public/default/key-pair-" + uuid.uuid4().hex[:8]
-            consumer = client.subscribe(topic, "s")
-            client.create_producer(topic).send(b"signed with the new pair")
-            assert consumer.receive(timeout_millis=5000).data() == b"signed with the new pair"
-            client.close()
+            broker.assert_round_trip("key-pair", b"signed with the new pair")
             # A token of another pair is refused, on the wire and over HTTPS.
             forged = vela("admin", "tokens", "create", "--private-key", other_private, "--subject", "admin")
-            cmd_type, body = broker.raw_connect(forged)
-            assert cmd_type == 14 and body[2] == [AUTHENTICATION_ERROR], (cmd_type, body)
-            assert broker.http("GET", "/admin/v2/tenants", forged)[0] == 401
+            broker.assert_refused(forged)
             assert broker.http("GET", "/admin/v2/tenants", broker.admin_token)[0] == 200
         finally:
             broker.stop()
