@@ -279,14 +279,10 @@ async fn serve_connection(
         return;
     };
     let stream =
-        match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, certs.acceptor().accept(socket)).await {
-            Ok(Ok(stream)) => stream,
-            Ok(Err(error)) => {
+        match vela_tls::accept_within(&certs.acceptor(), socket, TLS_HANDSHAKE_TIMEOUT).await {
+            Ok(stream) => stream,
+            Err(error) => {
                 tracing::info!(%peer, %error, "bookie TLS handshake failed");
-                return;
-            }
-            Err(_) => {
-                tracing::info!(%peer, "bookie TLS handshake timed out");
                 return;
             }
         };

@@ -139,14 +139,10 @@ pub(crate) async fn serve_tls(
         tracing::debug!(%peer, error = %e, "set_nodelay failed");
     }
     let timeout = service.config.handshake_timeout;
-    let stream = match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err(error)) => {
+    let stream = match vela_tls::accept_within(&acceptor, stream, timeout).await {
+        Ok(stream) => stream,
+        Err(error) => {
             tracing::info!(%peer, %error, "TLS handshake failed");
-            return;
-        }
-        Err(_) => {
-            tracing::info!(%peer, "TLS handshake timed out");
             return;
         }
     };

@@ -76,12 +76,11 @@ async fn https_accept_loop(
         let ready = ready.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            match tokio::time::timeout(HTTPS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
-                Ok(Ok(tls)) => {
+            match vela_tls::accept_within(&acceptor, stream, HTTPS_HANDSHAKE_TIMEOUT).await {
+                Ok(tls) => {
                     let _ = ready.send((tls, peer)).await;
                 }
-                Ok(Err(error)) => tracing::debug!(%peer, %error, "HTTPS handshake failed"),
-                Err(_) => tracing::debug!(%peer, "HTTPS handshake timed out"),
+                Err(error) => tracing::debug!(%peer, %error, "HTTPS handshake failed"),
             }
         });
     }

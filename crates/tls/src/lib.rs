@@ -4,7 +4,8 @@
 //!
 //! Owns: [`TlsConfig`] (the file names and how often they are checked),
 //! [`TlsCertificates`] (the current rustls `ServerConfig`, swapped whole on
-//! reload) and [`reload_loop`], and [`client_config`].
+//! reload) and [`reload_loop`], [`accept_within`] (a server handshake with a
+//! deadline), and [`client_config`].
 //! Used by: the broker (Pulsar port, HTTPS admin port) and the bookie
 //! server; the bookie client (brokers, `vela ledgers`, auto-recovery) with
 //! [`client_config`].
@@ -14,7 +15,7 @@
 //! error naming the file; one that fails on reload (a half-written pair, say)
 //! is logged and the previous certificate stays until the files load again.
 //! Never: blocks a tokio worker on file I/O (files are read on the blocking
-//! pool); listens or handshakes (the servers do, each handshake in its
+//! pool); listens (the servers do, and run each handshake in its
 //! connection's task).
 
 use std::future::Future;
@@ -93,6 +94,35 @@ pub enum TlsError {
         /// rustls' reason.
         reason: String,
     },
+}
+
+/// Why a server-side handshake did not complete.
+#[derive(Debug, thiserror::Error)]
+pub enum HandshakeError {
+    /// The peer sent something that is not a TLS handshake we accept.
+    #[error("{0}")]
+    Failed(std::io::Error),
+    /// The peer did not finish in time.
+    #[error("timed out after {0:?}")]
+    TimedOut(Duration),
+}
+
+/// Server side of a handshake on `stream` with `acceptor`, given at most
+/// `timeout` (a peer that opens a connection and stalls holds nothing longer).
+/// Run it in the connection's own task.
+pub async fn accept_within<IO>(
+    acceptor: &TlsAcceptor,
+    stream: IO,
+    timeout: Duration,
+) -> Result<server::TlsStream<IO>, HandshakeError>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    match tokio::time::timeout(timeout, acceptor.accept(stream)).await {
+        Ok(Ok(stream)) => Ok(stream),
+        Ok(Err(error)) => Err(HandshakeError::Failed(error)),
+        Err(_) => Err(HandshakeError::TimedOut(timeout)),
+    }
 }
 
 /// Modification time and length of both files: a change of either means
