@@ -273,20 +273,13 @@ impl BookieClient {
         let (reader, writer) = match stream {
             Stream::Plain(stream) => {
                 let (read_half, write_half) = stream.into_split();
-                (
-                    tokio::spawn(read_loop(shared.clone(), read_half)),
-                    tokio::spawn(write_loop(shared.clone(), write_half)),
-                )
+                spawn_loops(&shared, read_half, write_half)
             }
             Stream::Tls(stream) => {
                 let (read_half, write_half) = tokio::io::split(*stream);
-                (
-                    tokio::spawn(read_loop(shared.clone(), read_half)),
-                    tokio::spawn(write_loop(shared.clone(), write_half)),
-                )
+                spawn_loops(&shared, read_half, write_half)
             }
         };
-        let (reader, writer) = (reader.abort_handle(), writer.abort_handle());
         Ok(BookieClient {
             handle: Arc::new(Handle {
                 shared,
@@ -642,6 +635,18 @@ impl Shared {
         let _ = pending.done.send(answer);
         Ok(())
     }
+}
+
+/// Starts the connection's reader and writer tasks on its two halves.
+fn spawn_loops(
+    shared: &Arc<Shared>,
+    read_half: impl AsyncRead + Unpin + Send + 'static,
+    write_half: impl AsyncWrite + Unpin + Send + 'static,
+) -> (AbortHandle, AbortHandle) {
+    (
+        tokio::spawn(read_loop(shared.clone(), read_half)).abort_handle(),
+        tokio::spawn(write_loop(shared.clone(), write_half)).abort_handle(),
+    )
 }
 
 /// A connected socket, before it is split into the reader's and the

@@ -118,19 +118,31 @@ pub(crate) struct SharedWriter {
     stream: Arc<TcpStream>,
 }
 
+impl SharedWriter {
+    /// `write` (a `try_write*`) once the socket is writable, again while it
+    /// would block.
+    fn poll_try_write(
+        &self,
+        cx: &mut Context<'_>,
+        mut write: impl FnMut(&TcpStream) -> io::Result<usize>,
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            ready!(self.stream.poll_write_ready(cx))?;
+            match write(&self.stream) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                written => return Poll::Ready(written),
+            }
+        }
+    }
+}
+
 impl AsyncWrite for SharedWriter {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.stream.poll_write_ready(cx))?;
-            match self.stream.try_write(buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                written => return Poll::Ready(written),
-            }
-        }
+        self.poll_try_write(cx, |stream| stream.try_write(buf))
     }
 
     fn poll_write_vectored(
@@ -138,13 +150,7 @@ impl AsyncWrite for SharedWriter {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        loop {
-            ready!(self.stream.poll_write_ready(cx))?;
-            match self.stream.try_write_vectored(bufs) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
-                written => return Poll::Ready(written),
-            }
-        }
+        self.poll_try_write(cx, |stream| stream.try_write_vectored(bufs))
     }
 
     fn is_write_vectored(&self) -> bool {
