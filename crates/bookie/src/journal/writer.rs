@@ -545,6 +545,9 @@ struct Writer {
     file: Arc<dyn JournalFile>,
     offset: u64,
     buf: AlignedBuf,
+    /// The one group the writer syncs itself (`sync_inline`), kept to reuse
+    /// its allocation: empty between groups.
+    inline_batch: Vec<ForceItem>,
 }
 
 pub(crate) fn run_writer(
@@ -562,6 +565,7 @@ pub(crate) fn run_writer(
         file,
         offset,
         buf: AlignedBuf::zeroed(alignment.max(64 << 10), alignment),
+        inline_batch: Vec::with_capacity(1),
     };
     while let Some(group) = writer.gather() {
         writer.write_group(group);
@@ -722,7 +726,8 @@ impl Writer {
         if self.sync_inline() {
             // Nothing to pipeline with: handing over would only add a thread
             // wake-up (tens of µs on an idle machine) to this group's latency.
-            sync_and_complete(&self.shared, &mut vec![written]);
+            self.inline_batch.push(written);
+            sync_and_complete(&self.shared, &mut self.inline_batch);
         } else {
             self.shared.force_pending.fetch_add(1, Ordering::SeqCst);
             self.send(written);

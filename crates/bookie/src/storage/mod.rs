@@ -128,6 +128,11 @@ struct Counters {
     flushed_bytes: AtomicU64,
     /// Copy of the flusher's active log id, readable without the flush lock.
     active_log_id: AtomicU64,
+    /// The write cache's size as last seen under the state lock (by a put or
+    /// a room check): lets `has_write_room` answer "room" without the lock.
+    /// Flushes only shrink the cache, so a stale value errs towards "full",
+    /// which the room check then verifies under the lock.
+    write_cache_bytes_seen: AtomicU64,
     /// Copy of the flusher's checkpoint mark, readable without the flush lock.
     checkpoint_mark: Mutex<JournalMark>,
     last_flush: Mutex<FlushStats>,
@@ -261,6 +266,9 @@ impl LedgerStorage {
             });
         }
         st.cache.active.insert(ledger_id, entry_id, payload);
+        self.counters
+            .write_cache_bytes_seen
+            .store(st.cache.bytes(), Ordering::Relaxed);
         if st.cache.active.bytes() >= self.config.flush_threshold_bytes {
             self.request_flush(&mut st);
         }
@@ -272,8 +280,16 @@ impl LedgerStorage {
     /// `put_entry` still decides.
     pub fn has_write_room(&self, payload_bytes: usize) -> bool {
         let needed = accounted_bytes_of_len(payload_bytes);
+        let max = self.config.write_cache_bytes_max;
+        if self.counters.write_cache_bytes_seen.load(Ordering::Relaxed) + needed <= max {
+            return true;
+        }
         let mut st = self.state.lock();
-        let room = st.cache.bytes() + needed <= self.config.write_cache_bytes_max;
+        let used = st.cache.bytes();
+        self.counters
+            .write_cache_bytes_seen
+            .store(used, Ordering::Relaxed);
+        let room = used + needed <= max;
         if !room {
             self.request_flush(&mut st);
         }
