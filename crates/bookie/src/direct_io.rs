@@ -41,6 +41,22 @@ pub(crate) fn direct_io_works(dir: &Path) -> Result<(), io::Error> {
     written
 }
 
+/// `direct_io_works` with a log line either way, naming `what` writes there
+/// (the journal, the entry logs): whether to write `dir` with O_DIRECT.
+pub(crate) fn choose_direct_io(dir: &Path, what: &str) -> bool {
+    match direct_io_works(dir) {
+        Ok(()) => {
+            tracing::info!(dir = %dir.display(), "{what}: O_DIRECT writes");
+            true
+        }
+        Err(error) => {
+            tracing::info!(dir = %dir.display(), %error,
+                "{what}: the filesystem refused an O_DIRECT write; writing through the page cache");
+            false
+        }
+    }
+}
+
 /// A byte buffer whose start is aligned to `alignment` (for O_DIRECT), built on
 /// a `Vec` with slack so no unsafe code is needed. Its length can change within
 /// the capacity; growing past it reallocates (and keeps the contents).

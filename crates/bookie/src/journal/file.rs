@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use super::config::JournalBackendKind;
 use super::error::JournalError;
-pub(crate) use crate::direct_io::{AlignedBuf, direct_io_works};
+pub(crate) use crate::direct_io::AlignedBuf;
 
 /// One journal file as the journal threads see it. Offsets and lengths passed to
 /// `write_at` are multiples of the configured alignment, buffers aligned too.

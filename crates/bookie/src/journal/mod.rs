@@ -413,7 +413,10 @@ fn lock_dir(dir: &Path) -> Result<File, JournalError> {
 /// it and the alignment suits it, else buffered, with a log line either way.
 fn resolve_auto_backend(config: &JournalConfig) -> JournalBackendKind {
     let dir = &config.dir;
-    if !config.alignment_bytes.is_multiple_of(4096) {
+    if !config
+        .alignment_bytes
+        .is_multiple_of(crate::direct_io::DIRECT_IO_ALIGNMENT_BYTES)
+    {
         tracing::info!(dir = %dir.display(), alignment_bytes = config.alignment_bytes,
             "journal: writing through the page cache (O_DIRECT needs 4 KiB alignment)");
         return JournalBackendKind::Buffered;
@@ -422,15 +425,9 @@ fn resolve_auto_backend(config: &JournalConfig) -> JournalBackendKind {
         tracing::info!(dir = %dir.display(), %error, "journal: cannot probe O_DIRECT; writing through the page cache");
         return JournalBackendKind::Buffered;
     }
-    match file::direct_io_works(dir) {
-        Ok(()) => {
-            tracing::info!(dir = %dir.display(), "journal: O_DIRECT writes");
-            JournalBackendKind::Direct
-        }
-        Err(error) => {
-            tracing::info!(dir = %dir.display(), %error,
-                "journal: the filesystem refused an O_DIRECT write; writing through the page cache");
-            JournalBackendKind::Buffered
-        }
+    if crate::direct_io::choose_direct_io(dir, "journal") {
+        JournalBackendKind::Direct
+    } else {
+        JournalBackendKind::Buffered
     }
 }

@@ -271,7 +271,7 @@ fn auto_backend_probes_o_direct_and_leaves_no_probe_file() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = JournalConfig::new(dir.path());
     assert_eq!(cfg.backend, JournalBackendKind::Auto);
-    let expected = match super::file::direct_io_works(dir.path()) {
+    let expected = match crate::direct_io::direct_io_works(dir.path()) {
         Ok(()) => JournalBackendKind::Direct,
         Err(_) => JournalBackendKind::Buffered,
     };

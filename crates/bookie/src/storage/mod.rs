@@ -162,7 +162,8 @@ impl LedgerStorage {
             max_id = max_id.max(Some(id));
         }
         let active_id = max_id.map_or(1, |m| m + 1);
-        let direct = config.direct_writes && entry_logs_take_direct_writes(&dir);
+        let direct = config.direct_writes
+            && crate::direct_io::choose_direct_io(&dir, "ledger storage entry logs");
         let writer = EntryLogWriter::create(
             &dir,
             active_id,
@@ -761,21 +762,6 @@ impl LedgerStorage {
         let old = f.writer.rotate(id)?;
         self.counters.active_log_id.store(id, Ordering::Relaxed);
         Ok((old, size))
-    }
-}
-
-/// Whether `dir` takes O_DIRECT writes (see `entry_log`); logged either way.
-fn entry_logs_take_direct_writes(dir: &std::path::Path) -> bool {
-    match crate::direct_io::direct_io_works(dir) {
-        Ok(()) => {
-            tracing::info!(dir = %dir.display(), "ledger storage: entry logs written with O_DIRECT");
-            true
-        }
-        Err(error) => {
-            tracing::info!(dir = %dir.display(), %error,
-                "ledger storage: the filesystem refused an O_DIRECT write; entry logs written through the page cache");
-            false
-        }
     }
 }
 
