@@ -72,7 +72,7 @@ pub use error::StorageError;
 pub use stats::{FlushStats, GcStats, StorageStats};
 
 use crate::JournalMark;
-use entry_log::{EntryLogWriter, LogReaders};
+use entry_log::{EntryLogWriter, FlushPace, LogReaders};
 use index::{Batch, Index, LedgerState, NewRecord};
 use read_cache::ReadCache;
 use write_cache::{CacheHalf, WriteCache, accounted_bytes, accounted_bytes_of_len};
@@ -96,6 +96,9 @@ pub struct LedgerStorage {
     /// Test-only simulated crash point (`StorageConfig::fail_point`, or set later).
     fail_point: Mutex<Option<FailPoint>>,
 }
+
+/// See `LedgerStorage::flush_pace`.
+const FLUSH_CATCH_UP_FRACTION_INVERSE: u64 = 8;
 
 /// Everything puts and reads share, behind one short-held mutex.
 #[derive(Debug)]
@@ -676,6 +679,7 @@ impl LedgerStorage {
                 let old = self.rotate(f)?;
                 batch.set_log_sizes.push((old.0, old.1));
             }
+            f.writer.set_pace(self.flush_pace(half.bytes()));
             let log_id = f.writer.log_id();
             let offset = f.writer.append(ledger_id, entry_id, payload)?;
             let fits = current
@@ -751,7 +755,29 @@ impl LedgerStorage {
             }
         }
         st.cache.finish_flush();
+        self.counters
+            .write_cache_bytes_seen
+            .store(st.cache.bytes(), Ordering::Relaxed);
         Ok(stats)
+    }
+
+    /// `Yield` while adds arrive slowly next to this flush: the half taking
+    /// puts has filled less than `1 / FLUSH_CATCH_UP_FRACTION_INVERSE` of a flush
+    /// threshold since the flush began. Past that, the flush writes whole
+    /// buffers: a flush that yields under a throughput load keeps the cache
+    /// full and the adds waiting (bookie bench, 64 KiB at depth 256: peak RSS
+    /// 200-282 MiB when flushes yielded until the next flush was due, 124-165
+    /// MiB always at full speed).
+    fn flush_pace(&self, flushing_half_bytes: u64) -> FlushPace {
+        let cache_bytes = self.counters.write_cache_bytes_seen.load(Ordering::Relaxed);
+        let active_bytes = cache_bytes.saturating_sub(flushing_half_bytes);
+        if active_bytes.saturating_mul(FLUSH_CATCH_UP_FRACTION_INVERSE)
+            >= self.config.flush_threshold_bytes
+        {
+            FlushPace::CatchUp
+        } else {
+            FlushPace::Yield
+        }
     }
 
     /// Closes the active log (synced) and starts the next; returns (closed id, size).
