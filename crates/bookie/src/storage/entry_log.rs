@@ -64,8 +64,9 @@ pub(crate) enum FlushPace {
     /// Writes of `YIELDING_WRITE_PIECE_BYTES`, so the journal's writes (the
     /// latency users see) wait behind less.
     Yield,
-    /// Whole buffers: the write cache has filled past the flush threshold again
-    /// while this flush runs, and a slower flush would hold adds back.
+    /// Whole buffers: adds are piling up in the write cache behind this
+    /// write-out (`LedgerStorage::flush_pace`), and a slower one would hold
+    /// them back.
     CatchUp,
 }
 
@@ -95,7 +96,6 @@ pub(crate) struct EntryLogWriter {
     writeback_pending: Option<(u64, u64)>,
     writeback_step_bytes: u64,
     size_max_bytes: u64,
-    pace: FlushPace,
 }
 
 impl EntryLogWriter {
@@ -133,7 +133,6 @@ impl EntryLogWriter {
             writeback_pending: None,
             writeback_step_bytes,
             size_max_bytes,
-            pace: FlushPace::CatchUp,
         })
     }
 
@@ -147,11 +146,6 @@ impl EntryLogWriter {
         self.buf_offset + self.buf.len() as u64
     }
 
-    /// Sets how the next writes share the device (kept across `rotate`).
-    pub(crate) fn set_pace(&mut self, pace: FlushPace) {
-        self.pace = pace;
-    }
-
     /// Whether a record of `record_bytes` would push this log past its size limit
     /// (an empty log always takes one record).
     pub(crate) fn is_full_for(&self, record_bytes: u64) -> bool {
@@ -159,26 +153,28 @@ impl EntryLogWriter {
             && self.size_bytes() + record_bytes > self.size_max_bytes
     }
 
-    /// Appends one record; returns its offset in this log.
+    /// Appends one record; returns its offset in this log. `pace`: how a
+    /// buffer write this append triggers shares the device.
     pub(crate) fn append(
         &mut self,
         ledger_id: u64,
         entry_id: u64,
         payload: &[u8],
+        pace: FlushPace,
     ) -> Result<u64, StorageError> {
         let offset = self.size_bytes();
         self.buf
             .extend_from_slice(&format::encode_record_header(ledger_id, entry_id, payload));
         self.buf.extend_from_slice(payload);
         if self.buf.len() >= WRITE_BUFFER_BYTES {
-            self.write_buffer(false)?;
+            self.write_buffer(false, pace)?;
         }
         Ok(offset)
     }
 
     /// `pwrite`s the buffer (whole blocks only when `direct`, unless `pad`) and
     /// takes a write-back step if one is due.
-    fn write_buffer(&mut self, pad: bool) -> Result<(), StorageError> {
+    fn write_buffer(&mut self, pad: bool, pace: FlushPace) -> Result<(), StorageError> {
         if self.direct && pad {
             self.buf.pad_to_alignment();
         }
@@ -196,7 +192,7 @@ impl EntryLogWriter {
                     .buf_offset
                     .is_multiple_of(DIRECT_IO_ALIGNMENT_BYTES as u64)
         );
-        let piece_bytes = match self.pace {
+        let piece_bytes = match pace {
             FlushPace::Yield if self.direct => YIELDING_WRITE_PIECE_BYTES,
             FlushPace::Yield | FlushPace::CatchUp => write_bytes,
         };
@@ -244,8 +240,8 @@ impl EntryLogWriter {
 
     /// Writes out the buffer and fdatasyncs: every record appended so far is
     /// durable on return. A failure is fatal to the caller (never retried).
-    pub(crate) fn sync(&mut self) -> Result<(), StorageError> {
-        self.write_buffer(true)?;
+    pub(crate) fn sync(&mut self, pace: FlushPace) -> Result<(), StorageError> {
+        self.write_buffer(true, pace)?;
         debug_assert!(self.buf.is_empty());
         self.file
             .sync_data()
@@ -257,8 +253,8 @@ impl EntryLogWriter {
 
     /// Syncs this log and creates log `next_id` in its place; returns the id of
     /// the log closed.
-    pub(crate) fn rotate(&mut self, next_id: u64) -> Result<u64, StorageError> {
-        self.sync()?;
+    pub(crate) fn rotate(&mut self, next_id: u64, pace: FlushPace) -> Result<u64, StorageError> {
+        self.sync(pace)?;
         let next = EntryLogWriter::create(
             &self.dir,
             next_id,
@@ -266,9 +262,7 @@ impl EntryLogWriter {
             self.writeback_step_bytes,
             self.size_max_bytes,
         )?;
-        let pace = self.pace;
         let old = std::mem::replace(self, next);
-        self.pace = pace;
         Ok(old.log_id)
     }
 }
@@ -375,15 +369,15 @@ mod tests {
             };
             let payload = vec![(entry_id * 13) as u8; len];
             // Entry 132, past the write buffer on its own, goes out in pieces.
-            writer.set_pace(if entry_id / 25 % 2 == 1 {
+            let pace = if entry_id / 25 % 2 == 1 {
                 FlushPace::Yield
             } else {
                 FlushPace::CatchUp
-            });
-            let offset = writer.append(9, entry_id, &payload).unwrap();
+            };
+            let offset = writer.append(9, entry_id, &payload, pace).unwrap();
             written.push((entry_id, offset, payload));
             if entry_id % 50 == 49 {
-                writer.sync().unwrap();
+                writer.sync(pace).unwrap();
                 if direct {
                     assert!(
                         writer
@@ -393,7 +387,7 @@ mod tests {
                 }
             }
         }
-        writer.sync().unwrap();
+        writer.sync(FlushPace::Yield).unwrap();
         let file_bytes = std::fs::metadata(&writer.path).unwrap().len();
         assert_eq!(file_bytes, writer.size_bytes());
         for (entry_id, offset, payload) in written {

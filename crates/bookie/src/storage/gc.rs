@@ -218,12 +218,13 @@ impl LedgerStorage {
                         break;
                     };
                     let rec_bytes = format::record_bytes(payload.len());
+                    let pace = self.flush_pace(0);
                     if f.writer.is_full_for(rec_bytes) {
-                        let (old, size) = self.rotate(f)?;
+                        let (old, size) = self.rotate(f, pace)?;
                         batch.set_log_sizes.push((old, size));
                     }
                     let new_log = f.writer.log_id();
-                    let offset = f.writer.append(ledger_id, span.entry_id, &payload)?;
+                    let offset = f.writer.append(ledger_id, span.entry_id, &payload, pace)?;
                     let fits = current.as_ref().is_some_and(|r| {
                         r.accepts(ledger_id, new_log, span.entry_id, offset, rec_bytes)
                     });
@@ -245,7 +246,7 @@ impl LedgerStorage {
                 }
             }
         }
-        f.writer.sync()?;
+        f.writer.sync(self.flush_pace(0))?;
         batch.add_log_ledger_bytes = log_bytes
             .iter()
             .map(|(&(log, l), &b)| (log, l, b))

@@ -131,8 +131,9 @@ struct Counters {
     flushed_bytes: AtomicU64,
     /// Copy of the flusher's active log id, readable without the flush lock.
     active_log_id: AtomicU64,
-    /// The write cache's size as last seen under the state lock (by a put or
-    /// a room check): lets `has_write_room` answer "room" without the lock.
+    /// The write cache's size as last seen under the state lock (by a put, a
+    /// room check or the end of a flush): lets `has_write_room` answer "room"
+    /// without the lock, and `flush_pace` see adds piling up.
     /// Flushes only shrink the cache, so a stale value errs towards "full",
     /// which the room check then verifies under the lock.
     write_cache_bytes_seen: AtomicU64,
@@ -675,13 +676,13 @@ impl LedgerStorage {
                 continue;
             }
             let rec_bytes = format::record_bytes(payload.len());
+            let pace = self.flush_pace(half.bytes());
             if f.writer.is_full_for(rec_bytes) {
-                let old = self.rotate(f)?;
+                let old = self.rotate(f, pace)?;
                 batch.set_log_sizes.push((old.0, old.1));
             }
-            f.writer.set_pace(self.flush_pace(half.bytes()));
             let log_id = f.writer.log_id();
-            let offset = f.writer.append(ledger_id, entry_id, payload)?;
+            let offset = f.writer.append(ledger_id, entry_id, payload, pace)?;
             let fits = current
                 .as_ref()
                 .is_some_and(|r| r.accepts(ledger_id, log_id, entry_id, offset, rec_bytes));
@@ -704,7 +705,7 @@ impl LedgerStorage {
         if let Some(r) = current.take() {
             batch.insert_records.push(r);
         }
-        f.writer.sync()?;
+        f.writer.sync(self.flush_pace(half.bytes()))?;
         stats.log_write_duration = t0.elapsed();
 
         if *self.fail_point.lock() == Some(FailPoint::FlushBeforeIndexCommit) {
@@ -761,17 +762,18 @@ impl LedgerStorage {
         Ok(stats)
     }
 
-    /// `Yield` while adds arrive slowly next to this flush: the half taking
-    /// puts has filled less than `1 / FLUSH_CATCH_UP_FRACTION_INVERSE` of a flush
-    /// threshold since the flush began. Past that, the flush writes whole
-    /// buffers: a flush that yields under a throughput load keeps the cache
-    /// full and the adds waiting (bookie bench, 64 KiB at depth 256: peak RSS
-    /// 200-282 MiB when flushes yielded until the next flush was due, 124-165
-    /// MiB always at full speed).
-    fn flush_pace(&self, flushing_half_bytes: u64) -> FlushPace {
+    /// How a write-out of entry logs (a flush, or a compaction, which frees no
+    /// cache: `freed_bytes` 0) shares the device: `Yield` while the cache holds
+    /// less than `1 / FLUSH_CATCH_UP_FRACTION_INVERSE` of a flush threshold
+    /// that this write-out will not free (for a flush: what puts added since
+    /// it began). Past that, whole buffers: a flush that yields under a
+    /// throughput load keeps the cache full and the adds waiting (bookie
+    /// bench, 64 KiB at depth 256: peak RSS 200-282 MiB when flushes yielded
+    /// until the next flush was due, 124-165 MiB always at full speed).
+    fn flush_pace(&self, freed_bytes: u64) -> FlushPace {
         let cache_bytes = self.counters.write_cache_bytes_seen.load(Ordering::Relaxed);
-        let active_bytes = cache_bytes.saturating_sub(flushing_half_bytes);
-        if active_bytes.saturating_mul(FLUSH_CATCH_UP_FRACTION_INVERSE)
+        let waiting_bytes = cache_bytes.saturating_sub(freed_bytes);
+        if waiting_bytes.saturating_mul(FLUSH_CATCH_UP_FRACTION_INVERSE)
             >= self.config.flush_threshold_bytes
         {
             FlushPace::CatchUp
@@ -781,11 +783,11 @@ impl LedgerStorage {
     }
 
     /// Closes the active log (synced) and starts the next; returns (closed id, size).
-    fn rotate(&self, f: &mut Flusher) -> Result<(u64, u64), StorageError> {
+    fn rotate(&self, f: &mut Flusher, pace: FlushPace) -> Result<(u64, u64), StorageError> {
         let size = f.writer.size_bytes();
         let id = f.next_log_id;
         f.next_log_id += 1;
-        let old = f.writer.rotate(id)?;
+        let old = f.writer.rotate(id, pace)?;
         self.counters.active_log_id.store(id, Ordering::Relaxed);
         Ok((old, size))
     }
