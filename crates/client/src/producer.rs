@@ -618,8 +618,8 @@ impl ProducerCore {
             highest_sequence_id: Some(last),
             ..Default::default()
         });
-        // Each record adds its size field and a few bytes of metadata.
-        let records_bytes_hint = payload_bytes + messages.len() * 16;
+        let records_bytes_hint =
+            payload_bytes + messages.len() * vela_wire::batch::RECORD_OVERHEAD_BYTES_HINT;
         let mut frame = BytesMut::new();
         if self.options.compression == CompressionType::None {
             // Built straight into the frame: the payloads are copied once.

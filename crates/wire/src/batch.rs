@@ -23,6 +23,11 @@ const RECORD_SIZE_BYTES: usize = 4;
 /// preallocation by what the buffer can really hold.
 const RECORD_BYTES_MIN: usize = RECORD_SIZE_BYTES + 2;
 
+/// What a record adds to its payload in a typical batch, for sizing buffers
+/// ahead of `build_batch`: the size field plus a `SingleMessageMetadata` with
+/// payload size and sequence id, no keys or properties.
+pub const RECORD_OVERHEAD_BYTES_HINT: usize = RECORD_SIZE_BYTES + 12;
+
 /// One message of a batch.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BatchMessage {
