@@ -80,8 +80,6 @@ const READ_SPARE_BYTES_MIN: usize = 8 * 1024;
 /// anyway (and answered TOO_MANY_REQUESTS if there is still none). Flushes
 /// take tens of ms; the wait is far below a ledger writer's add timeout.
 const WRITE_ROOM_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(500);
-/// How often a waiting ADD looks for room again.
-const WRITE_ROOM_POLL: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// The bookie protocol server. `bind`, then `run` until a shutdown signal.
 #[derive(Debug)]
@@ -411,25 +409,6 @@ async fn read_loop(
     }
 }
 
-/// Waits (at most `WRITE_ROOM_WAIT_MAX`) until the write cache has room for
-/// an entry of `entry_bytes`. The connection's read loop waits with it, so a
-/// full cache holds back the client through TCP (and, on this connection, the
-/// requests behind the ADD) instead of refusing entries already read: those
-/// would leave their read chunks pinned by the accepted entries around them
-/// (256 KiB held by one 64 KiB entry), beyond the cache's budget.
-async fn wait_for_write_room(bookie: &Bookie, entry_bytes: usize) {
-    if bookie.write_cache_has_room(entry_bytes) {
-        return;
-    }
-    let deadline = tokio::time::Instant::now() + WRITE_ROOM_WAIT_MAX;
-    while tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(WRITE_ROOM_POLL).await;
-        if bookie.write_cache_has_room(entry_bytes) {
-            return;
-        }
-    }
-}
-
 /// Answers a frame of another protocol version with BAD_VERSION; an op we do
 /// not know cannot be answered and closes the connection.
 fn answer_bad_version(
@@ -470,7 +449,15 @@ async fn dispatch(
     let failed = move |status| Response::Failed { op, status };
     match frame.request {
         Request::Add { mode, entry } => {
-            wait_for_write_room(bookie, entry.len()).await;
+            // The connection's read loop waits with it, so a full cache holds
+            // back the client through TCP (and, on this connection, the
+            // requests behind the ADD) instead of refusing entries already
+            // read: those would leave their read chunks pinned by the
+            // accepted entries around them (256 KiB held by one 64 KiB entry),
+            // beyond the cache's budget.
+            bookie
+                .wait_for_write_room(entry.len(), WRITE_ROOM_WAIT_MAX)
+                .await;
             bookie.add(entry, mode, move |result| {
                 let response = match result {
                     Ok((ledger_id, entry_id)) => Response::Add {

@@ -305,6 +305,71 @@ fn write_cache_full_is_a_typed_error_and_flush_makes_room() {
     assert_eq!(s.stats().write_cache_active_bytes, before);
 }
 
+/// Fills the cache with 1 MiB entries of ledger `l` until a put is refused.
+fn fill_cache(s: &LedgerStorage, l: u64) -> u64 {
+    let big = Bytes::from(vec![1u8; 1024 * 1024]);
+    let mut stored = 0u64;
+    while s.put_entry(l, stored, big.clone()).is_ok() {
+        stored += 1;
+        assert!(stored < 100, "cache never reported full");
+    }
+    stored
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_room_waiter_is_woken_by_the_flush_that_frees_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open(&config(dir.path()));
+    let s = Arc::new(s);
+    fill_cache(&s, 1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let waiter = {
+        let s = Arc::clone(&s);
+        tokio::spawn(async move { s.wait_for_write_room(1024 * 1024, deadline).await })
+    };
+    // Still waiting while the cache stays full (a flush was requested).
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished(), "no room yet, so no answer yet");
+    assert!(s.wait_for_flush_trigger(Duration::ZERO));
+    let flusher = Arc::clone(&s);
+    tokio::task::spawn_blocking(move || flusher.flush().unwrap())
+        .await
+        .unwrap();
+    assert!(
+        waiter.await.unwrap(),
+        "woken by the flush with room, not by the 30 s deadline"
+    );
+    // With room, the wait answers at once.
+    assert!(s.wait_for_write_room(1024 * 1024, deadline).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_room_waiter_gives_up_when_storage_breaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open(&config(dir.path()));
+    let s = Arc::new(s);
+    fill_cache(&s, 1);
+    // Far off: only the failure can end the wait within the test's 30 s.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
+    let waiter = {
+        let s = Arc::clone(&s);
+        tokio::spawn(async move { s.wait_for_write_room(1024 * 1024, deadline).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished());
+    s.set_fail_point(Some(FailPoint::FlushBeforeIndexCommit));
+    let flusher = Arc::clone(&s);
+    let flushed = tokio::task::spawn_blocking(move || flusher.checkpoint(JournalMark::START))
+        .await
+        .unwrap();
+    assert!(flushed.is_err(), "the fail point breaks the flush");
+    let answered = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("woken by the failure: no room will come")
+        .unwrap();
+    assert!(!answered, "no room in a broken storage");
+}
+
 #[test]
 fn flush_threshold_wakes_the_sync_thread() {
     let dir = tempfile::tempdir().unwrap();

@@ -394,15 +394,23 @@ impl Bookie {
         }
     }
 
-    /// Whether an ADD of `entry_bytes` would find room in the write cache now
-    /// (requests a flush when not). The server waits on this before it takes
-    /// an ADD, so a full cache stops its socket reads instead of answering
-    /// TOO_MANY_REQUESTS to entries it has already read. `true` when no engine
-    /// is writable: `add` answers that.
-    pub fn write_cache_has_room(&self, entry_bytes: usize) -> bool {
-        self.core
-            .engine_now()
-            .is_none_or(|engine| engine.storage.has_write_room(entry_bytes))
+    /// Waits (at most `max_wait`) until an ADD of `entry_bytes` would find
+    /// room in the write cache, requesting a flush when it would not; woken by
+    /// the end of that flush. The server waits on this before it takes an
+    /// ADD, so a full cache stops its socket reads instead of answering
+    /// TOO_MANY_REQUESTS to entries it has already read. Returns at once when
+    /// no engine is writable, and when storage turns broken: `add` answers
+    /// those. (An engine that fails on its journal instead keeps a waiter
+    /// until its flush or `max_wait`.)
+    pub async fn wait_for_write_room(&self, entry_bytes: usize, max_wait: std::time::Duration) {
+        let Some(engine) = self.core.engine_now() else {
+            return;
+        };
+        let deadline = tokio::time::Instant::now() + max_wait;
+        engine
+            .storage
+            .wait_for_write_room(entry_bytes, deadline)
+            .await;
     }
 
     /// The fence check and the write-cache put of an add (under the stripe lock).

@@ -6,7 +6,8 @@
 //! collection (`gc`). File names and byte layouts live in `format` only.
 //!
 //! Flow: `put_entry` inserts into the active write cache (memory only, no I/O,
-//! typed `WriteCacheFull` when the budget is used). The bookie's sync thread calls
+//! typed `WriteCacheFull` when the budget is used; `wait_for_write_room` lets an
+//! async caller wait for the flush that frees it). The bookie's sync thread calls
 //! `checkpoint(mark)`: the cache halves swap, the flushed half is written sorted by
 //! (ledger, entry) to the active entry log with incremental write-back, the log is
 //! fdatasync'ed, the index records and ledger state are committed in one durable
@@ -87,6 +88,10 @@ pub struct LedgerStorage {
     state: Mutex<State>,
     /// Signalled when a flush is wanted (threshold passed or cache full).
     flush_wanted: Condvar,
+    /// Wakes `wait_for_write_room` waiters: at the end of every flush (the
+    /// flushed half is freed) and when storage turns broken (no room will
+    /// come; their puts are refused at once).
+    write_room_freed: tokio::sync::Notify,
     /// The flusher: one flush, checkpoint or gc step at a time.
     flusher: Mutex<Flusher>,
     index: Index,
@@ -187,6 +192,7 @@ impl LedgerStorage {
                 broken: None,
             }),
             flush_wanted: Condvar::new(),
+            write_room_freed: tokio::sync::Notify::new(),
             flusher: Mutex::new(Flusher {
                 writer,
                 next_log_id: active_id + 1,
@@ -299,6 +305,37 @@ impl LedgerStorage {
             self.request_flush(&mut st);
         }
         room
+    }
+
+    /// Waits until the write cache has room for an entry of `payload_bytes`
+    /// (true), or until `deadline` passes or storage turns broken (false: the
+    /// put that follows decides). Woken by the end of each flush, so a waiting
+    /// add goes on as soon as the flushed half is freed. Never blocks the
+    /// calling thread (for the bookie server's read loops).
+    pub async fn wait_for_write_room(
+        &self,
+        payload_bytes: usize,
+        deadline: tokio::time::Instant,
+    ) -> bool {
+        // The common case, without registering a waiter (a lock in `Notify`).
+        if self.has_write_room(payload_bytes) {
+            return true;
+        }
+        loop {
+            let mut freed = std::pin::pin!(self.write_room_freed.notified());
+            // Registered before the check: a flush that ends between the check
+            // and the await still wakes this waiter.
+            freed.as_mut().enable();
+            if self.has_write_room(payload_bytes) {
+                return true;
+            }
+            if self.state.lock().broken.is_some() {
+                return false;
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return false;
+            }
+        }
     }
 
     fn request_flush(&self, st: &mut State) {
@@ -602,11 +639,15 @@ impl LedgerStorage {
     }
 
     fn set_broken(&self, e: &StorageError) {
-        let mut st = self.state.lock();
-        if st.broken.is_none() {
+        {
+            let mut st = self.state.lock();
+            if st.broken.is_some() {
+                return;
+            }
             tracing::error!(error = %e, dir = %self.dir.display(), "ledger storage broken");
             st.broken = Some(e.to_string());
         }
+        self.write_room_freed.notify_waiters();
     }
 
     fn flush_locked(&self, f: &mut Flusher) -> Result<FlushStats, StorageError> {
@@ -759,6 +800,8 @@ impl LedgerStorage {
         self.counters
             .write_cache_bytes_seen
             .store(st.cache.bytes(), Ordering::Relaxed);
+        drop(st);
+        self.write_room_freed.notify_waiters();
         Ok(stats)
     }
 
