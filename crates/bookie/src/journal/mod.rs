@@ -140,7 +140,13 @@ impl Journal {
         let lock = lock_dir(&dir)?;
         let outcome = replay::replay(&config, &backend, from, &mut on_record)?;
         let file_id = outcome.next_file_id;
-        let (file, allocated_end) = writer::prepare_file(&config, &backend, file_id, true)?;
+        let (file, allocated_end) = writer::prepare_file(
+            &config,
+            &backend,
+            &writer::Zeros::new(&config),
+            file_id,
+            true,
+        )?;
         writer::install_file(&dir, file_id, file.as_ref())?;
         let start_mark = JournalMark {
             file_id,

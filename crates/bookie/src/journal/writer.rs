@@ -208,6 +208,7 @@ pub(crate) enum ForceItem {
 pub(crate) fn prepare_file(
     config: &JournalConfig,
     backend: &Backend,
+    zeros: &Zeros,
     file_id: u64,
     zero_fill_first_chunk: bool,
 ) -> Result<(Arc<dyn JournalFile>, u64), JournalError> {
@@ -254,7 +255,7 @@ pub(crate) fn prepare_file(
     } else {
         allocated
     };
-    zero_fill(config, file.as_ref(), allocated, end)?;
+    zeros.fill(file.as_ref(), allocated, end)?;
     file.sync_data()
         .map_err(|e| JournalError::io("fdatasync", &path, e))?;
     Ok((file, end))
@@ -292,22 +293,32 @@ pub(crate) fn install_file(
     Ok(to)
 }
 
-fn zero_fill(
-    config: &JournalConfig,
-    file: &dyn JournalFile,
-    from: u64,
-    to: u64,
-) -> Result<(), JournalError> {
-    let piece = ZERO_WRITE_PIECE_BYTES.max(config.alignment_bytes);
-    let zeros = AlignedBuf::zeroed(piece, config.alignment_bytes);
-    let mut at = from;
-    while at < to {
-        let n = (to - at).min(piece as u64) as usize;
-        file.write_at(&zeros.as_slice()[..n], at)
-            .map_err(|e| JournalError::io("pwrite zeros", file.path(), e))?;
-        at += n as u64;
+/// The zeros a zero-fill writes, one piece at a time: allocated once by each
+/// filler (the preallocator keeps its own for its lifetime), not per step.
+pub(crate) struct Zeros {
+    piece: AlignedBuf,
+}
+
+impl Zeros {
+    pub(crate) fn new(config: &JournalConfig) -> Zeros {
+        let piece_bytes = ZERO_WRITE_PIECE_BYTES.max(config.alignment_bytes);
+        Zeros {
+            piece: AlignedBuf::zeroed(piece_bytes, config.alignment_bytes),
+        }
     }
-    Ok(())
+
+    /// Writes zeros over [from, to) of `file`, unsynced.
+    fn fill(&self, file: &dyn JournalFile, from: u64, to: u64) -> Result<(), JournalError> {
+        let piece = self.piece.as_slice();
+        let mut at = from;
+        while at < to {
+            let n = (to - at).min(piece.len() as u64) as usize;
+            file.write_at(&piece[..n], at)
+                .map_err(|e| JournalError::io("pwrite zeros", file.path(), e))?;
+            at += n as u64;
+        }
+        Ok(())
+    }
 }
 
 /// Files never grow past this: the size limit rounded up to the alignment.
@@ -336,6 +347,7 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
     let step = ZERO_WRITE_BYTES.max(config.alignment_bytes) as u64;
     let cap = file_cap(config);
     let mut rate = WriterRate::new();
+    let zeros = Zeros::new(config);
     let mut direct: Vec<(u64, Arc<dyn JournalFile>)> = Vec::with_capacity(3);
     let mut direct_ok = true;
     // The next file has zero-fill not yet synced.
@@ -397,7 +409,7 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
         let result = match work {
             Work::Fill(file, file_id, from, to, sync_after) => {
                 let fill_with = |target: &Arc<dyn JournalFile>| {
-                    zero_fill(config, target.as_ref(), from, to).and_then(|()| {
+                    zeros.fill(target.as_ref(), from, to).and_then(|()| {
                         if !sync_after {
                             return Ok(());
                         }
@@ -438,15 +450,18 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                 shared.space_cv.notify_all();
                 filled
             }
-            Work::Next(file_id, zero_fill_first_chunk) => {
-                prepare_file(config, &shared.backend, file_id, zero_fill_first_chunk).map(
-                    |(file, end)| {
-                        let mut space = shared.lock_space();
-                        space.next = Some((file, end));
-                        shared.space_cv.notify_all();
-                    },
-                )
-            }
+            Work::Next(file_id, zero_fill_first_chunk) => prepare_file(
+                config,
+                &shared.backend,
+                &zeros,
+                file_id,
+                zero_fill_first_chunk,
+            )
+            .map(|(file, end)| {
+                let mut space = shared.lock_space();
+                space.next = Some((file, end));
+                shared.space_cv.notify_all();
+            }),
             Work::SyncNext(file) => file
                 .sync_data()
                 .map_err(|e| JournalError::io("fdatasync", file.path(), e)),
