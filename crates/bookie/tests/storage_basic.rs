@@ -270,20 +270,27 @@ fn crash_between_entry_log_write_and_index_commit_then_replay() {
     assert_eq!(s.last_entry_id(1).unwrap(), Some(99));
 }
 
+/// Puts 1 MiB entries into ledger `l` until one is refused: how many were
+/// stored, and the refusal.
+fn fill_cache(s: &LedgerStorage, l: u64) -> (u64, StorageError) {
+    let big = Bytes::from(vec![1u8; 1024 * 1024]);
+    let mut stored = 0u64;
+    loop {
+        match s.put_entry(l, stored, big.clone()) {
+            Ok(()) => stored += 1,
+            Err(e) => return (stored, e),
+        }
+        assert!(stored < 100, "cache never reported full");
+    }
+}
+
 #[test]
 fn write_cache_full_is_a_typed_error_and_flush_makes_room() {
     let dir = tempfile::tempdir().unwrap();
     let c = config(dir.path());
     let (s, _) = open(&c);
     let big = Bytes::from(vec![1u8; 1024 * 1024]);
-    let mut stored = 0u64;
-    let err = loop {
-        match s.put_entry(1, stored, big.clone()) {
-            Ok(()) => stored += 1,
-            Err(e) => break e,
-        }
-        assert!(stored < 100, "cache never reported full");
-    };
+    let (stored, err) = fill_cache(&s, 1);
     assert!(
         matches!(err, StorageError::WriteCacheFull { .. }),
         "{err:?}"
@@ -305,32 +312,32 @@ fn write_cache_full_is_a_typed_error_and_flush_makes_room() {
     assert_eq!(s.stats().write_cache_active_bytes, before);
 }
 
-/// Fills the cache with 1 MiB entries of ledger `l` until a put is refused.
-fn fill_cache(s: &LedgerStorage, l: u64) -> u64 {
-    let big = Bytes::from(vec![1u8; 1024 * 1024]);
-    let mut stored = 0u64;
-    while s.put_entry(l, stored, big.clone()).is_ok() {
-        stored += 1;
-        assert!(stored < 100, "cache never reported full");
-    }
-    stored
+/// Storage in `dir` with a full write cache, and a task waiting (until
+/// `deadline`) for room for one more 1 MiB entry, checked to be still waiting.
+async fn waiting_for_room(
+    dir: &Path,
+    deadline: tokio::time::Instant,
+) -> (Arc<LedgerStorage>, tokio::task::JoinHandle<bool>) {
+    let s = Arc::new(open(&config(dir)).0);
+    fill_cache(&s, 1);
+    let waiter = {
+        let s = Arc::clone(&s);
+        tokio::spawn(async move { s.wait_for_write_room(1024 * 1024, deadline).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!waiter.is_finished(), "no room yet, so no answer yet");
+    (s, waiter)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_room_waiter_is_woken_by_the_flush_that_frees_the_cache() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, _) = open(&config(dir.path()));
-    let s = Arc::new(s);
-    fill_cache(&s, 1);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    let waiter = {
-        let s = Arc::clone(&s);
-        tokio::spawn(async move { s.wait_for_write_room(1024 * 1024, deadline).await })
-    };
-    // Still waiting while the cache stays full (a flush was requested).
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiter.is_finished(), "no room yet, so no answer yet");
-    assert!(s.wait_for_flush_trigger(Duration::ZERO));
+    let (s, waiter) = waiting_for_room(dir.path(), deadline).await;
+    assert!(
+        s.wait_for_flush_trigger(Duration::ZERO),
+        "a flush was requested"
+    );
     let flusher = Arc::clone(&s);
     tokio::task::spawn_blocking(move || flusher.flush().unwrap())
         .await
@@ -346,17 +353,9 @@ async fn a_write_room_waiter_is_woken_by_the_flush_that_frees_the_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_room_waiter_gives_up_when_storage_breaks() {
     let dir = tempfile::tempdir().unwrap();
-    let (s, _) = open(&config(dir.path()));
-    let s = Arc::new(s);
-    fill_cache(&s, 1);
     // Far off: only the failure can end the wait within the test's 30 s.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(3600);
-    let waiter = {
-        let s = Arc::clone(&s);
-        tokio::spawn(async move { s.wait_for_write_room(1024 * 1024, deadline).await })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert!(!waiter.is_finished());
+    let (s, waiter) = waiting_for_room(dir.path(), deadline).await;
     s.set_fail_point(Some(FailPoint::FlushBeforeIndexCommit));
     let flusher = Arc::clone(&s);
     let flushed = tokio::task::spawn_blocking(move || flusher.checkpoint(JournalMark::START))
