@@ -67,6 +67,21 @@ const IN_PROCESS_ADDRESS: &str = "in-process";
 /// Directory name prefix of bookie I's data.
 const BOOKIE_DIR_PREFIX: &str = "bookie-";
 
+/// Upper bound of `--worker-threads`.
+const WORKER_THREADS_MAX: u16 = 1024;
+
+/// Default `--worker-threads`: one fewer than the CPUs, so the bookies'
+/// journal threads (the writer that writes and syncs a lone group itself,
+/// the force-write thread) are not competing with a worker on every core.
+/// Measured on this project's 2-vCPU machine, 1 worker against tokio's
+/// default of 2: sync 1 KiB p50 -31..-37 us with 1 bookie and -14..-20 us
+/// with 3; batched 1 KiB 509-533k against 481-488k msg/s (1 bookie) and
+/// 371-408k against 370-375k (3 bookies); peak RSS 127-129 against 148-149
+/// MiB (1 bookie).
+fn default_worker_threads(cpus: usize) -> usize {
+    cpus.saturating_sub(1).max(1)
+}
+
 /// Flags of `vela standalone`.
 #[derive(Debug, Args)]
 pub(crate) struct StandaloneArgs {
@@ -95,6 +110,12 @@ pub(crate) struct StandaloneArgs {
     /// Interval of keep-alive pings to clients, seconds (Pulsar: 30).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     keepalive_s: u64,
+    /// Threads running the broker and the bookies' request handling. Default:
+    /// the CPU count minus one, at least 1 (the bookies' journal threads
+    /// take the remaining core).
+    #[arg(long, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=WORKER_THREADS_MAX as i64))]
+    worker_threads: Option<u16>,
     #[command(flatten)]
     storage: StorageArgs,
     #[command(flatten)]
@@ -167,7 +188,13 @@ pub(crate) fn run(args: StandaloneArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("cannot create --data-dir {}", args.data_dir.display()))?;
 
+    let worker_threads = args.worker_threads.map_or_else(
+        || default_worker_threads(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        usize::from,
+    );
+    tracing::info!(worker_threads, "starting the runtime");
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(worker_threads)
         .enable_all()
         .thread_name("vela-standalone")
         .build()
@@ -308,4 +335,17 @@ async fn serve(
         tracing::warn!(%error, "broker shutdown left a topic unclosed (recovered at next start)");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_worker_threads_leaves_a_core_and_keeps_one() {
+        assert_eq!(default_worker_threads(0), 1);
+        assert_eq!(default_worker_threads(1), 1);
+        assert_eq!(default_worker_threads(2), 1);
+        assert_eq!(default_worker_threads(16), 15);
+    }
 }
