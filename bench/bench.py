@@ -69,6 +69,20 @@ PULSAR_PERF_MEM = "-Xms512m -Xmx1g"
 # when the disk gets down to MIN_FREE_DURING_GIB.
 MIN_FREE_GIB = 10
 MIN_FREE_DURING_GIB = 3
+# Vela's bookies turn read-only past this share of the disk in use
+# (`--disk-usage-max-percent`, default 95), counted against the blocks an
+# unprivileged writer may use: on a filesystem with a large root reserve,
+# "free" space runs out for them well before `df` shows the disk full.
+BOOKIE_DISK_USAGE_MAX = 0.95
+
+
+def room_gib(path: Path) -> float:
+    """Space left to write in before the bookies on `path` turn read-only
+    (or the disk fills, for Pulsar): what an unprivileged writer may use,
+    minus the share Vela's bookies keep free."""
+    st = os.statvfs(path)
+    kept_free = (1.0 - BOOKIE_DISK_USAGE_MAX) * st.f_blocks
+    return max(0.0, st.f_bavail - kept_free) * st.f_frsize / 2**30
 
 
 # ---------------------------------------------------------------- scenarios
@@ -370,7 +384,6 @@ class Figures:
     mb_per_s: float | None = None
     latency_ms: dict = field(default_factory=dict)  # mean p50 p95 p99 p999 p9999 max
     curve: list = field(default_factory=list)  # (percentile, ms)
-    failures: int = 0
     peak_rss_mib: float | None = None
     ready_ms: float | None = None
     idle_rss_mib: float | None = None
@@ -396,11 +409,12 @@ def watch(proc: subprocess.Popen, server: Server, timeout: float,
         if time.monotonic() > deadline:
             stop(proc, grace=10.0)
             raise Fail(f"client ran past {timeout:.0f} s")
-        free_gib = shutil.disk_usage(server.data_dir).free / 2**30
+        free_gib = room_gib(server.data_dir)
         if free_gib < MIN_FREE_DURING_GIB:
-            # Stop before the disk fills (the machine may be shared).
+            # Stop before the disk fills or the bookies turn read-only.
             stop(proc, grace=5.0)
-            raise Fail(f"stopped: only {free_gib:.1f} GiB left on the data dir's disk")
+            raise Fail(f"stopped: only {free_gib:.1f} GiB left on the data dir's disk "
+                       f"before {BOOKIE_DISK_USAGE_MAX:.0%} use")
         if done_marker and log_path is not None and done_at is None:
             if done_marker in log_path.read_text(errors="replace"):
                 done_at = time.monotonic()
@@ -431,12 +445,16 @@ def parse_vela_json(path: Path) -> dict:
     raise Fail(f"no --json summary from vela perf:\n{tail(path)}")
 
 
-def figures_from_vela(summary: dict, fig: Figures) -> Figures:
+def figures_from_vela(summary: dict, fig: Figures, path: Path) -> Figures:
+    failures = summary.get("failures", 0)
+    if failures:
+        # A run whose sends failed (e.g. bookies turned read-only) measured
+        # something else; its rate and latencies must not stand as a result.
+        raise Fail(f"{failures} sends failed; see {path}")
     fig.messages_per_s = summary["messages_per_s"]
     fig.mb_per_s = summary["mb_per_s"]
     fig.latency_ms = summary["latency_ms"]
     fig.curve = [tuple(p) for p in summary.get("latency_curve_ms", [])]
-    fig.failures = summary.get("failures", 0)
     return fig
 
 
@@ -451,7 +469,7 @@ def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figu
         fig.peak_rss_mib = watch(proc, server, timeout=opts.duration + 120)
         if proc.returncode != 0:
             raise Fail(f"vela perf produce failed:\n{tail(out)}")
-        return figures_from_vela(parse_vela_json(out), fig)
+        return figures_from_vela(parse_vela_json(out), fig, out)
     # End to end: the consumer subscribes first, then the producer runs.
     cons_out = Path(f"{base}.consume.log")
     prod_out = Path(f"{base}.produce.log")
@@ -469,9 +487,11 @@ def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figu
         raise Fail(f"vela perf produce failed:\n{tail(prod_out)}")
     if consumer.returncode != 0:
         raise Fail(f"vela perf consume failed:\n{tail(cons_out)}")
-    fig = figures_from_vela(parse_vela_json(cons_out), fig)
+    fig = figures_from_vela(parse_vela_json(cons_out), fig, cons_out)
     # The consumer's own rate spans its longer run; report what was sent.
     sent = parse_vela_json(prod_out)
+    if sent.get("failures", 0):
+        raise Fail(f"{sent['failures']} sends failed; see {prod_out}")
     fig.messages_per_s, fig.mb_per_s = sent["messages_per_s"], sent["mb_per_s"]
     fig.note = "e2e: from a µs send stamp in the payload; msg/s: the producer's"
     return fig
@@ -600,10 +620,12 @@ def run_scenario(opts: Options, sc: Scenario, systems: list, bookie_setups: list
         for bookies in bookie_setups:
             # The disk's own latency right before this standalone runs on it:
             # on a shared machine it drifts from one minute to the next.
-            free_gib = shutil.disk_usage(opts.data_root).free / 2**30
+            free_gib = room_gib(opts.data_root)
             if free_gib < MIN_FREE_GIB:
-                raise Fail(f"only {free_gib:.1f} GiB free in {opts.data_root}; the bench "
-                           f"needs {MIN_FREE_GIB} GiB (BENCH_DATA=dir elsewhere)")
+                raise Fail(f"only {free_gib:.1f} GiB free in {opts.data_root} before "
+                           f"{BOOKIE_DISK_USAGE_MAX:.0%} use (where Vela's bookies turn "
+                           f"read-only); the bench needs {MIN_FREE_GIB} GiB "
+                           f"(BENCH_DATA=dir elsewhere)")
             disk = measure_disk(opts, opts.data_root)
             print(f"   raw fdatasync of {opts.data_root} (4 KiB blocks, depth 1): "
                   f"p50 {disk['p50']:.3f} ms  p99 {disk['p99']:.3f} ms  p99.9 {disk['p999']:.3f} ms",
