@@ -36,7 +36,11 @@ pub(crate) trait JournalFile: Send + Sync + std::fmt::Debug {
     fn renamed(&self, to: &Path);
 }
 
-/// Which backend opens files; tests add a fault-injecting one.
+/// Which backend opens files, and where the journal's files live: every
+/// name the journal threads and replay use (numbered files, the next file,
+/// retired files kept for reuse) goes through these methods, so a backend
+/// whose files are not directory entries can stand behind the same names.
+/// Tests add a fault-injecting one.
 #[derive(Debug, Clone)]
 pub(crate) enum Backend {
     Kind(JournalBackendKind),
@@ -45,6 +49,47 @@ pub(crate) enum Backend {
 }
 
 impl Backend {
+    /// Ids of the journal files present, sorted.
+    pub(crate) fn list_file_ids(&self, dir: &Path) -> Result<Vec<u64>, JournalError> {
+        super::replay::list_file_ids(dir)
+    }
+
+    /// Retired files waiting to be reused, oldest first.
+    pub(crate) fn list_free_files(&self, dir: &Path) -> Result<Vec<PathBuf>, JournalError> {
+        super::writer::list_free_files(dir)
+    }
+
+    /// Whether a journal file of that name exists.
+    pub(crate) fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    /// Renames a journal file (durable once `sync_dir` returns).
+    pub(crate) fn rename(&self, from: &Path, to: &Path) -> Result<(), JournalError> {
+        std::fs::rename(from, to).map_err(|e| JournalError::io("rename", from, e))
+    }
+
+    /// Removes a journal file (durable once `sync_dir` returns).
+    pub(crate) fn remove(&self, path: &Path) -> Result<(), JournalError> {
+        std::fs::remove_file(path).map_err(|e| JournalError::io("remove", path, e))
+    }
+
+    /// Makes the renames and removals so far durable.
+    pub(crate) fn sync_dir(&self, dir: &Path) -> Result<(), JournalError> {
+        sync_dir(dir)
+    }
+
+    /// Opens a journal file for replay: reads only, through the page cache
+    /// whatever the write backend (Linux keeps it coherent with O_DIRECT
+    /// writes).
+    pub(crate) fn open_read(&self, path: &Path) -> Result<Arc<dyn JournalFile>, JournalError> {
+        let file = File::open(path).map_err(|e| JournalError::io("open", path, e))?;
+        Ok(Arc::new(PlainFile {
+            file,
+            path: std::sync::Mutex::new(path.to_path_buf()),
+        }))
+    }
+
     /// Opens (or creates) `path` for the journal threads.
     pub(crate) fn open(
         &self,
@@ -139,12 +184,6 @@ impl JournalFile for PlainFile {
             *p = to.to_path_buf();
         }
     }
-}
-
-/// Opens a file for reading only (replay reads through the page cache whatever
-/// the write backend; Linux keeps it coherent with O_DIRECT writes).
-pub(crate) fn open_read_only(path: &Path) -> Result<File, JournalError> {
-    File::open(path).map_err(|e| JournalError::io("open", path, e))
 }
 
 /// `fsync` on a directory, so created, renamed and removed names are durable.

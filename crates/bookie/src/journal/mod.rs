@@ -147,7 +147,7 @@ impl Journal {
             file_id,
             true,
         )?;
-        writer::install_file(&dir, file_id, file.as_ref())?;
+        writer::install_file(&backend, &dir, file_id, file.as_ref())?;
         let start_mark = JournalMark {
             file_id,
             offset: config.data_offset(),
@@ -286,27 +286,27 @@ impl Journal {
     /// deleted. Returns how many were retired; they are no longer replayed.
     pub fn delete_files_before(&self, mark: JournalMark) -> Result<usize, JournalError> {
         let dir = &self.shared.config.dir;
+        let backend = &self.shared.backend;
         let writer_file_id = self.shared.writer_file_id.load(Ordering::SeqCst);
         let limit = mark.file_id.min(writer_file_id);
-        let mut free = writer::list_free_files(dir)?.len();
+        let mut free = backend.list_free_files(dir)?.len();
         let mut deleted = 0;
-        for id in replay::list_file_ids(dir)? {
+        for id in backend.list_file_ids(dir)? {
             if id >= limit {
                 break;
             }
             let path = dir.join(format::file_name(id));
             if free < self.shared.config.recycle_files_max {
                 // Keep it for reuse as a later file.
-                let to = dir.join(format::free_file_name(id));
-                std::fs::rename(&path, &to).map_err(|e| JournalError::io("rename", &path, e))?;
+                backend.rename(&path, &dir.join(format::free_file_name(id)))?;
                 free += 1;
             } else {
-                std::fs::remove_file(&path).map_err(|e| JournalError::io("remove", &path, e))?;
+                backend.remove(&path)?;
             }
             deleted += 1;
         }
         if deleted > 0 {
-            file::sync_dir(dir)?;
+            backend.sync_dir(dir)?;
         }
         Ok(deleted)
     }

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use super::AppendCallback;
 use super::config::{JournalConfig, JournalSync};
 use super::error::JournalError;
-use super::file::{AlignedBuf, Backend, JournalFile, sync_dir};
+use super::file::{AlignedBuf, Backend, JournalFile};
 use super::format::{self, FileHeader, JournalRecord, NEXT_FILE_NAME};
 use super::stats::StatsCell;
 use crate::mark::JournalMark;
@@ -214,11 +214,11 @@ pub(crate) fn prepare_file(
 ) -> Result<(Arc<dyn JournalFile>, u64), JournalError> {
     let dir = &config.dir;
     let path = dir.join(NEXT_FILE_NAME);
-    if path.exists() {
-        std::fs::remove_file(&path).map_err(|e| JournalError::io("remove", &path, e))?;
+    if backend.exists(&path) {
+        backend.remove(&path)?;
     }
-    if let Some(free) = list_free_files(dir)?.first() {
-        std::fs::rename(free, &path).map_err(|e| JournalError::io("rename", free, e))?;
+    if let Some(free) = backend.list_free_files(dir)?.first() {
+        backend.rename(free, &path)?;
     }
     let file = backend.open(&path, true)?;
     let align = config.alignment_bytes as u64;
@@ -281,15 +281,16 @@ pub(crate) fn list_free_files(dir: &Path) -> Result<Vec<PathBuf>, JournalError> 
 
 /// Gives the prepared next file its numbered name, durably.
 pub(crate) fn install_file(
+    backend: &Backend,
     dir: &Path,
     file_id: u64,
     file: &dyn JournalFile,
 ) -> Result<PathBuf, JournalError> {
     let from = dir.join(NEXT_FILE_NAME);
     let to = dir.join(format::file_name(file_id));
-    std::fs::rename(&from, &to).map_err(|e| JournalError::io("rename", &to, e))?;
+    backend.rename(&from, &to)?;
     file.renamed(&to);
-    sync_dir(dir)?;
+    backend.sync_dir(dir)?;
     Ok(to)
 }
 
@@ -854,7 +855,12 @@ impl Writer {
         // Any zero-fill of it not yet synced must not ride on a group's sync.
         file.sync_data()
             .map_err(|e| JournalError::io("fdatasync", file.path(), e))?;
-        install_file(&self.shared.config.dir, next_id, file.as_ref())?;
+        install_file(
+            &self.shared.backend,
+            &self.shared.config.dir,
+            next_id,
+            file.as_ref(),
+        )?;
         space.file_id = next_id;
         space.file = file.clone();
         space.allocated_end = allocated_end;
