@@ -55,6 +55,7 @@ mod config;
 mod error;
 mod file;
 pub mod format;
+pub mod pmem;
 mod replay;
 mod stats;
 mod writer;
@@ -68,6 +69,7 @@ pub use config::{
 };
 pub use error::JournalError;
 pub use format::JournalRecord;
+pub use pmem::{PMEM_ALIGNMENT_BYTES, PMEM_REGION_BYTES_DEFAULT, PmemConfig, PmemEmulation};
 pub use stats::{JournalHistograms, JournalStats, StageSummary};
 
 #[cfg(test)]
@@ -117,10 +119,20 @@ impl Journal {
         F: FnMut(JournalRecord, JournalMark) -> Result<(), E>,
     {
         let mut config = config;
-        if config.backend == JournalBackendKind::Auto {
-            config.backend = resolve_auto_backend(&config);
-        }
-        let backend = Backend::Kind(config.backend);
+        let backend = match config.backend {
+            JournalBackendKind::Auto => {
+                config.backend = resolve_auto_backend(&config);
+                Backend::Kind(config.backend)
+            }
+            JournalBackendKind::Pmem => {
+                config.validate()?;
+                let region = pmem::Region::open(&config, from)?;
+                // Each slot of the ring is one journal file.
+                config.file_bytes_max = region.slot_bytes();
+                Backend::Pmem(region)
+            }
+            kind => Backend::Kind(kind),
+        };
         Journal::open_with_backend(config, backend, from, on_record)
     }
 
@@ -307,8 +319,17 @@ impl Journal {
         }
         if deleted > 0 {
             backend.sync_dir(dir)?;
+            // A preallocator waiting for a free pmem slot may go on.
+            self.shared.space_cv.notify_all();
         }
         Ok(deleted)
+    }
+
+    /// Whether the journal needs ledger storage to checkpoint (and then
+    /// `delete_files_before`) soon to keep taking appends: a pmem ring more
+    /// than half full. The bookie's sync thread checks it between flushes.
+    pub fn wants_checkpoint(&self) -> bool {
+        self.shared.backend.wants_checkpoint()
     }
 
     /// Stage latency and group size percentiles.

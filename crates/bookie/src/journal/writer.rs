@@ -467,9 +467,15 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                 .sync_data()
                 .map_err(|e| JournalError::io("fdatasync", file.path(), e)),
         };
-        if let Err(e) = result {
-            shared.fail(&e);
-            return;
+        match result {
+            Ok(()) => {}
+            // A full pmem ring: wait for a checkpoint to free a slot.
+            Err(e @ JournalError::RingFull { .. })
+                if super::pmem::wait_for_free_slot(&shared, &e) => {}
+            Err(e) => {
+                shared.fail(&e);
+                return;
+            }
         }
     }
 }
