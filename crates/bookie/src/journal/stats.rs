@@ -102,9 +102,11 @@ pub(crate) struct WriterHistograms {
     ring_full_waits: u64,
 }
 
-/// A full pmem ring is logged on its first wait and then once per this many
-/// (~10 s of waiting).
+/// A full pmem ring is logged once waits add up to about a second (a brief
+/// wait while a checkpoint runs is normal for a small ring) and then about
+/// every 10 s of waiting: waits are ~10 ms each.
 const RING_FULL_WAITS_PER_LOG: u64 = 1000;
+const RING_FULL_WAITS_FIRST_LOG: u64 = 100;
 
 #[derive(Debug)]
 pub(crate) struct SyncHistograms {
@@ -166,7 +168,7 @@ impl StatsCell {
         match self.writer.lock() {
             Ok(mut w) => {
                 w.ring_full_waits += 1;
-                (w.ring_full_waits - 1).is_multiple_of(RING_FULL_WAITS_PER_LOG)
+                w.ring_full_waits % RING_FULL_WAITS_PER_LOG == RING_FULL_WAITS_FIRST_LOG
             }
             Err(_) => false,
         }
