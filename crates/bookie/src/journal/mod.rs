@@ -45,7 +45,10 @@
 //!
 //! Files: a new file per open (replay never appends to an old one), rotation at
 //! `file_bytes_max`, a FileEnd record synced into a file before the next one gets
-//! its name; retired files are reused (`recycle_files_max`) or deleted.
+//! its name; retired files are reused (`recycle_files_max`) or deleted. On the
+//! persistent-memory backend (`pmem`) the files are the slots of a mapped
+//! region, named through the same `file::Backend` calls, and "fdatasync" is a
+//! cache-line flush and fence (or msync when emulated).
 //!
 //! Never: reads ledger storage; blocks a tokio worker (`append` only takes a
 //! mutex to enqueue); fsyncs per record; grows the queue past `queue_depth_max`.
