@@ -43,7 +43,8 @@ use vela_wire::proto::{
 };
 use vela_wire::{Command, SendCommand};
 
-use crate::auth::{self, Principal, TopicAction};
+use crate::auth::{self, Principal};
+use crate::authorization::{self, TopicAction};
 use crate::codec::{self, Decoder, FrameError, Inbound, Outbound};
 use crate::config::{PROTOCOL_VERSION_MAX, SERVER_VERSION};
 use crate::error::ServiceError;
@@ -654,8 +655,7 @@ impl Connection {
         else {
             return Ok(());
         };
-        config
-            .authorize_namespace(&self.service.admin, &principal.role, ns, action)
+        authorization::authorize_namespace(config, &self.service.admin, &principal.role, ns, action)
             .await
     }
 

@@ -29,8 +29,8 @@
 //! versions per topic.
 //!
 //! Security (off by default): TLS listeners (`tls`), token authentication
-//! and authorization (`auth`), checked at each command handler and by the
-//! HTTP layer.
+//! (`auth`) and authorization (`authorization`), checked at each command
+//! handler and by the HTTP layer.
 //!
 //! Not implemented yet: transactions, topic watchers, non-persistent topics,
 //! topic termination.
@@ -40,6 +40,7 @@
 pub mod admin;
 mod arrival;
 pub mod auth;
+mod authorization;
 mod cluster;
 mod codec;
 mod compaction;
@@ -51,6 +52,7 @@ pub mod key_shared;
 mod lifecycle;
 pub mod metrics;
 pub mod ownership;
+mod policies;
 pub mod schema;
 mod service;
 pub mod stats;

@@ -30,8 +30,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use vela_meta::{ExpectedVersion, MetaError, MetadataStore, Session};
 
-use crate::admin::encode_segment;
-use crate::topic_name::{NamespaceName, TopicName};
+use crate::topic_name::{NamespaceName, TopicName, encode_segment};
 
 /// Bundles of a new namespace (Pulsar's `defaultNumberOfNamespaceBundles`).
 pub const BUNDLES_DEFAULT: u32 = 4;

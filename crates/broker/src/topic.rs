@@ -29,7 +29,7 @@ use crate::codec::{self, Outbound};
 use crate::compaction::Compaction;
 use crate::config::TopicLimits;
 use crate::error::ServiceError;
-use crate::lifecycle::{QuotaLimit, QuotaPolicy, TopicPolicies};
+use crate::policies::{QuotaLimit, QuotaPolicy, TopicPolicies};
 use crate::subscription::{
     self, ConnEvent, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionSpec,
 };
@@ -278,6 +278,47 @@ impl Topic {
         std::mem::replace(&mut *self.quota_block.lock(), block).is_some()
     }
 
+    /// Checks a new producer against the topic's quotas: size quotas now, age
+    /// quotas as of the last lifecycle pass (finding the oldest message
+    /// takes reads).
+    fn admit_producer(&self) -> Result<(), ServiceError> {
+        if let Some((limit @ QuotaLimit::AgeSeconds(_), policy)) = self.quota_block() {
+            return Err(policy.refusal(limit));
+        }
+        for (limit, policy) in self.lifecycle_policies().quotas {
+            if policy == QuotaPolicy::ConsumerBacklogEviction {
+                continue;
+            }
+            if let QuotaLimit::SizeBytes(bytes) = limit
+                && self.slowest_backlog_bytes() > bytes
+            {
+                return Err(policy.refusal(limit));
+            }
+        }
+        Ok(())
+    }
+
+    /// The durable subscriptions (name, cursor) the policies apply to. Not the
+    /// `__compaction` cursor (as in Pulsar): it is no consumer, and moving it by
+    /// TTL or eviction would let the log trim what the next compaction needs.
+    pub(crate) fn policy_subscriptions(&self) -> Vec<(String, Arc<vela_log::Cursor>)> {
+        self.log
+            .cursor_names()
+            .into_iter()
+            .filter(|name| name != crate::compaction::COMPACTION_SUBSCRIPTION)
+            .filter_map(|name| self.log.cursor(&name).map(|cursor| (name, cursor)))
+            .collect()
+    }
+
+    /// Backlog bytes of the slowest durable subscription.
+    pub(crate) fn slowest_backlog_bytes(&self) -> u64 {
+        self.policy_subscriptions()
+            .iter()
+            .map(|(_, cursor)| self.log.bytes_after(cursor.mark_delete_position()))
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Closes every producer (they reconnect and are admitted again or not).
     pub(crate) fn disconnect_producers(&self) {
         let producers: Vec<ProducerReg> = self.producers.lock().drain().map(|(_, r)| r).collect();
@@ -384,7 +425,7 @@ impl Topic {
         request_id: u64,
         not_ready_reply: Outbound,
     ) -> Result<Admission, ServiceError> {
-        crate::lifecycle::admit_producer(self)?;
+        self.admit_producer()?;
         let mut producers = self.producers.lock();
         if let Some(existing) = producers.get(name) {
             if existing.conn_id == reg.conn_id && existing.producer_id == reg.producer_id {

@@ -24,49 +24,14 @@ use serde::{Deserialize, Serialize};
 use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
 
 use crate::config::PersistenceConfig;
+pub use crate::error::AdminError;
 use crate::topic_name::{NamespaceName, TopicName};
+pub use crate::topic_name::{decode_segment, encode_segment};
 
 /// Most partitions a partitioned topic may have (Pulsar's
 /// `maxNumPartitionsPerPartitionedTopic` is unlimited by default; a bound keeps
 /// one request from creating millions of logs).
 pub const PARTITIONS_MAX: u32 = 10_000;
-
-/// Failures of admin operations.
-#[derive(Debug, thiserror::Error)]
-pub enum AdminError {
-    /// The metadata store failed.
-    #[error("metadata store: {0}")]
-    Meta(#[from] MetaError),
-    /// A stored record does not parse.
-    #[error("corrupt metadata at {key}: {reason}")]
-    Corrupt {
-        /// Key of the record.
-        key: String,
-        /// Parser message.
-        reason: String,
-    },
-    /// The thing to create exists already.
-    #[error("{0} already exists")]
-    Exists(String),
-    /// The namespace or tenant is absent.
-    #[error("{0} does not exist")]
-    NotFound(String),
-    /// A request argument breaks a policy rule (Pulsar answers 412).
-    #[error("invalid: {0}")]
-    Invalid(String),
-    /// A request is malformed (Pulsar answers 400).
-    #[error("{0}")]
-    BadRequest(String),
-    /// Clients are attached and the operation was not forced (412).
-    #[error("{0}")]
-    Busy(String),
-    /// The operation does not apply to this kind of object (405).
-    #[error("{0}")]
-    NotAllowed(String),
-    /// The operation on a topic failed.
-    #[error(transparent)]
-    Service(#[from] crate::error::ServiceError),
-}
 
 /// A namespace's policies (subset of Pulsar's `Policies`), as stored.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -241,39 +206,6 @@ pub struct TenantInfo {
 #[derive(Debug, Serialize, Deserialize)]
 struct PartitionedMetadata {
     partitions: u32,
-}
-
-/// Percent-encodes a name segment for use in a metadata key.
-pub fn encode_segment(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for byte in segment.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_') {
-            out.push(byte as char);
-        } else {
-            out.push_str(&format!("%{byte:02X}"));
-        }
-    }
-    out
-}
-
-/// Inverse of [`encode_segment`] (lenient: bad escapes are kept as is).
-pub fn decode_segment(segment: &str) -> String {
-    let bytes = segment.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
-            if let Some(value) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                out.push(value);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn tenant_key(tenant: &str) -> String {
