@@ -57,7 +57,6 @@ pub mod schema;
 mod service;
 pub mod stats;
 mod subscription;
-mod throttle;
 pub mod tls;
 mod topic;
 pub mod topic_name;
