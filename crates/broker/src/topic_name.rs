@@ -356,4 +356,13 @@ mod tests {
         assert!(NamespaceName::parse("public/default").is_ok());
         assert!(NamespaceName::parse("public").is_err());
     }
+
+    #[test]
+    fn segments_round_trip() {
+        for s in ["plain", "a.b", "..", "with space", "ü/x", "%41"] {
+            let encoded = encode_segment(s);
+            assert!(!encoded.contains('/') && encoded != "." && encoded != "..");
+            assert_eq!(decode_segment(&encoded), s);
+        }
+    }
 }
