@@ -20,215 +20,31 @@
 //! Never: takes a bundle whose key another broker holds, or answers a lookup
 //! for a namespace that does not exist.
 
+mod bundle;
+mod records;
+mod session;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use parking_lot::Mutex;
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use vela_meta::{ExpectedVersion, MetaError, MetadataStore, Session};
 
-use crate::topic_name::{NamespaceName, TopicName, encode_segment};
-
-/// Bundles of a new namespace (Pulsar's `defaultNumberOfNamespaceBundles`).
-pub const BUNDLES_DEFAULT: u32 = 4;
-
-/// Bundles one namespace may be split into at most.
-pub const BUNDLES_PER_NAMESPACE_MAX: usize = 1024;
-
-/// Registrations of brokers.
-pub const BROKERS_PATH: &str = "/brokers/available";
-
-/// How often a broker refreshes its load report.
-pub const LOAD_REPORT_INTERVAL: Duration = Duration::from_secs(5);
+use crate::topic_name::{NamespaceName, TopicName};
+pub use bundle::{
+    BUNDLES_DEFAULT, BUNDLES_PER_NAMESPACE_MAX, BundleRange, default_layout, topic_hash,
+};
+use bundle::{HASH_END, even_boundaries};
+pub use records::{
+    BROKERS_PATH, BrokerInfo, LOAD_REPORT_INTERVAL, LoadReport, LookupAnswer, OwnershipError,
+};
+use records::{BundlesRecord, broker_key, bundles_key, decode, encode, owner_key};
 
 /// Brokers owning at most this many bundles more than the least loaded one
 /// are candidates for a new bundle.
 const LOAD_TOLERANCE_BUNDLES: u32 = 2;
-
-/// Upper end (exclusive) of the hash space.
-const HASH_END: u64 = 1 << 32;
-
-/// A hash range `[lower, upper)` of one namespace's topics (the last bundle
-/// of a namespace ends at `HASH_END`, i.e. includes 0xffffffff).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct BundleRange {
-    /// First hash in the bundle.
-    pub lower: u64,
-    /// One past the last hash.
-    pub upper: u64,
-}
-
-impl BundleRange {
-    /// Pulsar's name of the range: `0x00000000_0x40000000` (the last bundle's
-    /// upper bound is written `0xffffffff`).
-    pub fn name(&self) -> String {
-        format!(
-            "0x{:08x}_0x{:08x}",
-            self.lower,
-            self.upper.min(HASH_END - 1)
-        )
-    }
-
-    /// Parses `0xLOWER_0xUPPER`.
-    pub fn parse(name: &str) -> Option<BundleRange> {
-        let (lower, upper) = name.split_once('_')?;
-        let parse = |text: &str| u64::from_str_radix(text.strip_prefix("0x")?, 16).ok();
-        let lower = parse(lower)?;
-        let mut upper = parse(upper)?;
-        if upper == HASH_END - 1 {
-            upper = HASH_END;
-        }
-        (lower < upper && upper <= HASH_END).then_some(BundleRange { lower, upper })
-    }
-
-    /// Whether the topic hash `hash` falls in this range.
-    pub fn contains(&self, hash: u64) -> bool {
-        self.lower <= hash && hash < self.upper
-    }
-}
-
-/// The bundle hash of a topic: CRC32 (IEEE) of its full name, as Pulsar's
-/// `NamespaceBundleFactory` with its default hash.
-pub fn topic_hash(topic: &TopicName) -> u64 {
-    u64::from(crc32fast::hash(topic.to_string().as_bytes()))
-}
-
-/// Boundaries of `count` equal bundles.
-fn even_boundaries(count: u32) -> Vec<u64> {
-    let count = u64::from(count.max(1));
-    (0..=count).map(|i| i * HASH_END / count).collect()
-}
-
-/// The default bundles of a namespace: `count` equal ranges.
-pub fn default_layout(count: u32) -> Vec<BundleRange> {
-    even_boundaries(count)
-        .windows(2)
-        .map(|w| BundleRange {
-            lower: w[0],
-            upper: w[1],
-        })
-        .collect()
-}
-
-/// What a broker publishes about itself.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BrokerInfo {
-    /// Its id (`host:port` of its Pulsar listener).
-    pub id: String,
-    /// `pulsar://host:port` (`pulsar+ssl://` when it has no plain port).
-    pub service_url: String,
-    /// `pulsar+ssl://host:port` when it has a TLS Pulsar port (absent in
-    /// records written before brokers published it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub service_url_tls: Option<String>,
-    /// `http://host:port` (admin API; `https://` when it has no plain port).
-    pub http_url: String,
-    /// `https://host:port` when it has an HTTPS port.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub http_url_tls: Option<String>,
-    /// Load, for placing unowned bundles.
-    #[serde(default)]
-    pub load: LoadReport,
-}
-
-/// A broker's load as the others see it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LoadReport {
-    /// Bundles owned.
-    pub bundles: u32,
-    /// Topics served.
-    pub topics: u32,
-    /// Messages published per second (last interval).
-    pub msg_rate_in: u64,
-}
-
-/// Who serves a topic, as a lookup answers it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum LookupAnswer {
-    /// Connect to this broker (maybe ourselves); it owns the bundle.
-    Connect(BrokerInfo),
-    /// Ask this broker, authoritatively: it was chosen to own the bundle.
-    Redirect(BrokerInfo),
-}
-
-/// Failures of ownership operations.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum OwnershipError {
-    /// The metadata store failed.
-    #[error("metadata store: {0}")]
-    Meta(#[from] MetaError),
-    /// A stored record does not parse.
-    #[error("corrupt metadata at {key}: {reason}")]
-    Corrupt {
-        /// The key.
-        key: String,
-        /// Why.
-        reason: String,
-    },
-    /// Another broker owns the bundle.
-    #[error("bundle {bundle} of {namespace} is owned by {owner}")]
-    OwnedElsewhere {
-        /// The namespace.
-        namespace: String,
-        /// The bundle's range name.
-        bundle: String,
-        /// The owner's service URL.
-        owner: String,
-    },
-    /// No broker is registered (not even this one: its session ended).
-    #[error("no broker is available")]
-    NoBroker,
-    /// This broker's session ended: it owns nothing until it restarts.
-    #[error("this broker lost its metadata session")]
-    SessionLost,
-    /// The bundle cannot be split further, or the namespace has too many.
-    #[error("bundle {0} cannot be split")]
-    CannotSplit(String),
-}
-
-/// Bundle layouts of every namespace.
-const BUNDLES_PATH: &str = "/bundles";
-
-fn bundles_key(ns: &NamespaceName) -> String {
-    format!(
-        "{BUNDLES_PATH}/{}/{}",
-        encode_segment(&ns.tenant),
-        encode_segment(&ns.namespace)
-    )
-}
-
-fn owner_key(ns: &NamespaceName, range: &BundleRange) -> String {
-    format!(
-        "/ownership/{}/{}/{}",
-        encode_segment(&ns.tenant),
-        encode_segment(&ns.namespace),
-        range.name()
-    )
-}
-
-fn broker_key(id: &str) -> String {
-    format!("{BROKERS_PATH}/{}", encode_segment(id))
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-struct BundlesRecord {
-    boundaries: Vec<u64>,
-}
-
-fn decode<T: serde::de::DeserializeOwned>(key: &str, bytes: &[u8]) -> Result<T, OwnershipError> {
-    serde_json::from_slice(bytes).map_err(|e| OwnershipError::Corrupt {
-        key: key.to_string(),
-        reason: e.to_string(),
-    })
-}
-
-fn encode<T: Serialize>(value: &T) -> Bytes {
-    // Plain structs of strings and numbers always serialize.
-    Bytes::from(serde_json::to_vec(value).unwrap_or_default())
-}
 
 /// A broker's view and holdings of cluster ownership.
 #[derive(Debug)]
@@ -236,7 +52,7 @@ pub struct Ownership {
     meta: Arc<dyn MetadataStore>,
     me: Mutex<BrokerInfo>,
     ttl: Duration,
-    /// The current session; replaced when one ends (see `watch_session`).
+    /// The current session; replaced when one ends (`session`).
     session: parking_lot::RwLock<Arc<Session>>,
     /// Set by `close`: no new session after the current one.
     closing: std::sync::atomic::AtomicBool,
@@ -248,40 +64,6 @@ pub struct Ownership {
 }
 
 impl Ownership {
-    /// Opens a session of `ttl` and registers this broker.
-    pub async fn start(
-        meta: Arc<dyn MetadataStore>,
-        me: BrokerInfo,
-        ttl: Duration,
-    ) -> Result<Arc<Ownership>, OwnershipError> {
-        // Every change of a bundle layout (a split on any broker) empties our
-        // cache of layouts: the next lookup reads the new one.
-        let layout_changes = meta.watch(BUNDLES_PATH).await?;
-        let session = meta.session(ttl).await?;
-        meta.put_ephemeral(
-            &session,
-            &broker_key(&me.id),
-            encode(&me),
-            ExpectedVersion::Any,
-        )
-        .await?;
-        let (lost, _) = watch::channel(false);
-        let ownership = Arc::new(Ownership {
-            meta,
-            me: Mutex::new(me),
-            ttl,
-            session: parking_lot::RwLock::new(Arc::new(session)),
-            closing: std::sync::atomic::AtomicBool::new(false),
-            owned: Mutex::new(BTreeMap::new()),
-            layouts: Mutex::new(BTreeMap::new()),
-            lost,
-        });
-        tokio::spawn(watch_session(Arc::downgrade(&ownership)));
-        tokio::spawn(watch_layouts(Arc::downgrade(&ownership), layout_changes));
-        tracing::info!(broker = %ownership.me.lock().id, "broker registered");
-        Ok(ownership)
-    }
-
     /// This broker's registration.
     pub fn me(&self) -> BrokerInfo {
         self.me.lock().clone()
@@ -731,91 +513,6 @@ async fn refuses_connections(service_url: &str) -> bool {
     }
 }
 
-/// Forgets cached bundle layouts whenever one changes in the store.
-async fn watch_layouts(ownership: std::sync::Weak<Ownership>, mut changes: vela_meta::Watcher) {
-    while changes.recv().await.is_some() {
-        let Some(ownership) = ownership.upgrade() else {
-            return;
-        };
-        ownership.layouts.lock().clear();
-    }
-}
-
-/// When the session ends: drops every bundle (the service unloads the
-/// topics on `lost`), then registers again with a new session, retrying
-/// with a pause, until `close`.
-async fn watch_session(ownership: std::sync::Weak<Ownership>) {
-    const RETRY_DELAY: Duration = Duration::from_millis(500);
-    loop {
-        let mut state = match ownership.upgrade() {
-            Some(ownership) => ownership.session.read().state_watch(),
-            None => return,
-        };
-        let ended = loop {
-            let now = *state.borrow_and_update();
-            if now != vela_meta::SessionState::Alive {
-                break now;
-            }
-            if state.changed().await.is_err() {
-                break vela_meta::SessionState::Expired;
-            }
-        };
-        let Some(current) = ownership.upgrade() else {
-            return;
-        };
-        current.owned.lock().clear();
-        current.lost.send_replace(true);
-        if current.closing.load(std::sync::atomic::Ordering::Acquire) {
-            return;
-        }
-        tracing::error!(
-            ?ended,
-            "broker session ended: every bundle dropped; registering again"
-        );
-        drop(current);
-        loop {
-            tokio::time::sleep(RETRY_DELAY).await;
-            let Some(current) = ownership.upgrade() else {
-                return;
-            };
-            if current.closing.load(std::sync::atomic::Ordering::Acquire) {
-                return;
-            }
-            match current.renew_session().await {
-                Ok(()) => {
-                    tracing::info!("broker registered again with a new session");
-                    break;
-                }
-                Err(error) => tracing::warn!(%error, "cannot register again yet"),
-            }
-        }
-    }
-}
-
-impl Ownership {
-    /// A new session and registration after the last session ended.
-    async fn renew_session(&self) -> Result<(), OwnershipError> {
-        let session = self.meta.session(self.ttl).await?;
-        let me = self.me();
-        if let Err(error) = self
-            .meta
-            .put_ephemeral(
-                &session,
-                &broker_key(&me.id),
-                encode(&me),
-                ExpectedVersion::Any,
-            )
-            .await
-        {
-            let _ = session.close().await;
-            return Err(error.into());
-        }
-        *self.session.write() = Arc::new(session);
-        self.lost.send_replace(false);
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -860,28 +557,6 @@ mod tests {
             LookupAnswer::Connect(owner) => owner.id,
             LookupAnswer::Redirect(chosen) => panic!("redirect to {}", chosen.id),
         }
-    }
-
-    #[test]
-    fn bundle_names_round_trip() {
-        let layout = even_boundaries(4);
-        assert_eq!(layout, vec![0, 1 << 30, 2 << 30, 3 << 30, 1 << 32]);
-        let last = BundleRange {
-            lower: 3 << 30,
-            upper: HASH_END,
-        };
-        assert_eq!(last.name(), "0xc0000000_0xffffffff");
-        assert_eq!(BundleRange::parse(&last.name()), Some(last));
-        let first = BundleRange {
-            lower: 0,
-            upper: 1 << 30,
-        };
-        assert_eq!(first.name(), "0x00000000_0x40000000");
-        assert_eq!(BundleRange::parse(&first.name()), Some(first));
-        assert!(last.contains(0xffff_ffff));
-        assert!(!first.contains(1 << 30));
-        assert_eq!(BundleRange::parse("0x10_0x05"), None);
-        assert_eq!(BundleRange::parse("junk"), None);
     }
 
     #[tokio::test]
