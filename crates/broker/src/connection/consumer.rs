@@ -190,7 +190,7 @@ impl Consumers {
         };
         let (sub, slot) = topic.subscribe(&request, info).await?;
         tracing::debug!(conn = session.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");
-        self.map.insert(
+        let previous = self.map.insert(
             body.consumer_id,
             ConnConsumer {
                 topic,
@@ -198,6 +198,8 @@ impl Consumers {
                 _slot: slot,
             },
         );
+        debug_assert!(previous.is_none(), "a consumer id registered twice");
+        debug_assert!(self.map.len() <= session.service.config.limits.consumers_max);
         Ok(())
     }
 

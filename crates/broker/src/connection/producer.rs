@@ -20,7 +20,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use vela_log::AppendFuture;
+use vela_log::{AppendFuture, Position};
 use vela_wire::proto::{self, MessageIdData, ServerError};
 use vela_wire::{Command, SendCommand};
 
@@ -233,7 +233,7 @@ impl Producers {
             Arc::clone(&session.service),
         ));
         tracing::debug!(conn = session.id, topic = %topic.full_name, producer = %name, "producer created");
-        self.map.insert(
+        let previous = self.map.insert(
             body.producer_id,
             ConnProducer {
                 topic,
@@ -241,6 +241,8 @@ impl Producers {
                 jobs,
             },
         );
+        debug_assert!(previous.is_none(), "a producer id registered twice");
+        debug_assert!(self.map.len() <= session.service.config.limits.producers_max);
         Ok((admission == Admission::Ready).then_some(success))
     }
 
@@ -371,6 +373,9 @@ async fn receipt_loop(
     service: Arc<Service>,
 ) {
     let metrics = &service.metrics;
+    // Appends are issued in SEND order and the log gives increasing
+    // positions, so this producer's receipts name increasing positions.
+    let mut last_appended: Option<Position> = None;
     while let Some(job) = jobs.recv().await {
         let frame = match job {
             ReceiptJob::Send {
@@ -383,6 +388,11 @@ async fn receipt_loop(
                 _permits,
             } => match append.await {
                 Ok(position) => {
+                    debug_assert!(
+                        last_appended.is_none_or(|last| position > last),
+                        "a receipt out of SEND order: {position} after {last_appended:?}"
+                    );
+                    last_appended = Some(position);
                     let durable = Instant::now();
                     topic_metrics
                         .storage_write_latency
