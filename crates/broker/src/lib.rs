@@ -1,16 +1,35 @@
 //! vela-broker: the Pulsar binary-protocol server. Official Pulsar clients
 //! (Java, C++/Python, Go, pulsar-rs) connect to it unchanged.
 //!
-//! Owns: the TCP listener and connections (`connection`), the topics being
-//! served (`service`, `topic`), subscriptions and dispatch (`subscription`,
-//! `key_shared`), statistics snapshots (`stats`), broker metrics
-//! (`metrics`), tenants/namespaces/partitioned metadata and their REST JSON
-//! (`admin`), the HTTP admin API, lookup and `/metrics` (`http`), schemas
+//! Owns: the Pulsar listeners (`accept`) and connections (`connection`), the
+//! topics being served (`service`, `topic`), subscriptions and dispatch
+//! (`subscription`, `key_shared`), compaction (`compaction`), the policies
+//! applied over time (`policies`, `lifecycle`), statistics snapshots
+//! (`stats`), broker metrics (`metrics`), tenants/namespaces/partitioned
+//! metadata and their REST JSON (`admin`), cluster ownership (`ownership`,
+//! `cluster`), the HTTP admin API, lookup and `/metrics` (`http`), schemas
 //! (`schema`) and topic names (`topic_name`). Frames are decoded and encoded
 //! by `vela-wire` behind the small `codec` seam.
 //! Never: stores entries itself (`vela-log` does), unpacks a client's batch on
 //! the write path, sends 0x0e02 broker entry metadata, or lets one bad client
 //! affect another connection.
+//!
+//! Layering (bottom first). A module uses only modules of its own layer or
+//! below, and no two modules use each other, directly or not, at any depth
+//! (`tests/layering.rs` checks both against this list):
+//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`
+//! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
+//! 3. topics: `compaction`, `subscription`, `topic`
+//! 4. the service: `service`, `lifecycle`, `cluster`
+//! 5. edges: `connection`, `accept`, `http`
+//!
+//! Inside a directory module the same holds: `mod.rs` may use its children,
+//! a child its siblings, and a child that extends its parent's type (`impl
+//! Topic` in `topic::stats`) is never named by the parent. New work finds its
+//! layer: a command family is a module in `connection` plus one match arm; a
+//! non-persistent topic or a transaction buffer sits in layer 3 beside
+//! `topic`; a transaction coordinator or replicators in layer 4; REST routes
+//! in `http`.
 //!
 //! Write path: connection reader → `Topic::publish` (issues
 //! `ManagedLog::append` under a short lock, so entries keep SEND order) → the
