@@ -30,14 +30,14 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use vela_bookie_protocol::{
+    FrameQueue, PROTOCOL_VERSION, ProtocolError, RawFrame, ReadMode, Request, RequestFrame,
+    Response, Status, decode_frame,
+};
 use vela_tls::TlsCertificates;
 use vela_tls::server::TlsStream;
 
 use crate::bookie::Bookie;
-use crate::protocol::{
-    FrameQueue, PROTOCOL_VERSION, ProtocolError, RawFrame, ReadMode, Request, RequestFrame,
-    Response, Status, decode_frame,
-};
 
 /// Requests one connection may have in flight (read off the socket, not yet
 /// answered on it). 1024 pipelined 1 KiB adds cover a 256-deep producer with

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::{Semaphore, oneshot};
 use vela_bookie::bookie::Bookie;
-use vela_bookie::protocol::{self, LAST_ENTRY, Status};
+use vela_bookie_protocol::{LAST_ENTRY, Status};
 
 use crate::transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
 use crate::types::{BookieId, EntryId, LedgerId};
@@ -50,23 +50,13 @@ impl LocalBookies {
     }
 }
 
-fn map_status(status: Status) -> BookieError {
-    match status {
-        Status::NoSuchEntry => BookieError::NoSuchEntry,
-        Status::NoSuchLedger => BookieError::NoSuchLedger,
-        Status::Fenced => BookieError::Fenced,
-        Status::TooManyRequests => BookieError::TooManyRequests,
-        Status::BadRequest | Status::BadVersion => BookieError::BadRequest(format!("{status:?}")),
-        Status::ReadOnly => BookieError::ReadOnly,
-        Status::Ok | Status::IoError => BookieError::Io(format!("{status:?}")),
-    }
-}
-
 /// Waits for a callback-style bookie operation.
 async fn answered<T>(receiver: oneshot::Receiver<Result<T, Status>>) -> Result<T, BookieError> {
     match receiver.await {
-        Ok(result) => result.map_err(map_status),
-        Err(_) => Err(BookieError::Io("bookie dropped the request".into())),
+        Ok(result) => result.map_err(BookieError::from_status),
+        Err(_) => Err(BookieError::ConnectionLost(
+            "the in-process bookie dropped the request".into(),
+        )),
     }
 }
 
@@ -84,11 +74,15 @@ async fn blocking_read<T: Send + 'static>(
     read: impl FnOnce() -> Result<T, Status> + Send + 'static,
 ) -> Result<T, BookieError> {
     let Ok(_slot) = reads.clone().acquire_owned().await else {
-        return Err(BookieError::Io("local bookies are shutting down".into()));
+        return Err(BookieError::ConnectionLost(
+            "the in-process bookies are shutting down".into(),
+        ));
     };
     match tokio::task::spawn_blocking(read).await {
-        Ok(result) => result.map_err(map_status),
-        Err(error) => Err(BookieError::Io(format!("read task failed: {error}"))),
+        Ok(result) => result.map_err(BookieError::from_status),
+        Err(error) => Err(BookieError::ConnectionLost(format!(
+            "in-process read task failed: {error}"
+        ))),
     }
 }
 
@@ -104,10 +98,6 @@ impl BookieTransport for LocalBookies {
         let bookie = match self.bookie(bookie) {
             Ok(bookie) => bookie,
             Err(error) => return Box::pin(async move { Err(error) }),
-        };
-        let mode = match mode {
-            AddMode::Normal => protocol::AddMode::Normal,
-            AddMode::Recovery => protocol::AddMode::Recovery,
         };
         // Queued now (not when the future is first polled), so adds issued in
         // order reach the journal in order, as over one TCP connection.
@@ -162,8 +152,7 @@ impl BookieTransport for LocalBookies {
                             .await;
                     match read {
                         Ok(read) => {
-                            let carried = vela_bookie::entry::parse_header(&read.entry)
-                                .map_err(|e| BookieError::Io(format!("stored entry: {e}")))?
+                            let carried = vela_bookie_protocol::entry::parse_header(&read.entry)?
                                 .last_add_confirmed;
                             Ok(read.lac.max(carried).map(EntryId))
                         }

@@ -49,16 +49,16 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use parking_lot::RwLock;
+use vela_bookie_protocol::entry::parse_header;
+use vela_bookie_protocol::{AddMode, LAST_ENTRY, Status};
 
 pub use health::{BookieMode, BookieState};
 
 use crate::disk::{DiskProbe, DiskThresholds};
-use crate::entry::parse_header;
 use crate::journal::{
     JournalConfig, JournalError, JournalHistograms, JournalRecord, JournalStats, StageSummary,
 };
 use crate::mark::JournalMark;
-use crate::protocol::{AddMode, LAST_ENTRY, Status};
 use crate::storage::{StorageConfig, StorageError, StorageStats};
 use engine::Engine;
 use health::{Health, StopSignal};

@@ -4,9 +4,9 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::entry::{EntryHeader, encode_entry};
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
+use vela_bookie_protocol::entry::{EntryHeader, encode_entry};
 
 fn open(dir: &std::path::Path) -> Bookie {
     let mut config = BookieConfig::new(dir.join("journal"), dir.join("ledgers"));
@@ -319,7 +319,7 @@ fn assert_readable(bookie: &Bookie, acked: &[u64]) {
         let stored = bookie
             .read_entry(1, entry_id)
             .unwrap_or_else(|status| panic!("acked entry {entry_id}: {status:?}"));
-        let (_, payload) = crate::entry::decode_entry(&stored.entry).unwrap();
+        let (_, payload) = vela_bookie_protocol::entry::decode_entry(&stored.entry).unwrap();
         assert_eq!(&payload[..], &entry_id.to_le_bytes()[..]);
     }
 }
