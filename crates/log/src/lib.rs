@@ -28,7 +28,6 @@ mod error;
 mod format;
 mod log;
 pub mod memory;
-mod replicated;
 mod store;
 
 pub use backend::{
@@ -39,4 +38,3 @@ pub use error::LogError;
 pub use log::{
     AppendFuture, LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog, Retention,
 };
-pub use replicated::{OVERFLOW_BYTES_MAX, ReplicatedLedgers};

@@ -18,8 +18,8 @@ use tokio::sync::{Semaphore, oneshot};
 use vela_bookie::bookie::Bookie;
 use vela_bookie_protocol::{LAST_ENTRY, Status};
 
-use crate::transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
-use crate::types::{BookieId, EntryId, LedgerId};
+use vela_ledger::transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
+use vela_ledger::{BookieId, EntryId, LedgerId};
 
 /// Storage reads (and LAC reads) running at once across the local bookies:
 /// as many as a bookie server allows per connection, so a burst of catch-up

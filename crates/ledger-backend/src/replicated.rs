@@ -21,7 +21,7 @@ use vela_ledger::{
     LedgerWriter, Quorum, READ_RANGE_ENTRIES_MAX,
 };
 
-use crate::backend::{
+use vela_log::backend::{
     AddCallback as LogAddCallback, BoxFuture, LedgerAppender, LedgerBackend, LedgerBackendError,
     LedgerDescription, Persistence, RecoveredLedger,
 };

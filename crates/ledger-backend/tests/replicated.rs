@@ -10,9 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use vela_ledger::sim::SimCluster;
 use vela_ledger::{BookieId, LedgerClient, LedgerConfig};
-use vela_log::{
-    CursorStart, LogConfig, LogEnv, LogError, ManagedLog, Persistence, Position, ReplicatedLedgers,
-};
+use vela_ledger_backend::ReplicatedLedgers;
+use vela_log::{CursorStart, LogConfig, LogEnv, LogError, ManagedLog, Persistence, Position};
 use vela_meta::{ExpectedVersion, MemoryStore, MetadataStore, registry};
 
 struct Cluster {
