@@ -3,10 +3,14 @@
 //!
 //! Owns: the map of local bookies and the bound on their blocking reads.
 //! Guarantees: each request means exactly what it means over the bookie
-//! protocol (an add resolves once the bookie's journal made it durable; a
-//! fencing read answers only after the fence is durable), so the ledger
-//! protocol cannot tell the two transports apart; only the loopback TCP hop
-//! (a write, a wake-up and a read each way) is gone from the write path.
+//! protocol, because it goes through the same entry points the bookie's TCP
+//! server uses: an add goes through `Bookie::add` (resolves once the journal
+//! made it durable; a full write cache holds it up to `ADD_ROOM_WAIT_MAX`
+//! before TOO_MANY_REQUESTS), a fencing read answers only after the fence is
+//! durable, and a refusal is the same `BookieError` (`from_status`). So the
+//! ledger protocol cannot tell the two transports apart; only the loopback
+//! TCP hop (a write, a wake-up and a read each way) is gone from the write
+//! path.
 //! Never: blocks a tokio worker (storage reads run on the blocking pool), or
 //! knows bookies other than the ones it was given (`UnknownBookie`).
 
@@ -99,13 +103,19 @@ impl BookieTransport for LocalBookies {
             Ok(bookie) => bookie,
             Err(error) => return Box::pin(async move { Err(error) }),
         };
-        // Queued now (not when the future is first polled), so adds issued in
-        // order reach the journal in order, as over one TCP connection.
+        // `Bookie::add` is the bookie's one ADD, the TCP server's too: taken
+        // now when the write cache has room (so adds issued in order reach
+        // the journal in order, as over one TCP connection), else queued for
+        // room in call order and taken while this future awaits its
+        // admission, answered TOO_MANY_REQUESTS only after the bounded wait.
         let (done, receiver) = oneshot::channel();
-        bookie.add(packaged, mode, move |result| {
+        let admission = bookie.add(packaged, mode, move |result| {
             let _ = done.send(result.map(|_| ()));
         });
-        Box::pin(answered(receiver))
+        Box::pin(async move {
+            admission.await;
+            answered(receiver).await
+        })
     }
 
     fn read(

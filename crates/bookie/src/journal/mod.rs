@@ -92,6 +92,29 @@ use writer::{Pending, QueueState, Shared, SpaceState};
 /// call `shutdown` (which joins those threads).
 pub type AppendCallback = Box<dyn FnOnce(Result<JournalMark, JournalError>) + Send + 'static>;
 
+/// An append the journal did not queue: why, and the callback it was given
+/// (never called: the caller answers the refusal with it).
+pub struct AppendRefused<F> {
+    /// Why the record was not queued.
+    pub error: JournalError,
+    /// The append's callback, back.
+    pub done: F,
+}
+
+impl<F> std::fmt::Debug for AppendRefused<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppendRefused")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> std::fmt::Display for AppendRefused<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "journal refused the append: {}", self.error)
+    }
+}
+
 /// The write-ahead journal. `Send + Sync`: share it behind an `Arc`.
 #[derive(Debug)]
 pub struct Journal {
@@ -217,33 +240,40 @@ impl Journal {
         })
     }
 
-    /// Queues `record`; `done` runs after the fdatasync that covers it. Returns
-    /// `QueueFull` (answer TOO_MANY_REQUESTS), `RecordTooLarge`, `Broken` or
-    /// `ShutDown` without queueing, and then `done` is never called.
-    pub fn append(
-        &self,
-        record: JournalRecord,
-        done: impl FnOnce(Result<JournalMark, JournalError>) + Send + 'static,
-    ) -> Result<(), JournalError> {
+    /// Queues `record`; `done` runs after the fdatasync that covers it. A
+    /// record the journal does not queue (`QueueFull`: answer
+    /// TOO_MANY_REQUESTS; `RecordTooLarge`, `Broken`, `ShutDown`) comes back
+    /// as `AppendRefused`, with `done` uncalled for the caller to answer (once
+    /// it holds no lock, say).
+    pub fn append<F>(&self, record: JournalRecord, done: F) -> Result<(), AppendRefused<F>>
+    where
+        F: FnOnce(Result<JournalMark, JournalError>) + Send + 'static,
+    {
         let config = &self.shared.config;
         let payload_bytes = record.payload_len();
         if payload_bytes > config.payload_bytes_max {
-            return Err(JournalError::RecordTooLarge {
+            let error = JournalError::RecordTooLarge {
                 payload_bytes,
                 payload_bytes_max: config.payload_bytes_max,
-            });
+            };
+            return Err(AppendRefused { error, done });
         }
         if self.shared.broken.load(Ordering::SeqCst) {
-            return Err(self.shared.broken_error());
+            let error = self.shared.broken_error();
+            return Err(AppendRefused { error, done });
         }
         let mut queue = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
         if queue.closed {
-            return Err(JournalError::ShutDown);
+            drop(queue);
+            let error = JournalError::ShutDown;
+            return Err(AppendRefused { error, done });
         }
         if queue.items.len() >= config.queue_depth_max {
-            return Err(JournalError::QueueFull {
+            drop(queue);
+            let error = JournalError::QueueFull {
                 depth_max: config.queue_depth_max,
-            });
+            };
+            return Err(AppendRefused { error, done });
         }
         queue.bytes += record.encoded_len();
         queue.items.push_back(Pending {
