@@ -36,6 +36,7 @@
 mod autorecovery;
 mod bookie_client;
 mod client;
+mod client_core;
 mod entry;
 mod error;
 mod placement;
@@ -54,7 +55,8 @@ pub use autorecovery::{
     AUTORECOVERY_LEADER_KEY, AutoRecovery, AutoRecoveryConfig, COPIES_IN_FLIGHT_MAX, PassReport,
 };
 pub use bookie_client::BookieClientTransport;
-pub use client::{LedgerClient, LedgerConfig};
+pub use client::LedgerClient;
+pub use client_core::{LedgerConfig, PENDING_ADDS_MAX, PENDING_BYTES_MAX};
 pub use entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};
 pub use error::LedgerError;
 pub use metadata::{LedgerMetadata, LedgerState};
@@ -62,6 +64,4 @@ pub use reader::{LedgerReader, READ_RANGE_ENTRIES_MAX, READ_RANGE_PARALLELISM};
 pub use stats::{LatencySummary, LedgerStats};
 pub use transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
 pub use types::{BookieId, EntryId, LedgerId, Quorum, QuorumError};
-pub use writer::{
-    AddCallback, AddPermit, LedgerWriter, PENDING_ADDS_MAX, PENDING_BYTES_MAX, PendingAdd,
-};
+pub use writer::{AddCallback, AddPermit, LedgerWriter, PendingAdd};

@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use tokio::task::JoinSet;
 
-use crate::client::ClientCore;
+use crate::client_core::ClientCore;
 use crate::entry::unpackage;
 use crate::error::LedgerError;
 use crate::metadata::{ENSEMBLES_MAX, LedgerMetadata, LedgerState};
