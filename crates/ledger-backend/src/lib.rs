@@ -21,4 +21,4 @@ mod local;
 mod replicated;
 
 pub use local::{LOCAL_READS_IN_FLIGHT_MAX, LocalBookies};
-pub use replicated::{OVERFLOW_BYTES_MAX, ReplicatedLedgers};
+pub use replicated::ReplicatedLedgers;
