@@ -584,6 +584,10 @@ impl WriterTask {
     /// pause that grows with the add's age, until the add timeout; then (or if
     /// the add is settled already) returns `false` to treat it as a failure.
     fn retry_when_overloaded(&mut self, response: &Response) -> bool {
+        self.core
+            .stats
+            .adds_overloaded
+            .fetch_add(1, Ordering::Relaxed);
         let timeout = self.core.config.add_timeout;
         let Some(pending) = self.pending_entry(response.entry_id) else {
             // Acknowledged already (by others of its write set): nothing to do.
