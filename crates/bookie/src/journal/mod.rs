@@ -54,8 +54,11 @@
 mod config;
 mod error;
 mod file;
+mod force;
 pub mod format;
+mod prealloc;
 mod replay;
+mod shared;
 mod stats;
 mod writer;
 
@@ -82,8 +85,8 @@ use std::time::Instant;
 
 use crate::mark::JournalMark;
 pub(crate) use file::Backend;
+use shared::{Pending, QueueState, Shared, SpaceState};
 use stats::StatsCell;
-use writer::{Pending, QueueState, Shared, SpaceState};
 
 /// Called once per append with the mark just past the record (durable unless
 /// sync is off) or the error that lost it. Runs on the force-write thread or
@@ -163,14 +166,14 @@ impl Journal {
         let lock = lock_dir(&dir)?;
         let outcome = replay::replay(&config, &backend, from, &mut on_record)?;
         let file_id = outcome.next_file_id;
-        let (file, allocated_end) = writer::prepare_file(
+        let (file, allocated_end) = prealloc::prepare_file(
             &config,
             &backend,
-            &writer::Zeros::new(&config),
+            &prealloc::Zeros::new(&config),
             file_id,
             true,
         )?;
-        writer::install_file(&dir, file_id, file.as_ref())?;
+        prealloc::install_file(&dir, file_id, file.as_ref())?;
         let start_mark = JournalMark {
             file_id,
             offset: config.data_offset(),
@@ -200,7 +203,7 @@ impl Journal {
             stats: StatsCell::new(),
             config,
         });
-        let (to_force, from_writer) = std::sync::mpsc::sync_channel(writer::FORCE_WRITE_GROUPS_MAX);
+        let (to_force, from_writer) = std::sync::mpsc::sync_channel(shared::FORCE_WRITE_GROUPS_MAX);
         let mut threads = Vec::with_capacity(3);
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -211,12 +214,12 @@ impl Journal {
         let s = shared.clone();
         threads.push(spawn(
             "journal-force",
-            Box::new(move || writer::run_force_writer(s, from_writer)),
+            Box::new(move || force::run_force_writer(s, from_writer)),
         )?);
         let s = shared.clone();
         threads.push(spawn(
             "journal-prealloc",
-            Box::new(move || writer::run_preallocator(s)),
+            Box::new(move || prealloc::run_preallocator(s)),
         )?);
         let s = shared.clone();
         let writer = spawn(
@@ -318,7 +321,7 @@ impl Journal {
         let dir = &self.shared.config.dir;
         let writer_file_id = self.shared.writer_file_id.load(Ordering::SeqCst);
         let limit = mark.file_id.min(writer_file_id);
-        let mut free = writer::list_free_files(dir)?.len();
+        let mut free = prealloc::list_free_files(dir)?.len();
         let mut deleted = 0;
         for id in replay::list_file_ids(dir)? {
             if id >= limit {
