@@ -252,21 +252,23 @@ impl OpenLedger for ReplicatedAppender {
     }
 
     fn reserve(&self, payload_bytes: usize) -> Reserve {
+        let mut reserved = self.reserved.lock();
+        if reserved
+            .as_ref()
+            .is_some_and(|permit| permit.payload_bytes() == payload_bytes)
         {
-            let mut reserved = self.reserved.lock();
-            match reserved.as_ref() {
-                Some(permit) if permit.payload_bytes() == payload_bytes => return Reserve::Ready,
-                // Room for another size: give it back and take the right one.
-                Some(_) => *reserved = None,
-                None => {}
-            }
+            return Reserve::Ready;
         }
+        // Room for another size (not expected: the log retries the same
+        // add) goes back before the right one is taken.
+        *reserved = None;
         match self.writer.try_reserve(payload_bytes) {
             Ok(Some(permit)) => {
-                *self.reserved.lock() = Some(permit);
+                *reserved = Some(permit);
                 Reserve::Ready
             }
             Ok(None) => {
+                drop(reserved);
                 let (writer, reserved) = (Arc::clone(&self.writer), Arc::clone(&self.reserved));
                 Reserve::Wait(Box::pin(async move {
                     let permit = writer.reserve(payload_bytes).await.map_err(backend_error)?;

@@ -34,7 +34,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -132,8 +132,10 @@ pub(crate) struct AppendQueue {
     limits: LedgerLimits,
     hooks: QueueHooks,
     state: Mutex<State>,
-    /// Told when the queue is empty with nobody draining, or stopped.
+    /// Told when the queue is empty with nobody draining, or stopped, while
+    /// `drain_watchers` wait for it (`until_drained`; not on the hot path).
     drained: Notify,
+    drain_watchers: AtomicUsize,
 }
 
 impl fmt::Debug for AppendQueue {
@@ -167,6 +169,7 @@ impl AppendQueue {
                 draining: false,
             }),
             drained: Notify::new(),
+            drain_watchers: AtomicUsize::new(0),
         }
     }
 
@@ -266,6 +269,8 @@ impl AppendQueue {
     /// Resolves once every append pushed so far was handed to a writer (or
     /// the queue stopped).
     pub(crate) async fn until_drained(&self) {
+        self.drain_watchers.fetch_add(1, Ordering::AcqRel);
+        let _watching = Unwatch(&self.drain_watchers);
         loop {
             let drained = self.drained.notified();
             tokio::pin!(drained);
@@ -285,35 +290,11 @@ impl AppendQueue {
     /// window has room; run by whoever set `draining`. With `reserved`, room
     /// for the front append was already reserved on that writer.
     fn drain(self: &Arc<Self>, mut reserved: Option<Arc<dyn OpenLedger>>) {
-        loop {
-            // Take the front append and the writer it goes to, or stop.
-            let (writer, tally, item) = {
-                let mut state = self.state.lock();
-                debug_assert!(state.draining, "drain without holding the drain");
-                let current = match &state.writer {
-                    Writer::Open(current) => {
-                        Some((Arc::clone(&current.writer), Arc::clone(&current.tally)))
-                    }
-                    Writer::Between | Writer::Stopped(_) => None,
-                };
-                let item = match current {
-                    Some(_) => state.items.pop_front(),
-                    None => None,
-                };
-                match (current, item) {
-                    (Some((writer, tally)), Some(item)) => (writer, tally, item),
-                    (_, item) => {
-                        debug_assert!(item.is_none());
-                        state.draining = false;
-                        let idle = state.items.is_empty();
-                        drop(state);
-                        if idle {
-                            self.drained.notify_waiters();
-                        }
-                        return;
-                    }
-                }
-            };
+        let mut next = {
+            let mut state = self.state.lock();
+            self.take_front(&mut state)
+        };
+        while let Some((writer, tally, item)) = next {
             let payload_bytes = item.data.len();
             let has_room = match reserved.take() {
                 Some(reserved_on) if Arc::ptr_eq(&reserved_on, &writer) => Reserve::Ready,
@@ -347,39 +328,73 @@ impl AppendQueue {
             tally.issued.fetch_add(1, Ordering::Relaxed);
             let ledger_id = writer.ledger_id();
             writer.add(item.data, self.completion(ledger_id, tally, item.done));
+            // Account for it and take the next one, under one lock.
             let full = {
                 let mut state = self.state.lock();
-                let State {
-                    writer: attached,
-                    bytes,
-                    ..
-                } = &mut *state;
-                match attached {
-                    Writer::Open(current) => {
-                        // Only the drain detaches or attaches writers.
-                        debug_assert!(Arc::ptr_eq(&current.writer, &writer));
-                        *bytes -= payload_bytes as u64;
-                        current.entries += 1;
-                        current.bytes += payload_bytes as u64;
-                        let full = current.entries >= self.limits.entries_max
-                            || current.bytes >= self.limits.bytes_max
-                            || current.opened_at.elapsed() >= self.limits.age_max;
-                        if full {
-                            *attached = Writer::Between;
-                        }
-                        full
-                    }
-                    // Stopped while this append was handed over (`stop`
-                    // zeroed the bytes): the writer answers it.
-                    Writer::Stopped(_) => false,
-                    Writer::Between => {
-                        debug_assert!(false, "writer detached under a running drain");
-                        false
-                    }
-                }
+                let full = self.account_issued(&mut state, &writer, payload_bytes as u64);
+                next = self.take_front(&mut state);
+                full
             };
             if full {
                 (self.hooks.ledger_full)(writer);
+            }
+        }
+    }
+
+    /// The front append and the writer it goes to; `None` (and the drain
+    /// released) when the queue is empty or has no open writer.
+    fn take_front(&self, state: &mut State) -> Option<(Arc<dyn OpenLedger>, Arc<Tally>, Queued)> {
+        debug_assert!(state.draining, "drain without holding the drain");
+        if let Writer::Open(current) = &state.writer
+            && let Some(item) = state.items.pop_front()
+        {
+            return Some((
+                Arc::clone(&current.writer),
+                Arc::clone(&current.tally),
+                item,
+            ));
+        }
+        state.draining = false;
+        if state.items.is_empty() && self.drain_watchers.load(Ordering::Acquire) > 0 {
+            self.drained.notify_waiters();
+        }
+        None
+    }
+
+    /// Counts an append handed to `writer`; detaches the writer (true) when
+    /// its ledger is full now.
+    fn account_issued(
+        &self,
+        state: &mut State,
+        writer: &Arc<dyn OpenLedger>,
+        payload_bytes: u64,
+    ) -> bool {
+        let State {
+            writer: attached,
+            bytes,
+            ..
+        } = state;
+        match attached {
+            Writer::Open(current) => {
+                // Only the drain detaches or attaches writers.
+                debug_assert!(Arc::ptr_eq(&current.writer, writer));
+                *bytes -= payload_bytes;
+                current.entries += 1;
+                current.bytes += payload_bytes;
+                let full = current.entries >= self.limits.entries_max
+                    || current.bytes >= self.limits.bytes_max
+                    || current.opened_at.elapsed() >= self.limits.age_max;
+                if full {
+                    *attached = Writer::Between;
+                }
+                full
+            }
+            // Stopped while this append was handed over (`stop` zeroed the
+            // bytes): the writer answers it.
+            Writer::Stopped(_) => false,
+            Writer::Between => {
+                debug_assert!(false, "writer detached under a running drain");
+                false
             }
         }
     }
@@ -399,7 +414,9 @@ impl AppendQueue {
 
     fn release_drain(&self) {
         self.state.lock().draining = false;
-        self.drained.notify_waiters();
+        if self.drain_watchers.load(Ordering::Acquire) > 0 {
+            self.drained.notify_waiters();
+        }
     }
 
     /// The callback of one add on `ledger_id`: checks the order, then tells
@@ -430,6 +447,15 @@ impl AppendQueue {
                 }
             }
         })
+    }
+}
+
+/// Counts a drain watcher out when its wait ends or is dropped.
+struct Unwatch<'a>(&'a AtomicUsize);
+
+impl Drop for Unwatch<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -525,7 +551,6 @@ impl dyn LedgerBackend {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use std::sync::atomic::AtomicUsize;
 
     /// A ledger with a window of `window` adds in flight, completed by the
     /// test (`complete`), entry ids from 0.
