@@ -84,7 +84,7 @@ where
     // pool of reusable files (or away when the pool is full).
     let next = dir.join(NEXT_FILE_NAME);
     if next.exists() {
-        let free = super::writer::list_free_files(dir)?.len();
+        let free = super::prealloc::list_free_files(dir)?.len();
         if free < config.recycle_files_max {
             let id = newest.map_or(from.file_id, |n| n.max(from.file_id)) + 1;
             let to = dir.join(format::free_file_name(id));
