@@ -38,13 +38,14 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use vela_bookie::bookie::{Bookie, BookieConfig};
-use vela_bookie::client::{BookieClient, BookieError};
-use vela_bookie::entry::{EntryHeader, encode_entry};
 use vela_bookie::journal::{
     JournalBackendKind, PMEM_ALIGNMENT_BYTES, PMEM_REGION_BYTES_DEFAULT, PmemConfig, PmemEmulation,
 };
-use vela_bookie::protocol::AddMode;
 use vela_bookie::server::Server;
+use vela_bookie_protocol::AddMode;
+use vela_bookie_protocol::BookieError;
+use vela_bookie_protocol::client::BookieClient;
+use vela_bookie_protocol::entry::{EntryHeader, encode_entry};
 
 const WRITE_CACHE_BYTES: u64 = 128 << 20;
 const READ_CACHE_BYTES: u64 = 64 << 20;

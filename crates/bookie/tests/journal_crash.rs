@@ -108,7 +108,9 @@ fn crash_child_process(dir: &Path, pmem_dir: Option<&Path>) {
         };
         match journal.append(record(i), done) {
             Ok(()) => i += 1,
-            Err(JournalError::QueueFull { .. }) => std::thread::sleep(Duration::from_micros(200)),
+            Err(e) if matches!(e.error, JournalError::QueueFull { .. }) => {
+                std::thread::sleep(Duration::from_micros(200))
+            }
             Err(e) => panic!("{e}"),
         }
     }

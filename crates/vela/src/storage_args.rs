@@ -57,7 +57,9 @@ pub(crate) struct StorageArgs {
           value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     journal_queue_depth: u64,
     /// Write cache budget in MiB (both halves); a flush starts at a quarter of it.
-    /// At least 11 (two maximal entries).
+    /// At least 11 (two maximal entries). When it is full, an add waits (up to
+    /// 500 ms, in arrival order) for a flush to free room before it is refused
+    /// with TOO_MANY_REQUESTS: the same in standalone and over TCP.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(11..=1_048_576))]
     write_cache_mb: u64,
     /// Read cache budget in MiB.

@@ -20,9 +20,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use tokio::task::JoinSet;
-use vela_bookie::client::{BookieClient, BookieError};
-use vela_bookie::entry::{EntryHeader, encode_entry};
-use vela_bookie::protocol::{AddMode, LAST_ENTRY, ReadMode};
+use vela_bookie_protocol::BookieError;
+use vela_bookie_protocol::client::BookieClient;
+use vela_bookie_protocol::entry::{EntryHeader, encode_entry};
+use vela_bookie_protocol::{AddMode, LAST_ENTRY, ReadMode};
 
 const ROUNDS: usize = 3;
 const ROUNDS_FULL: usize = 20;
@@ -205,7 +206,7 @@ fn check_read(
     (ledger_id, entry_id, read): (
         u64,
         u64,
-        Result<vela_bookie::client::ReadEntry, BookieError>,
+        Result<vela_bookie_protocol::client::ReadEntry, BookieError>,
     ),
     seed: u64,
 ) {

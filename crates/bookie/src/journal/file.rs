@@ -67,7 +67,7 @@ impl Backend {
     pub(crate) fn list_free_files(&self, dir: &Path) -> Result<Vec<PathBuf>, JournalError> {
         match self {
             Backend::Pmem(_) => Ok(Vec::new()),
-            _ => super::writer::list_free_files(dir),
+            _ => super::prealloc::list_free_files(dir),
         }
     }
 

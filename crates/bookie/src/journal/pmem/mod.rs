@@ -77,7 +77,7 @@ use super::config::JournalConfig;
 use super::error::JournalError;
 use super::file::JournalFile;
 use super::format::{self, Decoded, DecodedRecord, RECORD_HEADER_BYTES};
-use super::writer::Shared;
+use super::shared::Shared;
 use crate::mark::JournalMark;
 use layout::{Geometry, HEADER_AREA_BYTES, SlotState, Superblock};
 use mapping::{FlushInstruction, MapSync, Mapping, Persistence};
