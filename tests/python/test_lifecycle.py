@@ -233,6 +233,27 @@ def test_quota_producer_request_hold_holds_then_releases(lc_broker, lc_client):
     consumer.close()
 
 
+def test_quota_without_limits_is_no_quota(lc_broker, lc_client):
+    """The OpenMessaging Benchmark's Pulsar driver sets -1/-1 ("no limit"):
+    producers are admitted past any backlog and the broker logs nothing about
+    a quota it did not understand."""
+    ns = new_namespace(lc_broker)
+    status, reply = http(
+        lc_broker,
+        "POST",
+        "/admin/v2/namespaces/%s/backlogQuota?backlogQuotaType=destination_storage" % ns,
+        json.dumps({"limitSize": -1, "limitTime": -1, "policy": "producer_exception"}),
+    )
+    assert status == 204, (status, reply)
+    topic = "persistent://%s/unlimited" % ns
+    fill_backlog(lc_client, topic, count=30)
+    time.sleep(2 * POLICY_CHECK_INTERVAL_S)
+    producer = lc_client.create_producer(topic)
+    producer.send(b"admitted")
+    producer.close()
+    assert "backlog quota not understood" not in lc_broker.log_text()
+
+
 def test_quota_consumer_backlog_eviction_drops_oldest(lc_broker, lc_client):
     ns = quota_namespace(lc_broker, "consumer_backlog_eviction", limit_bytes=20_000)
     topic = "persistent://%s/evict" % ns
