@@ -121,7 +121,7 @@ impl Producers {
                         producer_name: name,
                         last_sequence_id: Some(last_sequence_id),
                         schema_version: Some(Bytes::new()),
-                        topic_epoch: None,
+                        topic_epoch: existing.topic.topic_epoch(),
                         producer_ready: Some(true),
                     })
                     .await;
@@ -195,13 +195,13 @@ impl Producers {
             conn_id: session.id,
             producer_id: body.producer_id,
             epoch: body.epoch.unwrap_or(0),
+            topic_epoch: body.topic_epoch,
             exclusive: false,
             out: session.out.clone(),
             events: session.events_tx.clone(),
             address: session.peer.to_string(),
             client_version: session.client_version.clone(),
         };
-        let exclusive = access_mode != proto::ProducerAccessMode::Shared;
         let last_sequence_id = topic.last_sequence_id(&name);
         let success = proto::CommandProducerSuccess {
             request_id: body.request_id,
@@ -214,7 +214,7 @@ impl Producers {
                     .map(schema::encode_version)
                     .unwrap_or_default(),
             ),
-            topic_epoch: exclusive.then_some(0),
+            topic_epoch: None,
             producer_ready: Some(true),
         };
         // A waiting producer's "not ready" answer is queued by the topic
@@ -243,7 +243,13 @@ impl Producers {
         );
         debug_assert!(previous.is_none(), "a producer id registered twice");
         debug_assert!(self.map.len() <= session.service.config.limits.producers_max);
-        Ok((admission == Admission::Ready).then_some(success))
+        Ok(match admission {
+            Admission::Ready { topic_epoch } => Some(proto::CommandProducerSuccess {
+                topic_epoch,
+                ..success
+            }),
+            Admission::Waiting => None,
+        })
     }
 
     pub(super) async fn on_send(

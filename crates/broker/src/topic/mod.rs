@@ -212,6 +212,11 @@ impl Topic {
             .add(name, reg, access_mode, request_id, not_ready_reply)
     }
 
+    /// The topic epoch (PRODUCER_SUCCESS.topic_epoch).
+    pub(crate) fn topic_epoch(&self) -> Option<u64> {
+        self.producers.topic_epoch()
+    }
+
     /// Removes a producer (registered or waiting) if it is still the same
     /// one; a freed topic goes to the first live waiting producer.
     pub(crate) fn remove_producer(&self, name: &str, conn_id: u64, producer_id: u64) {
