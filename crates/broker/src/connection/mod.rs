@@ -56,6 +56,7 @@ use tokio::sync::{mpsc, watch};
 use vela_wire::proto::{self, base_command::Type};
 use vela_wire::{Command, SendCommand};
 
+use crate::auth::TransportIdentity;
 use crate::codec::{Decoder, FrameError, Inbound};
 use crate::service::Service;
 use crate::subscription::ConnEvent;
@@ -81,7 +82,8 @@ pub(crate) async fn serve(
     // Halves sharing the socket: no lock between the reader and the writer;
     // reads carry kernel arrival stamps (publish timing starts there).
     let (read_half, write_half) = crate::arrival::split(stream);
-    serve_halves(service, read_half, write_half, peer, shutdown).await;
+    let transport = TransportIdentity::default();
+    serve_halves(service, read_half, write_half, peer, shutdown, transport).await;
 }
 
 /// Serves one accepted TLS connection: the handshake (bounded by the
@@ -104,8 +106,17 @@ pub(crate) async fn serve_tls(
             return;
         }
     };
+    // The client certificate, when it sent one: the TLS provider's role.
+    let transport = TransportIdentity {
+        certificate_cn: stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| vela_tls::x509::common_name(leaf)),
+    };
     let (read_half, write_half) = tokio::io::split(stream);
-    serve_halves(service, read_half, write_half, peer, shutdown).await;
+    serve_halves(service, read_half, write_half, peer, shutdown, transport).await;
 }
 
 async fn serve_halves<R, W>(
@@ -114,6 +125,7 @@ async fn serve_halves<R, W>(
     write_half: W,
     peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
+    transport: TransportIdentity,
 ) where
     R: crate::arrival::ConnectionRead,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -135,7 +147,7 @@ async fn serve_halves<R, W>(
         .active_connections
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut connection = Connection {
-        session: Session::new(service, id, peer, out, events_tx),
+        session: Session::new(service, id, peer, out, events_tx, transport),
         producers: Producers::new(limits.pending_sends_max, limits.pending_send_bytes_max),
         consumers: Consumers::new(),
         events_rx,

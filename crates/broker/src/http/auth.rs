@@ -1,9 +1,12 @@
 //! Authentication and authorization of HTTP requests (when the broker has
-//! an `AuthConfig`): `Authorization: Bearer <token>` is checked, then the
-//! route's requirement ([`classify`]) against the role.
+//! an `AuthConfig`): the credentials (`Authorization: Bearer <token>` or
+//! `Basic <base64>`, the HTTPS client certificate) go through each provider
+//! and fall back to the anonymous role (`AuthConfig::authenticate_http`),
+//! then the route's requirement ([`classify`]) is checked against the role.
 //!
-//! 401 when the token is missing or invalid, 403 when the role may not do
-//! this; both with Pulsar's `{"reason": ...}` body. Open without a token:
+//! 401 when no provider accepts the credentials and there is no anonymous
+//! role, 403 when the role may not do this; both with Pulsar's
+//! `{"reason": ...}` body. Open without credentials:
 //! `/metrics` (Pulsar's `authenticateMetricsEndpoint=false`) and
 //! `/admin/v2/brokers/health` (readiness probes).
 //! Requirements follow Pulsar's authorization provider: tenant and cluster
@@ -14,12 +17,13 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::api::ApiError;
+use crate::auth::TransportIdentity;
 use crate::authorization::{self, TopicAction};
 use crate::service::Service;
 use crate::topic_name::{NamespaceName, decode_segment};
@@ -52,10 +56,16 @@ pub(super) async fn require(
     if need == Need::Open {
         return next.run(request).await;
     }
-    let Some(token) = bearer(&request) else {
-        return unauthorized("Authentication required: no Bearer token");
-    };
-    let principal = match auth.authenticate_token(token, SystemTime::now()) {
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok());
+    let transport = request
+        .extensions()
+        .get::<ConnectInfo<TransportIdentity>>()
+        .map(|info| info.0.clone())
+        .unwrap_or_default();
+    let principal = match auth.authenticate_http(header, &transport, SystemTime::now()) {
         Ok(principal) => principal,
         Err(e) => return unauthorized(&e.message),
     };
@@ -82,19 +92,6 @@ pub(super) async fn require(
         }
         Err(e) => ApiError::from(e).into_response(),
     }
-}
-
-fn bearer(request: &Request) -> Option<&str> {
-    let value = request
-        .headers()
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
 }
 
 fn unauthorized(reason: &str) -> Response {

@@ -37,6 +37,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use axum::extract::connect_info::Connected;
+use axum::serve::IncomingStream;
+
+use crate::auth::TransportIdentity;
 use crate::error::BrokerError;
 use crate::service::Service;
 use api::ListenerScheme;
@@ -69,7 +73,9 @@ impl HttpServer {
             service.config.advertised_host,
             local_addr.port()
         ));
-        let router = router(service).layer(axum::Extension(scheme));
+        let router = router(service)
+            .layer(axum::Extension(scheme))
+            .into_make_service_with_connect_info::<TransportIdentity>();
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;
@@ -109,6 +115,29 @@ impl HttpServer {
             Ok(Ok(())) => {}
             Ok(Err(error)) => tracing::warn!(%error, "HTTP server failed"),
             Err(error) => tracing::warn!(%error, "HTTP server task failed"),
+        }
+    }
+}
+
+/// A plain HTTP connection proves nothing.
+impl Connected<IncomingStream<'_, TcpListener>> for TransportIdentity {
+    fn connect_info(_stream: IncomingStream<'_, TcpListener>) -> TransportIdentity {
+        TransportIdentity::default()
+    }
+}
+
+/// An HTTPS connection may carry a client certificate the listener verified
+/// (the TLS provider's role).
+impl Connected<IncomingStream<'_, crate::tls::HttpsListener>> for TransportIdentity {
+    fn connect_info(stream: IncomingStream<'_, crate::tls::HttpsListener>) -> TransportIdentity {
+        TransportIdentity {
+            certificate_cn: stream
+                .io()
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|leaf| vela_tls::x509::common_name(leaf)),
         }
     }
 }
