@@ -47,7 +47,8 @@ pub(crate) fn is_superuser(config: &AuthConfig, role: &str) -> bool {
 }
 
 /// Whether `role` may administer `tenant` (superuser or tenant admin).
-/// Always true with authorization off.
+/// Always true with authorization off; `NotFound` when the tenant does not
+/// exist and the role is no superuser.
 pub(crate) async fn may_administer(
     config: &AuthConfig,
     admin: &Admin,
@@ -57,10 +58,13 @@ pub(crate) async fn may_administer(
     if is_superuser(config, role) {
         return Ok(true);
     }
-    Ok(admin
-        .tenant_info(tenant)
-        .await?
-        .is_some_and(|info| info.admin_roles.iter().any(|r| r == role)))
+    // Pulsar's `validateTenantAdminAccess`: a tenant that does not exist is
+    // NOT_FOUND for anyone but a superuser (TopicNotFound on the protocol,
+    // 404 over HTTP), before any grant is looked at.
+    match admin.tenant_info(tenant).await? {
+        Some(info) => Ok(info.admin_roles.iter().any(|r| r == role)),
+        None => Err(AdminError::NotFound(format!("tenant {tenant}"))),
+    }
 }
 
 /// Whether `role` may do `action` on the topics of `ns`.
