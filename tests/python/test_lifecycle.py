@@ -2,9 +2,9 @@
 each backlog quota policy has its visible effect, delayed delivery survives a
 restart.
 
-The broker here rolls ledgers every 10 entries and applies policies every
-second, so storage is freed (a whole consumed ledger at a time) within the
-test's patience.
+The broker here rolls ledgers every 10 entries (no minimum rollover age)
+and applies policies every second, so storage is freed (a whole consumed
+ledger at a time) within the test's patience.
 """
 
 import json
@@ -27,6 +27,8 @@ def lc_broker():
         [
             "--ledger-max-entries",
             str(LEDGER_ENTRIES_MAX),
+            "--ledger-min-rollover-minutes",
+            "0",
             "--policy-check-interval-s",
             str(POLICY_CHECK_INTERVAL_S),
         ]
@@ -384,7 +386,8 @@ def test_compacted_reader_sees_latest_value_per_key(lc_broker, lc_client, batchi
 
 
 def test_compaction_survives_restart_and_a_threshold_starts_it(lc_broker):
-    b = _start(["--ledger-max-entries", "10", "--policy-check-interval-s", "1"])
+    b = _start(["--ledger-max-entries", "10", "--ledger-min-rollover-minutes", "0",
+                "--policy-check-interval-s", "1"])
     try:
         c = new_client(b)
         ns = new_namespace(b)

@@ -214,10 +214,20 @@ pub struct BrokerConfig {
     /// Cluster mode: a bundle taking more messages per second than this is
     /// split (Pulsar's `loadBalancerNamespaceBundleMaxMsgRate`).
     pub bundle_split_msg_rate_max: f64,
-    /// A topic's ledger rolls over after this many entries (Pulsar's
+    /// A topic's ledger is full after this many entries (Pulsar's
     /// `managedLedgerMaxEntriesPerLedger`); consumed data is freed a whole
     /// ledger at a time.
     pub ledger_entries_max: u64,
+    /// A topic's ledger is full after this many bytes (Pulsar's
+    /// `managedLedgerMaxSizePerLedgerMbytes`, 2048 MiB).
+    pub ledger_bytes_max: u64,
+    /// A full ledger rolls over only once older than this, and a topic
+    /// without subscriptions keeps a closed ledger at least this long
+    /// (Pulsar's `managedLedgerMinLedgerRolloverTimeMinutes`, 10 min).
+    pub ledger_rollover_min: Duration,
+    /// A ledger this old is full (Pulsar's
+    /// `managedLedgerMaxLedgerRolloverTimeMinutes`, 240 min).
+    pub ledger_rollover_max: Duration,
     /// Time between two passes applying message TTL, backlog quotas and
     /// retention to the served topics (Pulsar checks quotas every 60 s).
     pub policy_check_interval: Duration,
@@ -245,6 +255,9 @@ impl BrokerConfig {
             bundle_split_topics_max: 1000,
             bundle_split_msg_rate_max: 30_000.0,
             ledger_entries_max: 50_000,
+            ledger_bytes_max: 2048 << 20,
+            ledger_rollover_min: Duration::from_secs(10 * 60),
+            ledger_rollover_max: Duration::from_secs(240 * 60),
             policy_check_interval: Duration::from_secs(60),
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),

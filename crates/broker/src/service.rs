@@ -216,6 +216,9 @@ impl Service {
                         ack_quorum: persistence.ack_quorum,
                     },
                     ledger_entries_max: self.config.ledger_entries_max,
+                    ledger_bytes_max: self.config.ledger_bytes_max,
+                    ledger_age_min: self.config.ledger_rollover_min,
+                    ledger_age_max: self.config.ledger_rollover_max,
                     retention: lifecycle.retention,
                     ..LogConfig::default()
                 };

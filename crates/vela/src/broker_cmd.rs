@@ -111,7 +111,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         // Range-checked by clap: fits usize.
         config.bundle_split_topics_max = args.bundle_split_topics_max as usize;
         config.bundle_split_msg_rate_max = args.bundle_split_msg_rate_max as f64;
-        args.topics.apply(&mut config);
+        args.topics.apply(&mut config)?;
         args.security.apply(args.bind, &mut config)?;
         args.limits.apply(&mut config);
         let mut signals = StopSignals::install()?;

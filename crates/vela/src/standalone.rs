@@ -282,7 +282,7 @@ async fn serve(
     config.advertised_host = args.advertised_host();
     config.default_persistence = persistence;
     config.keepalive = Duration::from_secs(args.keepalive_s);
-    args.topics.apply(&mut config);
+    args.topics.apply(&mut config)?;
     args.security.apply(args.bind, &mut config)?;
     args.limits.apply(&mut config);
     let mut signals = StopSignals::install()?;

@@ -202,6 +202,7 @@ impl ManagedLog {
             entries_max: config.ledger_entries_max,
             bytes_max: config.ledger_bytes_max,
             age_max: config.ledger_age_max,
+            age_min: config.ledger_age_min,
         };
         let queue_bytes_max = config.append_queue_bytes_max;
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
