@@ -373,8 +373,17 @@ impl Dispatcher {
         if !self.consumers.detach(key) {
             return;
         }
-        // Every entry it had not acked goes back to the replay set.
-        self.outstanding.requeue_owned_by(key);
+        // Every entry it had not acked goes back to the replay set; on
+        // Shared and Key_Shared, counted as redelivered as Pulsar counts it.
+        if matches!(
+            self.consumers.sub_type(),
+            SubType::Shared | SubType::KeyShared
+        ) {
+            let consumers_left = !self.consumers.is_empty();
+            self.outstanding.requeue_left_by(key, consumers_left);
+        } else {
+            self.outstanding.requeue_owned_by(key);
+        }
         if self.consumers.has_active_consumer() {
             self.pick_active().await;
         }
