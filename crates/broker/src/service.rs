@@ -26,7 +26,7 @@ use crate::ownership::{
     BrokerInfo, BundleRange, LoadReport, LookupAnswer, Ownership, OwnershipError,
 };
 use crate::policies::TopicPolicies;
-use crate::schema::SchemaRegistry;
+use crate::schema::{CompatibilityStrategy, SchemaRegistry};
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};
 
@@ -125,6 +125,23 @@ impl Service {
 
     /// Partitions to answer in PARTITIONED_METADATA: N for a partitioned
     /// topic, 0 otherwise. Fails when the namespace does not exist.
+    /// The schema compatibility strategy that applies to `topic`: its own,
+    /// else its namespace's, else the broker default (FULL), as Pulsar
+    /// resolves it.
+    pub(crate) async fn schema_strategy(
+        &self,
+        topic: &TopicName,
+    ) -> Result<CompatibilityStrategy, ServiceError> {
+        if let Some(strategy) = self.schemas.topic_strategy(topic).await? {
+            return Ok(strategy);
+        }
+        let policies = self.admin.namespace_policies(&topic.namespace).await?;
+        let stored = policies.and_then(|p| p.schema_compatibility_strategy);
+        Ok(stored
+            .and_then(|name| CompatibilityStrategy::parse(&name).ok().flatten())
+            .unwrap_or(CompatibilityStrategy::DEFAULT))
+    }
+
     pub(crate) async fn partitions_of(&self, topic: &TopicName) -> Result<u32, ServiceError> {
         self.namespace_policies_of(topic).await?;
         // A partition is itself a plain topic (as Pulsar answers): a client

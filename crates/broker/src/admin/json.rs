@@ -208,6 +208,8 @@ pub struct PoliciesBody {
     replication_clusters: Vec<String>,
     #[serde(default)]
     compaction_threshold: Option<i64>,
+    #[serde(default)]
+    schema_compatibility_strategy: Option<String>,
 }
 
 impl PoliciesBody {
@@ -245,6 +247,14 @@ impl PoliciesBody {
                 .and_then(|b| u64::try_from(b).ok()),
             // Grants are changed through the permissions routes only.
             permissions: Default::default(),
+            schema_compatibility_strategy: self
+                .schema_compatibility_strategy
+                .as_deref()
+                .map(crate::schema::CompatibilityStrategy::parse)
+                .transpose()
+                .map_err(AdminError::Invalid)?
+                .flatten()
+                .map(|s| s.name().to_string()),
         })
     }
 }
@@ -281,6 +291,10 @@ pub fn policies_json(policies: &NamespacePolicies) -> Value {
         "message_ttl_in_seconds": policies.message_ttl_seconds,
         "retention_policies": policies.retention.map(RetentionJson::from),
         "compaction_threshold": policies.compaction_threshold_bytes,
+        "schema_compatibility_strategy": policies
+            .schema_compatibility_strategy
+            .as_deref()
+            .unwrap_or("UNDEFINED"),
         "deleted": false,
         "encryption_required": false,
         "subscription_auth_mode": "None",

@@ -40,6 +40,11 @@ pub struct NamespacePolicies {
     /// `auth_policies.namespace_auth`); enforced when authorization is on.
     #[serde(default)]
     pub permissions: BTreeMap<String, BTreeSet<AuthAction>>,
+    /// The schema compatibility strategy of the namespace's topics (Pulsar's
+    /// `schema_compatibility_strategy`, by name; `None`: the broker's
+    /// default, FULL).
+    #[serde(default)]
+    pub schema_compatibility_strategy: Option<String>,
 }
 
 /// An action a role may be granted on a namespace (Pulsar's `AuthAction`,

@@ -132,10 +132,11 @@ impl Consumers {
         if let Some(s) = &body.schema
             && !schema::is_empty_schema(s)
         {
+            let strategy = session.service.schema_strategy(&topic_name).await?;
             session
                 .service
                 .schemas
-                .get_or_create(&topic_name, s)
+                .check_consumer(&topic_name, s, strategy, !topic.has_producers())
                 .await?;
         }
         let sub_type = SubType::try_from(body.sub_type).map_err(|_| {

@@ -172,7 +172,11 @@ impl Producers {
                 session
                     .service
                     .schemas
-                    .get_or_create(&topic_name, s)
+                    .get_or_create(
+                        &topic_name,
+                        s,
+                        session.service.schema_strategy(&topic_name).await?,
+                    )
                     .await?,
             ),
             _ => None,

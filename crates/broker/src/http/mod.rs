@@ -12,8 +12,9 @@
 //! (`tls::HttpsListener`).
 //! Routes: `brokers` (health, metrics, write path), `lookup`, `namespaces`
 //! (tenants, clusters, namespaces and their policies), `bundles`,
-//! `permissions` (namespace grants), `topics` (topics, partitioned topics,
-//! stats, subscriptions); `prometheus` writes the metrics text.
+//! `permissions` (namespace grants), `schema_policy` (the
+//! `schemaCompatibilityStrategy` routes, namespace and topic), `topics`
+//! (topics, partitioned topics, stats, subscriptions); `prometheus` writes the metrics text.
 //! Layering: the top of the broker: nothing else in the crate uses this
 //! module except `lib.rs` (starting the listener). It reaches the broker
 //! through the service, the admin store and the topics, never a connection.
@@ -27,6 +28,7 @@ mod lookup;
 mod namespaces;
 mod permissions;
 mod prometheus;
+mod schema_policy;
 mod topics;
 
 use std::net::SocketAddr;
@@ -150,6 +152,7 @@ fn router(service: Arc<Service>) -> Router {
         .merge(bundles::routes())
         .merge(topics::routes())
         .merge(permissions::routes())
+        .merge(schema_policy::routes())
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&service),
             auth::require,

@@ -212,6 +212,12 @@ impl Topic {
             .add(name, reg, access_mode, request_id, not_ready_reply)
     }
 
+    /// True while a producer is registered (a consumer's schema is then
+    /// checked, never registered, as Pulsar's `addSchemaIfIdleOrCheckCompatible`).
+    pub(crate) fn has_producers(&self) -> bool {
+        !self.producers.is_empty()
+    }
+
     /// The topic epoch (PRODUCER_SUCCESS.topic_epoch).
     pub(crate) fn topic_epoch(&self) -> Option<u64> {
         self.producers.topic_epoch()
