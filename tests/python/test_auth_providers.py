@@ -211,3 +211,19 @@ def test_admin_api_takes_basic_and_client_certificates(multi):
     client = pulsar.Client(multi.http_url, authentication=pulsar.AuthenticationBasic("apr", "apr-secret"),
                            operation_timeout_seconds=5, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     round_trip(client, multi.private_ns)
+
+
+def test_namespace_created_with_grants_in_its_policies(multi):
+    # As the clients' CI creates `private/auth`: the grants ride in the
+    # Policies body of the creating PUT (Pulsar stores auth_policies).
+    ns = "public/granted-" + uuid.uuid4().hex[:6]
+    body = {"auth_policies": {"namespace_auth": {"apr": ["produce", "consume"]}},
+            "replication_clusters": ["standalone"]}
+    status, reply = multi.http("PUT", "/admin/v2/namespaces/" + ns,
+                               [("Authorization", "Bearer " + multi.admin)], body)
+    assert status == 204, (status, reply)
+    round_trip(multi.client(authentication=pulsar.AuthenticationBasic("apr", "apr-secret")), ns)
+    client = multi.client(authentication=pulsar.AuthenticationBasic("bc", "bcrypt-secret"))
+    with pytest.raises(pulsar.AuthorizationError):
+        client.create_producer("persistent://%s/t" % ns)
+    client.close()

@@ -209,7 +209,16 @@ pub struct PoliciesBody {
     #[serde(default)]
     compaction_threshold: Option<i64>,
     #[serde(default)]
+    auth_policies: Option<AuthPoliciesJson>,
+    #[serde(default)]
     schema_compatibility_strategy: Option<String>,
+}
+
+/// Pulsar's `auth_policies` in a Policies body: the namespace grants.
+#[derive(Debug, Default, Deserialize)]
+struct AuthPoliciesJson {
+    #[serde(default)]
+    namespace_auth: BTreeMap<String, std::collections::BTreeSet<crate::admin::AuthAction>>,
 }
 
 impl PoliciesBody {
@@ -245,8 +254,10 @@ impl PoliciesBody {
             compaction_threshold_bytes: self
                 .compaction_threshold
                 .and_then(|b| u64::try_from(b).ok()),
-            // Grants are changed through the permissions routes only.
-            permissions: Default::default(),
+            // The grants a creating body carries (as Pulsar's
+            // createNamespace stores them); later changes go through the
+            // permissions routes.
+            permissions: self.grants()?,
             schema_compatibility_strategy: self
                 .schema_compatibility_strategy
                 .as_deref()
@@ -256,6 +267,32 @@ impl PoliciesBody {
                 .flatten()
                 .map(|s| s.name().to_string()),
         })
+    }
+}
+
+impl PoliciesBody {
+    fn grants(
+        &self,
+    ) -> Result<BTreeMap<String, std::collections::BTreeSet<crate::admin::AuthAction>>, AdminError>
+    {
+        let grants = self
+            .auth_policies
+            .as_ref()
+            .map(|a| a.namespace_auth.clone())
+            .unwrap_or_default();
+        if grants.len() > crate::admin::GRANTED_ROLES_MAX {
+            return Err(AdminError::Invalid(format!(
+                "more than {} roles granted",
+                crate::admin::GRANTED_ROLES_MAX
+            )));
+        }
+        if let Some(role) = grants
+            .keys()
+            .find(|r| r.is_empty() || r.len() > crate::admin::ROLE_BYTES_MAX)
+        {
+            return Err(AdminError::Invalid(format!("invalid role {role:?}")));
+        }
+        Ok(grants)
     }
 }
 
