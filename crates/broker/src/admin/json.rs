@@ -113,17 +113,38 @@ impl From<RetentionJson> for RetentionPolicy {
 #[serde(rename_all = "camelCase")]
 pub struct BacklogQuotaJson {
     /// Deprecated name of `limitSize`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient_number")]
     pub limit: Option<i64>,
     /// Backlog bytes allowed.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient_number")]
     pub limit_size: Option<i64>,
     /// Age of the oldest unacknowledged message allowed, seconds.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient_number")]
     pub limit_time: Option<i32>,
     /// What happens when exceeded.
     #[serde(default)]
     pub policy: Option<String>,
+}
+
+/// A number given as a JSON number or a numeric string (`"limit": "1024"`,
+/// as the Go client's tests send it), as Jackson coerces it.
+fn lenient_number<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<i64>,
+{
+    use serde::de::Error as _;
+    let value = Option::<Value>::deserialize(deserializer)?;
+    let number = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Number(n)) => n.as_i64(),
+        Some(Value::String(text)) => text.trim().parse::<i64>().ok(),
+        Some(_) => None,
+    };
+    let number = number.ok_or_else(|| D::Error::custom("expected an integer"))?;
+    T::try_from(number)
+        .map(Some)
+        .map_err(|_| D::Error::custom("integer out of range"))
 }
 
 impl BacklogQuotaJson {
