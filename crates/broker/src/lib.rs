@@ -97,9 +97,7 @@ pub use config::{
 };
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
-pub use metrics::{
-    LatencySnapshot, Stage, StageLatency, StorageFamily, StorageMetric, WritePathSource,
-};
+pub use metrics::{Stage, StageLatency, StorageFamily, StorageMetric, WritePathSource};
 pub use stats::{ConsumerStats, PublisherStats, SubscriptionStats, TopicStats};
 pub use tls::TlsConfig;
 pub use topic_name::{NamespaceName, TopicName};

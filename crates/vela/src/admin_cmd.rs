@@ -21,6 +21,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use serde_json::Value;
 use vela_broker::{NamespaceName, TopicName};
+use vela_metrics::Summary;
 
 /// Time a request may take (a partitioned-stats call on a large topic reads
 /// every partition's stats).
@@ -1172,6 +1173,20 @@ fn micros(us: f64) -> String {
     }
 }
 
+/// A stage row of `/admin/v2/vela/write-path` (`count`, `mean_us`,
+/// `p50_us`, ...) as the summary every stage's histogram gives.
+fn stage_summary(row: &Value) -> Summary {
+    let figure = |key: &str| row.get(key).and_then(Value::as_f64).unwrap_or(0.0);
+    Summary {
+        count: row.get("count").and_then(Value::as_u64).unwrap_or(0),
+        mean: figure("mean_us"),
+        p50: figure("p50_us"),
+        p99: figure("p99_us"),
+        p999: figure("p999_us"),
+        max: figure("max_us"),
+    }
+}
+
 fn write_path(api: &Api, topic: Option<&str>) -> anyhow::Result<()> {
     let path = match topic {
         Some(topic) => format!("/admin/v2/vela/write-path?topic={}", encode(topic)),
@@ -1193,17 +1208,17 @@ fn write_path(api: &Api, topic: Option<&str>) -> anyhow::Result<()> {
                 .unwrap_or("")
                 .to_string()
         };
-        let figure = |key: &str| row.get(key).and_then(Value::as_f64).unwrap_or(0.0);
+        let summary = stage_summary(row);
         out(&format!(
             "{:<20} {:<22} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
             text("stage"),
             text("scope"),
-            row.get("count").and_then(Value::as_u64).unwrap_or(0),
-            micros(figure("mean_us")),
-            micros(figure("p50_us")),
-            micros(figure("p99_us")),
-            micros(figure("p999_us")),
-            micros(figure("max_us")),
+            summary.count,
+            micros(summary.mean),
+            micros(summary.p50),
+            micros(summary.p99),
+            micros(summary.p999),
+            micros(summary.max),
         ))?;
     }
     out(

@@ -71,7 +71,7 @@ pub use config::{
 };
 pub use error::JournalError;
 pub use format::JournalRecord;
-pub use stats::{JournalHistograms, JournalStats, StageSummary};
+pub use stats::{JournalHistograms, JournalStats};
 
 #[cfg(test)]
 pub(crate) use file::faulty::FaultPlan;
