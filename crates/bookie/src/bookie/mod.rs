@@ -665,8 +665,8 @@ fn journal_status(error: &JournalError) -> Status {
     }
 }
 
-/// Locks a mutex whose state stays consistent even if a holder panicked (a
-/// histogram, a callback slot).
+/// Locks a mutex whose state stays consistent even if a holder panicked
+/// (retired histograms, a callback slot).
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()

@@ -349,7 +349,7 @@ impl Journal {
         self.shared.stats.snapshot()
     }
 
-    /// Copies of the stage latency histograms (for metrics exporters).
+    /// Snapshots of the stage latency histograms (for metrics exporters).
     pub fn latency_histograms(&self) -> JournalHistograms {
         self.shared.stats.latency_histograms()
     }
