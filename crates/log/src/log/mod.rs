@@ -280,6 +280,10 @@ impl ManagedLog {
     /// - a ledger failure, `Fenced` or `Closed`: the log has stopped; every
     ///   append issued after it fails too (`is_closed` turns true: reload the
     ///   log; recovery finds what was durable).
+    ///
+    /// Whether the log refused the append at once is known when this
+    /// returns (`AppendFuture::is_refused`), so a caller that recorded
+    /// something for the append under its own lock can undo it there.
     pub fn append(&self, data: Bytes) -> AppendFuture {
         let (done, receiver) = oneshot::channel();
         let max_bytes = self.shared.env.ledgers.entry_bytes_max();
@@ -288,11 +292,14 @@ impl ManagedLog {
                 len_bytes: data.len(),
                 max_bytes,
             }));
-            return AppendFuture(receiver);
+            return AppendFuture {
+                receiver,
+                refused: true,
+            };
         }
         let shared: Weak<Shared> = Arc::downgrade(&self.shared);
         let cached = data.clone();
-        self.shared.queue.push(
+        let queued = self.shared.queue.push(
             data,
             Box::new(move |result| {
                 let result = match (result, shared.upgrade()) {
@@ -306,7 +313,10 @@ impl ManagedLog {
                 let _ = done.send(result);
             }),
         );
-        AppendFuture(receiver)
+        AppendFuture {
+            receiver,
+            refused: !queued,
+        }
     }
 
     /// Entries at positions `>= from`, up to the last confirmed one, at most
@@ -674,13 +684,26 @@ impl Drop for ManagedLog {
 
 /// Future of one append: the entry's position once durable.
 #[derive(Debug)]
-pub struct AppendFuture(oneshot::Receiver<Result<Position, LogError>>);
+pub struct AppendFuture {
+    receiver: oneshot::Receiver<Result<Position, LogError>>,
+    refused: bool,
+}
+
+impl AppendFuture {
+    /// True when the log refused the append at once (`EntryTooLarge`,
+    /// `Overloaded`, or the log had stopped): the entry is not and never
+    /// will be in the log, and the future resolves to why. False when the
+    /// append was queued (it may still fail later, stopping the log).
+    pub fn is_refused(&self) -> bool {
+        self.refused
+    }
+}
 
 impl Future for AppendFuture {
     type Output = Result<Position, LogError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx).map(|result| {
+        Pin::new(&mut self.receiver).poll(cx).map(|result| {
             result
                 .unwrap_or_else(|_| Err(LogError::Closed("append dropped by the log".to_string())))
         })
