@@ -1,4 +1,5 @@
-//! Pulsar frames: the incremental decoder and the encoders.
+//! Pulsar frames: the incremental decoder (here) and the encoders
+//! (`encode`).
 //!
 //! ```text
 //! simple : [totalSize u32][commandSize u32][BaseCommand]
