@@ -42,11 +42,11 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::Position;
 use crate::backend::{
     AddCallback, BoxFuture, LedgerBackend, LedgerBackendError, OpenLedger, Persistence, Reserve,
 };
 use crate::error::LogError;
+use crate::position::Position;
 
 /// Payload bytes of appends waiting for a ledger writer, per queue (a log's,
 /// or one `LedgerAppender`'s): about 0.5 s of a 1 Gbit/s link, as much as a

@@ -6,7 +6,8 @@
 //! keeps the append order), its cursors, and updates of its metadata record
 //! (`meta_lock`, async: rollover, trimming, close).
 //! Modules: `config` (what a log is given), `positions` (position arithmetic
-//! over the ledger list), `tail_cache`, `lifecycle` (rollover and trimming).
+//! over the ledger list), `ledger_order` (ids increase, wall-clock stamps),
+//! `tail_cache`, `lifecycle` (rollover and trimming).
 //!
 //! Append order: `ManagedLog::append` pushes onto the append queue under its
 //! lock, so the order of `append` calls (across threads: the order in which
@@ -16,6 +17,7 @@
 //! acknowledged at Qa, or waits for anything in `append`.
 
 mod config;
+mod ledger_order;
 mod lifecycle;
 mod positions;
 mod tail_cache;
@@ -32,14 +34,14 @@ use tokio::sync::{oneshot, watch};
 
 pub use config::{LogConfig, LogEnv, Retention};
 
-use crate::Position;
 use crate::backend::{LedgerBackendError, LedgerDescription, Persistence};
 use crate::cursor::{Cursor, CursorLog, CursorSettings, CursorStart};
 use crate::error::LogError;
 use crate::format::{self, LedgerInfo, LogInfo};
+use crate::position::Position;
 use crate::queue::{AppendQueue, LedgerLimits, QueueHooks};
 use crate::store::Version;
-use lifecycle::{check_ledger_order, unix_ms};
+use ledger_order::{check_ledger_order, unix_ms};
 use tail_cache::TailCache;
 
 /// An entry read from a log.
