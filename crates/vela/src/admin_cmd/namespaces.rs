@@ -6,7 +6,7 @@ use anyhow::bail;
 use clap::Subcommand;
 use serde_json::Value;
 
-use super::{Api, bytes, encode, namespace_path, out, print_json, seconds, split_list};
+use super::api::{Api, bytes, encode, namespace_path, out, print_json, seconds, split_list};
 
 #[derive(Debug, Subcommand)]
 pub(super) enum NamespacesCmd {

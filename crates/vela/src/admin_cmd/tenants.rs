@@ -2,7 +2,7 @@
 
 use clap::Subcommand;
 
-use super::{Api, encode, print_json, split_list};
+use super::api::{Api, encode, print_json, split_list};
 
 #[derive(Debug, Subcommand)]
 pub(super) enum TenantsCmd {

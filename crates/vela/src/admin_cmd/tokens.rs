@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use anyhow::{Context, bail};
 use clap::Subcommand;
 
-use super::{out, seconds};
+use super::api::{out, seconds};
 
 #[derive(Debug, Subcommand)]
 pub(super) enum TokensCmd {

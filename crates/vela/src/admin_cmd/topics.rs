@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use clap::Subcommand;
 use vela_broker::{NamespaceName, TopicName};
 
-use super::{Api, encode, message_id_json, print_json, seconds, topic_path};
+use super::api::{Api, encode, message_id_json, print_json, seconds, topic_path};
 
 #[derive(Debug, Subcommand)]
 pub(super) enum TopicsCmd {

@@ -5,7 +5,7 @@ use anyhow::Context;
 use serde_json::Value;
 use vela_metrics::Summary;
 
-use super::{Api, encode, out};
+use super::api::{Api, encode, out};
 
 /// µs as a short human figure.
 pub(super) fn micros(us: f64) -> String {
