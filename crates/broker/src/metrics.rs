@@ -289,10 +289,9 @@ mod tests {
     #[test]
     fn latencies_land_in_pulsars_buckets() {
         let histogram = Histogram::default();
-        histogram.record(Duration::from_micros(100));
-        histogram.record(Duration::from_micros(500));
-        histogram.record(Duration::from_millis(3));
-        histogram.record(Duration::from_secs(500));
+        for latency in [100, 500, 3_000, 500_000_000].map(Duration::from_micros) {
+            histogram.record(latency);
+        }
         let snapshot = histogram.snapshot();
         assert_eq!(snapshot.count, 4);
         assert_eq!(pulsar_buckets(&snapshot), [2, 0, 1, 0, 0, 0, 0, 0, 0, 1]);

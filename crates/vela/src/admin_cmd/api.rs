@@ -94,7 +94,12 @@ impl Api {
     }
 
     /// One request; the body on 2xx, an error naming Pulsar's reason otherwise.
-    pub(super) fn call(&self, method: &str, path: &str, body: Option<&str>) -> anyhow::Result<String> {
+    pub(super) fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&str>,
+    ) -> anyhow::Result<String> {
         let url = format!("{}{path}", self.base);
         let auth = self.authorization.as_deref();
         // ureq's builders differ with and without a body: add the header
@@ -171,10 +176,16 @@ pub(super) fn topic_path(topic: &str) -> anyhow::Result<String> {
 }
 
 pub(super) fn namespace_path(namespace: &str) -> anyhow::Result<String> {
+    namespace_path_in("namespaces", namespace)
+}
+
+/// `/admin/v2/{family}/{tenant}/{namespace}`: `namespaces` for the
+/// namespace itself, `persistent` for its topics.
+pub(super) fn namespace_path_in(family: &str, namespace: &str) -> anyhow::Result<String> {
     let ns = NamespaceName::parse(namespace)
         .with_context(|| format!("bad namespace {namespace:?} (expected tenant/namespace)"))?;
     Ok(format!(
-        "/admin/v2/namespaces/{}/{}",
+        "/admin/v2/{family}/{}/{}",
         encode(&ns.tenant),
         encode(&ns.namespace)
     ))
@@ -183,32 +194,38 @@ pub(super) fn namespace_path(namespace: &str) -> anyhow::Result<String> {
 /// pulsar-admin's relative times: a number with s, m, h, d, w or y (no unit:
 /// seconds); `-1` stays −1.
 pub(super) fn seconds(text: &str) -> anyhow::Result<i64> {
-    let text = text.trim();
-    if text == "-1" {
-        return Ok(-1);
-    }
-    let (digits, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let value: i64 = digits
-        .parse()
-        .with_context(|| format!("bad time {text:?} (e.g. 30s, 10m, 2h, 1d)"))?;
-    let factor = match unit.to_ascii_lowercase().as_str() {
-        "" | "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        "y" => 365 * 86_400,
-        other => bail!("bad time unit {other:?} in {text:?}"),
-    };
-    Ok(value * factor)
+    quantity(text, "time", "30s, 10m, 2h, 1d", |unit| match unit {
+        "" | "s" => Some(1),
+        "m" => Some(60),
+        "h" => Some(3600),
+        "d" => Some(86_400),
+        "w" => Some(7 * 86_400),
+        "y" => Some(365 * 86_400),
+        _ => None,
+    })
 }
 
 /// pulsar-admin's sizes: a number with k, m, g or t (no unit: bytes); `-1`
 /// stays −1.
 pub(super) fn bytes(text: &str) -> anyhow::Result<i64> {
+    quantity(text, "size", "100M, 16G", |unit| match unit {
+        "" => Some(1),
+        "k" => Some(1 << 10),
+        "m" => Some(1 << 20),
+        "g" => Some(1 << 30),
+        "t" => Some(1 << 40),
+        _ => None,
+    })
+}
+
+/// A number followed by a unit (`factor` of the lowercased unit; `None`:
+/// not a unit of this `kind`), or `-1`, which stays −1.
+fn quantity(
+    text: &str,
+    kind: &str,
+    examples: &str,
+    factor: impl Fn(&str) -> Option<i64>,
+) -> anyhow::Result<i64> {
     let text = text.trim();
     if text == "-1" {
         return Ok(-1);
@@ -219,16 +236,12 @@ pub(super) fn bytes(text: &str) -> anyhow::Result<i64> {
     );
     let value: i64 = digits
         .parse()
-        .with_context(|| format!("bad size {text:?} (e.g. 100M, 16G)"))?;
-    let factor: i64 = match unit.to_ascii_lowercase().as_str() {
-        "" => 1,
-        "k" => 1 << 10,
-        "m" => 1 << 20,
-        "g" => 1 << 30,
-        "t" => 1 << 40,
-        other => bail!("bad size unit {other:?} in {text:?}"),
-    };
-    Ok(value * factor)
+        .with_context(|| format!("bad {kind} {text:?} (e.g. {examples})"))?;
+    let unit = unit.to_ascii_lowercase();
+    match factor(&unit) {
+        Some(factor) => Ok(value * factor),
+        None => bail!("bad {kind} unit {unit:?} in {text:?}"),
+    }
 }
 
 /// `earliest`, `latest` or `LEDGER:ENTRY` as Pulsar's MessageId JSON.

@@ -3,9 +3,11 @@
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use vela_broker::{NamespaceName, TopicName};
+use vela_broker::TopicName;
 
-use super::api::{Api, encode, message_id_json, print_json, seconds, topic_path};
+use super::api::{
+    Api, encode, message_id_json, namespace_path_in, print_json, seconds, topic_path,
+};
 
 #[derive(Debug, Subcommand)]
 pub(super) enum TopicsCmd {
@@ -126,13 +128,7 @@ pub(super) enum TopicsCmd {
 }
 
 pub(super) fn namespace_topics_path(namespace: &str) -> anyhow::Result<String> {
-    let ns = NamespaceName::parse(namespace)
-        .with_context(|| format!("bad namespace {namespace:?} (expected tenant/namespace)"))?;
-    Ok(format!(
-        "/admin/v2/persistent/{}/{}",
-        encode(&ns.tenant),
-        encode(&ns.namespace)
-    ))
+    namespace_path_in("persistent", namespace)
 }
 
 pub(super) fn subscription_path(topic: &str, subscription: &str) -> anyhow::Result<String> {
