@@ -44,7 +44,7 @@ pub fn pulsar_buckets(latency: &Snapshot) -> [u64; PULSAR_LATENCY_BUCKETS.len() 
     out
 }
 
-/// A stage of the write path (DESIGN §8), outermost first.
+/// A stage of the write path, outermost first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stage {
     /// Broker: SEND read from the socket → SEND_RECEIPT written to it.
