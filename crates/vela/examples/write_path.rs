@@ -7,7 +7,7 @@
 //! prints each stage's mean and p50, each layer's own share (a stage minus the
 //! stage nested in it), the stage sum, and the ratio of the stage sum to the
 //! client-measured publish latency (target: within 10 %). It prints; it never
-//! asserts (DESIGN §9: benchmarks print figures).
+//! asserts (benchmarks print figures, never timing assertions).
 //!
 //! Usage (bench/write_path.sh starts a standalone and runs this):
 //! `cargo run --release -p vela --example write_path -- PULSAR_URL HTTP_URL [MESSAGES] [PAYLOAD_BYTES]`
