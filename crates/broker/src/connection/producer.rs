@@ -3,12 +3,13 @@
 //!
 //! A SEND is charged against the connection's pending bounds (semaphores:
 //! when exhausted the reader waits, not reading, which pushes back on the
-//! client through TCP), checked against the topic's dedup table, and issued
-//! to `Topic::publish` (the append is issued before the next frame is
-//! read, so entries keep SEND order); a receipt job then goes to the
-//! producer's receipt task, which awaits the appends strictly in SEND order
-//! and answers SEND_RECEIPT or SEND_ERROR. CLOSE_PRODUCER is answered by the
-//! same task, after every receipt in flight.
+//! client through TCP) and issued to `Topic::publish` (checked against the
+//! dedup table and appended before the next frame is read, so entries keep
+//! SEND order: `topic::publish` states the invariant); a receipt job then
+//! goes to the producer's receipt task, which awaits the appends strictly
+//! in SEND order, asserts their positions increase, and answers
+//! SEND_RECEIPT or SEND_ERROR. CLOSE_PRODUCER is answered by the same task,
+//! after every receipt in flight.
 //! Owns: [`Producers`] (this connection's producers and the pending-send
 //! bounds) and the receipt tasks.
 //! Never: waits for an append on the reader task, or answers a SEND out of
@@ -286,22 +287,25 @@ impl Producers {
         // Publish rate: past it, this connection stops reading for the pause
         // (Pulsar's throttling: TCP back-pressure, nothing refused).
         let pause = producer.topic.publish_pause(messages, entry.len());
-        let job = match producer.topic.dedup_check(
+        let issued = Instant::now();
+        let job = match producer.topic.publish(
             &producer.name,
             sequence_id as i64,
             highest_sequence_id as i64,
+            entry,
+            messages,
         ) {
             DedupCheck::Duplicate => ReceiptJob::Duplicate {
                 sequence_id,
                 highest_sequence_id,
                 _permits: (send_permit, bytes_permit),
             },
-            DedupCheck::Fresh => ReceiptJob::Send {
+            DedupCheck::Appended(append) => ReceiptJob::Send {
                 sequence_id,
                 highest_sequence_id,
                 received,
-                issued: Instant::now(),
-                append: producer.topic.publish(entry, messages),
+                issued,
+                append,
                 topic_metrics: Arc::clone(&producer.topic.metrics),
                 _permits: (send_permit, bytes_permit),
             },
