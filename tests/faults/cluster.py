@@ -104,7 +104,7 @@ class FaultCluster:
         return "127.%d.1.%d" % (self.s, n)
 
     def pids(self):
-        out = {p.proc.pid: name for name, p in self.procs.items() if p.proc is not None and p.proc.poll() is None}
+        out = {p.proc.pid: name for name, p in list(self.procs.items()) if p.proc is not None and p.proc.poll() is None}
         if self.workload_pid is not None:
             out[self.workload_pid] = "client"
         return out
@@ -146,7 +146,7 @@ class FaultCluster:
                 "--lost-bookie-grace-s", "5", "--autorecovery-interval-s", "2",
                 "--write-cache-mb", "16", "--read-cache-mb", "8",
             ]  # fmt: skip
-            self.procs[name] = _group_proc(name, cmd, r"vela bookie listening on", self._vela_env(name))
+            _GroupProc(name, cmd, r"vela bookie listening on", self._vela_env(name), self.procs)
         for i in range(brokers):
             n = 30 + i
             name = "broker-%d" % i
@@ -158,7 +158,7 @@ class FaultCluster:
                 "--session-ttl-ms", str(SESSION_TTL_MS),
                 "--ensemble-size", "3", "--write-quorum", "3", "--ack-quorum", "2",
             ]  # fmt: skip
-            self.procs[name] = _group_proc(name, cmd, r"vela broker ready", self._vela_env(name))
+            _GroupProc(name, cmd, r"vela broker ready", self._vela_env(name), self.procs)
 
     # --- names -------------------------------------------------------------------
 
@@ -172,6 +172,10 @@ class FaultCluster:
 
     def service_url(self):
         return "pulsar://" + ",".join("%s:%d" % (self.proxied(30 + int(b.split("-")[1])), PULSAR_PORT) for b in self.brokers)
+
+    def broker_urls(self):
+        """One service URL per broker (its proxy)."""
+        return ["pulsar://%s:%d" % (self.proxied(30 + int(b.split("-")[1])), PULSAR_PORT) for b in self.brokers]
 
     def broker_of_host(self, host):
         for b in self.brokers:
@@ -271,7 +275,12 @@ class FaultCluster:
 
 class _GroupProc(Proc):
     """A Proc in its own process group (kill -9 and SIGSTOP reach all of it;
-    cleanup kills the group)."""
+    cleanup kills the group), entered in `registry` as soon as it is spawned
+    so the proxies can name its connections from the first one on."""
+
+    def __init__(self, name, cmd, ready, env, registry):
+        self.registry = registry
+        super().__init__(name, cmd, ready, env)
 
     def start(self):
         env = dict(os.environ)
@@ -282,6 +291,7 @@ class _GroupProc(Proc):
             self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, env=env, start_new_session=True,
         )  # fmt: skip
+        self.registry[self.name] = self
         threading.Thread(target=self._pump, args=(self.proc.stderr,), daemon=True).start()
         deadline = time.time() + 120
         self.ready_line = None
@@ -299,6 +309,3 @@ class _GroupProc(Proc):
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
         return self
 
-
-def _group_proc(name, cmd, ready, env):
-    return _GroupProc(name, cmd, ready, env)

@@ -76,7 +76,7 @@ def plan_fault(rng, kind, topic_count, brokers, bookies):
         f["target"] = "bookie-%d" % rng.randrange(bookies)
     elif kind == "asymmetric":
         f["variant"] = rng.choice(ASYMMETRIC_VARIANTS)
-        if f["variant"].startswith("bookie"):
+        if f["variant"] in ("bookie-deaf", "bookie-mute"):
             f["target"] = "bookie-%d" % rng.randrange(bookies)
         else:
             f["target"] = _broker_spec(rng, topic_count, brokers)

@@ -59,23 +59,33 @@ class Rule:
         return self.kind
 
 
+V4_MAPPED_PREFIX = "0000000000000000FFFF0000"
+CLOSED = object()
+
+
 def _hex_addr(ip, port):
     return "%08X:%04X" % (struct.unpack("<I", socket.inet_aton(ip))[0], port)
 
 
 def socket_inode(local, remote):
     """Inode of the TCP socket whose local end is `local` and remote end
-    `remote` ((ip, port) pairs), from /proc/net/tcp; None if absent."""
-    want_local, want_remote = _hex_addr(*local), _hex_addr(*remote)
-    try:
-        with open("/proc/net/tcp") as f:
-            next(f)
-            for line in f:
-                fields = line.split()
-                if fields[1] == want_local and fields[2] == want_remote:
-                    return fields[9]
-    except OSError:
-        return None
+    `remote` ((ip, port) IPv4 pairs), from /proc/net/tcp, or /proc/net/tcp6
+    for an IPv6 socket talking IPv4 (v4-mapped: the C++ Pulsar client's);
+    None if absent."""
+    want = {
+        "/proc/net/tcp": (_hex_addr(*local), _hex_addr(*remote)),
+        "/proc/net/tcp6": (V4_MAPPED_PREFIX + _hex_addr(*local), V4_MAPPED_PREFIX + _hex_addr(*remote)),
+    }
+    for path, (want_local, want_remote) in want.items():
+        try:
+            with open(path) as f:
+                next(f)
+                for line in f:
+                    fields = line.split()
+                    if fields[1] == want_local and fields[2] == want_remote:
+                        return fields[9]
+        except OSError:
+            continue
     return None
 
 
@@ -122,6 +132,7 @@ class FaultNet:
         self.rules = {}
         self.conns = set()
         self.unknown_peers = 0
+        self.unknown_samples = []
         self.loop = asyncio.new_event_loop()
         # Jitter and loss draws come from their own RNG: the schedule's RNG
         # stays independent of how many chunks happened to flow.
@@ -210,6 +221,10 @@ class FaultNet:
                 s.close()
             for c in list(self.conns):
                 c.abort()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         try:
             self._call(stop)
@@ -219,10 +234,20 @@ class FaultNet:
 
     # --- the proxy ---------------------------------------------------------------
 
+    async def _identify_retrying(self, peer, listen):
+        for _ in range(5):
+            src = self._identify(peer, listen)
+            if src is not None:
+                return src
+            await asyncio.sleep(0.05)
+        return None
+
     def _identify(self, peer, listen):
         inode = socket_inode(peer, listen)
         if inode is None:
             return None
+        if inode == "0":
+            return CLOSED
         pids = self.pids_of()
         pid = pid_holding(inode, list(pids))
         return pids.get(pid) if pid is not None else None
@@ -233,9 +258,16 @@ class FaultNet:
 
     async def _accept(self, reader, writer, dst, listen, target):
         peer = writer.get_extra_info("peername")
-        src = self._identify(peer[:2], listen)
+        src = await self._identify_retrying(peer[:2], listen)
+        if src == CLOSED:
+            # The client closed the connection before it was accepted here
+            # (its socket lingers without an owner): nothing to carry.
+            writer.transport.abort()
+            return
         if src is None:
             self.unknown_peers += 1
+            self.unknown_samples.append((dst, peer[:2]))
+            del self.unknown_samples[:-20]
             src = "?"
         conn = _Conn(src, dst)
         conn.writers.append(writer)

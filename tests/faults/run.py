@@ -13,9 +13,11 @@ any schedule failed.
 """
 
 import argparse
+import fcntl
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -48,12 +50,14 @@ def setup_namespaces(cluster):
         assert status == 204, (status, body)
 
 
-def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True, prefix=False):
+def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True, prefix=False, keep=False):
     """One schedule; returns its result dict (result['valid'])."""
     rng = random.Random(seed)
     topics = ["persistent://public/e3/faults-%d-a" % seed, "persistent://public/e2/faults-%d-b" % seed]
     plan = make_plan(rng, window_s, len(topics), kinds=kinds)
     run_dir = os.path.join(out or "/tmp/vela-faults", "seed-%d" % seed)
+    # A kept run of the same seed must not lend its etcd data to this one.
+    shutil.rmtree(os.path.join(run_dir, "cluster"), ignore_errors=True)
     os.makedirs(run_dir, exist_ok=True)
     lines = []
     lock = threading.Lock()
@@ -90,6 +94,7 @@ def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True
         t0 = time.time()
         cfg = {
             "service_url": cluster.service_url(),
+            "broker_urls": cluster.broker_urls(),
             "topics": topics,
             "history": history_path,
             "t0": t0,
@@ -140,6 +145,8 @@ def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True
             os.killpg(workload.pid, signal.SIGKILL)
             workload.wait(timeout=10)
         log("t=%dms - workload exited %s" % (nemesis.now_ms(), workload.returncode))
+        if cluster.net.unknown_peers:
+            log("proxy: %d connections from processes it could not name (no link rule applied to them): %s" % (cluster.net.unknown_peers, cluster.net.unknown_samples[-5:]))
         events_file.close()
         found, stats, availability = checker.check(checker.load(history_path), checker.load(events_path))
         if workload.returncode != 0:
@@ -163,7 +170,7 @@ def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True
         if not events_file.closed:
             events_file.close()
         if cluster is not None:
-            keep = not result["valid"]
+            keep = keep or not result["valid"]
             if keep:
                 with open(os.path.join(run_dir, "processes.log"), "w") as f:
                     f.write(cluster.logs(lines=3000))
@@ -173,7 +180,7 @@ def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True
             json.dump(result, f, indent=1)
         with open(os.path.join(run_dir, "run.log"), "w") as f:
             f.write("\n".join(lines) + "\n")
-        if result["valid"]:
+        if result["valid"] and not keep:
             for name in ("history.jsonl", "events.jsonl", "workload.json"):
                 try:
                     os.remove(os.path.join(run_dir, name))
@@ -181,6 +188,23 @@ def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True
                     pass
     log("seed=%d %s in %.0fs" % (seed, "VALID" if result["valid"] else "FAILED", result["seconds"]))
     return result
+
+
+SLOTS_MAX = 50  # 127.100.x.x .. 127.149.x.x
+
+
+def take_slot():
+    """A slot (address block) no other run on this machine holds: an
+    exclusive lock on /tmp/vela-faults-slot-N.lock, kept until the process
+    closes the returned file."""
+    for slot in range(SLOTS_MAX):
+        f = open("/tmp/vela-faults-slot-%d.lock" % slot, "w")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return slot, f
+        except OSError:
+            f.close()
+    raise RuntimeError("all %d address slots are taken" % SLOTS_MAX)
 
 
 def parse_seeds(text):
@@ -202,20 +226,29 @@ def main():
     ap.add_argument("--parallel", type=int, default=1, help="schedules at once (each its own cluster and addresses)")
     ap.add_argument("--out", default="/tmp/vela-faults")
     ap.add_argument("--kinds", help="comma-separated fault kinds to draw from (default: all)")
+    ap.add_argument("--keep", action="store_true", help="keep histories and logs of valid runs too")
+    ap.add_argument("--plan", action="store_true", help="print the plans of the seeds and exit")
     args = ap.parse_args()
     seeds = [args.seed] if args.seed is not None else parse_seeds(args.seeds or str(random.randrange(1 << 20)))
     kinds = args.kinds.split(",") if args.kinds else None
+    if args.plan:
+        for seed in seeds:
+            print("seed %d:" % seed)
+            for f in make_plan(random.Random(seed), args.window_s, 2, kinds=kinds):
+                print("  at %5.1fs for %4.1fs  #%d %s" % (f["at"], f["hold"], f["id"], describe(f)))
+        return
     results = []
     lock = threading.Lock()
     queue = list(seeds)
 
-    def worker(slot):
+    def worker(_):
+        slot, lock_file = take_slot()
         while True:
             with lock:
                 if not queue:
                     return
                 seed = queue.pop(0)
-            r = run_schedule(seed, slot=slot, window_s=args.window_s, out=args.out, kinds=kinds, prefix=args.parallel > 1)
+            r = run_schedule(seed, slot=slot, window_s=args.window_s, out=args.out, kinds=kinds, prefix=args.parallel > 1, keep=args.keep)
             with lock:
                 results.append(r)
 

@@ -164,6 +164,50 @@ class ConsumerLoad(threading.Thread):
                 pass
 
 
+class Prober(threading.Thread):
+    """Every PROBE_INTERVAL_S a short-lived producer on one topic through one
+    broker (both drawn in turn), sending two messages: its lookup goes to
+    that broker, which hands the topic to a new owner once the old owner's
+    session is gone, even while the old owner still serves the long-lived
+    producers. That new owner fences the old owner's ledger: the case where
+    a deposed broker must not acknowledge anything more."""
+
+    INTERVAL_S = 1.5
+
+    def __init__(self, history, broker_urls, topics, send_timeout_ms):
+        super().__init__(daemon=True, name="prober")
+        self.history, self.topics, self.send_timeout_ms = history, topics, send_timeout_ms
+        self.clients = [
+            pulsar.Client(url, operation_timeout_seconds=5, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+            for url in broker_urls
+        ]
+        self.stop = threading.Event()
+
+    def run(self):
+        n = 0
+        while not self.stop.wait(self.INTERVAL_S):
+            client = self.clients[n % len(self.clients)]
+            topic_index = (n // len(self.clients)) % len(self.topics)
+            load = ProducerLoad(client, self.history, "q%d-%d" % (topic_index, n), self.topics[topic_index], False, self.send_timeout_ms)
+            n += 1
+            if not load.connect():
+                continue
+            for _ in range(2):
+                load.send_one()
+            load.flush()
+            try:
+                load.producer.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+    def close(self):
+        for c in self.clients:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
 def audit_read(client, history, topic, quiet_s):
     """Reads the `audit` subscription from its start until `quiet_s` of
     silence; returns the count."""
@@ -223,6 +267,8 @@ def main():
     for p in producers:
         if not p.connect():
             raise SystemExit("producer %s could not connect before any fault" % p.name)
+    prober = Prober(history, cfg["broker_urls"], topics, 5000)
+    prober.start()
     history.log(process="workload", type="ok", f="phase", value="produce")
     print("workload: producing", flush=True)
 
@@ -242,6 +288,8 @@ def main():
         if sleep > 0:
             time.sleep(sleep)
 
+    prober.stop.set()
+    prober.join(timeout=60)
     history.log(process="workload", type="ok", f="phase", value="flush")
     for p in producers:
         p.flush()
@@ -276,6 +324,7 @@ def main():
         except Exception:  # noqa: BLE001
             pass
     client.close()
+    prober.close()
     history.close()
     print("workload: done", flush=True)
 
