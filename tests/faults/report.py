@@ -1,0 +1,62 @@
+"""Sums up a long run: python3 tests/faults/report.py OUT_DIR
+
+Reads every OUT_DIR/seed-*/result.json and prints the failed seeds, then per
+fault kind how long sends stalled (the worst producer of each topic, from the
+fault's start until sends flowed again; see checker.py): events, median, 90th
+percentile and maximum, for the E=3/Qw=3/Qa=2 topic and the E=Qw=Qa=2 topic.
+"""
+
+import glob
+import json
+import os
+import sys
+from collections import defaultdict
+
+
+def pct(values, q):
+    values = sorted(values)
+    if not values:
+        return float("nan")
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def main():
+    out = sys.argv[1]
+    results = []
+    for path in sorted(glob.glob(os.path.join(out, "seed-*", "result.json"))):
+        with open(path) as f:
+            results.append(json.load(f))
+    results.sort(key=lambda r: r["seed"])
+    bad = [r for r in results if not r.get("valid")]
+    print("%d schedules, %d valid" % (len(results), len(results) - len(bad)))
+    for r in bad:
+        what = r.get("anomalies") or {"error": [r.get("error", "?").strip().splitlines()[-1]]}
+        print("  seed %d FAILED: %s" % (r["seed"], "; ".join("%s %d (%s)" % (k, len(v), v[0]) for k, v in what.items())))
+    totals = defaultdict(int)
+    for r in results:
+        for k, v in (r.get("stats") or {}).items():
+            totals[k] += v
+    print("totals: " + ", ".join("%s %d" % kv for kv in sorted(totals.items())))
+    stalls = defaultdict(lambda: defaultdict(list))
+    held = defaultdict(list)
+    for r in results:
+        for a in r.get("availability") or []:
+            kind = a["kind"]
+            if kind in ("kill9", "pause", "loss", "delay", "reset", "clock", "asymmetric") and a.get("target"):
+                kind += " " + a["target"].rstrip("0123456789").rstrip("-")
+            held[kind].append(a["heal"] - a["start"])
+            for topic, s in a.get("stall_by_topic", {}).items():
+                stalls[kind][topic.split("/")[-2]].append(s)
+    print()
+    print("%-30s %6s %9s | %-28s | %-28s" % ("fault", "events", "held p50", "E3/Qw3/Qa2 stall p50/p90/max", "E2/Qw2/Qa2 stall p50/p90/max"))
+    for kind in sorted(stalls):
+        cells = []
+        for ns in ("e3", "e2"):
+            v = stalls[kind].get(ns, [])
+            cells.append("%5.1f / %5.1f / %5.1f s" % (pct(v, 0.5), pct(v, 0.9), max(v) if v else float("nan")))
+        print("%-30s %6d %8.1fs | %-28s | %-28s" % (kind, len(held[kind]), pct(held[kind], 0.5), cells[0], cells[1]))
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()
