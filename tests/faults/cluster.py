@@ -81,12 +81,12 @@ class EtcdProc(Proc):
 
 
 class FaultCluster:
-    def __init__(self, slot, seed, bookies=3, brokers=3, workdir=None):
+    def __init__(self, slot, seed, bookies=3, brokers=3, workdir=None, live_groups=None):
         self.s = 100 + slot
         self.dir = workdir or tempfile.mkdtemp(prefix="vela-faults-")
         os.makedirs(self.dir, exist_ok=True)
         self.vela = vela_binary()
-        self.procs = {}
+        self.procs = _Registry(self, live_groups if live_groups is not None else {})
         self.clock_files = {}
         self.faketime = faketime_lib()
         self.net = FaultNet(seed ^ 0x5EED, self.pids)
@@ -230,6 +230,7 @@ class FaultCluster:
 
     def restart(self, name):
         self.procs[name].start()
+        self.procs[name] = self.procs[name]  # its new process group
 
     def stop_signal(self, name):
         os.killpg(self.procs[name].proc.pid, signal.SIGSTOP)
@@ -266,11 +267,31 @@ class FaultCluster:
                 except (OSError, subprocess.TimeoutExpired):
                     pass
         self.net.close()
+        self.procs.forget()
         if not keep_dir:
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def logs(self, lines=200):
         return "\n".join("---- %s ----\n%s" % (n, "\n".join(p.log_lines[-lines:])) for n, p in self.procs.items())
+
+
+class _Registry(dict):
+    """name -> process; each process group also entered in `live_groups`
+    (the harness's list of what to kill if it is stopped)."""
+
+    def __init__(self, cluster, live_groups):
+        super().__init__()
+        self.key = id(cluster)
+        self.live_groups = live_groups
+
+    def __setitem__(self, name, proc):
+        super().__setitem__(name, proc)
+        if proc.proc is not None:
+            self.live_groups[(self.key, name)] = proc.proc.pid
+
+    def forget(self):
+        for name in self:
+            self.live_groups.pop((self.key, name), None)
 
 
 class _GroupProc(Proc):

@@ -88,7 +88,7 @@ def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True
     workload = None
     result = {"seed": seed, "plan": plan, "valid": False}
     try:
-        cluster = FaultCluster(slot, seed, workdir=os.path.join(run_dir, "cluster"))
+        cluster = FaultCluster(slot, seed, workdir=os.path.join(run_dir, "cluster"), live_groups=LIVE_GROUPS)
         log("cluster up in %.1fs (clock faults %s)" % (time.time() - t_begin, "on" if cluster.faketime else "off: no libfaketime"))
         setup_namespaces(cluster)
         t0 = time.time()
@@ -114,6 +114,7 @@ def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
         cluster.workload_pid = workload.pid
+        LIVE_GROUPS[("workload", seed)] = workload.pid
         workload_lines = []
         producing = threading.Event()
 
@@ -175,6 +176,7 @@ def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True
                 with open(os.path.join(run_dir, "processes.log"), "w") as f:
                     f.write(cluster.logs(lines=3000))
             cluster.close(keep_dir=keep)
+        LIVE_GROUPS.pop(("workload", seed), None)
         result["seconds"] = round(time.time() - t_begin, 1)
         with open(os.path.join(run_dir, "result.json"), "w") as f:
             json.dump(result, f, indent=1)
@@ -191,6 +193,20 @@ def run_schedule(seed, slot=0, window_s=30.0, out=None, kinds=None, verbose=True
 
 
 SLOTS_MAX = 50  # 127.100.x.x .. 127.149.x.x
+# Process groups of every cluster process and workload running now: killed
+# if this harness is told to stop (SIGTERM, SIGINT, SIGHUP).
+LIVE_GROUPS = {}
+
+
+def _kill_live_groups(signum, _frame):
+    for pgid in list(LIVE_GROUPS.values()):
+        try:
+            os.killpg(pgid, signal.SIGCONT)
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass
+    print("stopped by signal %d: every process killed" % signum, flush=True)
+    os._exit(1)
 
 
 def take_slot():
@@ -229,6 +245,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep histories and logs of valid runs too")
     ap.add_argument("--plan", action="store_true", help="print the plans of the seeds and exit")
     args = ap.parse_args()
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _kill_live_groups)
     seeds = [args.seed] if args.seed is not None else parse_seeds(args.seeds or str(random.randrange(1 << 20)))
     kinds = args.kinds.split(",") if args.kinds else None
     if args.plan:
