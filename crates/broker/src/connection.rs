@@ -67,6 +67,35 @@ const IOVECS_PER_WRITE_MAX: usize = 1024;
 /// Time the writer gets to flush queued frames after the reader stopped.
 const WRITER_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Topic loads of one connection's PRODUCER and SUBSCRIBE commands running
+/// off its read loop at once. Opening a topic may take seconds (its ledger's
+/// recovery waits on unreachable bookies) and clients multiplex every
+/// producer and consumer over one connection per broker: loading inline
+/// would stall all the client's other topics. Past the bound a command loads
+/// inline again, which stops reading the connection (back-pressure).
+const DEFERRED_LOADS_MAX: usize = 64;
+
+/// A PRODUCER or SUBSCRIBE whose topic is being opened off the read loop.
+enum Deferred {
+    Producer(proto::CommandProducer),
+    Subscribe(proto::CommandSubscribe),
+}
+
+/// The command back on the connection once its topic is open (or failed).
+struct Loaded {
+    command: Deferred,
+    result: Result<(), ServiceError>,
+}
+
+/// A producer or consumer id with deferred commands in flight.
+#[derive(Default)]
+struct InFlight {
+    commands: u32,
+    /// CLOSE_PRODUCER / CLOSE_CONSUMER came meanwhile (answered at once, as
+    /// for an unknown id): the deferred command must not open it after all.
+    closed: bool,
+}
+
 /// Why a connection closes (for the log line).
 #[derive(Debug)]
 struct Close(String);
@@ -171,6 +200,7 @@ async fn serve_halves<R, W>(
     // Events: at most one per producer and consumer of this connection
     // outstanding in practice; sized to never fill in normal operation.
     let (events_tx, events_rx) = mpsc::channel(2 * (limits.producers_max + limits.consumers_max));
+    let (loaded_tx, loaded_rx) = mpsc::channel(DEFERRED_LOADS_MAX);
     let id = service.next_conn_id();
     service
         .metrics
@@ -182,6 +212,11 @@ async fn serve_halves<R, W>(
         out,
         events_tx,
         events_rx,
+        loaded_tx,
+        loaded_rx,
+        deferred_loads: Arc::new(Semaphore::new(DEFERRED_LOADS_MAX)),
+        deferred_producers: HashMap::new(),
+        deferred_consumers: HashMap::new(),
         connected: false,
         protocol_version: 0,
         client_version: String::new(),
@@ -218,6 +253,13 @@ struct Connection {
     out: mpsc::Sender<Outbound>,
     events_tx: mpsc::Sender<ConnEvent>,
     events_rx: mpsc::Receiver<ConnEvent>,
+    loaded_tx: mpsc::Sender<Loaded>,
+    loaded_rx: mpsc::Receiver<Loaded>,
+    /// Permits for topic loads off the read loop (DEFERRED_LOADS_MAX).
+    deferred_loads: Arc<Semaphore>,
+    /// Producer / consumer ids whose PRODUCER / SUBSCRIBE waits for its topic.
+    deferred_producers: HashMap<u64, InFlight>,
+    deferred_consumers: HashMap<u64, InFlight>,
     connected: bool,
     protocol_version: i32,
     client_version: String,
@@ -273,6 +315,11 @@ impl Connection {
                 biased;
                 _ = shutdown.changed() => return Close("broker shutting down".into()),
                 Some(event) = self.events_rx.recv() => self.on_event(event),
+                Some(loaded) = self.loaded_rx.recv() => {
+                    if let Err(close) = self.on_loaded(loaded).await {
+                        return close;
+                    }
+                }
                 _ = &mut handshake_deadline, if !self.connected => {
                     return Close(format!("no CONNECT within {:?}", started.elapsed()));
                 }
@@ -339,6 +386,90 @@ impl Connection {
                 // The topic already registered the successor; dropping the
                 // job sender lets the receipt task finish what is in flight.
                 self.producers.remove(&producer_id);
+            }
+        }
+    }
+
+    /// Opens `topic` off the read loop when it is not served yet; `command`
+    /// comes back through `on_loaded`. False: handle the command now (the
+    /// topic is open, its name is bad, or DEFERRED_LOADS_MAX loads run).
+    fn load_topic_off_the_read_loop(
+        &mut self,
+        topic: &str,
+        create: bool,
+        action: TopicAction,
+        command: impl FnOnce() -> Deferred,
+    ) -> bool {
+        let Ok(name) = TopicName::parse(topic) else {
+            return false;
+        };
+        if self
+            .service
+            .served_topic(&name.to_string())
+            .is_some_and(|t| !t.log.is_closed())
+        {
+            return false;
+        }
+        let Ok(permit) = Arc::clone(&self.deferred_loads).try_acquire_owned() else {
+            return false;
+        };
+        let command = command();
+        let in_flight = match &command {
+            Deferred::Producer(body) => self.deferred_producers.entry(body.producer_id),
+            Deferred::Subscribe(body) => self.deferred_consumers.entry(body.consumer_id),
+        };
+        in_flight.or_default().commands += 1;
+        let service = Arc::clone(&self.service);
+        let role = self.auth.principal.as_ref().map(|p| p.role.clone());
+        let loaded = self.loaded_tx.clone();
+        tokio::spawn(async move {
+            let result = async {
+                // Nothing is opened for a role that may not use the topic.
+                if let (Some(config), Some(role)) = (&service.config.auth, &role) {
+                    config
+                        .authorize_namespace(&service.admin, role, &name.namespace, action)
+                        .await?;
+                }
+                service.topic(&name, create).await.map(|_| ())
+            }
+            .await;
+            drop(permit);
+            // A closed connection dropped its receiver: nothing to answer.
+            let _ = loaded.send(Loaded { command, result }).await;
+        });
+        true
+    }
+
+    async fn on_loaded(&mut self, loaded: Loaded) -> Result<(), Close> {
+        let (in_flight, id, request_id) = match &loaded.command {
+            Deferred::Producer(b) => (&mut self.deferred_producers, b.producer_id, b.request_id),
+            Deferred::Subscribe(b) => (&mut self.deferred_consumers, b.consumer_id, b.request_id),
+        };
+        let mut closed = false;
+        if let Some(entry) = in_flight.get_mut(&id) {
+            entry.commands -= 1;
+            closed = entry.closed;
+            if entry.commands == 0 {
+                in_flight.remove(&id);
+            }
+        }
+        if closed {
+            let error = ServiceError::new(
+                ServerError::ServiceNotReady,
+                "closed by the client while its topic was opening",
+            );
+            return self.send_error(request_id, error).await;
+        }
+        match (loaded.command, loaded.result) {
+            (Deferred::Producer(body), Ok(())) => self.on_producer(body, true).await,
+            (Deferred::Subscribe(body), Ok(())) => self.on_subscribe(body, true).await,
+            (Deferred::Producer(body), Err(e)) => {
+                tracing::info!(conn = self.id, topic = %body.topic, error = %e, "PRODUCER refused");
+                self.send_error(body.request_id, e).await
+            }
+            (Deferred::Subscribe(body), Err(e)) => {
+                tracing::info!(conn = self.id, topic = %body.topic, subscription = %body.subscription, error = %e, "SUBSCRIBE refused");
+                self.send_error(body.request_id, e).await
             }
         }
     }
@@ -420,7 +551,7 @@ impl Connection {
                 None => Err(missing(kind)),
             },
             Type::Producer => match command.producer {
-                Some(body) => self.on_producer(*body).await,
+                Some(body) => self.on_producer(*body, false).await,
                 None => Err(missing(kind)),
             },
             // The decoder hands out every SEND as `Command::Send`; a SEND
@@ -437,7 +568,7 @@ impl Connection {
                 None => Err(missing(kind)),
             },
             Type::Subscribe => match command.subscribe {
-                Some(body) => self.on_subscribe(*body).await,
+                Some(body) => self.on_subscribe(*body, false).await,
                 None => Err(missing(kind)),
             },
             Type::Flow => match command.flow {
@@ -771,7 +902,13 @@ impl Connection {
         }
     }
 
-    async fn on_producer(&mut self, body: proto::CommandProducer) -> Result<(), Close> {
+    /// `topic_loaded`: the topic was opened off the read loop already (see
+    /// `load_topic_off_the_read_loop`).
+    async fn on_producer(
+        &mut self,
+        body: proto::CommandProducer,
+        topic_loaded: bool,
+    ) -> Result<(), Close> {
         let request_id = body.request_id;
         let producer_id = body.producer_id;
         if let Some(existing) = self.producers.get(&producer_id) {
@@ -814,6 +951,13 @@ impl Connection {
                     ),
                 )
                 .await;
+        }
+        if !topic_loaded
+            && self.load_topic_off_the_read_loop(&body.topic, true, TopicAction::Produce, || {
+                Deferred::Producer(body.clone())
+            })
+        {
+            return Ok(());
         }
         match self.create_producer(&body).await {
             Ok(Some(success)) => self.send(success).await,
@@ -998,6 +1142,9 @@ impl Connection {
     }
 
     async fn on_close_producer(&mut self, body: proto::CommandCloseProducer) -> Result<(), Close> {
+        if let Some(deferred) = self.deferred_producers.get_mut(&body.producer_id) {
+            deferred.closed = true;
+        }
         match self.producers.remove(&body.producer_id) {
             Some(producer) => {
                 producer
@@ -1016,7 +1163,12 @@ impl Connection {
         }
     }
 
-    async fn on_subscribe(&mut self, body: proto::CommandSubscribe) -> Result<(), Close> {
+    /// `topic_loaded`: as for `on_producer`.
+    async fn on_subscribe(
+        &mut self,
+        body: proto::CommandSubscribe,
+        topic_loaded: bool,
+    ) -> Result<(), Close> {
         let request_id = body.request_id;
         self.drain_events();
         if let Some(existing) = self.consumers.get(&body.consumer_id) {
@@ -1046,6 +1198,16 @@ impl Connection {
                     ),
                 )
                 .await;
+        }
+        if !topic_loaded
+            && self.load_topic_off_the_read_loop(
+                &body.topic,
+                body.force_topic_creation.unwrap_or(true),
+                TopicAction::Consume,
+                || Deferred::Subscribe(body.clone()),
+            )
+        {
+            return Ok(());
         }
         match self.create_consumer(&body).await {
             Ok(()) => self.send_success(request_id).await,
@@ -1159,6 +1321,9 @@ impl Connection {
     }
 
     async fn on_close_consumer(&mut self, consumer_id: u64, request_id: u64) -> Result<(), Close> {
+        if let Some(deferred) = self.deferred_consumers.get_mut(&consumer_id) {
+            deferred.closed = true;
+        }
         if let Some(consumer) = self.consumers.remove(&consumer_id) {
             let (reply, done) = oneshot::channel();
             let command = SubCommand::Remove {
