@@ -40,9 +40,14 @@ def main():
     stalls = defaultdict(lambda: defaultdict(list))
     held = defaultdict(list)
     for r in results:
-        for a in r.get("availability") or []:
+        events = r.get("availability") or []
+        for a in events:
             kind = a["kind"]
-            if kind in ("kill9", "pause", "loss", "delay", "reset", "clock", "asymmetric") and a.get("target"):
+            # A fault on top of another (the plan's mixed faults) is counted
+            # apart: its stall is the pair's.
+            if any(b is not a and b["start"] < a["heal"] and a["start"] < b["heal"] for b in events):
+                kind = "mixed (two at once)"
+            elif kind in ("kill9", "pause", "loss", "delay", "reset", "clock", "asymmetric") and a.get("target"):
                 kind += " " + a["target"].rstrip("0123456789").rstrip("-")
             held[kind].append(a["heal"] - a["start"])
             for topic, s in a.get("stall_by_topic", {}).items():
