@@ -138,6 +138,9 @@ def availability_of(events, ok_times, phases, topic_of):
         if e.get("phase") == "start":
             starts[e["fault"]] = e
         elif e.get("phase") == "heal":
+            heals.setdefault(e["fault"], e)
+        elif e.get("phase") == "ready":
+            # A killed process is down until its restart is ready.
             heals[e["fault"]] = e
     order = sorted(starts.values(), key=lambda e: e["t"])
     end_of_run = phases.get("flush", max([t for ts in ok_times.values() for t in ts] or [0]))

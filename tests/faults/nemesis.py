@@ -154,7 +154,7 @@ class Nemesis:
         self.applied = {}
         self.restarts = {}  # name -> thread restarting it
 
-    def _restart_async(self, name):
+    def _restart_async(self, name, fault_id=None):
         """Restarts `name` without holding up the schedule (a bookie waits
         for its old registration to expire, a broker for its port)."""
         if name in self.restarts and self.restarts[name].is_alive():
@@ -164,7 +164,8 @@ class Nemesis:
             began = time.time()
             try:
                 self.c.restart(name)
-                self.event(name, "RESTARTED (ready after %.1fs)" % (time.time() - began))
+                extra = {} if fault_id is None else {"fault": fault_id, "phase": "ready"}
+                self.event(name, "RESTARTED (ready after %.1fs)" % (time.time() - began), **extra)
             except Exception as e:  # noqa: BLE001 - logged; heal_all tries again
                 self.event(name, "RESTART FAILED: %r" % e)
 
@@ -272,10 +273,10 @@ class Nemesis:
             c.kill9(target)
             what = "KILL -9"
 
-            def undo(target=target):
+            def undo(target=target, fault_id=f["id"]):
                 if c.procs[target].alive():
                     return None
-                self._restart_async(target)
+                self._restart_async(target, fault_id)
                 return "RESTARTING"
 
         elif kind == "pause":

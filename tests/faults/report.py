@@ -9,6 +9,7 @@ percentile and maximum, for the E=3/Qw=3/Qa=2 topic and the E=Qw=Qa=2 topic.
 import glob
 import json
 import os
+import re
 import sys
 from collections import defaultdict
 
@@ -18,6 +19,29 @@ def pct(values, q):
     if not values:
         return float("nan")
     return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def extend_kills_to_restart(events, run_log):
+    """A killed process is down until its restart is ready, seconds after
+    the heal that started it (a bookie waits for its old registration to
+    expire): its fault lasts until then, from run.log's RESTARTED lines."""
+    try:
+        with open(run_log) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return
+    ready = []  # (t, node)
+    for line in lines:
+        line = line.split("] ", 1)[-1]
+        m = re.match(r"t=(\d+)ms (\S+) RESTARTED", line)
+        if m:
+            ready.append((int(m.group(1)) / 1000.0, m.group(2)))
+    for a in events:
+        if a["kind"] != "kill9":
+            continue
+        after = [t for t, node in ready if node == a["target"] and t >= a["heal"] - 0.01]
+        if after:
+            a["heal"] = min(after)
 
 
 def main():
@@ -41,6 +65,7 @@ def main():
     held = defaultdict(list)
     for r in results:
         events = r.get("availability") or []
+        extend_kills_to_restart(events, os.path.join(out, "seed-%d" % r["seed"], "run.log"))
         for a in events:
             kind = a["kind"]
             # A fault on top of another (the plan's mixed faults) is counted
