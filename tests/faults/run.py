@@ -8,8 +8,8 @@
 Each schedule prints its seed and plan, one line per nemesis event
 (`t=1843ms broker-1 PARTITION bookies`), and the checker's summary. Runs whose
 checker finds anomalies keep their directory (history.jsonl, events.jsonl,
-process logs) under --out; clean runs keep only result.json. Exit status 1 if
-any schedule failed.
+process logs) under --out; clean runs keep only result.json and run.log
+(report.py sums them up). Exit status 1 if any schedule failed.
 """
 
 import argparse
