@@ -1,11 +1,12 @@
-//! Errors: the public [`BrokerError`] and the internal [`ServiceError`] that
-//! becomes an ERROR (or SEND_ERROR) frame with a Pulsar `ServerError` code.
+//! Errors: the public [`BrokerError`], the [`ServiceError`] that becomes an
+//! ERROR (or SEND_ERROR) frame with a Pulsar `ServerError` code, and the
+//! [`AdminError`] of metadata operations (tenants, namespaces, topics, cursor
+//! admin), mapped to HTTP statuses by `http` and to protocol codes here.
 //!
 //! Never: decides whether a connection closes; the connection does.
 
 use vela_wire::proto::ServerError;
 
-use crate::admin::AdminError;
 use crate::topic_name::InvalidName;
 
 /// Failures of the broker's public API.
@@ -35,6 +36,43 @@ pub enum BrokerError {
     /// The configuration is inconsistent (the message names the field).
     #[error("config: {0}")]
     Config(String),
+}
+
+/// Failures of admin operations.
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    /// The metadata store failed.
+    #[error("metadata store: {0}")]
+    Meta(#[from] vela_meta::MetaError),
+    /// A stored record does not parse.
+    #[error("corrupt metadata at {key}: {reason}")]
+    Corrupt {
+        /// Key of the record.
+        key: String,
+        /// Parser message.
+        reason: String,
+    },
+    /// The thing to create exists already.
+    #[error("{0} already exists")]
+    Exists(String),
+    /// The namespace or tenant is absent.
+    #[error("{0} does not exist")]
+    NotFound(String),
+    /// A request argument breaks a policy rule (Pulsar answers 412).
+    #[error("invalid: {0}")]
+    Invalid(String),
+    /// A request is malformed (Pulsar answers 400).
+    #[error("{0}")]
+    BadRequest(String),
+    /// Clients are attached and the operation was not forced (412).
+    #[error("{0}")]
+    Busy(String),
+    /// The operation does not apply to this kind of object (405).
+    #[error("{0}")]
+    NotAllowed(String),
+    /// The operation on a topic failed.
+    #[error(transparent)]
+    Service(#[from] ServiceError),
 }
 
 /// An error answered to a client request: the protocol code and a message.

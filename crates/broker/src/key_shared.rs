@@ -5,10 +5,15 @@
 //! selectors: AUTO_SPLIT (a new consumer takes the upper half of the largest
 //! range; a removed consumer's range goes to its neighbour) and STICKY (ranges
 //! given by the consumers, overlaps refused).
-//! Never: reads messages or tracks permits; the dispatcher asks it for a
+//! It also owns the key of an entry (`entry_slot`: ordering key, else
+//! partition key, else `NONE_KEY`, read from the entry's metadata) and the
+//! selector key of a consumer (`consumer_hash`).
+//! Never: reads payloads or tracks permits; the dispatcher asks it for a
 //! consumer and decides what to do when that consumer cannot take more.
 
 use std::collections::BTreeMap;
+
+use bytes::Bytes;
 
 /// Number of hash slots; a key's slot is `hash % HASH_RANGE_SIZE` (Java's
 /// `DEFAULT_RANGE_SIZE`, 2 << 15).
@@ -184,6 +189,63 @@ impl KeySharedSelector {
     }
 }
 
+/// Selector key of a consumer: a stable 64-bit mix of (connection, consumer).
+pub(crate) fn consumer_hash(key: (u64, u64)) -> u64 {
+    key.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ key.1
+}
+
+/// Key_Shared slot of an entry: ordering_key, else partition_key (base64
+/// decoded when flagged), else "NONE_KEY" (Java's `peekStickyKey`).
+pub(crate) fn entry_slot(entry: &Bytes) -> u32 {
+    let Some(metadata) = crate::codec::entry_metadata(entry) else {
+        return slot_of(NONE_KEY);
+    };
+    if let Some(key) = metadata.ordering_key.as_ref() {
+        return slot_of(key);
+    }
+    if let Some(key) = metadata.partition_key.as_ref() {
+        if metadata.partition_key_b64_encoded == Some(true)
+            && let Some(decoded) = base64_decode(key)
+        {
+            return slot_of(&decoded);
+        }
+        return slot_of(key.as_bytes());
+    }
+    slot_of(NONE_KEY)
+}
+
+/// Standard base64 (with padding) decoder; `None` on bad input.
+fn base64_decode(text: &str) -> Option<Vec<u8>> {
+    fn value(c: u8) -> Option<u32> {
+        match c {
+            b'A'..=b'Z' => Some(u32::from(c - b'A')),
+            b'a'..=b'z' => Some(u32::from(c - b'a') + 26),
+            b'0'..=b'9' => Some(u32::from(c - b'0') + 52),
+            b'+' => Some(62),
+            b'/' => Some(63),
+            _ => None,
+        }
+    }
+    let bytes: Vec<u8> = text.bytes().filter(|b| *b != b'=').collect();
+    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
+    for chunk in bytes.chunks(4) {
+        let mut acc: u32 = 0;
+        for (i, c) in chunk.iter().enumerate() {
+            acc |= value(*c)? << (18 - 6 * i);
+        }
+        let produced = match chunk.len() {
+            4 => 3,
+            3 => 2,
+            2 => 1,
+            _ => return None,
+        };
+        for i in 0..produced {
+            out.push((acc >> (16 - 8 * i)) as u8);
+        }
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -231,5 +293,14 @@ mod tests {
         assert!(selector.add(3, &[(10, 5)]).is_err());
         selector.remove(1);
         assert_eq!(selector.select(5), None);
+    }
+
+    #[test]
+    fn base64_decodes() {
+        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(base64_decode("aGk=").unwrap(), b"hi");
+        assert_eq!(base64_decode("YWJj").unwrap(), b"abc");
+        assert!(base64_decode("a").is_none());
+        assert!(base64_decode("!!!!").is_none());
     }
 }

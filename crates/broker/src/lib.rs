@@ -1,16 +1,35 @@
 //! vela-broker: the Pulsar binary-protocol server. Official Pulsar clients
 //! (Java, C++/Python, Go, pulsar-rs) connect to it unchanged.
 //!
-//! Owns: the TCP listener and connections (`connection`), the topics being
-//! served (`service`, `topic`), subscriptions and dispatch (`subscription`,
-//! `key_shared`), statistics snapshots (`stats`), broker metrics
-//! (`metrics`), tenants/namespaces/partitioned metadata and their REST JSON
-//! (`admin`), the HTTP admin API, lookup and `/metrics` (`http`), schemas
+//! Owns: the Pulsar listeners (`accept`) and connections (`connection`), the
+//! topics being served (`service`, `topic`), subscriptions and dispatch
+//! (`subscription`, `key_shared`), compaction (`compaction`), the policies
+//! applied over time (`policies`, `lifecycle`), statistics snapshots
+//! (`stats`), broker metrics (`metrics`), tenants/namespaces/partitioned
+//! metadata and their REST JSON (`admin`), cluster ownership (`ownership`,
+//! `cluster`), the HTTP admin API, lookup and `/metrics` (`http`), schemas
 //! (`schema`) and topic names (`topic_name`). Frames are decoded and encoded
 //! by `vela-wire` behind the small `codec` seam.
 //! Never: stores entries itself (`vela-log` does), unpacks a client's batch on
 //! the write path, sends 0x0e02 broker entry metadata, or lets one bad client
 //! affect another connection.
+//!
+//! Layering (bottom first). A module uses only modules of its own layer or
+//! below, and no two modules use each other, directly or not, at any depth
+//! (`tests/layering.rs` checks both against this list):
+//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`
+//! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
+//! 3. topics: `compaction`, `subscription`, `topic`
+//! 4. the service: `service`, `lifecycle`, `cluster`
+//! 5. edges: `connection`, `accept`, `http`
+//!
+//! Inside a directory module the same holds: `mod.rs` may use its children,
+//! a child its siblings, and a child that extends its parent's type (`impl
+//! Topic` in `topic::stats`) is never named by the parent. New work finds its
+//! layer: a command family is a module in `connection` plus one match arm; a
+//! non-persistent topic or a transaction buffer sits in layer 3 beside
+//! `topic`; a transaction coordinator or replicators in layer 4; REST routes
+//! in `http`.
 //!
 //! Write path: connection reader → `Topic::publish` (issues
 //! `ManagedLog::append` under a short lock, so entries keep SEND order) → the
@@ -29,17 +48,19 @@
 //! versions per topic.
 //!
 //! Security (off by default): TLS listeners (`tls`), token authentication
-//! and authorization (`auth`), checked at each command handler and by the
-//! HTTP layer.
+//! (`auth`) and authorization (`authorization`), checked at each command
+//! handler and by the HTTP layer.
 //!
 //! Not implemented yet: transactions, topic watchers, non-persistent topics,
 //! topic termination.
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
+mod accept;
 pub mod admin;
 mod arrival;
 pub mod auth;
+mod authorization;
 mod cluster;
 mod codec;
 mod compaction;
@@ -51,23 +72,21 @@ pub mod key_shared;
 mod lifecycle;
 pub mod metrics;
 pub mod ownership;
+mod policies;
 pub mod schema;
 mod service;
 pub mod stats;
 mod subscription;
-mod throttle;
 pub mod tls;
 mod topic;
 pub mod topic_name;
 
-use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, watch};
-use tokio::task::JoinSet;
 use vela_log::LogEnv;
 use vela_meta::MetadataStore;
 
@@ -146,7 +165,7 @@ impl Broker {
         let slots = Arc::new(Semaphore::new(service.config.connection_caps.total_max));
         let mut accepts = Vec::new();
         if let Some(listener) = plain {
-            accepts.push(tokio::spawn(accept_loop(
+            accepts.push(tokio::spawn(accept::accept_loop(
                 listener,
                 Arc::clone(&service),
                 shutdown_rx.clone(),
@@ -155,7 +174,7 @@ impl Broker {
             )));
         }
         if let (Some(listener), Some(certs)) = (secure, &certs) {
-            accepts.push(tokio::spawn(accept_loop(
+            accepts.push(tokio::spawn(accept::accept_loop(
                 listener,
                 Arc::clone(&service),
                 shutdown_rx.clone(),
@@ -371,123 +390,4 @@ impl BrokerHandle {
             None => Ok(()),
         }
     }
-}
-
-/// Refused connections being told why at once. A client that never reads
-/// its ERROR must not hold a task for long: each gets `REFUSAL_WRITE_TIMEOUT`,
-/// and past this many in flight the rest are closed without a word.
-const REFUSALS_IN_FLIGHT_MAX: usize = 256;
-const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// Accepts on one Pulsar listener (plain, or TLS with `certs`) within
-/// `ConnectionCaps`: one past the total (`slots`, shared by the listeners) or
-/// its IP's share on this listener gets ERROR(NotAllowedError) saying which
-/// (Pulsar's answer) and is closed, with a log line.
-async fn accept_loop(
-    listener: TcpListener,
-    service: Arc<Service>,
-    mut shutdown: watch::Receiver<bool>,
-    certs: Option<Arc<tls::TlsCertificates>>,
-    slots: Arc<Semaphore>,
-) {
-    let caps = service.config.connection_caps;
-    let mut connections = JoinSet::new();
-    let mut refusals = JoinSet::new();
-    // Open connections per client IP; an entry goes when its count drops to 0.
-    let mut per_ip: HashMap<IpAddr, usize> = HashMap::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => break,
-            Some(joined) = connections.join_next(), if !connections.is_empty() => {
-                match joined {
-                    Ok(ip) => {
-                        if let Some(count) = per_ip.get_mut(&ip) {
-                            *count -= 1;
-                            if *count == 0 {
-                                per_ip.remove(&ip);
-                            }
-                        }
-                    }
-                    Err(e) => {
-                        // The count of a panicked task's IP stays (it is
-                        // unknown here): a broker bug, logged.
-                        tracing::error!(error = %e, "connection task panicked (a broker bug)");
-                    }
-                }
-            }
-            Some(_) = refusals.join_next(), if !refusals.is_empty() => {}
-            accepted = listener.accept() => match accepted {
-                Ok((stream, peer)) => {
-                    let ip = peer.ip();
-                    let from_ip = per_ip.get(&ip).copied().unwrap_or(0);
-                    let slot = Arc::clone(&slots).try_acquire_owned().ok();
-                    let refusal = if slot.is_none() {
-                        Some(format!("Reached the maximum number of connections ({})", caps.total_max))
-                    } else if from_ip >= caps.per_ip_max {
-                        Some(format!(
-                            "Reached the maximum number of connections on address {ip} ({})",
-                            caps.per_ip_max
-                        ))
-                    } else {
-                        None
-                    };
-                    let (Some(slot), None) = (slot, refusal.as_ref()) else {
-                        let message = refusal.unwrap_or_default();
-                        tracing::warn!(%peer, %message, "connection refused");
-                        if refusals.len() < REFUSALS_IN_FLIGHT_MAX {
-                            refusals.spawn(refuse(stream, message));
-                        }
-                        continue;
-                    };
-                    *per_ip.entry(ip).or_insert(0) += 1;
-                    let service = Arc::clone(&service);
-                    let shutdown = shutdown.clone();
-                    match &certs {
-                        None => connections.spawn(async move {
-                            let _slot = slot;
-                            connection::serve(service, stream, peer, shutdown).await;
-                            ip
-                        }),
-                        // The handshake runs in the connection's task: a
-                        // slow client never holds up the accept loop.
-                        Some(certs) => {
-                            let acceptor = certs.acceptor();
-                            connections.spawn(async move {
-                                let _slot = slot;
-                                connection::serve_tls(service, acceptor, stream, peer, shutdown).await;
-                                ip
-                            })
-                        }
-                    };
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-                }
-            },
-        }
-    }
-    drop(listener);
-    refusals.abort_all();
-    while connections.join_next().await.is_some() {}
-}
-
-/// Writes ERROR(NotAllowedError, `message`) with request id -1 (as Pulsar's
-/// broker does before the handshake) and closes the connection.
-async fn refuse(mut stream: TcpStream, message: String) {
-    use tokio::io::AsyncWriteExt;
-    let frame = match codec::encode_command(vela_wire::proto::CommandError {
-        request_id: u64::MAX,
-        error: vela_wire::proto::ServerError::NotAllowedError as i32,
-        message,
-    }) {
-        codec::Outbound::Simple(bytes) => bytes,
-        codec::Outbound::Message { header, .. } => header,
-        codec::Outbound::Receipt { frame, .. } => frame,
-    };
-    let write = async {
-        stream.write_all(&frame).await?;
-        stream.shutdown().await
-    };
-    let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, write).await;
 }

@@ -18,9 +18,8 @@ use prost::Message as _;
 use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
 use vela_wire::proto::{self, ServerError};
 
-use crate::admin::encode_segment;
 use crate::error::ServiceError;
-use crate::topic_name::TopicName;
+use crate::topic_name::{TopicName, encode_segment};
 
 /// Versions kept per topic: a bound on the registry's key count per topic.
 /// When reached: new schemas get IncompatibleSchema.

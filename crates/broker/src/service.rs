@@ -21,11 +21,11 @@ use crate::admin::{Admin, NamespacePolicies};
 use crate::compaction::Compaction;
 use crate::config::{BrokerConfig, CLUSTER_NAME};
 use crate::error::ServiceError;
-use crate::lifecycle::TopicPolicies;
 use crate::metrics::{Stage, StageLatency, WritePathSource};
 use crate::ownership::{
     BrokerInfo, BundleRange, LoadReport, LookupAnswer, Ownership, OwnershipError,
 };
+use crate::policies::TopicPolicies;
 use crate::schema::SchemaRegistry;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};

@@ -5,7 +5,8 @@
 //! the short forms clients may send (`x` → `persistent://public/default/x`,
 //! `t/ns/x` → `persistent://t/ns/x`), the legacy 4-part form
 //! `persistent://tenant/cluster/ns/local` (the cluster is dropped), and
-//! `-partition-N` suffixes.
+//! `-partition-N` suffixes, and the percent-encoded form of name segments
+//! in metadata keys (`encode_segment`).
 //! Never: touches the metadata store or decides whether a topic exists.
 
 use std::fmt;
@@ -249,6 +250,39 @@ impl fmt::Display for TopicName {
 }
 
 /// Pulsar allows `[-=:.\w]` in tenant and namespace names.
+/// Percent-encodes a name segment for use in a metadata key.
+pub fn encode_segment(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_') {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Inverse of [`encode_segment`] (lenient: bad escapes are kept as is).
+pub fn decode_segment(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok();
+            if let Some(value) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                out.push(value);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 fn check_segment(original: &str, segment: &str) -> Result<(), InvalidName> {
     if segment.is_empty() {
         return Err(invalid(original, "empty tenant or namespace"));
@@ -321,5 +355,14 @@ mod tests {
         assert!(TopicName::parse(&"x".repeat(TOPIC_NAME_BYTES_MAX + 1)).is_err());
         assert!(NamespaceName::parse("public/default").is_ok());
         assert!(NamespaceName::parse("public").is_err());
+    }
+
+    #[test]
+    fn segments_round_trip() {
+        for s in ["plain", "a.b", "..", "with space", "ü/x", "%41"] {
+            let encoded = encode_segment(s);
+            assert!(!encoded.contains('/') && encoded != "." && encoded != "..");
+            assert_eq!(decode_segment(&encoded), s);
+        }
     }
 }

@@ -1,20 +1,13 @@
-//! Authentication (Pulsar's token method) and authorization (superusers,
-//! tenant admins, per-namespace produce/consume grants).
+//! Authentication (Pulsar's token method): who a client is.
 //!
 //! Owns: [`AuthConfig`] (the key tokens are checked with, superuser roles,
-//! whether authorization is enforced), turning CONNECT / AUTH_RESPONSE /
-//! `Authorization: Bearer` credentials into a [`Principal`], and the
-//! authorization rules shared by the protocol and the admin API:
-//! - a superuser may do anything;
-//! - a tenant's admin (`TenantInfo::admin_roles`) may administer the tenant
-//!   and its namespaces and topics, and produce and consume on them;
-//! - any other role may produce or consume on a namespace's topics when the
-//!   namespace grants it that action (`NamespacePolicies::permissions`);
-//!   lookups, partitioned metadata and schema reads need either grant.
+//! whether authorization is enforced) and turning CONNECT / AUTH_RESPONSE /
+//! `Authorization: Bearer` credentials into a [`Principal`]. What a role may
+//! then do is `authorization`'s job.
 //!
-//! Refusals are `AuthenticationError` (who are you?) or `AuthorizationError`
-//! (not allowed) on the protocol, 401 and 403 on HTTP.
-//! Never: keeps credentials beyond a connection, or logs a token.
+//! Refusals are `AuthenticationError` on the protocol, 401 on HTTP.
+//! Never: keeps credentials beyond a connection, logs a token, or reads the
+//! metadata store.
 
 pub mod jwt;
 
@@ -22,9 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use vela_wire::proto::ServerError;
 
-use crate::admin::{Admin, AdminError, AuthAction};
 use crate::error::ServiceError;
-use crate::topic_name::NamespaceName;
 
 /// `auth_method_name` of Pulsar's token plugin (CONNECT, AuthData).
 pub const TOKEN_METHOD: &str = "token";
@@ -118,70 +109,6 @@ impl AuthConfig {
     pub(crate) fn is_superuser(&self, role: &str) -> bool {
         self.superuser_roles.iter().any(|r| r == role)
     }
-
-    /// Whether `role` may administer `tenant` (superuser or tenant admin).
-    /// Always true with authorization off.
-    pub(crate) async fn may_administer(
-        &self,
-        admin: &Admin,
-        role: &str,
-        tenant: &str,
-    ) -> Result<bool, AdminError> {
-        if self.authorization == Authorization::Off || self.is_superuser(role) {
-            return Ok(true);
-        }
-        Ok(admin
-            .tenant_info(tenant)
-            .await?
-            .is_some_and(|info| info.admin_roles.iter().any(|r| r == role)))
-    }
-
-    /// Whether `role` may do `action` on the topics of `ns`.
-    pub(crate) async fn may_use_namespace(
-        &self,
-        admin: &Admin,
-        role: &str,
-        ns: &NamespaceName,
-        action: TopicAction,
-    ) -> Result<bool, AdminError> {
-        if self.may_administer(admin, role, &ns.tenant).await? {
-            return Ok(true);
-        }
-        let Some(policies) = admin.namespace_policies(ns).await? else {
-            return Ok(false);
-        };
-        let Some(granted) = policies.permissions.get(role) else {
-            return Ok(false);
-        };
-        Ok(match action {
-            TopicAction::Produce => granted.contains(&AuthAction::Produce),
-            TopicAction::Consume => granted.contains(&AuthAction::Consume),
-            TopicAction::Lookup => {
-                granted.contains(&AuthAction::Produce) || granted.contains(&AuthAction::Consume)
-            }
-        })
-    }
-
-    /// [`Self::may_use_namespace`] as a protocol answer: `AuthorizationError`
-    /// when refused.
-    pub(crate) async fn authorize_namespace(
-        &self,
-        admin: &Admin,
-        role: &str,
-        ns: &NamespaceName,
-        action: TopicAction,
-    ) -> Result<(), ServiceError> {
-        if self.may_use_namespace(admin, role, ns, action).await? {
-            return Ok(());
-        }
-        Err(ServiceError::new(
-            ServerError::AuthorizationError,
-            format!(
-                "Client with role {role} is not authorized to {} on namespace {ns}",
-                action.verb()
-            ),
-        ))
-    }
 }
 
 /// An authenticated client.
@@ -193,27 +120,6 @@ pub(crate) struct Principal {
     pub(crate) expires_at: Option<SystemTime>,
 }
 
-/// What a client wants to do with a topic.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum TopicAction {
-    /// PRODUCER, schema creation.
-    Produce,
-    /// SUBSCRIBE (consumers and readers).
-    Consume,
-    /// LOOKUP, PARTITIONED_METADATA, schema reads, topic lists: either grant.
-    Lookup,
-}
-
-impl TopicAction {
-    fn verb(self) -> &'static str {
-        match self {
-            TopicAction::Produce => "produce",
-            TopicAction::Consume => "consume",
-            TopicAction::Lookup => "lookup",
-        }
-    }
-}
-
 fn authentication_error(message: impl Into<String>) -> ServiceError {
     ServiceError::new(ServerError::AuthenticationError, message)
 }
@@ -221,11 +127,7 @@ fn authentication_error(message: impl Into<String>) -> ServiceError {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use std::collections::BTreeSet;
-    use std::sync::Arc;
-
     use super::*;
-    use crate::admin::TenantInfo;
 
     fn config() -> (AuthConfig, jwt::SigningKey) {
         let secret = jwt::new_secret().unwrap();
@@ -253,63 +155,5 @@ mod tests {
             .authenticate(Some("token"), b"garbage", now)
             .unwrap_err();
         assert_eq!(e.code, ServerError::AuthenticationError);
-    }
-
-    #[tokio::test]
-    async fn grants_admins_and_superusers() {
-        let (config, _) = config();
-        let admin = Admin::new(Arc::new(vela_meta::MemoryStore::new()));
-        admin.ensure_defaults().await.unwrap();
-        let info = TenantInfo {
-            admin_roles: vec!["boss".into()],
-            allowed_clusters: vec!["standalone".into()],
-        };
-        admin.create_tenant_with("acme", &info).await.unwrap();
-        let ns = NamespaceName::parse("acme/ns").unwrap();
-        admin
-            .create_namespace(&ns, Default::default())
-            .await
-            .unwrap();
-        admin
-            .grant_permission(&ns, "writer", BTreeSet::from([AuthAction::Produce]))
-            .await
-            .unwrap();
-        let may = |role: &'static str, action| {
-            let config = config.clone();
-            let admin = admin.clone();
-            let ns = ns.clone();
-            async move {
-                config
-                    .may_use_namespace(&admin, role, &ns, action)
-                    .await
-                    .unwrap()
-            }
-        };
-        assert!(may("root", TopicAction::Consume).await);
-        assert!(may("boss", TopicAction::Consume).await);
-        assert!(may("writer", TopicAction::Produce).await);
-        assert!(may("writer", TopicAction::Lookup).await);
-        assert!(!may("writer", TopicAction::Consume).await);
-        assert!(!may("stranger", TopicAction::Lookup).await);
-        let e = config
-            .authorize_namespace(&admin, "stranger", &ns, TopicAction::Produce)
-            .await
-            .unwrap_err();
-        assert_eq!(e.code, ServerError::AuthorizationError);
-        assert!(
-            !config
-                .may_administer(&admin, "writer", "acme")
-                .await
-                .unwrap()
-        );
-        assert!(config.may_administer(&admin, "boss", "acme").await.unwrap());
-        assert!(
-            !config
-                .may_administer(&admin, "boss", "public")
-                .await
-                .unwrap()
-        );
-        admin.revoke_permission(&ns, "writer").await.unwrap();
-        assert!(!may("writer", TopicAction::Produce).await);
     }
 }

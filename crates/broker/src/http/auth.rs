@@ -19,11 +19,10 @@ use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use super::ApiError;
-use crate::admin::decode_segment;
-use crate::auth::TopicAction;
+use super::api::ApiError;
+use crate::authorization::{self, TopicAction};
 use crate::service::Service;
-use crate::topic_name::NamespaceName;
+use crate::topic_name::{NamespaceName, decode_segment};
 
 /// What a route asks of the caller.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,13 +62,12 @@ pub(super) async fn require(
     let role = principal.role.as_str();
     let allowed = match &need {
         Need::Open | Need::Authenticated => Ok(true),
-        Need::Superuser => {
-            Ok(auth.authorization == crate::auth::Authorization::Off || auth.is_superuser(role))
+        Need::Superuser => Ok(authorization::is_superuser(auth, role)),
+        Need::TenantAdmin(tenant) => {
+            authorization::may_administer(auth, &service.admin, role, tenant).await
         }
-        Need::TenantAdmin(tenant) => auth.may_administer(&service.admin, role, tenant).await,
         Need::Namespace(ns, action) => {
-            auth.may_use_namespace(&service.admin, role, ns, *action)
-                .await
+            authorization::may_use_namespace(auth, &service.admin, role, ns, *action).await
         }
     };
     match allowed {

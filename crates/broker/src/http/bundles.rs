@@ -16,8 +16,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use serde_json::json;
 
-use super::namespaces::namespace_of;
-use super::{ApiError, ApiResult, ListenerScheme, Shared};
+use super::api::{ApiError, ApiResult, ListenerScheme, Shared, namespace_of};
 use crate::ownership::{BUNDLES_DEFAULT, BundleRange, default_layout};
 use crate::service::{Service, ownership_error};
 use crate::topic_name::NamespaceName;

@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use serde_json::{Value, json};
 
-use super::{ApiError, ApiResult, Params, Shared, no_content};
+use super::api::{ApiError, ApiResult, Params, Shared, flag, namespace_of, no_content};
 use crate::admin::NamespacePolicies;
 use crate::admin::json::{
     self, BacklogQuotaJson, PersistenceJson, PoliciesBody, RetentionJson, TenantInfoJson,
@@ -144,7 +144,7 @@ async fn delete_tenant(
     Path(tenant): Path<String>,
     Query(params): Params,
 ) -> ApiResult<StatusCode> {
-    if super::flag(&params, "force") {
+    if flag(&params, "force") {
         return Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "Broker doesn't allow forced deletion of tenants",
@@ -171,15 +171,6 @@ async fn namespaces(
         return Err(ApiError::not_found("Tenant does not exist"));
     }
     Ok(axum::Json(service.admin.namespaces(&tenant).await?))
-}
-
-pub(super) fn namespace_of(tenant: &str, namespace: &str) -> ApiResult<NamespaceName> {
-    NamespaceName::parse(&format!("{tenant}/{namespace}")).map_err(|_| {
-        ApiError::new(
-            StatusCode::PRECONDITION_FAILED,
-            "Namespace name is not valid",
-        )
-    })
 }
 
 /// The namespace's policies, or 404 as Pulsar answers it.
@@ -248,7 +239,7 @@ async fn delete_namespace(
 ) -> ApiResult<StatusCode> {
     let ns = namespace_of(&tenant, &namespace)?;
     policies_of(&service, &ns).await?;
-    if super::flag(&params, "force") {
+    if flag(&params, "force") {
         return Err(ApiError::new(
             StatusCode::METHOD_NOT_ALLOWED,
             "Broker doesn't allow forced deletion of namespaces",

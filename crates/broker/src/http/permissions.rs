@@ -13,8 +13,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 
-use super::namespaces::namespace_of;
-use super::{ApiError, ApiResult, Shared, no_content};
+use super::api::{ApiError, ApiResult, Shared, namespace_of, no_content};
 use crate::admin::AuthAction;
 use crate::admin::json::parse_body;
 use crate::service::Service;

@@ -17,11 +17,12 @@ use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use serde_json::Value;
 
-use super::{ApiError, ApiResult, Params, Shared, flag, no_content, topic_of};
+use super::api::{ApiError, ApiResult, Params, Shared, flag, no_content, topic_of};
 use crate::admin::json::{self, MessageIdJson, parse_body};
 use crate::service::Service;
 use crate::subscription::SeekTarget;
-use crate::topic::{SubscriptionStart, Topic};
+use crate::topic::Topic;
+use crate::topic::cursor_admin::SubscriptionStart;
 use crate::topic_name::{NamespaceName, TopicName};
 
 /// Ledgers whose metadata internal stats describes (`?metadata=true`), newest

@@ -1,0 +1,185 @@
+//! The records the admin store keeps, as stored: a tenant's info and a
+//! namespace's policies (persistence, retention, TTL, backlog quotas,
+//! deduplication, compaction threshold, permission grants), with the
+//! validation Pulsar applies to them.
+//!
+//! Owns: these types and their JSON as stored (serde field names are a
+//! storage format: renaming one loses stored values). Never: the REST
+//! shapes (`json`) or the store's keys (`admin`).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::PersistenceConfig;
+use crate::error::AdminError;
+
+/// A namespace's policies (subset of Pulsar's `Policies`), as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespacePolicies {
+    /// Replication of the namespace's topics: (E, Qw, Qa); `None` = broker default.
+    #[serde(default)]
+    pub persistence: Option<(u8, u8, u8)>,
+    /// Producer deduplication by (producer name, sequence id).
+    #[serde(default)]
+    pub deduplication_enabled: Option<bool>,
+    /// How long and how much consumed data is kept.
+    #[serde(default)]
+    pub retention: Option<RetentionPolicy>,
+    /// Messages older than this are acknowledged for every subscription.
+    #[serde(default)]
+    pub message_ttl_seconds: Option<u32>,
+    /// Backlog quotas by type (`destination_storage`, `message_age`).
+    #[serde(default)]
+    pub backlog_quotas: BTreeMap<String, BacklogQuota>,
+    /// Bytes not yet compacted that start a compaction (0 or `None`: never
+    /// automatically).
+    #[serde(default)]
+    pub compaction_threshold_bytes: Option<u64>,
+    /// Actions granted to roles on the namespace's topics (Pulsar's
+    /// `auth_policies.namespace_auth`); enforced when authorization is on.
+    #[serde(default)]
+    pub permissions: BTreeMap<String, BTreeSet<AuthAction>>,
+}
+
+/// An action a role may be granted on a namespace (Pulsar's `AuthAction`,
+/// same JSON names). Only `produce` and `consume` mean anything here; the
+/// others are kept so Pulsar's admin clients can round-trip them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthAction {
+    /// Create producers.
+    Produce,
+    /// Subscribe (consumers, readers).
+    Consume,
+    /// Pulsar Functions (kept, not used).
+    Functions,
+    /// Pulsar IO sources (kept, not used).
+    Sources,
+    /// Pulsar IO sinks (kept, not used).
+    Sinks,
+    /// Packages (kept, not used).
+    Packages,
+}
+
+/// Roles with grants on one namespace. Each grant is a map entry in the
+/// namespace's policy record, read on every PRODUCER/SUBSCRIBE/LOOKUP of an
+/// unprivileged role; 1000 roles keeps that record small (~50 KiB).
+/// When reached: a grant to a new role is refused (412).
+pub const GRANTED_ROLES_MAX: usize = 1000;
+
+/// Longest role name accepted in a grant, bytes (roles are token subjects;
+/// real ones are short).
+pub const ROLE_BYTES_MAX: usize = 256;
+
+/// Retention of consumed data (Pulsar's RetentionPolicies): −1 = no limit,
+/// both 0 = no retention.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetentionPolicy {
+    /// Minutes consumed data is kept.
+    pub time_minutes: i32,
+    /// MiB of consumed data kept.
+    pub size_mb: i64,
+}
+
+/// A backlog quota (Pulsar's BacklogQuota).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BacklogQuota {
+    /// Backlog bytes allowed (−1: no limit).
+    pub limit_bytes: i64,
+    /// Age of the oldest unacknowledged message allowed, seconds (−1: none).
+    pub limit_seconds: i32,
+    /// `producer_request_hold`, `producer_exception` or `consumer_backlog_eviction`.
+    pub policy: String,
+}
+
+/// Backlog quota types Pulsar knows.
+pub const BACKLOG_QUOTA_TYPES: [&str; 2] = ["destination_storage", "message_age"];
+/// Backlog quota policies Pulsar knows.
+pub const BACKLOG_QUOTA_POLICIES: [&str; 3] = [
+    "producer_request_hold",
+    "producer_exception",
+    "consumer_backlog_eviction",
+];
+
+/// Largest ensemble a namespace may ask for (Pulsar's
+/// `managedLedgerMaxEnsembleSize` default is 5; Vela's ensembles are bounded
+/// by the standalone bookie count, 16).
+pub const ENSEMBLE_MAX: u8 = 16;
+
+impl NamespacePolicies {
+    /// Checks every policy as Pulsar does (400 on a bad value).
+    pub fn validate(&self) -> Result<(), AdminError> {
+        if let Some((ensemble, write_quorum, ack_quorum)) = self.persistence {
+            if ensemble == 0 || ensemble > ENSEMBLE_MAX {
+                return Err(AdminError::BadRequest(format!(
+                    "Bookkeeper-Ensemble must be <= {ENSEMBLE_MAX} and > 0."
+                )));
+            }
+            if !(ack_quorum >= 1 && ack_quorum <= write_quorum && write_quorum <= ensemble) {
+                return Err(AdminError::BadRequest(format!(
+                    "Bookkeeper Ensemble ({ensemble}) >= WriteQuorum ({write_quorum}) >= \
+                     AckQuorum ({ack_quorum})"
+                )));
+            }
+        }
+        if let Some(retention) = self.retention {
+            if retention.size_mb < -1 {
+                return Err(AdminError::BadRequest(
+                    "Invalid retention policy: size limit must be >= -1".into(),
+                ));
+            }
+            if retention.time_minutes < -1 {
+                return Err(AdminError::BadRequest(
+                    "Invalid retention policy: time limit must be >= -1".into(),
+                ));
+            }
+            if (retention.time_minutes == 0) != (retention.size_mb == 0) {
+                return Err(AdminError::BadRequest(
+                    "Invalid retention policy: Setting a single time or size limit to 0 is \
+                     invalid when one of the limits has a non-zero value. Use the value of -1 \
+                     instead of 0 to ignore a specific limit. To disable retention both limits \
+                     must be set to 0."
+                        .into(),
+                ));
+            }
+        }
+        for (kind, quota) in &self.backlog_quotas {
+            if !BACKLOG_QUOTA_TYPES.contains(&kind.as_str()) {
+                return Err(AdminError::BadRequest(format!(
+                    "unknown backlog quota type {kind}"
+                )));
+            }
+            if !BACKLOG_QUOTA_POLICIES.contains(&quota.policy.as_str()) {
+                return Err(AdminError::BadRequest(format!(
+                    "unknown backlog quota policy {}",
+                    quota.policy
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The persistence to use, falling back to `default`.
+    pub fn persistence_or(&self, default: PersistenceConfig) -> PersistenceConfig {
+        match self.persistence {
+            Some((ensemble, write_quorum, ack_quorum)) => PersistenceConfig {
+                ensemble,
+                write_quorum,
+                ack_quorum,
+            },
+            None => default,
+        }
+    }
+}
+
+/// A tenant's configuration (Pulsar's TenantInfo), as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TenantInfo {
+    /// Roles allowed to administer the tenant (enforced when authorization is on).
+    #[serde(default)]
+    pub admin_roles: Vec<String>,
+    /// Clusters the tenant may use.
+    #[serde(default)]
+    pub allowed_clusters: Vec<String>,
+}

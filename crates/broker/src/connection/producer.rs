@@ -1,0 +1,516 @@
+//! Producers of one connection: PRODUCER (admission on the topic), SEND
+//! and its receipt, CLOSE_PRODUCER.
+//!
+//! A SEND is charged against the connection's pending bounds (semaphores:
+//! when exhausted the reader waits, not reading, which pushes back on the
+//! client through TCP), checked against the topic's dedup table, and issued
+//! to `Topic::publish` (the append is issued before the next frame is
+//! read, so entries keep SEND order); a receipt job then goes to the
+//! producer's receipt task, which awaits the appends strictly in SEND order
+//! and answers SEND_RECEIPT or SEND_ERROR. CLOSE_PRODUCER is answered by the
+//! same task, after every receipt in flight.
+//! Owns: [`Producers`] (this connection's producers and the pending-send
+//! bounds) and the receipt tasks.
+//! Never: waits for an append on the reader task, or answers a SEND out of
+//! order.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use vela_log::{AppendFuture, Position};
+use vela_wire::proto::{self, MessageIdData, ServerError};
+use vela_wire::{Command, SendCommand};
+
+use super::deferred::{Deferred, TopicOpening};
+use super::session::{Close, NAME_BYTES_MAX, Session};
+use crate::authorization::TopicAction;
+use crate::codec::{self, Outbound};
+use crate::error::ServiceError;
+use crate::schema;
+use crate::service::Service;
+use crate::topic::{Admission, DedupCheck, ProducerReg, Topic};
+use crate::topic_name::TopicName;
+
+enum ReceiptJob {
+    Send {
+        sequence_id: u64,
+        highest_sequence_id: u64,
+        received: Instant,
+        /// When the append was issued (storage write latency starts).
+        issued: Instant,
+        append: AppendFuture,
+        topic_metrics: Arc<crate::metrics::TopicMetrics>,
+        _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    },
+    Duplicate {
+        sequence_id: u64,
+        highest_sequence_id: u64,
+        _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+    },
+    Error {
+        sequence_id: u64,
+        code: ServerError,
+        message: String,
+    },
+    Close {
+        request_id: u64,
+    },
+}
+
+struct ConnProducer {
+    topic: Arc<Topic>,
+    name: String,
+    jobs: mpsc::Sender<ReceiptJob>,
+}
+
+/// The producers open on one connection and its pending-send bounds.
+pub(super) struct Producers {
+    map: HashMap<u64, ConnProducer>,
+    /// SENDs not yet answered (`ConnectionLimits::pending_sends_max`).
+    pending_sends: Arc<Semaphore>,
+    /// Bytes of SEND frames not yet answered
+    /// (`ConnectionLimits::pending_send_bytes_max`).
+    pending_bytes: Arc<Semaphore>,
+}
+
+impl Producers {
+    pub(super) fn new(pending_sends_max: usize, pending_send_bytes_max: usize) -> Producers {
+        Producers {
+            map: HashMap::new(),
+            pending_sends: Arc::new(Semaphore::new(pending_sends_max)),
+            pending_bytes: Arc::new(Semaphore::new(pending_send_bytes_max)),
+        }
+    }
+
+    /// The broker closed this producer (a newer epoch replaced it):
+    /// dropping the job sender lets the receipt task finish what is in flight.
+    pub(super) fn closed(&mut self, producer_id: u64) {
+        self.map.remove(&producer_id);
+    }
+
+    /// Detaches every producer (the connection is closing).
+    pub(super) fn cleanup(&mut self, conn_id: u64) {
+        for (producer_id, producer) in self.map.drain() {
+            producer
+                .topic
+                .remove_producer(&producer.name, conn_id, producer_id);
+        }
+    }
+
+    /// `opening`: a PRODUCER that just arrived opens a topic not open yet
+    /// off the reader (see `deferred`) and is handled again when it is.
+    pub(super) async fn on_producer(
+        &mut self,
+        session: &Session,
+        body: proto::CommandProducer,
+        opening: TopicOpening<'_>,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let producer_id = body.producer_id;
+        let loads = match opening {
+            TopicOpening::Arrived(loads) => Some(loads),
+            TopicOpening::Opened(Ok(())) => None,
+            TopicOpening::Opened(Err(e)) => return refuse(session, &body, e).await,
+        };
+        if let Some(existing) = self.map.get(&producer_id) {
+            // A retry of a PRODUCER that already succeeded on this connection.
+            if existing.topic.full_name
+                == TopicName::parse(&body.topic)
+                    .map(|t| t.to_string())
+                    .unwrap_or_default()
+            {
+                let name = existing.name.clone();
+                let last_sequence_id = existing.topic.last_sequence_id(&name);
+                return session
+                    .send(proto::CommandProducerSuccess {
+                        request_id,
+                        producer_name: name,
+                        last_sequence_id: Some(last_sequence_id),
+                        schema_version: Some(Bytes::new()),
+                        topic_epoch: None,
+                        producer_ready: Some(true),
+                    })
+                    .await;
+            }
+            return session
+                .send_error(
+                    request_id,
+                    ServiceError::new(
+                        ServerError::ProducerBusy,
+                        "producer id already in use on this connection",
+                    ),
+                )
+                .await;
+        }
+        if self.map.len() >= session.service.config.limits.producers_max {
+            return session
+                .send_error(
+                    request_id,
+                    ServiceError::new(
+                        ServerError::NotAllowedError,
+                        "producers_max reached on this connection",
+                    ),
+                )
+                .await;
+        }
+        if let Some(loads) = loads
+            && loads.defer(session, &body.topic, true, TopicAction::Produce, || {
+                Deferred::Producer(body.clone())
+            })
+        {
+            return Ok(());
+        }
+        match self.create_producer(session, &body).await {
+            Ok(Some(success)) => session.send(success).await,
+            Ok(None) => Ok(()),
+            Err(e) => refuse(session, &body, e).await,
+        }
+    }
+
+    async fn create_producer(
+        &mut self,
+        session: &Session,
+        body: &proto::CommandProducer,
+    ) -> Result<Option<proto::CommandProducerSuccess>, ServiceError> {
+        let topic_name = TopicName::parse(&body.topic)?;
+        session
+            .authorize(&topic_name.namespace, TopicAction::Produce)
+            .await?;
+        let topic = session.service.topic(&topic_name, true).await?;
+        let schema_version = match &body.schema {
+            Some(s) if !schema::is_empty_schema(s) => Some(
+                session
+                    .service
+                    .schemas
+                    .get_or_create(&topic_name, s)
+                    .await?,
+            ),
+            _ => None,
+        };
+        let name = match body.producer_name.as_deref() {
+            Some(name) if name.len() > NAME_BYTES_MAX => {
+                return Err(ServiceError::new(
+                    ServerError::NotAllowedError,
+                    "producer name longer than NAME_BYTES_MAX",
+                ));
+            }
+            Some(name) if !name.is_empty() => name.to_string(),
+            _ => session.service.next_producer_name(),
+        };
+        let access_mode = body
+            .producer_access_mode
+            .and_then(|m| proto::ProducerAccessMode::try_from(m).ok())
+            .unwrap_or(proto::ProducerAccessMode::Shared);
+        let reg = ProducerReg {
+            conn_id: session.id,
+            producer_id: body.producer_id,
+            epoch: body.epoch.unwrap_or(0),
+            exclusive: false,
+            out: session.out.clone(),
+            events: session.events_tx.clone(),
+            address: session.peer.to_string(),
+            client_version: session.client_version.clone(),
+        };
+        let exclusive = access_mode != proto::ProducerAccessMode::Shared;
+        let last_sequence_id = topic.last_sequence_id(&name);
+        let success = proto::CommandProducerSuccess {
+            request_id: body.request_id,
+            producer_name: name.clone(),
+            last_sequence_id: Some(last_sequence_id),
+            // The Java client reads schema_version unconditionally; the Java
+            // broker sends an empty one for a topic without schema.
+            schema_version: Some(
+                schema_version
+                    .map(schema::encode_version)
+                    .unwrap_or_default(),
+            ),
+            topic_epoch: exclusive.then_some(0),
+            producer_ready: Some(true),
+        };
+        // A waiting producer's "not ready" answer is queued by the topic
+        // under its lock, so it always precedes the later "ready" one.
+        let not_ready = codec::encode_command(proto::CommandProducerSuccess {
+            producer_ready: Some(false),
+            ..success.clone()
+        });
+        let admission = topic.add_producer(&name, reg, access_mode, body.request_id, not_ready)?;
+        let (jobs, jobs_rx) =
+            mpsc::channel(session.service.config.limits.pending_sends_max.max(1) + 1);
+        tokio::spawn(receipt_loop(
+            body.producer_id,
+            jobs_rx,
+            session.out.clone(),
+            Arc::clone(&session.service),
+        ));
+        tracing::debug!(conn = session.id, topic = %topic.full_name, producer = %name, "producer created");
+        let previous = self.map.insert(
+            body.producer_id,
+            ConnProducer {
+                topic,
+                name: name.clone(),
+                jobs,
+            },
+        );
+        debug_assert!(previous.is_none(), "a producer id registered twice");
+        debug_assert!(self.map.len() <= session.service.config.limits.producers_max);
+        Ok((admission == Admission::Ready).then_some(success))
+    }
+
+    pub(super) async fn on_send(
+        &mut self,
+        session: &Session,
+        received: Instant,
+        body: SendCommand,
+        entry: Bytes,
+        frame_bytes: usize,
+    ) -> Result<(), Close> {
+        let Some(producer) = self.map.get(&body.producer_id) else {
+            return Err(Close(format!(
+                "SEND for unknown producer id {}",
+                body.producer_id
+            )));
+        };
+        let jobs = producer.jobs.clone();
+        let sequence_id = body.sequence_id;
+        let highest_sequence_id = body.highest_sequence_id().unwrap_or(0);
+        // Size: the frame decoder already refused frames above
+        // max_message_size + FRAME_PADDING_BYTES (closing the connection), as
+        // the Java broker's frame decoder does; chunks of exactly
+        // max_message_size plus their metadata must pass, so nothing more is
+        // checked here.
+        // Back-pressure: wait (not reading) until earlier sends drain.
+        let bytes_limit = session.service.config.limits.pending_send_bytes_max;
+        let bytes = u32::try_from(frame_bytes.min(bytes_limit)).unwrap_or(u32::MAX);
+        let (Ok(send_permit), Ok(bytes_permit)) = (
+            Arc::clone(&self.pending_sends).acquire_owned().await,
+            Arc::clone(&self.pending_bytes)
+                .acquire_many_owned(bytes)
+                .await,
+        ) else {
+            return Err(Close("pending-send semaphores closed".into()));
+        };
+        let Some(producer) = self.map.get(&body.producer_id) else {
+            return Ok(());
+        };
+        let messages = body.num_messages().unwrap_or(1).max(1) as u32;
+        // Publish rate: past it, this connection stops reading for the pause
+        // (Pulsar's throttling: TCP back-pressure, nothing refused).
+        let pause = producer.topic.publish_pause(messages, entry.len());
+        let job = match producer.topic.dedup_check(
+            &producer.name,
+            sequence_id as i64,
+            highest_sequence_id as i64,
+        ) {
+            DedupCheck::Duplicate => ReceiptJob::Duplicate {
+                sequence_id,
+                highest_sequence_id,
+                _permits: (send_permit, bytes_permit),
+            },
+            DedupCheck::Fresh => ReceiptJob::Send {
+                sequence_id,
+                highest_sequence_id,
+                received,
+                issued: Instant::now(),
+                append: producer.topic.publish(entry, messages),
+                topic_metrics: Arc::clone(&producer.topic.metrics),
+                _permits: (send_permit, bytes_permit),
+            },
+        };
+        let _ = jobs.send(job).await;
+        if let Some(pause) = pause {
+            tokio::time::sleep(pause).await;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn on_checksum_mismatch(
+        &mut self,
+        session: &Session,
+        command: Command,
+    ) -> Result<(), Close> {
+        let Some(send) = command.as_send() else {
+            return Err(Close("checksum mismatch on a non-SEND frame".into()));
+        };
+        tracing::warn!(
+            conn = session.id,
+            producer_id = send.producer_id,
+            sequence_id = send.sequence_id,
+            "SEND checksum mismatch"
+        );
+        let Some(producer) = self.map.get(&send.producer_id) else {
+            return Err(Close(format!(
+                "SEND for unknown producer id {}",
+                send.producer_id
+            )));
+        };
+        let job = ReceiptJob::Error {
+            sequence_id: send.sequence_id,
+            code: ServerError::ChecksumError,
+            message: "Checksum failed on the broker".into(),
+        };
+        let _ = producer.jobs.send(job).await;
+        Ok(())
+    }
+
+    pub(super) async fn on_close_producer(
+        &mut self,
+        session: &Session,
+        body: proto::CommandCloseProducer,
+    ) -> Result<(), Close> {
+        match self.map.remove(&body.producer_id) {
+            Some(producer) => {
+                producer
+                    .topic
+                    .remove_producer(&producer.name, session.id, body.producer_id);
+                // SUCCESS goes out after every receipt in flight.
+                let _ = producer
+                    .jobs
+                    .send(ReceiptJob::Close {
+                        request_id: body.request_id,
+                    })
+                    .await;
+                Ok(())
+            }
+            None => session.send_success(body.request_id).await,
+        }
+    }
+}
+
+async fn refuse(
+    session: &Session,
+    body: &proto::CommandProducer,
+    error: ServiceError,
+) -> Result<(), Close> {
+    tracing::info!(conn = session.id, topic = %body.topic, error = %error, "PRODUCER refused");
+    session.send_error(body.request_id, error).await
+}
+
+async fn receipt_loop(
+    producer_id: u64,
+    mut jobs: mpsc::Receiver<ReceiptJob>,
+    out: mpsc::Sender<Outbound>,
+    service: Arc<Service>,
+) {
+    let metrics = &service.metrics;
+    // Appends are issued in SEND order and the log gives increasing
+    // positions, so this producer's receipts name increasing positions.
+    let mut last_appended: Option<Position> = None;
+    while let Some(job) = jobs.recv().await {
+        let frame = match job {
+            ReceiptJob::Send {
+                sequence_id,
+                highest_sequence_id,
+                received,
+                issued,
+                append,
+                topic_metrics,
+                _permits,
+            } => match append.await {
+                Ok(position) => {
+                    debug_assert!(
+                        last_appended.is_none_or(|last| position > last),
+                        "a receipt out of SEND order: {position} after {last_appended:?}"
+                    );
+                    last_appended = Some(position);
+                    let durable = Instant::now();
+                    topic_metrics
+                        .storage_write_latency
+                        .record(durable.saturating_duration_since(issued));
+                    let frame = receipt(
+                        producer_id,
+                        sequence_id,
+                        highest_sequence_id,
+                        position.ledger_id,
+                        position.entry_id,
+                    );
+                    match frame {
+                        // Recorded by the writer once the receipt is out.
+                        Outbound::Simple(frame) => Outbound::Receipt {
+                            frame,
+                            timing: crate::metrics::PublishTiming {
+                                received,
+                                topic: topic_metrics,
+                            },
+                        },
+                        other => other,
+                    }
+                }
+                Err(e) => {
+                    metrics
+                        .send_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    tracing::warn!(producer_id, sequence_id, error = %e, "append failed");
+                    // The reason goes to the client (e.g. "not enough writable
+                    // bookies ... read-only (disk full or failing)").
+                    let error = ServiceError::from(e);
+                    codec::encode_command(proto::CommandSendError {
+                        producer_id,
+                        sequence_id,
+                        error: error.code as i32,
+                        message: format!("persistence failure: {}", error.message),
+                    })
+                }
+            },
+            ReceiptJob::Duplicate {
+                sequence_id,
+                highest_sequence_id,
+                _permits,
+            } => receipt(
+                producer_id,
+                sequence_id,
+                highest_sequence_id,
+                u64::MAX,
+                u64::MAX,
+            ),
+            ReceiptJob::Error {
+                sequence_id,
+                code,
+                message,
+            } => {
+                metrics
+                    .send_errors
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                codec::encode_command(proto::CommandSendError {
+                    producer_id,
+                    sequence_id,
+                    error: code as i32,
+                    message,
+                })
+            }
+            ReceiptJob::Close { request_id } => {
+                let _ = out
+                    .send(codec::encode_command(proto::CommandSuccess {
+                        request_id,
+                        schema: None,
+                    }))
+                    .await;
+                return;
+            }
+        };
+        if out.send(frame).await.is_err() {
+            return;
+        }
+    }
+}
+
+fn receipt(
+    producer_id: u64,
+    sequence_id: u64,
+    highest_sequence_id: u64,
+    ledger_id: u64,
+    entry_id: u64,
+) -> Outbound {
+    codec::encode_command(proto::CommandSendReceipt {
+        producer_id,
+        sequence_id,
+        message_id: Some(MessageIdData {
+            ledger_id,
+            entry_id,
+            ..MessageIdData::default()
+        }),
+        highest_sequence_id: Some(highest_sequence_id),
+    })
+}

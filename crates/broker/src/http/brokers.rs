@@ -1,0 +1,111 @@
+//! Vela's broker-level routes: the health probe, `/metrics` (Prometheus
+//! text, written by `prometheus`) and the write-path breakdown
+//! (`/admin/v2/vela/write-path`). Pulsar's `BrokersBase` routes belong here.
+//! Never: keeps state; every figure comes from the service's metrics.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde_json::json;
+
+use super::api::{ApiResult, Params, Shared};
+use super::prometheus;
+use crate::metrics::Stage;
+use crate::service::Service;
+use crate::topic_name::TopicName;
+
+pub(super) fn routes() -> Router<Arc<Service>> {
+    Router::new()
+        .route("/admin/v2/brokers/health", get(health))
+        .route("/metrics", get(metrics))
+        .route("/metrics/", get(metrics))
+        .route("/admin/v2/vela/write-path", get(write_path))
+}
+
+async fn health() -> &'static str {
+    "ok"
+}
+
+async fn metrics(State(service): Shared) -> Response {
+    let text = prometheus::render(&service).await;
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// `GET /admin/v2/vela/write-path[?topic=T]`: count, mean, percentiles and
+/// a bound on the maximum of each write-path stage (µs), with the bucket counts (bounds in
+/// `bucket_bounds_us`, the last bucket is the overflow) so a caller can
+/// subtract two snapshots; with a topic, its own broker publish and storage
+/// write latencies come first (stages below the log are shared by every
+/// topic).
+async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<Response> {
+    let mut rows = Vec::new();
+    let mut add = |stage: &str, scope: &str, latency: &crate::metrics::LatencySnapshot| {
+        rows.push(json!({
+            "stage": stage,
+            "scope": scope,
+            "count": latency.count,
+            "sum_us": latency.sum_us,
+            "mean_us": latency.mean_us(),
+            "p50_us": latency.quantile_us(0.5),
+            "p99_us": latency.quantile_us(0.99),
+            "p999_us": latency.quantile_us(0.999),
+            // The upper bound of the highest non-empty bucket: the slowest
+            // sample was at most this.
+            "max_us": latency.quantile_us(1.0),
+            "buckets": latency.buckets.to_vec(),
+        }));
+    };
+    let topic = params.get("topic").filter(|t| !t.is_empty());
+    if let Some(topic) = topic {
+        let name = TopicName::parse(topic)?;
+        let partitions = match name.partition {
+            None => service.admin.partitions(&name).await?,
+            Some(_) => None,
+        };
+        let names: Vec<TopicName> = match partitions {
+            Some(n) => (0..n).map(|i| name.partition(i)).collect(),
+            None => vec![name.clone()],
+        };
+        let mut publish = crate::metrics::LatencySnapshot::default();
+        let mut storage = crate::metrics::LatencySnapshot::default();
+        for name in &names {
+            let served = service.topic(name, false).await?;
+            publish.merge(&served.metrics.publish_latency.snapshot());
+            storage.merge(&served.metrics.storage_write_latency.snapshot());
+        }
+        add("broker_publish", "topic", &publish);
+        add("storage_write", "topic", &storage);
+    }
+    // Same stage on several instances (bookies): one merged row, then each.
+    let all = service.write_path();
+    for stage in Stage::ALL {
+        let instances: Vec<_> = all.iter().filter(|s| s.stage == stage).collect();
+        if instances.len() > 1 {
+            let mut merged = crate::metrics::LatencySnapshot::default();
+            for s in &instances {
+                merged.merge(&s.latency);
+            }
+            add(stage.as_str(), "all", &merged);
+        }
+        for s in instances {
+            add(stage.as_str(), &s.instance, &s.latency);
+        }
+    }
+    Ok(axum::Json(json!({
+        "topic": topic,
+        "bucket_bounds_us": crate::metrics::LATENCY_BOUNDS_US.to_vec(),
+        "stages": rows,
+    }))
+    .into_response())
+}

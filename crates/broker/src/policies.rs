@@ -1,0 +1,212 @@
+//! The policies a served topic enforces, as the broker reads them from the
+//! namespace's stored policies: message TTL, backlog quotas (Pulsar's three
+//! policies), retention and the compaction threshold.
+//!
+//! Owns: parsing [`NamespacePolicies`] once into [`TopicPolicies`] (Pulsar's
+//! numbers and names: −1 is "no limit", quota policies by name) and the
+//! refusal a producer gets while a quota holds the topic. This is where the
+//! resolution topic > namespace > broker default belongs once topics carry
+//! their own policies.
+//! Never: applies them: `lifecycle` runs the periodic pass, `topic` checks
+//! producer admission.
+
+use std::time::Duration;
+
+use vela_log::Retention;
+use vela_wire::proto::ServerError;
+
+use crate::admin::{BacklogQuota, NamespacePolicies, RetentionPolicy};
+use crate::error::ServiceError;
+
+/// What happens when a backlog quota is exceeded (Pulsar's
+/// `BacklogQuota.RetentionPolicy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuotaPolicy {
+    /// Producers are disconnected; new ones are refused with a retriable
+    /// error, so clients hold their sends until the backlog shrinks.
+    ProducerRequestHold,
+    /// Producers are disconnected; new ones are refused with an exception
+    /// (their pending sends fail).
+    ProducerException,
+    /// The oldest backlog of the subscriptions over the quota is dropped.
+    ConsumerBacklogEviction,
+}
+
+impl QuotaPolicy {
+    fn parse(name: &str) -> Option<QuotaPolicy> {
+        match name {
+            "producer_request_hold" => Some(QuotaPolicy::ProducerRequestHold),
+            "producer_exception" => Some(QuotaPolicy::ProducerException),
+            "consumer_backlog_eviction" => Some(QuotaPolicy::ConsumerBacklogEviction),
+            _ => None,
+        }
+    }
+
+    /// The refusal a new producer gets while this policy holds the topic.
+    pub(crate) fn refusal(self, limit: QuotaLimit) -> ServiceError {
+        let what = match limit {
+            QuotaLimit::SizeBytes(bytes) => format!("backlog size quota of {bytes} bytes"),
+            QuotaLimit::AgeSeconds(seconds) => format!("backlog age quota of {seconds} s"),
+        };
+        match self {
+            QuotaPolicy::ProducerRequestHold => ServiceError::new(
+                ServerError::ProducerBlockedQuotaExceededError,
+                format!("Cannot create producer on topic with backlog quota exceeded ({what})"),
+            ),
+            QuotaPolicy::ProducerException | QuotaPolicy::ConsumerBacklogEviction => {
+                ServiceError::new(
+                    ServerError::ProducerBlockedQuotaExceededException,
+                    format!("Cannot create producer on topic with backlog quota exceeded ({what})"),
+                )
+            }
+        }
+    }
+}
+
+/// The limit a backlog quota sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QuotaLimit {
+    /// `destination_storage`: backlog bytes of the slowest subscription.
+    SizeBytes(u64),
+    /// `message_age`: age of the oldest unacknowledged message.
+    AgeSeconds(u64),
+}
+
+/// The policies a served topic enforces, parsed from its namespace's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TopicPolicies {
+    /// Messages older than this are acknowledged for every subscription.
+    pub(crate) message_ttl: Option<Duration>,
+    /// Backlog quotas (at most one per limit type).
+    pub(crate) quotas: Vec<(QuotaLimit, QuotaPolicy)>,
+    /// Consumed data kept.
+    pub(crate) retention: Retention,
+    /// Bytes not yet compacted that start a compaction.
+    pub(crate) compaction_threshold_bytes: Option<u64>,
+}
+
+impl Default for TopicPolicies {
+    fn default() -> TopicPolicies {
+        TopicPolicies {
+            message_ttl: None,
+            quotas: Vec::new(),
+            retention: Retention::NONE,
+            compaction_threshold_bytes: None,
+        }
+    }
+}
+
+impl TopicPolicies {
+    /// Parses a namespace's stored policies (validated by the admin API when
+    /// set: unknown quota types or policies are skipped with a warning).
+    pub(crate) fn from_namespace(policies: &NamespacePolicies) -> TopicPolicies {
+        let message_ttl = policies
+            .message_ttl_seconds
+            .filter(|s| *s > 0)
+            .map(|s| Duration::from_secs(u64::from(s)));
+        let mut quotas = Vec::new();
+        for (kind, quota) in &policies.backlog_quotas {
+            match parse_quota(kind, quota) {
+                Some(parsed) => quotas.push(parsed),
+                None => tracing::warn!(kind, ?quota, "backlog quota not understood; ignored"),
+            }
+        }
+        TopicPolicies {
+            message_ttl,
+            quotas,
+            retention: policies.retention.map_or(Retention::NONE, retention_of),
+            compaction_threshold_bytes: policies.compaction_threshold_bytes.filter(|b| *b > 0),
+        }
+    }
+}
+
+fn parse_quota(kind: &str, quota: &BacklogQuota) -> Option<(QuotaLimit, QuotaPolicy)> {
+    let policy = QuotaPolicy::parse(&quota.policy)?;
+    let limit = match kind {
+        "destination_storage" => QuotaLimit::SizeBytes(u64::try_from(quota.limit_bytes).ok()?),
+        "message_age" => QuotaLimit::AgeSeconds(u64::try_from(quota.limit_seconds).ok()?),
+        _ => return None,
+    };
+    Some((limit, policy))
+}
+
+/// Pulsar's retention numbers (−1: no limit) as the log's `Retention`.
+pub(crate) fn retention_of(policy: RetentionPolicy) -> Retention {
+    const MIB: u64 = 1 << 20;
+    Retention {
+        time: u64::try_from(policy.time_minutes)
+            .ok()
+            .map(|minutes| Duration::from_secs(minutes * 60)),
+        size_bytes: u64::try_from(policy.size_mb)
+            .ok()
+            .map(|mb| mb.saturating_mul(MIB)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retention_numbers_follow_pulsar() {
+        let none = retention_of(RetentionPolicy {
+            time_minutes: 0,
+            size_mb: 0,
+        });
+        assert_eq!(none, Retention::NONE);
+        let forever = retention_of(RetentionPolicy {
+            time_minutes: -1,
+            size_mb: -1,
+        });
+        assert_eq!(forever.time, None);
+        assert_eq!(forever.size_bytes, None);
+        let some = retention_of(RetentionPolicy {
+            time_minutes: 10,
+            size_mb: 2,
+        });
+        assert_eq!(some.time, Some(Duration::from_secs(600)));
+        assert_eq!(some.size_bytes, Some(2 << 20));
+    }
+
+    #[test]
+    fn quotas_parse_and_unknown_ones_are_skipped() {
+        let mut ns = NamespacePolicies::default();
+        ns.backlog_quotas.insert(
+            "destination_storage".into(),
+            BacklogQuota {
+                limit_bytes: 1000,
+                limit_seconds: -1,
+                policy: "producer_exception".into(),
+            },
+        );
+        ns.backlog_quotas.insert(
+            "message_age".into(),
+            BacklogQuota {
+                limit_bytes: -1,
+                limit_seconds: 30,
+                policy: "consumer_backlog_eviction".into(),
+            },
+        );
+        ns.backlog_quotas.insert(
+            "bogus".into(),
+            BacklogQuota {
+                limit_bytes: 1,
+                limit_seconds: 1,
+                policy: "producer_exception".into(),
+            },
+        );
+        ns.message_ttl_seconds = Some(0);
+        let parsed = TopicPolicies::from_namespace(&ns);
+        assert_eq!(parsed.message_ttl, None);
+        assert_eq!(
+            parsed.quotas,
+            vec![
+                (QuotaLimit::SizeBytes(1000), QuotaPolicy::ProducerException),
+                (
+                    QuotaLimit::AgeSeconds(30),
+                    QuotaPolicy::ConsumerBacklogEviction
+                ),
+            ]
+        );
+    }
+}

@@ -1,0 +1,233 @@
+//! The interface of a subscription task: the commands connections and the
+//! topic send it, and what they describe a consumer with.
+//!
+//! Owns: [`SubCommand`] and its payloads, [`ConsumerInfo`] (a consumer as
+//! its connection describes it), [`ConnEvent`] (what the broker tells a
+//! connection it closed), [`SubscriptionHandle`] and [`SubscriptionSpec`].
+//! Never: holds subscription state (the dispatcher does).
+
+use std::sync::Arc;
+
+use tokio::sync::{mpsc, oneshot};
+use vela_log::{Cursor, ManagedLog, Position};
+use vela_wire::proto::{MessageIdData, command_ack::AckType, command_subscribe::SubType};
+
+use crate::codec::Outbound;
+use crate::compaction::Compaction;
+use crate::error::ServiceError;
+use crate::stats::SubscriptionStats;
+
+/// Commands queued for one subscription task; senders wait when it is full.
+pub(crate) const SUBSCRIPTION_COMMANDS_MAX: usize = 1024;
+
+/// A consumer as the connection describes it.
+#[derive(Debug, Clone)]
+pub(crate) struct ConsumerInfo {
+    /// Connection the consumer lives on.
+    pub(crate) conn_id: u64,
+    /// Client-chosen id, unique on its connection.
+    pub(crate) consumer_id: u64,
+    /// Consumer name (clients always send one).
+    pub(crate) name: String,
+    /// Failover priority (lower first).
+    pub(crate) priority_level: i32,
+    /// The connection's outbound queue.
+    pub(crate) out: mpsc::Sender<Outbound>,
+    /// Where to tell the connection that the broker closed this consumer.
+    pub(crate) events: mpsc::Sender<ConnEvent>,
+    /// Negotiated protocol version of the connection.
+    pub(crate) protocol_version: i32,
+    /// Key_Shared: (sticky, ranges); `None` means AUTO_SPLIT.
+    pub(crate) sticky_ranges: Option<Vec<(i32, i32)>>,
+    /// Client address for stats.
+    pub(crate) address: String,
+    /// Consumer epoch from SUBSCRIBE (Java clients, Exclusive/Failover);
+    /// stamped on every MESSAGE when set.
+    pub(crate) epoch: Option<u64>,
+    /// Key_Shared allowOutOfOrderDelivery: no fence when joining.
+    pub(crate) allow_out_of_order: bool,
+}
+
+/// A consumer is identified by (connection id, consumer id).
+pub(crate) type ConsumerKey = (u64, u64);
+
+/// Events the subscription (or topic) sends to a connection.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ConnEvent {
+    /// The broker closed this consumer (seek, unsubscribe, topic close).
+    ConsumerClosed(u64),
+    /// The broker closed this producer (replaced by a newer epoch).
+    ProducerClosed(u64),
+}
+
+/// Where to seek.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum SeekTarget {
+    /// A message id: (ledger, entry) as the client sent them (u64, with the
+    /// earliest/latest sentinels).
+    MessageId {
+        /// Ledger.
+        ledger_id: u64,
+        /// Entry.
+        entry_id: u64,
+    },
+    /// First entry published at or after this time (ms).
+    PublishTime(u64),
+}
+
+/// A snapshot for CONSUMER_STATS.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct ConsumerStatsSnapshot {
+    /// Permits left.
+    pub(crate) available_permits: i64,
+    /// Entries delivered to this consumer and not acked.
+    pub(crate) unacked_messages: u64,
+    /// Backlog of the subscription in entries.
+    pub(crate) backlog: u64,
+    /// Consumer name.
+    pub(crate) name: String,
+    /// Address.
+    pub(crate) address: String,
+}
+
+/// Commands to a subscription task.
+#[derive(Debug)]
+pub(crate) enum SubCommand {
+    /// Attach a consumer.
+    Add {
+        /// The consumer.
+        info: ConsumerInfo,
+        /// Subscription type the consumer asked for.
+        sub_type: SubType,
+        /// Outcome.
+        reply: oneshot::Sender<Result<(), ServiceError>>,
+    },
+    /// Detach a consumer (close or disconnect); its unacked entries are replayed.
+    Remove {
+        /// Consumer.
+        key: ConsumerKey,
+        /// Answered once removed (with true if the subscription ended).
+        reply: Option<oneshot::Sender<bool>>,
+    },
+    /// FLOW permits.
+    Flow {
+        /// Consumer.
+        key: ConsumerKey,
+        /// Messages the consumer can take.
+        permits: u32,
+    },
+    /// ACK.
+    Ack {
+        /// Consumer.
+        key: ConsumerKey,
+        /// Individual or cumulative.
+        ack_type: AckType,
+        /// Acked ids (with ack_set for batch-index acks).
+        ids: Vec<MessageIdData>,
+        /// Set when the client wants an ACK_RESPONSE.
+        request_id: Option<u64>,
+    },
+    /// REDELIVER_UNACKNOWLEDGED_MESSAGES (empty ids: all of this consumer's).
+    Redeliver {
+        /// Consumer.
+        key: ConsumerKey,
+        /// The client's new consumer epoch (redeliver-all from Java clients).
+        epoch: Option<u64>,
+        /// Entries to redeliver.
+        ids: Vec<MessageIdData>,
+    },
+    /// SEEK: reset the position and close every consumer.
+    Seek {
+        /// Where.
+        target: SeekTarget,
+        /// Outcome (sent after the consumers were closed).
+        reply: oneshot::Sender<Result<(), ServiceError>>,
+    },
+    /// UNSUBSCRIBE.
+    Unsubscribe {
+        /// Consumer asking.
+        key: ConsumerKey,
+        /// Unsubscribe even with other consumers attached.
+        force: bool,
+        /// Outcome.
+        reply: oneshot::Sender<Result<(), ServiceError>>,
+    },
+    /// CONSUMER_STATS.
+    Stats {
+        /// Consumer.
+        key: ConsumerKey,
+        /// Snapshot (None if the consumer is unknown).
+        reply: oneshot::Sender<Option<ConsumerStatsSnapshot>>,
+    },
+    /// Subscription statistics (admin API).
+    SubStats {
+        /// Snapshot.
+        reply: oneshot::Sender<SubscriptionStats>,
+    },
+    /// Admin skip / expire / clear-backlog: acknowledge everything up to
+    /// `position` (consumers stay attached; entries out to them at or before
+    /// it are forgotten).
+    AckUpTo {
+        /// Last position acknowledged.
+        position: Position,
+        /// Count the entries acknowledged as expired (stats).
+        expired: bool,
+        /// Outcome.
+        reply: oneshot::Sender<Result<(), ServiceError>>,
+    },
+    /// The mark-delete position (GET_LAST_MESSAGE_ID).
+    MarkDelete {
+        /// Position.
+        reply: oneshot::Sender<Option<Position>>,
+    },
+    /// Close every consumer and stop (topic close / broker shutdown).
+    Shutdown {
+        /// Answered once stopped.
+        reply: oneshot::Sender<()>,
+    },
+}
+
+/// Handle to a running subscription task.
+#[derive(Debug, Clone)]
+pub(crate) struct SubscriptionHandle {
+    /// Subscription name.
+    pub(crate) name: String,
+    /// False for readers.
+    pub(crate) durable: bool,
+    /// Commands.
+    pub(crate) tx: mpsc::Sender<SubCommand>,
+}
+
+/// Everything needed to start a subscription task.
+#[derive(Debug)]
+pub(crate) struct SubscriptionSpec {
+    /// Subscription name.
+    pub(crate) name: String,
+    /// Full topic name (for logs).
+    pub(crate) topic: String,
+    /// Partition index for message ids (−1 if not a partition).
+    pub(crate) partition: i32,
+    /// The topic's log.
+    pub(crate) log: Arc<ManagedLog>,
+    /// Durable cursor, or `None` for a reader starting at `reader_start`.
+    pub(crate) cursor: Option<Arc<Cursor>>,
+    /// Reader: the first position to deliver (None = after the last entry).
+    pub(crate) reader_start: Option<Position>,
+    /// The type fixed by the first consumer.
+    pub(crate) sub_type: SubType,
+    /// Key_Shared STICKY mode.
+    pub(crate) sticky: bool,
+    /// `read_compacted`: read the compacted view up to its horizon.
+    pub(crate) compaction: Option<Arc<Compaction>>,
+    /// Consumers attached at most (`TopicLimits::consumers_per_subscription_max`,
+    /// itself at most `config::CONSUMERS_PER_SUBSCRIPTION_MAX`: Key_Shared
+    /// AUTO_SPLIT can split the 65536 slots at most ~16 times deep per range,
+    /// and 10k consumers is far beyond any real subscription). When reached:
+    /// SUBSCRIBE gets ConsumerBusy.
+    pub(crate) consumers_max: usize,
+}
+
+/// The key of a consumer.
+pub(crate) fn key_of(info: &ConsumerInfo) -> ConsumerKey {
+    (info.conn_id, info.consumer_id)
+}

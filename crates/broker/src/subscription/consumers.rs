@@ -1,0 +1,352 @@
+//! The consumers attached to a subscription and who may take the next
+//! entry: the subscription type (fixed by the first consumer), the active
+//! consumer of Exclusive and Failover, the round robin of Shared, the
+//! Key_Shared selector, and each consumer's permits and counters.
+//!
+//! Owns: [`Consumers`] and [`Slot`]. Guarantees: an Exclusive subscription
+//! has at most one consumer; the count stays within `consumers_max`; the
+//! active consumer, when set, is attached; [`Consumers::route`] only picks a
+//! consumer with permits > 0 (asserted again at delivery).
+//! Never: tracks entries (`redelivery` does) or reads the log.
+
+use std::collections::HashSet;
+
+use vela_log::{LogEntry, Position};
+use vela_wire::proto::{CommandActiveConsumerChange, ServerError, command_subscribe::SubType};
+
+use super::command::{ConsumerInfo, ConsumerKey, key_of};
+use crate::codec;
+use crate::error::ServiceError;
+use crate::key_shared::{self, KeySharedSelector};
+
+/// One attached consumer.
+#[derive(Debug)]
+pub(super) struct Slot {
+    pub(super) info: ConsumerInfo,
+    /// Current consumer epoch (raised by redeliver-all).
+    pub(super) epoch: Option<u64>,
+    /// Key_Shared: a consumer that joined while entries were out gets no
+    /// entry at or after this position until every earlier entry is acked
+    /// (the Java broker's "recently joined consumers"), so a key moving to it
+    /// cannot overtake its own earlier messages.
+    pub(super) fence: Option<Position>,
+    /// Messages it may still take (FLOW adds; a batch takes its message
+    /// count, which may leave it negative).
+    pub(super) permits: i64,
+    /// Entries out to it and not acknowledged.
+    pub(super) unacked: u64,
+    /// Messages sent to it.
+    pub(super) msg_out: u64,
+}
+
+/// Who the next entry may go to.
+pub(super) enum Route {
+    Deliver(usize),
+    /// Key_Shared: the entry's consumer cannot take it now; keep it in replay.
+    Hold,
+    /// Nobody can take anything now: stop this pass.
+    Stop,
+}
+
+/// The consumers of one subscription.
+#[derive(Debug)]
+pub(super) struct Consumers {
+    slots: Vec<Slot>,
+    /// Consumers attached at most (see `SubscriptionSpec::consumers_max`).
+    max: usize,
+    sub_type: SubType,
+    /// Key_Shared: slot → consumer.
+    selector: Option<KeySharedSelector>,
+    /// Exclusive and Failover: the consumer entries go to.
+    active: Option<ConsumerKey>,
+    /// Shared: where the next round robin search starts.
+    round_robin: usize,
+}
+
+impl Consumers {
+    pub(super) fn new(sub_type: SubType, sticky: bool, max: usize) -> Consumers {
+        let selector = match sub_type {
+            SubType::KeyShared if sticky => Some(KeySharedSelector::sticky()),
+            SubType::KeyShared => Some(KeySharedSelector::auto_split()),
+            _ => None,
+        };
+        Consumers {
+            slots: Vec::new(),
+            max,
+            sub_type,
+            selector,
+            active: None,
+            round_robin: 0,
+        }
+    }
+
+    pub(super) fn sub_type(&self) -> SubType {
+        self.sub_type
+    }
+
+    pub(super) fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Slot> {
+        self.slots.iter()
+    }
+
+    pub(super) fn get(&self, key: ConsumerKey) -> Option<&Slot> {
+        self.slots.iter().find(|s| key_of(&s.info) == key)
+    }
+
+    pub(super) fn get_mut(&mut self, key: ConsumerKey) -> Option<&mut Slot> {
+        self.slots.iter_mut().find(|s| key_of(&s.info) == key)
+    }
+
+    pub(super) fn at_mut(&mut self, index: usize) -> &mut Slot {
+        &mut self.slots[index]
+    }
+
+    /// True if any consumer other than `key` is attached.
+    pub(super) fn has_others_than(&self, key: ConsumerKey) -> bool {
+        self.slots.iter().any(|s| key_of(&s.info) != key)
+    }
+
+    /// Permits of all consumers (negative ones count as 0).
+    pub(super) fn total_permits(&self) -> i64 {
+        self.slots
+            .iter()
+            .fold(0i64, |sum, s| sum.saturating_add(s.permits.max(0)))
+    }
+
+    /// The Key_Shared slot of an entry (0 when the subscription is not
+    /// Key_Shared).
+    pub(super) fn hash_slot_of(&self, entry: &LogEntry) -> u32 {
+        if self.selector.is_some() {
+            key_shared::entry_slot(&entry.data)
+        } else {
+            0
+        }
+    }
+
+    pub(super) fn is_key_shared(&self) -> bool {
+        self.selector.is_some()
+    }
+
+    /// Attaches a consumer. The first one decides the type (and the
+    /// Key_Shared mode), as in the Java broker. `fence_at`: where a
+    /// Key_Shared consumer joining now is fenced (`None`: nothing is out).
+    pub(super) fn attach(
+        &mut self,
+        info: ConsumerInfo,
+        sub_type: SubType,
+        name: &str,
+        fence_at: Option<Position>,
+    ) -> Result<(), ServiceError> {
+        if self.slots.is_empty() {
+            // No consumer attached: the new one decides the type (and the
+            // Key_Shared mode), as in the Java broker.
+            self.sub_type = sub_type;
+            self.active = None;
+            self.selector = match (sub_type, info.sticky_ranges.is_some()) {
+                (SubType::KeyShared, true) => Some(KeySharedSelector::sticky()),
+                (SubType::KeyShared, false) => Some(KeySharedSelector::auto_split()),
+                _ => None,
+            };
+        }
+        if sub_type != self.sub_type {
+            return Err(ServiceError::new(
+                ServerError::ConsumerBusy,
+                format!(
+                    "subscription {} is of type {:?}, not {:?}",
+                    name, self.sub_type, sub_type
+                ),
+            ));
+        }
+        if self.sub_type == SubType::Exclusive && !self.slots.is_empty() {
+            return Err(ServiceError::new(
+                ServerError::ConsumerBusy,
+                "Exclusive consumer is already connected",
+            ));
+        }
+        if self.slots.len() >= self.max {
+            return Err(ServiceError::new(
+                ServerError::ConsumerBusy,
+                format!("Subscription reached max consumers limit ({})", self.max),
+            ));
+        }
+        let key = key_of(&info);
+        if self.get(key).is_some() {
+            return Err(ServiceError::new(
+                ServerError::ConsumerBusy,
+                "consumer id already attached",
+            ));
+        }
+        if let Some(selector) = &mut self.selector {
+            let hash = key_shared::consumer_hash(key);
+            match (&info.sticky_ranges, selector.is_sticky()) {
+                (Some(ranges), true) => selector.add(hash, ranges),
+                (None, false) => selector.add(hash, &[]),
+                _ => Err(key_shared::AssignError::ModeMismatch),
+            }
+            .map_err(|e| ServiceError::new(ServerError::ConsumerAssignError, e.to_string()))?;
+        }
+        let fence = if self.sub_type == SubType::KeyShared && !info.allow_out_of_order {
+            fence_at
+        } else {
+            None
+        };
+        self.slots.push(Slot {
+            epoch: info.epoch,
+            info,
+            fence,
+            permits: 0,
+            unacked: 0,
+            msg_out: 0,
+        });
+        assert!(
+            self.slots.len() <= self.max,
+            "consumers over the subscription's limit"
+        );
+        assert!(
+            self.sub_type != SubType::Exclusive || self.slots.len() == 1,
+            "two consumers on an Exclusive subscription"
+        );
+        Ok(())
+    }
+
+    /// Detaches a consumer; false if it was not attached.
+    pub(super) fn detach(&mut self, key: ConsumerKey) -> bool {
+        let Some(index) = self.slots.iter().position(|s| key_of(&s.info) == key) else {
+            return false;
+        };
+        self.slots.remove(index);
+        if let Some(selector) = &mut self.selector {
+            selector.remove(key_shared::consumer_hash(key));
+        }
+        true
+    }
+
+    /// Detaches every consumer and returns them.
+    pub(super) fn detach_all(&mut self) -> Vec<Slot> {
+        let slots = std::mem::take(&mut self.slots);
+        if let Some(selector) = &mut self.selector {
+            for slot in &slots {
+                selector.remove(key_shared::consumer_hash(key_of(&slot.info)));
+            }
+        }
+        self.active = None;
+        slots
+    }
+
+    /// True for Exclusive and Failover (one active consumer at a time).
+    pub(super) fn has_active_consumer(&self) -> bool {
+        self.sub_type == SubType::Failover || self.sub_type == SubType::Exclusive
+    }
+
+    /// Failover/Exclusive: consumers sorted by (priority, name); the active
+    /// one is the first, or for a partition `partition % count` among the
+    /// highest-priority ones (as the Java broker spreads partitions).
+    /// Returns the previous active consumer when it changed (its entries
+    /// out go to the new one).
+    pub(super) fn choose_active(&mut self, partition: i32) -> Option<ConsumerKey> {
+        let mut order: Vec<&Slot> = self.slots.iter().collect();
+        order.sort_by(|a, b| {
+            (a.info.priority_level, &a.info.name).cmp(&(b.info.priority_level, &b.info.name))
+        });
+        let top_priority = order.first().map(|s| s.info.priority_level);
+        order.retain(|s| Some(s.info.priority_level) == top_priority);
+        let best = if order.is_empty() {
+            None
+        } else {
+            let index = usize::try_from(partition).map_or(0, |p| p % order.len());
+            Some(key_of(&order[index].info))
+        };
+        let previous = (best != self.active).then_some(self.active).flatten();
+        self.active = best;
+        debug_assert!(self.active.is_none_or(|key| self.get(key).is_some()));
+        previous
+    }
+
+    /// Failover: tells every consumer (clients ≥ v12) whether it is active.
+    pub(super) async fn announce_active(&self) {
+        if self.sub_type != SubType::Failover {
+            return;
+        }
+        for slot in &self.slots {
+            if slot.info.protocol_version < 12 {
+                continue;
+            }
+            let is_active = Some(key_of(&slot.info)) == self.active;
+            let frame = codec::encode_command(CommandActiveConsumerChange {
+                consumer_id: slot.info.consumer_id,
+                is_active: Some(is_active),
+            });
+            let _ = slot.info.out.send(frame).await;
+        }
+    }
+
+    /// Key_Shared: lifts the fences that `still_fenced` no longer holds up.
+    pub(super) fn lift_fences(&mut self, still_fenced: impl Fn(Position) -> bool) {
+        for slot in &mut self.slots {
+            if slot.fence.is_some_and(|fence| !still_fenced(fence)) {
+                slot.fence = None;
+            }
+        }
+    }
+
+    /// Key_Shared: the index of the consumer owning `slot`.
+    pub(super) fn selected_index(&self, slot: u32) -> Option<usize> {
+        let selector = self.selector.as_ref()?;
+        let owner = selector.select(slot % key_shared::HASH_RANGE_SIZE)?;
+        self.slots
+            .iter()
+            .position(|s| key_shared::consumer_hash(key_of(&s.info)) == owner)
+    }
+
+    /// Who takes the entry at `pos` (Key_Shared slot `slot`) now; `stuck`:
+    /// Key_Shared consumers already holding back an earlier entry.
+    pub(super) fn route(&mut self, slot: u32, pos: Position, stuck: &HashSet<usize>) -> Route {
+        match self.sub_type {
+            SubType::Exclusive | SubType::Failover => {
+                let Some(active) = self.active else {
+                    return Route::Stop;
+                };
+                match self.slots.iter().position(|s| key_of(&s.info) == active) {
+                    Some(index) if self.slots[index].permits > 0 => Route::Deliver(index),
+                    _ => Route::Stop,
+                }
+            }
+            SubType::Shared => {
+                // Round robin among the consumers with permits of the best
+                // (lowest) priority level, as the Java broker.
+                let Some(level) = self
+                    .slots
+                    .iter()
+                    .filter(|c| c.permits > 0)
+                    .map(|c| c.info.priority_level)
+                    .min()
+                else {
+                    return Route::Stop;
+                };
+                let n = self.slots.len();
+                for step in 0..n {
+                    let index = (self.round_robin + step) % n;
+                    let candidate = &self.slots[index];
+                    if candidate.permits > 0 && candidate.info.priority_level == level {
+                        self.round_robin = (index + 1) % n;
+                        return Route::Deliver(index);
+                    }
+                }
+                Route::Stop
+            }
+            SubType::KeyShared => match self.selected_index(slot) {
+                Some(index)
+                    if self.slots[index].permits > 0
+                        && !stuck.contains(&index)
+                        && self.slots[index].fence.is_none_or(|fence| pos < fence) =>
+                {
+                    Route::Deliver(index)
+                }
+                _ => Route::Hold,
+            },
+        }
+    }
+}

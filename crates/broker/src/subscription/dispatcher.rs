@@ -1,0 +1,742 @@
+//! The subscription task: one per subscription with consumers (or reader),
+//! handling its commands in order and sending entries while consumers have
+//! permits.
+//!
+//! Owns: [`Dispatcher`], whose state is grouped by job: `acks` (what is
+//! acknowledged), `consumers` (who may take what), `outstanding` (what is
+//! out or to be sent again), `delayed` (what waits for its time), `reader`
+//! (where new entries come from) and the counters behind the stats.
+//! Guarantees: per consumer, entries go out in log order except
+//! redeliveries, which go first; on Key_Shared, entries of one hash slot go
+//! out in log order (an entry waits in replay while an earlier one of its
+//! slot waits); nothing is sent to a consumer whose permits are ≤ 0; the
+//! entries held (out, to replay, delayed) stay within their bounds plus
+//! one read batch (asserted in debug builds).
+//! Never: reads more than `READ_BATCH_ENTRIES_MAX` entries at once, holds
+//! more than `UNACKED_ENTRIES_MAX` unacked entries (dispatch pauses
+//! instead), or touches a connection other than through its outbound queue.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+use vela_log::{LogEntry, ManagedLog, Position};
+use vela_wire::proto::{
+    self, CommandCloseConsumer, CommandMessage, MessageIdData, ServerError, command_ack::AckType,
+    command_subscribe::SubType,
+};
+
+use super::acks::{ACK_SET_WORDS_MAX, Acks};
+use super::command::{
+    ConnEvent, ConsumerInfo, ConsumerKey, ConsumerStatsSnapshot, SUBSCRIPTION_COMMANDS_MAX,
+    SeekTarget, SubCommand, SubscriptionHandle, SubscriptionSpec, key_of,
+};
+use super::consumers::{Consumers, Route};
+use super::delayed::{self, DELAYED_ENTRIES_MAX, Delayed};
+use super::reader::{READ_BATCH_ENTRIES_MAX, Reader};
+use super::redelivery::{Outstanding, REPLAY_ENTRIES_MAX, SLOT_UNKNOWN, UNACKED_ENTRIES_MAX};
+use super::seek::resolve_seek;
+use crate::codec;
+use crate::error::ServiceError;
+use crate::stats::{ConsumerStats, RateMeter, SubscriptionStats};
+
+/// Entries a subscription holds at most (out to consumers, to replay,
+/// delayed): new entries are read only while each set is under its bound,
+/// one read adds at most a batch, and entries only move between the sets
+/// afterwards.
+const HELD_ENTRIES_MAX: usize =
+    UNACKED_ENTRIES_MAX + REPLAY_ENTRIES_MAX + DELAYED_ENTRIES_MAX + READ_BATCH_ENTRIES_MAX;
+
+/// Starts a subscription task. `on_end` runs when it stops by itself
+/// (reader without consumers, unsubscribe).
+pub(crate) fn spawn(
+    spec: SubscriptionSpec,
+    on_end: Box<dyn FnOnce(&str) + Send>,
+) -> SubscriptionHandle {
+    let (tx, rx) = mpsc::channel(SUBSCRIPTION_COMMANDS_MAX);
+    let durable = spec.cursor.is_some();
+    let handle = SubscriptionHandle {
+        name: spec.name.clone(),
+        durable,
+        tx,
+    };
+    let read_position = match (&spec.cursor, spec.reader_start) {
+        (Some(cursor), _) => match cursor.mark_delete_position() {
+            // Compacted reads may sit in trimmed ledgers: the read finds
+            // the next compacted entry.
+            Some(md) if spec.compaction.is_some() => Position::new(md.ledger_id, md.entry_id + 1),
+            Some(md) => spec.log.next_position(md),
+            None => Position::new(0, 0),
+        },
+        (None, Some(start)) => start,
+        (None, None) => match spec.log.last_confirmed() {
+            Some(last) => spec.log.next_position(last),
+            None => Position::new(0, 0),
+        },
+    };
+    let acks = match spec.cursor {
+        Some(cursor) => Acks::Durable(cursor),
+        None => Acks::in_memory(spec.log.previous_position(read_position)),
+    };
+    let consumers_max = spec
+        .consumers_max
+        .min(crate::config::CONSUMERS_PER_SUBSCRIPTION_MAX);
+    let dispatcher = Dispatcher {
+        name: spec.name,
+        topic: spec.topic,
+        partition: spec.partition,
+        durable,
+        acks,
+        consumers: Consumers::new(spec.sub_type, spec.sticky, consumers_max),
+        outstanding: Outstanding::default(),
+        delayed: Delayed::default(),
+        reader: Reader::new(Arc::clone(&spec.log), read_position, spec.compaction),
+        log: spec.log,
+        counters: Counters {
+            msg_out: 0,
+            bytes_out: 0,
+            redelivered: 0,
+            expired: 0,
+            rates: RateMeter::new([0; 3]),
+        },
+    };
+    tokio::spawn(dispatcher.run(rx, on_end));
+    handle
+}
+
+/// Totals since the subscription task started.
+struct Counters {
+    msg_out: u64,
+    bytes_out: u64,
+    /// Entries sent again at a consumer's request.
+    redelivered: u64,
+    /// Entries acknowledged by message expiry.
+    expired: u64,
+    /// msg_out, bytes_out, redelivered → rates.
+    rates: RateMeter<3>,
+}
+
+struct Dispatcher {
+    name: String,
+    /// Full topic name (for logs).
+    topic: String,
+    /// Partition index for message ids (−1 if not a partition).
+    partition: i32,
+    durable: bool,
+    log: Arc<ManagedLog>,
+    acks: Acks,
+    consumers: Consumers,
+    outstanding: Outstanding,
+    delayed: Delayed,
+    reader: Reader,
+    counters: Counters,
+}
+
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl Dispatcher {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<SubCommand>,
+        on_end: Box<dyn FnOnce(&str) + Send>,
+    ) {
+        tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription started");
+        loop {
+            let waiting = self.reader.caught_up && self.consumers.total_permits() > 0;
+            let read_position = self.reader.position();
+            let log = Arc::clone(&self.log);
+            let next_due = self.delayed.next_due_ms();
+            let delay = next_due.map_or(std::time::Duration::ZERO, |due_ms| {
+                std::time::Duration::from_millis(due_ms.saturating_sub(delayed::now_ms()))
+            });
+            let retry_at = self
+                .reader
+                .retry_at()
+                .unwrap_or_else(tokio::time::Instant::now);
+            let command = tokio::select! {
+                command = rx.recv() => match command {
+                    Some(command) => Some(command),
+                    None => break,
+                },
+                _ = log.wait_for_entry_at(read_position), if waiting => None,
+                _ = tokio::time::sleep(delay), if next_due.is_some() => None,
+                _ = tokio::time::sleep_until(retry_at), if self.reader.retry_at().is_some() => {
+                    self.reader.clear_retry();
+                    None
+                }
+            };
+            if self.log.is_closed() {
+                // The topic's log closed or failed: consumers reconnect (to a
+                // reopened topic) after CLOSE_CONSUMER.
+                tracing::info!(topic = %self.topic, subscription = %self.name, "log closed: closing consumers");
+                if let Some(SubCommand::Shutdown { reply }) = command {
+                    let _ = reply.send(());
+                }
+                self.close_all_consumers(None).await;
+                break;
+            }
+            match command {
+                Some(command) => {
+                    if let Flow::Stop = self.handle(command).await {
+                        break;
+                    }
+                }
+                None => self.reader.caught_up = false,
+            }
+            self.dispatch().await;
+        }
+        tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription stopped");
+        on_end(&self.name);
+    }
+
+    async fn handle(&mut self, command: SubCommand) -> Flow {
+        match command {
+            SubCommand::Add {
+                info,
+                sub_type,
+                reply,
+            } => {
+                let result = self.add_consumer(info, sub_type).await;
+                let _ = reply.send(result);
+            }
+            SubCommand::Remove { key, reply } => {
+                self.remove_consumer(key).await;
+                let ended = !self.durable && self.consumers.is_empty();
+                if let Some(reply) = reply {
+                    let _ = reply.send(ended);
+                }
+                if ended {
+                    return Flow::Stop;
+                }
+            }
+            SubCommand::Flow { key, permits } => {
+                if let Some(slot) = self.consumers.get_mut(key) {
+                    slot.permits = slot.permits.saturating_add(i64::from(permits));
+                    self.reader.caught_up = false;
+                }
+            }
+            SubCommand::Ack {
+                key,
+                ack_type,
+                ids,
+                request_id,
+            } => self.ack(key, ack_type, ids, request_id).await,
+            SubCommand::Redeliver { key, ids, epoch } => self.redeliver(key, &ids, epoch),
+            SubCommand::Seek { target, reply } => {
+                let result = self.seek(target).await;
+                let _ = reply.send(result);
+            }
+            SubCommand::Unsubscribe { key, force, reply } => {
+                if self.consumers.has_others_than(key) && !force {
+                    let _ = reply.send(Err(ServiceError::new(
+                        ServerError::UnknownError,
+                        "subscription has other active consumers",
+                    )));
+                    return Flow::Continue;
+                }
+                if self.acks.is_durable()
+                    && let Err(e) = self.log.delete_cursor(&self.name).await
+                {
+                    let _ = reply.send(Err(e.into()));
+                    return Flow::Continue;
+                }
+                self.close_all_consumers(Some(key)).await;
+                let _ = reply.send(Ok(()));
+                return Flow::Stop;
+            }
+            SubCommand::Stats { key, reply } => {
+                let backlog = self.acks.backlog(&self.log);
+                let snapshot = self.consumers.get(key).map(|s| ConsumerStatsSnapshot {
+                    available_permits: s.permits,
+                    unacked_messages: s.unacked,
+                    backlog,
+                    name: s.info.name.clone(),
+                    address: s.info.address.clone(),
+                });
+                let _ = reply.send(snapshot);
+            }
+            SubCommand::SubStats { reply } => {
+                let _ = reply.send(self.stats());
+            }
+            SubCommand::AckUpTo {
+                position,
+                expired,
+                reply,
+            } => {
+                let result = self.ack_up_to(position, expired);
+                let _ = reply.send(result);
+            }
+            SubCommand::MarkDelete { reply } => {
+                let _ = reply.send(self.acks.mark_delete());
+            }
+            SubCommand::Shutdown { reply } => {
+                self.close_all_consumers(None).await;
+                let _ = reply.send(());
+                return Flow::Stop;
+            }
+        }
+        Flow::Continue
+    }
+
+    /// Acknowledges everything up to `position` (admin skip/expire).
+    fn ack_up_to(&mut self, position: Position, expired: bool) -> Result<(), ServiceError> {
+        let backlog_before = self.acks.backlog(&self.log);
+        let mark_delete_before = self.acks.mark_delete();
+        self.acks
+            .ack_cumulative(&self.log, position)
+            .map_err(ServiceError::from)?;
+        debug_assert!(
+            self.acks.mark_delete() >= mark_delete_before,
+            "mark-delete position moved back"
+        );
+        for owner in self.outstanding.drop_through(position) {
+            self.unacked_one_less(owner);
+        }
+        self.delayed.drop_through(position);
+        self.reader.skip_through(position);
+        if expired {
+            let backlog_after = self.acks.backlog(&self.log);
+            self.counters.expired += backlog_before.saturating_sub(backlog_after);
+        }
+        self.reader.caught_up = false;
+        Ok(())
+    }
+
+    fn stats(&mut self) -> SubscriptionStats {
+        let counters = &mut self.counters;
+        let [msg_rate_out, msg_throughput_out, msg_rate_redeliver] = counters.rates.rates(
+            std::time::Instant::now(),
+            [counters.msg_out, counters.bytes_out, counters.redelivered],
+        );
+        let sub_type = match self.consumers.sub_type() {
+            SubType::Exclusive => "Exclusive",
+            SubType::Shared => "Shared",
+            SubType::Failover => "Failover",
+            SubType::KeyShared => "Key_Shared",
+        };
+        SubscriptionStats {
+            name: self.name.clone(),
+            sub_type: sub_type.to_string(),
+            durable: self.durable,
+            msg_backlog: self.acks.backlog(&self.log),
+            unacked_messages: self.outstanding.pending_len() as u64,
+            msg_out_counter: self.counters.msg_out,
+            bytes_out_counter: self.counters.bytes_out,
+            msg_redeliver_counter: self.counters.redelivered,
+            msg_rate_out,
+            msg_throughput_out,
+            msg_rate_redeliver,
+            msg_expired_counter: self.counters.expired,
+            mark_delete: self.acks.mark_delete(),
+            read_position: Some(self.reader.position()),
+            consumers: self
+                .consumers
+                .iter()
+                .map(|slot| ConsumerStats {
+                    consumer_name: slot.info.name.clone(),
+                    available_permits: slot.permits,
+                    unacked_messages: slot.unacked,
+                    msg_out_counter: slot.msg_out,
+                    address: slot.info.address.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// An entry out to `owner` is no longer out (acked or sent again).
+    /// Saturating: the count is a statistic, and a REDELIVER naming an
+    /// entry twice takes it down twice.
+    fn unacked_one_less(&mut self, owner: ConsumerKey) {
+        if let Some(slot) = self.consumers.get_mut(owner) {
+            slot.unacked = slot.unacked.saturating_sub(1);
+        }
+    }
+
+    async fn add_consumer(
+        &mut self,
+        info: ConsumerInfo,
+        sub_type: SubType,
+    ) -> Result<(), ServiceError> {
+        let fence_at = (!self.outstanding.is_empty()).then_some(self.reader.position());
+        self.consumers
+            .attach(info, sub_type, &self.name, fence_at)?;
+        if self.consumers.has_active_consumer() {
+            self.pick_active().await;
+        }
+        Ok(())
+    }
+
+    async fn remove_consumer(&mut self, key: ConsumerKey) {
+        if !self.consumers.detach(key) {
+            return;
+        }
+        // Every entry it had not acked goes back to the replay set.
+        self.outstanding.requeue_owned_by(key);
+        if self.consumers.has_active_consumer() {
+            self.pick_active().await;
+        }
+    }
+
+    /// Failover/Exclusive: picks the active consumer; entries the previous
+    /// one had not acked go to the new one.
+    async fn pick_active(&mut self) {
+        if let Some(previous) = self.consumers.choose_active(self.partition) {
+            self.outstanding.requeue_owned_by(previous);
+        }
+        self.consumers.announce_active().await;
+    }
+
+    async fn ack(
+        &mut self,
+        key: ConsumerKey,
+        ack_type: AckType,
+        ids: Vec<MessageIdData>,
+        request_id: Option<u64>,
+    ) {
+        let mut error: Option<String> = None;
+        let cumulative = ack_type == AckType::Cumulative;
+        if cumulative
+            && matches!(
+                self.consumers.sub_type(),
+                SubType::Shared | SubType::KeyShared
+            )
+        {
+            error =
+                Some("cumulative ack is not allowed on Shared and Key_Shared subscriptions".into());
+        } else {
+            let last = self.log.last_confirmed();
+            for id in &ids {
+                let pos = Position::new(id.ledger_id, id.entry_id);
+                if last.is_none_or(|last| pos > last) {
+                    // As the Java cursor: never mark beyond the last entry
+                    // (it would silently ack messages not yet published).
+                    error = Some(format!("ack of {pos}, beyond the last entry"));
+                    continue;
+                }
+                if id.ack_set.len() > ACK_SET_WORDS_MAX {
+                    error = Some(format!("ack_set of {} words is too long", id.ack_set.len()));
+                    continue;
+                }
+                let ack_set: Vec<u64> = id.ack_set.iter().map(|w| *w as u64).collect();
+                let mark_delete_before = self.acks.mark_delete();
+                let result = if cumulative {
+                    if ack_set.is_empty() {
+                        self.acks.ack_cumulative(&self.log, pos)
+                    } else {
+                        let before = self.log.previous_position(pos);
+                        let r = match before {
+                            Some(b) => self.acks.ack_cumulative(&self.log, b),
+                            None => Ok(()),
+                        };
+                        r.and_then(|()| self.acks.ack_batch(&self.log, pos, &ack_set))
+                    }
+                } else if ack_set.is_empty() {
+                    self.acks.ack(&self.log, &[pos])
+                } else {
+                    self.acks.ack_batch(&self.log, pos, &ack_set)
+                };
+                debug_assert!(
+                    self.acks.mark_delete() >= mark_delete_before,
+                    "mark-delete position moved back"
+                );
+                if let Err(e) = result {
+                    error = Some(e.to_string());
+                }
+                if cumulative {
+                    let acks = &self.acks;
+                    let owners = self.outstanding.acked_through(pos, |p| acks.is_acked(p));
+                    for owner in owners {
+                        self.unacked_one_less(owner);
+                    }
+                } else if self.acks.is_acked(pos) {
+                    if let Some(owner) = self.outstanding.forget(pos) {
+                        self.unacked_one_less(owner);
+                    }
+                    self.outstanding.unreplay(pos);
+                }
+            }
+        }
+        if let Some(message) = &error {
+            tracing::info!(topic = %self.topic, subscription = %self.name, error = %message, "ack refused");
+        }
+        let Some(request_id) = request_id else { return };
+        let Some(slot) = self.consumers.get(key) else {
+            return;
+        };
+        // ACK_RESPONSE exists since v17; older clients never set request_id.
+        if slot.info.protocol_version < 17 {
+            return;
+        }
+        let response = proto::CommandAckResponse {
+            consumer_id: key.1,
+            txnid_least_bits: None,
+            txnid_most_bits: None,
+            error: error.as_ref().map(|_| ServerError::NotAllowedError as i32),
+            message: error,
+            request_id: Some(request_id),
+        };
+        let _ = slot.info.out.send(codec::encode_command(response)).await;
+    }
+
+    fn redeliver(&mut self, key: ConsumerKey, ids: &[MessageIdData], epoch: Option<u64>) {
+        if ids.is_empty()
+            && let Some(epoch) = epoch
+            && let Some(slot) = self.consumers.get_mut(key)
+        {
+            // Entries stamped with an older epoch are dropped by the client;
+            // they are all in `pending` and come again below.
+            slot.epoch = Some(slot.epoch.map_or(epoch, |e| e.max(epoch)));
+        }
+        let positions: Vec<Position> = if ids.is_empty() {
+            self.outstanding.owned_by(key)
+        } else {
+            ids.iter()
+                .map(|id| Position::new(id.ledger_id, id.entry_id))
+                .filter(|pos| self.outstanding.is_out_to(*pos, key))
+                .collect()
+        };
+        for pos in positions {
+            // A position named twice counts twice, as it always has.
+            self.outstanding.redeliver(pos);
+            self.unacked_one_less(key);
+            self.counters.redelivered += 1;
+        }
+        self.reader.caught_up = false;
+    }
+
+    async fn seek(&mut self, target: SeekTarget) -> Result<(), ServiceError> {
+        let next = resolve_seek(&self.log, target).await?;
+        // As the Java broker: disconnect the consumers, then reset.
+        self.close_all_consumers(None).await;
+        self.acks
+            .reset(&self.log, next)
+            .await
+            .map_err(ServiceError::from)?;
+        self.outstanding.clear();
+        self.delayed.clear();
+        self.reader.seek(next);
+        tracing::info!(topic = %self.topic, subscription = %self.name, position = %next, "seek");
+        Ok(())
+    }
+
+    async fn close_all_consumers(&mut self, except_reply_for: Option<ConsumerKey>) {
+        let slots = self.consumers.detach_all();
+        for slot in &slots {
+            let key = key_of(&slot.info);
+            let _ = slot
+                .info
+                .events
+                .send(ConnEvent::ConsumerClosed(slot.info.consumer_id))
+                .await;
+            if Some(key) == except_reply_for {
+                // The unsubscribing consumer gets SUCCESS, not CLOSE_CONSUMER.
+                continue;
+            }
+            let frame = codec::encode_command(CommandCloseConsumer {
+                consumer_id: slot.info.consumer_id,
+                request_id: u64::MAX,
+                assigned_broker_service_url: None,
+                assigned_broker_service_url_tls: None,
+            });
+            let _ = slot.info.out.send(frame).await;
+        }
+        self.outstanding.requeue_all();
+    }
+
+    /// Sends entries while some consumer has permits.
+    async fn dispatch(&mut self) {
+        self.release_due();
+        if self.consumers.is_empty() {
+            return;
+        }
+        let outstanding = &self.outstanding;
+        self.consumers
+            .lift_fences(|fence| outstanding.has_before(fence));
+        loop {
+            if self.consumers.total_permits() <= 0 {
+                return;
+            }
+            let mut progressed = false;
+            if self.outstanding.replay_len() > 0 {
+                progressed |= self.dispatch_replay().await;
+            }
+            if self.consumers.total_permits() <= 0
+                || self.outstanding.pending_len() >= UNACKED_ENTRIES_MAX
+                || self.outstanding.replay_len() >= REPLAY_ENTRIES_MAX
+                || self.delayed.len() >= DELAYED_ENTRIES_MAX
+            {
+                return;
+            }
+            let wanted = (self.consumers.total_permits() as usize).clamp(1, READ_BATCH_ENTRIES_MAX);
+            let entries = match self.reader.read(self.reader.position(), wanted).await {
+                Ok(entries) => entries,
+                Err(e) => {
+                    tracing::warn!(topic = %self.topic, subscription = %self.name, error = %e, "read failed");
+                    self.reader.caught_up = false;
+                    self.reader.schedule_retry();
+                    return;
+                }
+            };
+            if entries.is_empty() {
+                self.reader.caught_up = true;
+                if progressed && self.outstanding.replay_len() > 0 {
+                    // A replay pass takes at most READ_BATCH_ENTRIES_MAX
+                    // entries: go on with the rest now, as nothing else may
+                    // wake this subscription (the log is caught up).
+                    continue;
+                }
+                return;
+            }
+            let mut stuck_slots: HashSet<u32> = self.outstanding.replay_slots();
+            for entry in entries {
+                let pos = entry.position;
+                if self.acks.is_acked(pos) || self.outstanding.contains(pos) {
+                    self.reader.move_past(pos);
+                    progressed = true;
+                    continue;
+                }
+                if let Some(due_ms) = delayed::due_later(self.consumers.sub_type(), &entry.data) {
+                    // Delayed delivery: held until due, then replayed.
+                    self.delayed.hold(due_ms, pos);
+                    self.reader.move_past(pos);
+                    progressed = true;
+                    continue;
+                }
+                let slot = self.consumers.hash_slot_of(&entry);
+                if self.consumers.is_key_shared() && stuck_slots.contains(&slot) {
+                    // An earlier entry of this key slot waits: keep order.
+                    self.outstanding.queue_replay(pos, slot);
+                    self.reader.move_past(pos);
+                    progressed = true;
+                    continue;
+                }
+                match self.consumers.route(slot, pos, &HashSet::new()) {
+                    Route::Deliver(index) => {
+                        self.deliver(index, entry, slot).await;
+                    }
+                    Route::Hold => {
+                        stuck_slots.insert(slot);
+                        self.outstanding.queue_replay(pos, slot);
+                    }
+                    Route::Stop => return,
+                }
+                self.reader.move_past(pos);
+                progressed = true;
+            }
+            debug_assert!(
+                self.outstanding.pending_len() + self.outstanding.replay_len() + self.delayed.len()
+                    <= HELD_ENTRIES_MAX,
+                "a subscription holds more entries than its bounds allow"
+            );
+            if !progressed {
+                return;
+            }
+        }
+    }
+
+    /// Moves delayed entries that are due into the replay set.
+    fn release_due(&mut self) {
+        for pos in self.delayed.take_due(delayed::now_ms()) {
+            self.outstanding.queue_replay(pos, SLOT_UNKNOWN);
+            self.reader.caught_up = false;
+        }
+    }
+
+    /// Sends replay entries (in position order) to consumers that can take
+    /// them; true if anything was sent or dropped.
+    async fn dispatch_replay(&mut self) -> bool {
+        let mut progressed = false;
+        let mut stuck_slots: HashSet<u32> = HashSet::new();
+        let mut stuck_consumers: HashSet<usize> = HashSet::new();
+        for pos in self.outstanding.replay_first(READ_BATCH_ENTRIES_MAX) {
+            if self.consumers.total_permits() <= 0 {
+                break;
+            }
+            if self.acks.is_acked(pos) {
+                self.outstanding.unreplay(pos);
+                progressed = true;
+                continue;
+            }
+            let entry = match self.reader.read_one(pos).await {
+                Ok(Some(entry)) => entry,
+                Ok(None) => {
+                    self.outstanding.unreplay(pos);
+                    progressed = true;
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(topic = %self.topic, subscription = %self.name, error = %e, "read failed");
+                    self.reader.schedule_retry();
+                    break;
+                }
+            };
+            let slot = self.consumers.hash_slot_of(&entry);
+            self.outstanding.queue_replay(pos, slot);
+            if self.consumers.is_key_shared() && stuck_slots.contains(&slot) {
+                continue;
+            }
+            match self.consumers.route(slot, pos, &stuck_consumers) {
+                Route::Deliver(index) => {
+                    self.outstanding.unreplay(pos);
+                    self.deliver(index, entry, slot).await;
+                    progressed = true;
+                }
+                Route::Hold => {
+                    stuck_slots.insert(slot);
+                    if let Some(index) = self.consumers.selected_index(slot) {
+                        stuck_consumers.insert(index);
+                    }
+                }
+                Route::Stop => break,
+            }
+        }
+        progressed
+    }
+
+    async fn deliver(&mut self, index: usize, entry: LogEntry, hash_slot: u32) {
+        let pos = entry.position;
+        debug_assert!(
+            !self.outstanding.contains(pos),
+            "delivery of an entry already out or waiting"
+        );
+        let messages = codec::entry_message_count(&entry.data);
+        let redelivery_count = self.outstanding.redelivery_count(pos);
+        let ack_set: Vec<i64> = self
+            .acks
+            .batch_state(pos)
+            .map(|words| words.iter().map(|w| *w as i64).collect())
+            .unwrap_or_default();
+        let slot = self.consumers.at_mut(index);
+        debug_assert!(slot.permits > 0, "delivery to a consumer without permits");
+        let message = CommandMessage {
+            consumer_id: slot.info.consumer_id,
+            message_id: MessageIdData {
+                ledger_id: pos.ledger_id,
+                entry_id: pos.entry_id,
+                partition: Some(self.partition),
+                ..MessageIdData::default()
+            },
+            redelivery_count: (redelivery_count > 0).then_some(redelivery_count),
+            ack_set,
+            consumer_epoch: slot.epoch,
+        };
+        slot.permits -= i64::from(messages);
+        slot.unacked += 1;
+        slot.msg_out += u64::from(messages);
+        let key = key_of(&slot.info);
+        let entry_bytes = entry.data.len();
+        let frame = codec::encode_message(message, entry.data);
+        if slot.info.out.send(frame).await.is_err() {
+            // The connection is gone; its cleanup will remove the consumer.
+            slot.permits = 0;
+            self.outstanding.queue_replay(pos, hash_slot);
+            return;
+        }
+        self.outstanding.sent(pos, key, hash_slot);
+        self.counters.msg_out += u64::from(messages);
+        self.counters.bytes_out += entry_bytes as u64;
+    }
+}

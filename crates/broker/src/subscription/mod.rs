@@ -1,0 +1,46 @@
+//! A subscription: its acknowledgement state, its consumers and the dispatcher
+//! that feeds them, run as one task (an actor) per subscription.
+//!
+//! Module map:
+//! - `command`: the task's interface (`SubCommand`, `ConsumerInfo`,
+//!   `ConnEvent`, `SubscriptionHandle`, `SubscriptionSpec`);
+//! - `dispatcher`: the task (`spawn`): its command loop and the dispatch of
+//!   entries to consumers;
+//! - `consumers`: who may take what (subscription type, active consumer,
+//!   round robin, Key_Shared selector and fences, permits);
+//! - `acks`: what is acknowledged (the durable cursor, or a reader's
+//!   in-memory state);
+//! - `redelivery`: what is out to consumers (`pending`) and what is to be
+//!   sent again (`replay`), with redelivery counts;
+//! - `delayed`: delayed delivery;
+//! - `reader`: where entries are read from (the log, or the compacted view)
+//!   and the read position;
+//! - `seek`: finding positions by message id or publish time.
+//!
+//! Dependencies point down that list; this module only re-exports. A
+//! transaction's pending acks belong beside `acks`.
+//!
+//! Owns: which consumer gets which entry (Exclusive, Failover, Shared,
+//! Key_Shared), flow-control permits, the entries delivered but not acked,
+//! the entries to send again, redelivery counts, seek, unsubscribe. The
+//! durable state (mark-delete position, individual and batch acks) lives in
+//! the log's `Cursor`; readers (non-durable) keep it in memory.
+//! Never: touches a connection other than through its outbound queue, or
+//! holds more entries than its named bounds.
+
+mod acks;
+mod command;
+mod consumers;
+mod delayed;
+mod dispatcher;
+mod reader;
+mod redelivery;
+mod seek;
+
+pub(crate) use command::{
+    ConnEvent, ConsumerInfo, SeekTarget, SubCommand, SubscriptionHandle, SubscriptionSpec,
+};
+pub(crate) use delayed::now_ms;
+pub(crate) use dispatcher::spawn;
+pub(crate) use reader::READ_BATCH_ENTRIES_MAX;
+pub(crate) use seek::{first_published_at_or_after, resolve_seek};

@@ -1,0 +1,302 @@
+//! A served topic: its log, its producers and its subscriptions.
+//!
+//! Module map (the `Topic`'s state is grouped by job, each group with its
+//! own lock):
+//! - `publish`: the single-writer order of appends (`append_lock`), the
+//!   publish rate (`throttle`), the in-counters;
+//! - `dedup`: producer name → highest sequence id (deduplication);
+//! - `producers`: producer names, access modes, the WaitForExclusive queue,
+//!   epoch replacement;
+//! - `subscriptions`: the running subscription tasks, creating them, the
+//!   topic-wide consumer count;
+//! - `quota`: the namespace policies the topic enforces and the backlog
+//!   quota verdict behind producer admission;
+//! - `cursor_admin`: admin operations on subscriptions (create, reset,
+//!   skip, expire, evict);
+//! - `stats`: the statistics snapshot.
+//!
+//! A non-persistent topic would reuse `producers` and sit beside `Topic`
+//! in the service; a transaction buffer would sit beside `publish`.
+//!
+//! Locks (all short `parking_lot` mutexes, never held across an await,
+//! except `SubscriptionTable::create`, an async mutex held while a
+//! subscription is created):
+//! - `Publisher::append_lock`: only around `ManagedLog::append` (the issue
+//!   of the add, not its completion); a leaf.
+//! - `ProducerTable::state` (registered and waiting producers) →
+//!   `DedupTable` (read when a waiting producer gets the topic).
+//! - `SubscriptionTable::create` → `SubscriptionTable::map`.
+//! - `PolicyState`, `DedupTable`, the throttle's buckets, `rates`: leaves.
+//!
+//! Lock order is the arrows above; no other lock is taken while one is
+//! held. Compaction keeps its own state (`compaction`).
+//!
+//! Owns: the topic's limits (producers, consumers over all subscriptions,
+//! the publish rate's buckets), and closing/deleting the topic's clients and
+//! log.
+//! Never: waits for an append while holding a lock, parses payloads, or talks
+//! to a socket (frames go through the connections' outbound queues).
+
+pub(crate) mod cursor_admin;
+mod dedup;
+mod producers;
+mod publish;
+mod quota;
+mod stats;
+mod subscriptions;
+mod throttle;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::oneshot;
+use vela_log::{AppendFuture, Cursor, ManagedLog};
+use vela_wire::proto::ProducerAccessMode;
+
+use crate::codec::Outbound;
+use crate::compaction::Compaction;
+use crate::config::TopicLimits;
+use crate::error::ServiceError;
+use crate::metrics::TopicMetrics;
+use crate::policies::{QuotaLimit, QuotaPolicy, TopicPolicies};
+use crate::stats::RateMeter;
+use crate::subscription::{ConsumerInfo, SubCommand, SubscriptionHandle};
+use crate::topic_name::TopicName;
+use dedup::DedupTable;
+use producers::ProducerTable;
+use publish::Publisher;
+use quota::PolicyState;
+use subscriptions::SubscriptionTable;
+
+pub(crate) use dedup::DedupCheck;
+pub(crate) use producers::{Admission, ProducerReg};
+pub(crate) use subscriptions::{ConsumerSlot, SubscribeRequest};
+
+/// A topic being served.
+#[derive(Debug)]
+pub(crate) struct Topic {
+    /// Parsed name.
+    pub(crate) name: TopicName,
+    /// Full name (`persistent://t/ns/x`).
+    pub(crate) full_name: String,
+    /// The topic's log.
+    pub(crate) log: Arc<ManagedLog>,
+    /// Append order, publish rate, in-counters.
+    publisher: Publisher,
+    /// Producer name → highest sequence id appended (deduplication).
+    dedup: DedupTable,
+    /// Registered and waiting producers.
+    producers: ProducerTable,
+    /// Running subscription tasks and the consumer count.
+    subscriptions: SubscriptionTable,
+    /// Namespace policies and the backlog quota verdict.
+    policies: PolicyState,
+    /// Publish and storage-write latencies of this topic.
+    pub(crate) metrics: Arc<TopicMetrics>,
+    /// msg_in, bytes_in, msg_out, bytes_out → rates.
+    rates: Mutex<RateMeter<4>>,
+    /// Compacted view and compaction status.
+    pub(crate) compaction: Arc<Compaction>,
+}
+
+impl Topic {
+    /// Wraps an opened log.
+    pub(crate) fn new(
+        name: TopicName,
+        log: Arc<ManagedLog>,
+        dedup_enabled: bool,
+        compaction: Compaction,
+        limits: TopicLimits,
+    ) -> Arc<Topic> {
+        let full_name = name.to_string();
+        Arc::new(Topic {
+            producers: ProducerTable::new(full_name.clone(), limits.producers_max),
+            full_name,
+            name,
+            log,
+            publisher: Publisher::new(limits.publish_rate),
+            dedup: DedupTable::new(dedup_enabled),
+            subscriptions: SubscriptionTable::new(
+                limits.consumers_max,
+                limits.consumers_per_subscription_max,
+            ),
+            policies: PolicyState::default(),
+            metrics: Arc::default(),
+            rates: Mutex::new(RateMeter::new([0; 4])),
+            compaction: Arc::new(compaction),
+        })
+    }
+
+    /// Charges a SEND against the topic's publish rate: how long the sending
+    /// connection should stop reading (`None`: within the rate).
+    pub(crate) fn publish_pause(&self, messages: u32, bytes: usize) -> Option<Duration> {
+        self.publisher.pause(messages, bytes)
+    }
+
+    /// Appends a stored entry. The append is issued before this returns, in
+    /// call order; the future resolves once the entry is durable.
+    pub(crate) fn publish(&self, entry: Bytes, messages: u32) -> AppendFuture {
+        self.publisher.publish(&self.log, entry, messages)
+    }
+
+    /// Deduplication: records `highest_sequence_id` for `producer` unless it
+    /// was already appended.
+    pub(crate) fn dedup_check(
+        &self,
+        producer: &str,
+        sequence_id: i64,
+        highest_sequence_id: i64,
+    ) -> DedupCheck {
+        self.dedup.check(producer, sequence_id, highest_sequence_id)
+    }
+
+    /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).
+    pub(crate) fn last_sequence_id(&self, producer: &str) -> i64 {
+        self.dedup.last_sequence_id(producer)
+    }
+
+    /// Deduplication after a (re)open: rebuilds the table from the log's
+    /// newest entries.
+    pub(crate) async fn rebuild_dedup(&self) -> Result<(), vela_log::LogError> {
+        self.dedup.rebuild(&self.log).await
+    }
+
+    /// The namespace policies this topic enforces over time.
+    pub(crate) fn lifecycle_policies(&self) -> TopicPolicies {
+        self.policies.policies()
+    }
+
+    /// Replaces them (topic open, namespace policy change).
+    pub(crate) fn set_lifecycle_policies(&self, policies: TopicPolicies) {
+        self.policies.set_policies(policies);
+    }
+
+    /// Records the lifecycle pass's verdict; true if a quota held producers
+    /// off before.
+    pub(crate) fn set_quota_block(&self, block: Option<(QuotaLimit, QuotaPolicy)>) -> bool {
+        self.policies.set_quota_block(block)
+    }
+
+    /// The durable subscriptions (name, cursor) the policies apply to (not
+    /// the `__compaction` cursor).
+    pub(crate) fn policy_subscriptions(&self) -> Vec<(String, Arc<Cursor>)> {
+        quota::policy_subscriptions(&self.log)
+    }
+
+    /// Backlog bytes of the slowest durable subscription.
+    pub(crate) fn slowest_backlog_bytes(&self) -> u64 {
+        quota::slowest_backlog_bytes(&self.log)
+    }
+
+    /// Closes every producer (they reconnect and are admitted again or not).
+    pub(crate) fn disconnect_producers(&self) {
+        self.producers.disconnect_all();
+    }
+
+    /// Registers a producer under `name`, once the quotas admit it.
+    /// WaitForExclusive on a busy topic queues it (answered `Waiting`; a
+    /// second PRODUCER_SUCCESS with `request_id` goes out when it gets the
+    /// topic); ExclusiveWithFencing closes every other producer.
+    pub(crate) fn add_producer(
+        &self,
+        name: &str,
+        reg: ProducerReg,
+        access_mode: ProducerAccessMode,
+        request_id: u64,
+        not_ready_reply: Outbound,
+    ) -> Result<Admission, ServiceError> {
+        self.policies.admit_producer(&self.log)?;
+        self.producers
+            .add(name, reg, access_mode, request_id, not_ready_reply)
+    }
+
+    /// Removes a producer (registered or waiting) if it is still the same
+    /// one; a freed topic goes to the first live waiting producer.
+    pub(crate) fn remove_producer(&self, name: &str, conn_id: u64, producer_id: u64) {
+        self.producers.remove(name, conn_id, producer_id, |waiter| {
+            self.dedup.last_sequence_id(waiter)
+        });
+    }
+
+    /// Attaches a consumer, creating the subscription when needed. The slot
+    /// counts it against `TopicLimits::consumers_max` while held.
+    pub(crate) async fn subscribe(
+        &self,
+        request: &SubscribeRequest,
+        info: ConsumerInfo,
+    ) -> Result<(SubscriptionHandle, ConsumerSlot), ServiceError> {
+        self.subscriptions
+            .subscribe(&self.name, &self.log, &self.compaction, request, info)
+            .await
+    }
+
+    /// Closes every producer (CLOSE_PRODUCER: clients look up again and
+    /// re-attach), stops every subscription task (consumers get
+    /// CLOSE_CONSUMER) and closes the log.
+    pub(crate) async fn close(&self) -> Result<(), vela_log::LogError> {
+        self.detach_clients().await;
+        self.log.close().await
+    }
+
+    /// As [`Topic::close`], then deletes the log, its cursors and ledgers.
+    pub(crate) async fn delete(&self) -> Result<(), vela_log::LogError> {
+        self.detach_clients().await;
+        if let Err(error) = self.compaction.delete().await {
+            tracing::warn!(topic = %self.full_name, %error, "compacted data not deleted");
+        }
+        self.log.delete().await
+    }
+
+    /// Compacts the topic in the background (admin trigger, size threshold).
+    /// Fails at once when a compaction is already running.
+    pub(crate) fn start_compaction(&self) -> Result<(), crate::compaction::CompactionError> {
+        self.compaction.begin()?;
+        let compaction = Arc::clone(&self.compaction);
+        let log = Arc::clone(&self.log);
+        let name = self.full_name.clone();
+        tokio::spawn(async move {
+            if let Err(error) = compaction.run(&log).await {
+                tracing::warn!(topic = %name, %error, "compaction failed");
+            }
+        });
+        Ok(())
+    }
+
+    async fn detach_clients(&self) {
+        self.producers.close_all();
+        self.subscriptions.shut_down_all().await;
+    }
+
+    /// Drops a subscription and its cursor (admin unsubscribe): its consumers
+    /// get CLOSE_CONSUMER.
+    pub(crate) async fn unsubscribe(&self, subscription: &str) -> Result<bool, ServiceError> {
+        if let Some(handle) = self.subscriptions.handle(subscription) {
+            let (reply, answer) = oneshot::channel();
+            let command = SubCommand::Unsubscribe {
+                key: (0, 0),
+                force: true,
+                reply,
+            };
+            if handle.tx.send(command).await.is_ok() {
+                answer.await.unwrap_or(Ok(()))?;
+                return Ok(true);
+            }
+        }
+        if self.log.cursor_names().iter().any(|n| n == subscription) {
+            self.log.delete_cursor(subscription).await?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// Names of the durable subscriptions (cursors) and the readers now.
+    pub(crate) fn subscription_names(&self) -> Vec<String> {
+        let mut names = self.log.cursor_names();
+        names.extend(self.subscriptions.names());
+        names.sort();
+        names.dedup();
+        names
+    }
+}
