@@ -25,6 +25,7 @@ use vela_log::{AppendFuture, Position};
 use vela_wire::proto::{self, MessageIdData, ServerError};
 use vela_wire::{Command, SendCommand};
 
+use super::deferred::{Deferred, TopicOpening};
 use super::session::{Close, NAME_BYTES_MAX, Session};
 use crate::authorization::TopicAction;
 use crate::codec::{self, Outbound};
@@ -100,13 +101,21 @@ impl Producers {
         }
     }
 
+    /// `opening`: a PRODUCER that just arrived opens a topic not open yet
+    /// off the reader (see `deferred`) and is handled again when it is.
     pub(super) async fn on_producer(
         &mut self,
         session: &Session,
         body: proto::CommandProducer,
+        opening: TopicOpening<'_>,
     ) -> Result<(), Close> {
         let request_id = body.request_id;
         let producer_id = body.producer_id;
+        let loads = match opening {
+            TopicOpening::Arrived(loads) => Some(loads),
+            TopicOpening::Opened(Ok(())) => None,
+            TopicOpening::Opened(Err(e)) => return refuse(session, &body, e).await,
+        };
         if let Some(existing) = self.map.get(&producer_id) {
             // A retry of a PRODUCER that already succeeded on this connection.
             if existing.topic.full_name
@@ -148,13 +157,17 @@ impl Producers {
                 )
                 .await;
         }
+        if let Some(loads) = loads
+            && loads.defer(session, &body.topic, true, TopicAction::Produce, || {
+                Deferred::Producer(body.clone())
+            })
+        {
+            return Ok(());
+        }
         match self.create_producer(session, &body).await {
             Ok(Some(success)) => session.send(success).await,
             Ok(None) => Ok(()),
-            Err(e) => {
-                tracing::info!(conn = session.id, topic = %body.topic, error = %e, "PRODUCER refused");
-                session.send_error(request_id, e).await
-            }
+            Err(e) => refuse(session, &body, e).await,
         }
     }
 
@@ -368,6 +381,15 @@ impl Producers {
             None => session.send_success(body.request_id).await,
         }
     }
+}
+
+async fn refuse(
+    session: &Session,
+    body: &proto::CommandProducer,
+    error: ServiceError,
+) -> Result<(), Close> {
+    tracing::info!(conn = session.id, topic = %body.topic, error = %error, "PRODUCER refused");
+    session.send_error(body.request_id, error).await
 }
 
 async fn receipt_loop(
