@@ -124,6 +124,13 @@ def run_system(args, suite, setup, ids, system: str, work: Path, ports: Ports) -
     }
 
 
+def run_label(args) -> str:
+    """The results' file name: the suite, and the Go packages when chosen."""
+    packages = getattr(args, "packages", None) or []
+    scope = "+".join(p.strip("./").replace("/...", "").replace("/", "_") for p in packages)
+    return f"{args.suite}-{scope}" if scope else args.suite
+
+
 def run(args) -> int:
     work = Path(tempfile.mkdtemp(prefix=f"vela-conformance-{args.suite}-"))
     out_dir = Path(args.out).resolve()
@@ -153,7 +160,7 @@ def run(args) -> int:
             result = run_system(args, suite, setup, ids, system, work, ports)
             runs[system] = result
             suffix = f"-auth-{args.vela_auth}" if system == "vela" and args.vela_auth != "ci" else ""
-            path = out_dir / f"{args.suite}-{system}{suffix}.json"
+            path = out_dir / f"{run_label(args)}-{system}{suffix}.json"
             path.write_text(json.dumps(result, indent=1) + "\n")
             print(summary_line(system, result["tests"]) + f"  ({result['minutes']} min; {path})",
                   flush=True)

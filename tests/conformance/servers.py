@@ -50,7 +50,7 @@ JVM_MODULE_FLAGS = [
 # minute or more; Vela a second. Past these the run stops with the log's tail.
 PULSAR_START_TIMEOUT_S = 300
 VELA_START_TIMEOUT_S = 60
-# How long the CI's setup waits for the default tenant to exist.
+# How long the CI's setup waits for the default namespace to exist.
 TENANT_WAIT_S = 60
 STOP_GRACE_S = 20
 
@@ -110,9 +110,10 @@ class CiSetup:
     secret_key: Path
     superuser_token: str
     calls: list  # SetupCall, in the CI script's order
-    # The calls change tenant `public`, which the broker creates at start:
-    # wait for it (the CI scripts race with it and win in practice).
-    wait_for_public_tenant: bool = False
+    # The calls change tenant `public` and namespace `public/default`, which
+    # the broker creates at start: wait for them (the CI scripts race with
+    # the broker and mostly win).
+    wait_for_public_default: bool = False
     notes: list = field(default_factory=list)
 
 
@@ -215,9 +216,9 @@ class Server:
         errors), a refused call is logged and the run goes on."""
         token = self.setup.superuser_token
         deadline = time.monotonic() + TENANT_WAIT_S
-        while self.setup.wait_for_public_tenant and time.monotonic() < deadline:
-            status, _ = http("GET", f"{self.admin_url}/tenants/public", token)
-            if status == 200:
+        while self.setup.wait_for_public_default and time.monotonic() < deadline:
+            status, text = http("GET", f"{self.admin_url}/namespaces/public", token)
+            if status == 200 and "public/default" in text:
                 break
             time.sleep(1)
         for call in self.setup.calls:

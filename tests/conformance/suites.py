@@ -20,6 +20,7 @@ import json
 import os
 import re
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -40,6 +41,19 @@ POLL_S = 0.5
 
 # Pulsar's default ports in the clients' sources, replaced by the run's ports.
 DEFAULT_PORT_RE = re.compile(r"\b(localhost|127\.0\.0\.1):(6650|6651|8080|8443)\b")
+
+
+def default_signals() -> None:
+    """In the test process: SIGINT as an interactive shell leaves it. A runner
+    started in the background inherits SIGINT ignored, and Python then never
+    raises KeyboardInterrupt (interrupted_test.py sends itself SIGINT)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def exit_status(returncode: int) -> str:
+    if returncode is not None and returncode < 0:
+        return f"killed by {signal.Signals(-returncode).name}"
+    return f"exit code {returncode}"
 
 
 @dataclass
@@ -182,7 +196,7 @@ class Suite:
                 outcome = "timeout" if hung else "crashed"
                 elapsed = time.monotonic() - started
                 message = (f"still running after {elapsed:.0f} s: killed" if hung
-                           else self.crash_message(current))
+                           else self.crash_message(current, proc.returncode))
                 results[current] = Result(current, outcome, elapsed, message,
                                           tags=self.tags.get(current, []))
             if len(results) == done_before:
@@ -197,8 +211,8 @@ class Suite:
     def hang_limit(self, timeout_s: int) -> float:
         return timeout_s + HANG_GRACE_S
 
-    def crash_message(self, test_id: str) -> str:
-        return "the test process died during this test"
+    def crash_message(self, test_id: str, returncode: int) -> str:
+        return f"the test process died during this test ({exit_status(returncode)})"
 
 
 class PythonSuite(Suite):
@@ -296,7 +310,7 @@ class PythonSuite(Suite):
         with open(log, "ab") as out:
             proc = subprocess.Popen(cmd, cwd=self.src / "tests", env=env, stdout=out,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=default_signals)
         return proc, list(ids)
 
     def parse_event(self, line: str):
@@ -378,14 +392,21 @@ class GoSuite(Suite):
             pulsar_mem=os.environ.get("PULSAR_MEM", "-Xms1g -Xmx1g -XX:MaxDirectMemorySize=1g"),
             secret_key=it / "tokens" / "secret.key",
             superuser_token=(it / "tokens" / "admin-token").read_text().strip(),
-            calls=calls, wait_for_public_tenant=True,
+            calls=calls, wait_for_public_default=True,
             notes=["CI sets PULSAR_STANDALONE_USE_ZOOKEEPER=1 (ZooKeeper as Pulsar's metadata "
                    "store); here Pulsar keeps its default store: clients cannot see the difference"])
 
     def scan_sources(self, go_files: list) -> None:
-        """Tags tests by what their bodies use, and leaves out those CI runs
-        only against Docker containers or clusters."""
-        func_re = re.compile(r"^func (Test\w+)\(t \*testing\.T\) \{$(.*?)^\}$", re.M | re.S)
+        """Tags tests by what their bodies use (or the helpers they call, one
+        level down), and leaves out those CI runs only against Docker
+        containers or clusters."""
+        func_re = re.compile(r"^func (?:\([^)]*\) )?(\w+)\(.*?\{$(.*?)^\}$", re.M | re.S)
+        bodies = {}  # name -> (path, body); helpers share names across files rarely
+        for path in go_files:
+            if path.name.endswith("_test.go"):
+                for name, body in func_re.findall(path.read_text(errors="replace")):
+                    bodies[name] = (path, body)
+        uses_docker = {n for n, (_, body) in bodies.items() if "testcontainers." in body}
         for path in go_files:
             if not path.name.endswith("_test.go"):
                 continue
@@ -393,13 +414,16 @@ class GoSuite(Suite):
             package = path.parent.relative_to(self.src)
             build_tag = re.search(r"^//go:build (clustered|extensible_load_manager)", text, re.M)
             for name, body in func_re.findall(text):
+                if not name.startswith("Test"):
+                    continue
                 test_id = f"{package}.{name}"
                 if build_tag:
                     self.left_out.append((test_id, f"build tag {build_tag.group(1)}: CI runs it "
                                           "against a docker compose cluster"))
                     continue
+                called = set(re.findall(r"\b(\w+)\(", body))
                 tags = []
-                if "testcontainers." in body:
+                if "testcontainers." in body or called & uses_docker:
                     tags.append("docker")
                 if re.search(r"EnableTransaction|NewTransaction\(|\.Transaction", body) \
                         or path.name.startswith("transaction"):
@@ -451,7 +475,8 @@ class GoSuite(Suite):
                "-test.v=test2json", "-test.run", pattern, "-test.timeout", "0", "-test.count", "1"]
         with open(events, "ab") as out, open(log, "ab") as err:
             proc = subprocess.Popen(cmd, cwd=directory, env=self.go_env(), stdout=out, stderr=err,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+                                    stdin=subprocess.DEVNULL, start_new_session=True,
+                                    preexec_fn=default_signals)
         return proc, [f"{package}.{name}" for name in names]
 
     def hang_limit(self, timeout_s: int) -> float:
@@ -513,6 +538,7 @@ class GoSuite(Suite):
                 return line.strip()
         return lines[-1].strip() if lines else ""
 
-    def crash_message(self, test_id: str) -> str:
+    def crash_message(self, test_id: str, returncode: int) -> str:
         self.save_output(test_id)
-        return "the test binary died during this test: " + (self.failure_line(test_id) or "no output")
+        return (f"the test binary died during this test ({exit_status(returncode)}): "
+                + (self.failure_line(test_id) or "no output"))
