@@ -262,6 +262,15 @@ class PythonSuite(Suite):
         conf["tokenSecretKey"] = f"file://{key_path}"
         namespace_grant = {"auth_policies": {"namespace_auth": {"anonymous": ["produce", "consume"]}},
                            "replication_clusters": ["standalone"]}
+        # On Pulsar these PUTs create tenant `public` and `public/default`
+        # (its standalone cannot: its internal admin client has no
+        # credentials here). A broker that created them at start answers 409;
+        # the same state then comes from the update and grant calls.
+        public_tenant = {"adminRoles": ["anonymous"], "allowedClusters": ["standalone"]}
+
+        def grant_anonymous(namespace: str) -> list:
+            return [SetupCall("POST", f"namespaces/{namespace}/permissions/anonymous",
+                              ["produce", "consume"], "the grant of the PUT's body")]
         calls = [
             SetupCall("PUT", "clusters/standalone", {
                 "serviceUrl": f"http://localhost:{self.ports.web}/",
@@ -269,13 +278,14 @@ class PythonSuite(Suite):
                 "brokerServiceUrl": f"pulsar://localhost:{self.ports.broker}/",
                 "brokerServiceUrlTls": f"pulsar+ssl://localhost:{self.ports.broker_tls}/"},
                 "cluster URLs"),
-            SetupCall("PUT", "tenants/public", {"adminRoles": ["anonymous"],
-                                                "allowedClusters": ["standalone"]},
-                      "anonymous administers tenant public"),
+            SetupCall("PUT", "tenants/public", public_tenant, "anonymous administers tenant public",
+                      on_conflict=[SetupCall("POST", "tenants/public", public_tenant, "update")]),
             SetupCall("PUT", "namespaces/public/default", namespace_grant,
-                      "exists already on Pulsar (409), as in CI"),
+                      "anonymous may produce and consume",
+                      on_conflict=grant_anonymous("public/default")),
             SetupCall("PUT", "namespaces/public/default-2", namespace_grant,
-                      "anonymous may produce and consume"),
+                      "anonymous may produce and consume",
+                      on_conflict=grant_anonymous("public/default-2")),
             SetupCall("PUT", "tenants/private", {"adminRoles": [], "allowedClusters": ["standalone"]},
                       "tenant private"),
             SetupCall("PUT", "namespaces/private/auth", {
