@@ -410,11 +410,11 @@ class GoSuite(Suite):
         """Tags tests by what their bodies use (or the helpers they call, one
         level down), and leaves out those CI runs only against Docker
         containers or clusters."""
-        func_re = re.compile(r"^func (?:\([^)]*\) )?(\w+)\(.*?\{$(.*?)^\}$", re.M | re.S)
+        func_re = re.compile(r"^func (\([^)]*\) )?(\w+)\(.*?\{$(.*?)^\}$", re.M | re.S)
         bodies = {}  # name -> (path, body); helpers share names across files rarely
         for path in go_files:
             if path.name.endswith("_test.go"):
-                for name, body in func_re.findall(path.read_text(errors="replace")):
+                for _, name, body in func_re.findall(path.read_text(errors="replace")):
                     bodies[name] = (path, body)
         uses_docker = {n for n, (_, body) in bodies.items() if "testcontainers." in body}
         for path in go_files:
@@ -423,9 +423,9 @@ class GoSuite(Suite):
             text = path.read_text(errors="replace")
             package = path.parent.relative_to(self.src)
             build_tag = re.search(r"^//go:build (clustered|extensible_load_manager)", text, re.M)
-            for name, body in func_re.findall(text):
-                if not name.startswith("Test"):
-                    continue
+            for receiver, name, body in func_re.findall(text):
+                if receiver or not name.startswith("Test"):
+                    continue  # suite methods run inside their suite's Test function
                 test_id = f"{package}.{name}"
                 if build_tag:
                     self.left_out.append((test_id, f"build tag {build_tag.group(1)}: CI runs it "
