@@ -134,7 +134,11 @@ class Suite:
         self.work = work
         self.ports = ports
         self.src = work / "src"
-        self.ref = unpack_snapshot(snapshot, ref or self.default_ref(), self.src)
+        is_git = (snapshot / "objects").is_dir() or (snapshot / ".git" / "objects").is_dir()
+        # A plain copy of the sources is taken as it is; a git dir at the
+        # ref asked for, else at the client's release (see default_ref).
+        self.ref = unpack_snapshot(snapshot, ref or (self.default_ref() if is_git else None),
+                                   self.src)
         self.left_out: list = []  # (id, reason)
         self.tags: dict = {}  # id -> [tag]
         self.output: dict = {}  # id -> accumulated output (Go)
