@@ -29,7 +29,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-# etcd-client and pulsar (dev-dependency) run protoc from their build scripts.
+# The pulsar dev-dependency (the official Rust client) runs protoc from its
+# build script; Vela itself builds with a vendored protoc.
 export PROTOC="${PROTOC:-$(command -v protoc)}"
 
 # Python packages of the official-client suite are installed by tests/python.sh.
