@@ -227,3 +227,25 @@ def test_namespace_created_with_grants_in_its_policies(multi):
     with pytest.raises(pulsar.AuthorizationError):
         client.create_producer("persistent://%s/t" % ns)
     client.close()
+
+
+def test_a_tenant_that_does_not_exist_is_topic_not_found(multi):
+    # Pulsar's validateTenantAdminAccess: for any role but a superuser a
+    # missing tenant is NOT_FOUND, before grants are looked at (the official
+    # asyncio suite's test_create_producer_failure expects TopicNotFound).
+    tenant = "no-tenant-" + uuid.uuid4().hex[:6]
+    for auth in (None, pulsar.AuthenticationToken(multi.token("alice"))):
+        client = multi.client(**({"authentication": auth} if auth else {}))
+        with pytest.raises(pulsar.TopicNotFound):
+            client.create_producer("persistent://%s/ns/t" % tenant)
+        with pytest.raises(pulsar.TopicNotFound):
+            client.subscribe("persistent://%s/ns/t" % tenant, "s")
+        client.close()
+    bearer = [("Authorization", "Bearer " + multi.token("alice"))]
+    status, body = multi.http("GET", "/admin/v2/namespaces/%s" % tenant, bearer)
+    assert status == 404, (status, body)
+    # A tenant that exists but is not the role's stays a refusal.
+    client = multi.client(authentication=pulsar.AuthenticationToken(multi.token("alice")))
+    with pytest.raises(pulsar.AuthorizationError):
+        client.create_producer("persistent://%s/t" % multi.open_ns)
+    client.close()

@@ -185,6 +185,16 @@ mod tests {
                 .await
                 .unwrap()
         );
+        // A missing tenant: NOT_FOUND for all but superusers.
+        assert!(matches!(
+            may_administer(&config, &admin, "boss", "no-such-tenant").await,
+            Err(AdminError::NotFound(_))
+        ));
+        assert!(
+            may_administer(&config, &admin, "root", "no-such-tenant")
+                .await
+                .unwrap()
+        );
         admin.revoke_permission(&ns, "writer").await.unwrap();
         assert!(!may("writer", TopicAction::Produce).await);
     }

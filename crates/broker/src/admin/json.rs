@@ -762,6 +762,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(q.to_quota().limit_bytes, 10);
+        // Numbers in strings, as Jackson coerces them (the Go client's
+        // TestSendTimeout sends `"limit": "10240"`).
+        let q: BacklogQuotaJson = parse_body(
+            br#"{"limit":" 10240","limitTime":"-1","policy":"producer_request_hold"}"#,
+            "q",
+        )
+        .unwrap();
+        assert_eq!((q.limit, q.limit_time), (Some(10240), Some(-1)));
+        assert_eq!(q.to_quota().limit_bytes, 10240);
+        let q: BacklogQuotaJson = parse_body(br#"{"limitSize":null}"#, "q").unwrap();
+        assert_eq!(q.limit_size, None);
+        for bad in [
+            &br#"{"limit":"ten"}"#[..],
+            br#"{"limit":1.5}"#,
+            br#"{"limitTime":4294967296}"#,
+            br#"{"limit":[1]}"#,
+        ] {
+            assert!(parse_body::<BacklogQuotaJson>(bad, "q").is_err());
+        }
         assert!(parse_body::<PersistenceJson>(b"{nope", "persistence").is_err());
         let empty: Option<PoliciesBody> = parse_body(b"", "policies").unwrap();
         assert!(empty.is_none());
