@@ -242,8 +242,10 @@ def test_a_tenant_that_does_not_exist_is_topic_not_found(multi):
             client.subscribe("persistent://%s/ns/t" % tenant, "s")
         client.close()
     bearer = [("Authorization", "Bearer " + multi.token("alice"))]
-    status, body = multi.http("GET", "/admin/v2/namespaces/%s" % tenant, bearer)
-    assert status == 404, (status, body)
+    for method, path, body in (("GET", "/admin/v2/namespaces/%s" % tenant, None),
+                               ("PUT", "/admin/v2/namespaces/%s/ns/schemaCompatibilityStrategy" % tenant, "FULL")):
+        status, reply = multi.http(method, path, bearer, body)
+        assert status == 404 and json.loads(reply)["reason"] == "Tenant does not exist", (status, reply)
     # A tenant that exists but is not the role's stays a refusal.
     client = multi.client(authentication=pulsar.AuthenticationToken(multi.token("alice")))
     with pytest.raises(pulsar.AuthorizationError):

@@ -55,8 +55,10 @@ def test_default_full_refuses_a_forward_only_change_and_forward_takes_it(broker,
     client.create_producer(topic, schema=AvroSchema(UserV1)).close()
     with pytest.raises(pulsar.IncompatibleSchema):
         client.create_producer(topic, schema=AvroSchema(UserV2))
+    # Unset, the namespace's own strategy reads UNDEFINED (the broker's
+    # FULL applies), as Pulsar 4.0 answers it.
     status, body = http(broker, "GET", strategy_path(ns))
-    assert status == 200 and json.loads(body) == "FULL"
+    assert status == 200 and json.loads(body) == "UNDEFINED"
     assert http(broker, "PUT", strategy_path(ns), '"FORWARD"')[0] == 204
     assert json.loads(http(broker, "GET", strategy_path(ns))[1]) == "FORWARD"
     v1 = client.create_producer(topic, schema=AvroSchema(UserV1))
@@ -100,4 +102,7 @@ def test_topic_level_strategy_routes(broker, client):
     assert json.loads(http(broker, "GET", path)[1]) is None
     assert http(broker, "PUT", path, '"SOMETIMES"')[0] == 400
     assert http(broker, "PUT", strategy_path("public/nope"), '"FULL"')[0] == 404
-    assert http(broker, "PUT", strategy_path("nope/nope"), '"FULL"')[0] == 404
+    status, body = http(broker, "PUT", strategy_path("nope/nope"), '"FULL"')
+    assert status == 404 and json.loads(body)["reason"] == "Tenant does not exist", (status, body)
+    assert http(broker, "PUT", strategy_path(ns), '"UNDEFINED"')[0] == 204
+    assert json.loads(http(broker, "GET", strategy_path(ns))[1]) == "UNDEFINED"

@@ -46,6 +46,9 @@ pub(crate) fn is_superuser(config: &AuthConfig, role: &str) -> bool {
     config.authorization == Authorization::Off || config.is_superuser(role)
 }
 
+/// Pulsar's answer when a role that is no superuser names a missing tenant.
+pub(crate) const TENANT_NOT_FOUND: &str = "Tenant does not exist";
+
 /// Whether `role` may administer `tenant` (superuser or tenant admin).
 /// Always true with authorization off; `NotFound` when the tenant does not
 /// exist and the role is no superuser.
@@ -63,7 +66,11 @@ pub(crate) async fn may_administer(
     // 404 over HTTP), before any grant is looked at.
     match admin.tenant_info(tenant).await? {
         Some(info) => Ok(info.admin_roles.iter().any(|r| r == role)),
-        None => Err(AdminError::NotFound(format!("tenant {tenant}"))),
+        // Pulsar's words, on the protocol and over HTTP alike.
+        None => Err(AdminError::Service(ServiceError::new(
+            ServerError::TopicNotFound,
+            TENANT_NOT_FOUND,
+        ))),
     }
 }
 
@@ -186,10 +193,13 @@ mod tests {
                 .unwrap()
         );
         // A missing tenant: NOT_FOUND for all but superusers.
-        assert!(matches!(
-            may_administer(&config, &admin, "boss", "no-such-tenant").await,
-            Err(AdminError::NotFound(_))
-        ));
+        match may_administer(&config, &admin, "boss", "no-such-tenant").await {
+            Err(AdminError::Service(e)) => {
+                assert_eq!(e.code, ServerError::TopicNotFound);
+                assert_eq!(e.message, TENANT_NOT_FOUND);
+            }
+            other => panic!("{other:?}"),
+        }
         assert!(
             may_administer(&config, &admin, "root", "no-such-tenant")
                 .await

@@ -1,8 +1,8 @@
 //! The `schemaCompatibilityStrategy` policy routes, as Pulsar serves them:
 //! - namespace: `GET|PUT /admin/v2/namespaces/{tenant}/{ns}/schemaCompatibilityStrategy`
-//!   (GET answers the namespace's strategy, FULL when unset, as Pulsar's
-//!   `internalGetSchemaCompatibilityStrategy` falls back to the deprecated
-//!   auto-update policy's default; PUT takes a JSON string, `"FORWARD"`);
+//!   (GET answers the namespace's own strategy, `UNDEFINED` when unset, as
+//!   Pulsar 4.0 answers it (the broker default then applies); PUT takes a
+//!   JSON string, `"FORWARD"`, and `"UNDEFINED"` unsets it);
 //! - topic: `GET|PUT|DELETE /admin/v2/persistent/{tenant}/{ns}/{topic}/schemaCompatibilityStrategy`
 //!   (GET answers the topic's own strategy, or nothing (`null`) when unset;
 //!   with `?applied=true` the one that applies: the topic's, else the
@@ -71,9 +71,9 @@ async fn get_namespace_strategy(
         .ok_or_else(|| ApiError::not_found("Namespace does not exist"))?;
     let strategy = policies
         .schema_compatibility_strategy
-        .and_then(|name| CompatibilityStrategy::parse(&name).ok().flatten())
-        .unwrap_or(CompatibilityStrategy::DEFAULT);
-    Ok(axum::Json(Value::String(strategy.name().to_string())))
+        .and_then(|name| CompatibilityStrategy::parse(&name).ok().flatten());
+    let name = strategy.map_or(UNDEFINED, |s| s.name());
+    Ok(axum::Json(Value::String(name.to_string())))
 }
 
 async fn set_namespace_strategy(
@@ -93,6 +93,9 @@ async fn set_namespace_strategy(
     service.admin.set_namespace_policies(&ns, &policies).await?;
     no_content()
 }
+
+/// The name Pulsar gives an unset strategy.
+const UNDEFINED: &str = "UNDEFINED";
 
 type TopicPath = Path<(String, String, String, String)>;
 
