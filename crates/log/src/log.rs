@@ -163,6 +163,7 @@ enum Writer {
     Rolling,
     Failed(LogError),
     Closed,
+    Terminated,
 }
 
 struct QueuedAppend {
@@ -319,6 +320,7 @@ impl ManagedLog {
                 let info = LogInfo {
                     version: format::FORMAT_VERSION,
                     ledgers: Vec::new(),
+                    terminated: false,
                 };
                 let version =
                     env.store
@@ -355,15 +357,20 @@ impl ManagedLog {
             .collect();
         info.ledgers.retain(|ledger| ledger.entries > 0);
 
-        let appender = env.ledgers.create(config.persistence, name).await?;
-        check_ledger_order(env, name, &info.ledgers, appender.ledger_id()).await?;
-        info.ledgers.push(LedgerInfo {
-            ledger_id: appender.ledger_id(),
-            entries: 0,
-            size_bytes: 0,
-            created_unix_ms: unix_ms(),
-            closed_unix_ms: None,
-        });
+        let appender = match info.terminated {
+            true => None,
+            false => Some(env.ledgers.create(config.persistence, name).await?),
+        };
+        if let Some(appender) = &appender {
+            check_ledger_order(env, name, &info.ledgers, appender.ledger_id()).await?;
+            info.ledgers.push(LedgerInfo {
+                ledger_id: appender.ledger_id(),
+                entries: 0,
+                size_bytes: 0,
+                created_unix_ms: unix_ms(),
+                closed_unix_ms: None,
+            });
+        }
         version =
             env.store
                 .update_json(&key, &info, version)
@@ -393,7 +400,7 @@ impl ManagedLog {
             config,
             state: Mutex::new(State {
                 ledgers: info.ledgers,
-                writer: Writer::Ready(appender),
+                writer: appender.map_or(Writer::Terminated, Writer::Ready),
                 current_issued_entries: 0,
                 current_issued_bytes: 0,
                 current_opened_at: Instant::now(),
@@ -473,6 +480,10 @@ impl ManagedLog {
                 }
                 Writer::Closed => {
                     let _ = done.send(Err(LogError::Closed(self.shared.name.clone())));
+                    return AppendFuture(receiver);
+                }
+                Writer::Terminated => {
+                    let _ = done.send(Err(LogError::Terminated(self.shared.name.clone())));
                     return AppendFuture(receiver);
                 }
             }
@@ -614,6 +625,85 @@ impl ManagedLog {
             self.shared.state.lock().writer,
             Writer::Closed | Writer::Failed(_)
         )
+    }
+
+    /// True once the log is terminated (persisted: also after a reopen).
+    pub fn is_terminated(&self) -> bool {
+        matches!(self.shared.state.lock().writer, Writer::Terminated)
+    }
+
+    /// Terminates the log (Pulsar's topic termination): appends issued before
+    /// complete, every later one fails with `Terminated`, and the flag is
+    /// persisted in the log's record. Returns the last confirmed position.
+    pub async fn terminate(&self) -> Result<Option<Position>, LogError> {
+        let name = &self.shared.name;
+        let (meta, appender, queued) = loop {
+            let meta = self.shared.meta_lock.lock().await;
+            let taken = {
+                let _issuing = self.shared.issue_lock.lock();
+                let mut state = self.shared.state.lock();
+                match std::mem::replace(&mut state.writer, Writer::Terminated) {
+                    Writer::Ready(appender) => Some((appender, std::mem::take(&mut state.queued))),
+                    Writer::Rolling => {
+                        state.writer = Writer::Rolling; // the rollover finishes first
+                        None
+                    }
+                    Writer::Terminated => return Ok(state.last_confirmed),
+                    Writer::Closed => {
+                        state.writer = Writer::Closed;
+                        return Err(LogError::Closed(name.clone()));
+                    }
+                    Writer::Failed(error) => {
+                        state.writer = Writer::Failed(error.clone());
+                        return Err(error);
+                    }
+                }
+            };
+            if let Some((appender, queued)) = taken {
+                break (meta, appender, queued);
+            }
+            drop(meta);
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        };
+        for append in queued {
+            let _ = append.done.send(Err(LogError::Terminated(name.clone())));
+        }
+        appender.close().await?;
+        let (info, version, empty) = {
+            let mut state = self.shared.state.lock();
+            // An empty last ledger goes (as on reopen), so trimming keeps the
+            // ledger holding the last entry.
+            let empty = state
+                .ledgers
+                .last()
+                .filter(|l| l.entries == 0)
+                .map(|l| l.ledger_id);
+            let empty = empty.filter(|_| state.ledgers.len() > 1);
+            if empty.is_some() {
+                state.ledgers.pop();
+            }
+            let ledgers = state.ledgers.clone();
+            let info = LogInfo {
+                version: format::FORMAT_VERSION,
+                ledgers,
+                terminated: true,
+            };
+            (info, state.info_version, empty)
+        };
+        let key = format::log_key(name);
+        let new_version = self
+            .shared
+            .env
+            .store
+            .update_json(&key, &info, version)
+            .await?;
+        self.shared.state.lock().info_version = new_version;
+        drop(meta);
+        if let Some(ledger_id) = empty {
+            let _ = self.shared.env.ledgers.delete(ledger_id).await;
+        }
+        self.shared.confirmed.send_modify(|_| {});
+        Ok(self.last_confirmed())
     }
 
     /// Sizes of the log.
@@ -973,6 +1063,10 @@ impl Shared {
 
     async fn roll_over(self: Arc<Self>, old: Arc<dyn LedgerAppender>) {
         let meta_guard = self.meta_lock.lock().await;
+        if matches!(self.state.lock().writer, Writer::Terminated) {
+            let _ = old.close().await;
+            return;
+        }
         if let Err(error) = old.close().await {
             self.fail(old.ledger_id(), error.into());
             return;
@@ -1010,6 +1104,7 @@ impl Shared {
                 LogInfo {
                     version: format::FORMAT_VERSION,
                     ledgers,
+                    terminated: false,
                 },
                 state.info_version,
             )
@@ -1099,7 +1194,7 @@ impl Shared {
         let _meta = self.meta_lock.lock().await;
         let (info, version, trimmed) = {
             let state = self.state.lock();
-            let writing = matches!(state.writer, Writer::Ready(_) | Writer::Rolling);
+            let writing = !matches!(state.writer, Writer::Closed | Writer::Failed(_));
             let keep_from = state.ledgers.len().saturating_sub(usize::from(writing));
             let consumed = state.ledgers[..keep_from].iter().take_while(|ledger| {
                 ledger.ledger_id < slowest.ledger_id
@@ -1126,6 +1221,7 @@ impl Shared {
                 LogInfo {
                     version: format::FORMAT_VERSION,
                     ledgers,
+                    terminated: matches!(state.writer, Writer::Terminated),
                 },
                 state.info_version,
                 trimmed,
