@@ -51,8 +51,12 @@
 //! (`auth`) and authorization (`authorization`), checked at each command
 //! handler and by the HTTP layer.
 //!
-//! Not implemented yet: transactions, topic watchers, non-persistent topics,
-//! topic termination.
+//! Termination: a terminated topic's log takes no more entries (persisted
+//! in its record); producers are closed and refused (TopicTerminatedError),
+//! subscriptions tell their consumers REACHED_END_OF_TOPIC once everything
+//! is acknowledged.
+//!
+//! Not implemented yet: transactions, topic watchers, non-persistent topics.
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
@@ -358,6 +362,15 @@ impl BrokerHandle {
             return Ok(());
         }
         Ok(self.service.delete_topic(&name).await?)
+    }
+
+    /// Terminates a (non-partitioned or partition) persistent topic: it
+    /// takes no more messages, also after a restart. Answers the
+    /// (ledger, entry) of its last message, `None` when it has none.
+    pub async fn terminate_topic(&self, topic: &str) -> Result<Option<(u64, u64)>, BrokerError> {
+        let name = TopicName::parse(topic)?;
+        let last = self.service.topic(&name, false).await?.terminate().await?;
+        Ok(last.map(|p| (p.ledger_id, p.entry_id)))
     }
 
     /// Subscriptions of a topic (durable ones and the readers attached now);

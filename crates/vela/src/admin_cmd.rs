@@ -417,6 +417,10 @@ enum TopicsCmd {
     },
     /// Unload a topic (clients reconnect).
     Unload { topic: String },
+    /// Terminate a topic: it takes no more messages (prints its last id).
+    Terminate { topic: String },
+    /// Terminate every partition of a partitioned topic.
+    PartitionedTerminate { topic: String },
     /// Which broker serves a topic.
     Lookup { topic: String },
 }
@@ -635,6 +639,13 @@ fn out(text: &str) -> anyhow::Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
         other => Ok(other?),
     }
+}
+
+/// A message id as Java's `MessageIdImpl.toString()`: `ledger:entry:partition`.
+fn message_id_text(id: &Value) -> String {
+    let field = |name: &str| id.get(name).and_then(Value::as_i64).unwrap_or(-1);
+    let (ledger, entry) = (field("ledgerId"), field("entryId"));
+    format!("{ledger}:{entry}:{}", field("partitionIndex"))
 }
 
 fn print_json(value: &Value) -> anyhow::Result<()> {
@@ -1146,6 +1157,24 @@ fn topics(api: &Api, cmd: TopicsCmd) -> anyhow::Result<()> {
         )),
         T::Unload { topic } => {
             done(api.call("PUT", &format!("{}/unload", topic_path(&topic)?), None))
+        }
+        T::Terminate { topic } => {
+            let text = api.call("POST", &format!("{}/terminate", topic_path(&topic)?), None)?;
+            let id = message_id_text(&serde_json::from_str(&text)?);
+            out(&format!("Topic successfully terminated at {id}"))
+        }
+        T::PartitionedTerminate { topic } => {
+            let path = format!("{}/terminate/partitions", topic_path(&topic)?);
+            let ids: std::collections::BTreeMap<u32, Value> =
+                serde_json::from_str(&api.call("POST", &path, None)?)?;
+            let ids: Vec<String> = ids
+                .iter()
+                .map(|(i, id)| format!("{i}={}", message_id_text(id)))
+                .collect();
+            out(&format!(
+                "Topic successfully terminated at {{{}}}",
+                ids.join(", ")
+            ))
         }
         T::Lookup { topic } => {
             let name = TopicName::parse(&topic).with_context(|| format!("bad topic {topic:?}"))?;

@@ -314,6 +314,18 @@ impl MessageIdJson {
     }
 }
 
+/// A message id as Pulsar's admin API writes a `MessageIdImpl` (e.g. the
+/// answer of `terminate`): no partition, no batch.
+pub fn message_id_json(ledger_id: i64, entry_id: i64) -> Value {
+    json!({
+        "ledgerId": ledger_id,
+        "entryId": entry_id,
+        "partitionIndex": -1,
+        "batchSize": 0,
+        "batchIndex": -1,
+    })
+}
+
 fn position_text(position: Option<Position>) -> String {
     match position {
         Some(p) => format!("{}:{}", p.ledger_id, p.entry_id),

@@ -187,6 +187,7 @@ impl Consumers {
             address: session.peer.to_string(),
             epoch: body.consumer_epoch,
             allow_out_of_order,
+            handles_end_of_topic: session.handles_end_of_topic(),
         };
         let (sub, slot) = topic.subscribe(&request, info).await?;
         tracing::debug!(conn = session.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");

@@ -428,7 +428,10 @@ async fn receipt_loop(
                         producer_id,
                         sequence_id,
                         error: error.code as i32,
-                        message: format!("persistence failure: {}", error.message),
+                        message: match error.code {
+                            ServerError::TopicTerminatedError => error.message,
+                            _ => format!("persistence failure: {}", error.message),
+                        },
                     })
                 }
             },

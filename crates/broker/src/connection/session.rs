@@ -259,6 +259,16 @@ impl Session {
         Ok(())
     }
 
+    /// Whether REACHED_END_OF_TOPIC may be sent: the command exists since
+    /// protocol v9, but the C++ client (and Python on it) and the Go client
+    /// have no case for it and close the connection when it comes (their
+    /// dispatch switches' default branch), so they are never sent it.
+    pub(super) fn handles_end_of_topic(&self) -> bool {
+        self.protocol_version >= 9
+            && !self.client_version.starts_with("Pulsar-CPP-")
+            && !self.client_version.starts_with("Pulsar-Go-")
+    }
+
     /// Checks that this connection's role may do `action` on `ns`'s topics
     /// (always fine when auth or authorization is off).
     pub(super) async fn authorize(

@@ -37,6 +37,10 @@ pub(super) struct Slot {
     pub(super) unacked: u64,
     /// Messages sent to it.
     pub(super) msg_out: u64,
+    /// It sent a FLOW (it is ready for frames: nothing is sent before).
+    pub(super) flowed: bool,
+    /// It was told the topic ended (REACHED_END_OF_TOPIC), at most once.
+    pub(super) told_end_of_topic: bool,
 }
 
 /// Who the next entry may go to.
@@ -86,6 +90,10 @@ impl Consumers {
 
     pub(super) fn is_empty(&self) -> bool {
         self.slots.is_empty()
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.slots.len()
     }
 
     pub(super) fn iter(&self) -> impl Iterator<Item = &Slot> {
@@ -200,6 +208,8 @@ impl Consumers {
             permits: 0,
             unacked: 0,
             msg_out: 0,
+            flowed: false,
+            told_end_of_topic: false,
         });
         assert!(
             self.slots.len() <= self.max,

@@ -207,6 +207,9 @@ impl Topic {
         request_id: u64,
         not_ready_reply: Outbound,
     ) -> Result<Admission, ServiceError> {
+        if self.log.is_terminated() {
+            return Err(crate::error::topic_terminated());
+        }
         self.policies.admit_producer(&self.log)?;
         self.producers
             .add(name, reg, access_mode, request_id, not_ready_reply)
@@ -230,6 +233,19 @@ impl Topic {
         self.subscriptions
             .subscribe(&self.name, &self.log, &self.compaction, request, info)
             .await
+    }
+
+    /// Terminates the topic (Pulsar's `terminate`): the log takes no more
+    /// entries, also after a restart (its record says so); producers are
+    /// closed (they come back and are refused with TopicTerminatedError);
+    /// consumers that acknowledged everything are told they reached the
+    /// end. Returns the position of the last entry. Idempotent.
+    pub(crate) async fn terminate(&self) -> Result<Option<vela_log::Position>, ServiceError> {
+        let last = self.log.terminate().await?;
+        self.producers.disconnect_all();
+        self.subscriptions.topic_terminated().await;
+        tracing::info!(topic = %self.full_name, ?last, "topic terminated");
+        Ok(last)
     }
 
     /// Closes every producer (CLOSE_PRODUCER: clients look up again and

@@ -279,6 +279,15 @@ impl SubscriptionTable {
         subscriptions
     }
 
+    /// Tells every running subscription the topic was terminated.
+    pub(crate) async fn topic_terminated(&self) {
+        let handles: Vec<SubscriptionHandle> =
+            self.map.lock().values().map(|e| e.handle.clone()).collect();
+        for handle in handles {
+            let _ = handle.tx.send(SubCommand::TopicTerminated).await;
+        }
+    }
+
     /// Stops every subscription task (their consumers get CLOSE_CONSUMER).
     pub(crate) async fn shut_down_all(&self) {
         let handles: Vec<SubscriptionHandle> =
