@@ -158,6 +158,36 @@ impl Default for TopicLimits {
     }
 }
 
+/// Bytes of non-persistent messages in flight: handed to a consumer's
+/// connection and not yet written to its socket (Pulsar bounds the same
+/// thing with the connection's writability). Counted once per delivery, so
+/// a message fanned out to N subscriptions counts N times (an upper bound
+/// of the memory held: the bytes themselves are shared). When a bound is
+/// reached messages are dropped and counted, never queued: a message
+/// arriving at a full topic or broker is dropped for every subscription
+/// (its producer gets the receipt (-1, -1), as Pulsar answers a message it
+/// drops), one that does not fit for one subscription is dropped for it
+/// (its `msgDropRate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NonPersistentLimits {
+    /// In flight per topic (`--max-non-persistent-inflight-bytes-per-topic`).
+    /// 64 MiB is 64k 1 KiB messages: far more than ten consumers' receiver
+    /// queues (1000 messages each by default) hold.
+    pub topic_inflight_bytes_max: u64,
+    /// In flight over every non-persistent topic of the broker
+    /// (`--max-non-persistent-inflight-bytes`).
+    pub inflight_bytes_max: u64,
+}
+
+impl Default for NonPersistentLimits {
+    fn default() -> Self {
+        NonPersistentLimits {
+            topic_inflight_bytes_max: 64 * 1024 * 1024,
+            inflight_bytes_max: 512 * 1024 * 1024,
+        }
+    }
+}
+
 /// Replication of new ledgers: (ensemble, write quorum, ack quorum).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PersistenceConfig {
@@ -225,6 +255,8 @@ pub struct BrokerConfig {
     pub connection_caps: ConnectionCaps,
     /// Producers, consumers and publish rate of each topic.
     pub topic_limits: TopicLimits,
+    /// Bytes of non-persistent messages in flight, per topic and in all.
+    pub non_persistent_limits: NonPersistentLimits,
 }
 
 impl BrokerConfig {
@@ -248,6 +280,7 @@ impl BrokerConfig {
             policy_check_interval: Duration::from_secs(60),
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),
+            non_persistent_limits: NonPersistentLimits::default(),
         }
     }
 

@@ -17,9 +17,9 @@
 //! Layering (bottom first). A module uses only modules of its own layer or
 //! below, and no two modules use each other, directly or not, at any depth
 //! (`tests/layering.rs` checks both against this list):
-//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`
+//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
-//! 3. topics: `compaction`, `subscription`, `topic`
+//! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
 //! 4. the service: `service`, `lifecycle`, `cluster`
 //! 5. edges: `connection`, `accept`, `http`
 //!
@@ -45,7 +45,8 @@
 //! consumers and publish rate per topic and consumers per subscription
 //! ([`TopicLimits`]), subscriptions per topic, unacked/replay/delayed entries
 //! per subscription, read batch size, ack_set length, name lengths, schema
-//! versions per topic.
+//! versions per topic, bytes of non-persistent messages in flight per topic
+//! and in all ([`NonPersistentLimits`]: full → dropped and counted).
 //!
 //! Security (off by default): TLS listeners (`tls`), token authentication
 //! (`auth`) and authorization (`authorization`), checked at each command
@@ -56,7 +57,11 @@
 //! subscriptions tell their consumers REACHED_END_OF_TOPIC once everything
 //! is acknowledged.
 //!
-//! Not implemented yet: transactions, topic watchers, non-persistent topics.
+//! Non-persistent topics (`nonpersistent`): a SEND is handed at once to
+//! every subscription, which gives it to a consumer with permits and room or
+//! drops it (counted); nothing is stored, acks are forgotten.
+//!
+//! Not implemented yet: transactions, topic watchers.
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
@@ -72,9 +77,11 @@ pub mod config;
 mod connection;
 mod error;
 mod http;
+mod inflight;
 pub mod key_shared;
 mod lifecycle;
 pub mod metrics;
+mod nonpersistent;
 pub mod ownership;
 mod policies;
 pub mod schema;
@@ -97,7 +104,8 @@ use vela_meta::MetadataStore;
 pub use admin::{Admin, AdminError, AuthAction, NamespacePolicies};
 pub use auth::{AuthConfig, Authorization};
 pub use config::{
-    BrokerConfig, ConnectionCaps, ConnectionLimits, PersistenceConfig, PublishRate, TopicLimits,
+    BrokerConfig, ConnectionCaps, ConnectionLimits, NonPersistentLimits, PersistenceConfig,
+    PublishRate, TopicLimits,
 };
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
@@ -328,6 +336,9 @@ impl BrokerHandle {
     /// Statistics of a served topic (`None` when it is not served now).
     pub async fn topic_stats(&self, topic: &str) -> Result<Option<stats::TopicStats>, BrokerError> {
         let name = TopicName::parse(topic)?;
+        if let Some(served) = self.service.served_non_persistent(&name.to_string()) {
+            return Ok(Some(served.stats()));
+        }
         match self.service.served_topic(&name.to_string()) {
             Some(served) => Ok(Some(served.stats().await)),
             None => Ok(None),

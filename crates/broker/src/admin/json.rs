@@ -333,6 +333,15 @@ fn position_text(position: Option<Position>) -> String {
     }
 }
 
+/// Adds `msgDropRate` to a non-persistent topic's, publisher's or
+/// subscription's document (Pulsar's `NonPersistent*Stats`).
+fn with_drop_rate(mut document: Value, rate: Option<f64>) -> Value {
+    if let (Value::Object(map), Some(rate)) = (&mut document, rate) {
+        map.insert("msgDropRate".into(), json!(rate));
+    }
+    document
+}
+
 fn subscription_json(sub: &SubscriptionStats) -> Value {
     let consumers: Vec<Value> = sub
         .consumers
@@ -360,7 +369,7 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
             })
         })
         .collect();
-    json!({
+    let document = json!({
         "msgRateOut": sub.msg_rate_out,
         "msgThroughputOut": sub.msg_throughput_out,
         "bytesOutCounter": sub.bytes_out_counter,
@@ -398,7 +407,8 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
         "filterAcceptedMsgCount": 0,
         "filterRejectedMsgCount": 0,
         "filterRescheduledMsgCount": 0
-    })
+    });
+    with_drop_rate(document, sub.msg_drop_rate)
 }
 
 /// Pulsar's TopicStats document.
@@ -407,7 +417,7 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
         .publishers
         .iter()
         .map(|p| {
-            json!({
+            let document = json!({
                 "accessMode": p.access_mode,
                 "msgRateIn": 0.0,
                 "msgThroughputIn": 0.0,
@@ -420,7 +430,8 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
                 "connectedSince": "",
                 "clientVersion": p.client_version,
                 "metadata": {}
-            })
+            });
+            with_drop_rate(document, p.msg_drop_rate)
         })
         .collect();
     let subscriptions: serde_json::Map<String, Value> = stats
@@ -439,7 +450,7 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
         .map(|s| s.msg_backlog)
         .max()
         .unwrap_or(0);
-    json!({
+    let mut document = json!({
         "msgRateIn": stats.msg_rate_in,
         "msgThroughputIn": stats.msg_throughput_in,
         "msgRateOut": stats.msg_rate_out,
@@ -481,7 +492,12 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
             "lastCompactionDurationTimeInMills": 0
         },
         "ownerBroker": owner_broker
-    })
+    });
+    if let (Value::Object(map), Some(_)) = (&mut document, stats.msg_drop_rate) {
+        // Nothing is stored: no deduplication status (as Pulsar's document).
+        map.remove("deduplicationStatus");
+    }
+    with_drop_rate(document, stats.msg_drop_rate)
 }
 
 /// Sums partitions' stats into one (Pulsar's partitioned-stats aggregate).
@@ -507,6 +523,10 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
         out.publish_latency.merge(&p.publish_latency);
         out.storage_write_latency.merge(&p.storage_write_latency);
         out.publishers.extend(p.publishers.iter().cloned());
+        if let Some(rate) = p.msg_drop_rate {
+            out.msg_drop_rate = Some(out.msg_drop_rate.unwrap_or(0.0) + rate);
+        }
+        out.msg_drop_counter += p.msg_drop_counter;
         for s in &p.subscriptions {
             let merged = subscriptions
                 .entry(s.name.clone())
@@ -525,6 +545,10 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
             merged.msg_throughput_out += s.msg_throughput_out;
             merged.msg_rate_redeliver += s.msg_rate_redeliver;
             merged.msg_expired_counter += s.msg_expired_counter;
+            if let Some(rate) = s.msg_drop_rate {
+                merged.msg_drop_rate = Some(merged.msg_drop_rate.unwrap_or(0.0) + rate);
+            }
+            merged.msg_drop_counter += s.msg_drop_counter;
             merged.consumers.extend(s.consumers.iter().cloned());
         }
     }

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
 
 pub use crate::error::AdminError;
-use crate::topic_name::{NamespaceName, TopicName};
+use crate::topic_name::{NamespaceName, TopicDomain, TopicName};
 pub use crate::topic_name::{decode_segment, encode_segment};
 pub use records::{
     AuthAction, BACKLOG_QUOTA_POLICIES, BACKLOG_QUOTA_TYPES, BacklogQuota, ENSEMBLE_MAX,
@@ -408,12 +408,13 @@ impl Admin {
         }
     }
 
-    /// Base names of the namespace's partitioned topics, sorted.
+    /// Base names of the namespace's partitioned topics of `domain`, sorted.
     pub async fn partitioned_topics_of_namespace(
         &self,
         ns: &NamespaceName,
+        domain: TopicDomain,
     ) -> Result<Vec<String>, AdminError> {
-        let domain = "persistent";
+        let domain = domain.as_str();
         let dir = format!("{}/{domain}", namespace_dir("partitioned-topics", ns));
         let mut out: Vec<String> = self
             .meta

@@ -27,7 +27,15 @@ pub(super) async fn on_partitioned_metadata(
             .await?;
         let partitions = session.service.partitions_of(&topic).await?;
         let auto_create = body.metadata_auto_creation_enabled.unwrap_or(true);
-        if partitions == 0 && !auto_create && !session.service.admin.topic_exists(&topic).await? {
+        let served_now = session
+            .service
+            .served_non_persistent(&topic.to_string())
+            .is_some();
+        if partitions == 0
+            && !auto_create
+            && !served_now
+            && !session.service.admin.topic_exists(&topic).await?
+        {
             return Err(ServiceError::new(
                 ServerError::TopicNotFound,
                 format!("Topic {topic} does not exist"),

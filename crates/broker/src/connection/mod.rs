@@ -7,8 +7,12 @@
 //!   checks, the outbound queue (`Session`, `Close`);
 //! - `lookup`: LOOKUP, PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE;
 //! - `producer`: PRODUCER, SEND and its receipts, CLOSE_PRODUCER;
+//! - `admission`: what every producer shares (the PRODUCER admission
+//!   request, the SEND_RECEIPT frame);
 //! - `consumer`: SUBSCRIBE, FLOW, ACK, redelivery, seek, unsubscribe,
 //!   CLOSE_CONSUMER, last message id, consumer stats;
+//! - `non_persistent`: what producers and consumers of non-persistent
+//!   topics do differently (used by `producer` and `consumer`);
 //! - `schema`: GET_SCHEMA, GET_OR_CREATE_SCHEMA;
 //! - `writer`: the socket writer task.
 //!
@@ -38,8 +42,10 @@
 //! The same code serves plain TCP and TLS streams (`serve`, `serve_tls`).
 //! Never: blocks a tokio worker, or writes to the socket outside the writer.
 
+mod admission;
 mod consumer;
 mod lookup;
+mod non_persistent;
 mod producer;
 mod schema;
 mod session;

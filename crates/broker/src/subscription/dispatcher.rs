@@ -375,6 +375,8 @@ impl Dispatcher {
                     address: slot.info.address.clone(),
                 })
                 .collect(),
+            msg_drop_rate: None,
+            msg_drop_counter: 0,
         }
     }
 

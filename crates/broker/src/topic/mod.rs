@@ -15,8 +15,9 @@
 //!   skip, expire, evict);
 //! - `stats`: the statistics snapshot.
 //!
-//! A non-persistent topic would reuse `producers` and sit beside `Topic`
-//! in the service; a transaction buffer would sit beside `publish`.
+//! A non-persistent topic (`nonpersistent`) reuses `producers`, `throttle`
+//! and `ConsumerSlot` and sits beside `Topic` in the service; a
+//! transaction buffer would sit beside `publish`.
 //!
 //! Locks (all short `parking_lot` mutexes, never held across an await,
 //! except `SubscriptionTable::create`, an async mutex held while a
@@ -65,14 +66,14 @@ use crate::stats::RateMeter;
 use crate::subscription::{ConsumerInfo, SubCommand, SubscriptionHandle};
 use crate::topic_name::TopicName;
 use dedup::DedupTable;
-use producers::ProducerTable;
 use publish::Publisher;
 use quota::PolicyState;
 use subscriptions::SubscriptionTable;
 
 pub(crate) use dedup::DedupCheck;
-pub(crate) use producers::{Admission, ProducerReg};
+pub(crate) use producers::{Admission, ProducerReg, ProducerTable};
 pub(crate) use subscriptions::{ConsumerSlot, SubscribeRequest};
+pub(crate) use throttle::PublishThrottle;
 
 /// A topic being served.
 #[derive(Debug)]
