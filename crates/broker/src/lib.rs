@@ -17,10 +17,10 @@
 //! Layering (bottom first). A module uses only modules of its own layer or
 //! below, and no two modules use each other, directly or not, at any depth
 //! (`tests/layering.rs` checks both against this list):
-//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`
+//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `service`, `lifecycle`, `cluster`
+//! 4. the service: `service`, `lifecycle`, `cluster`, `watchers`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -61,7 +61,12 @@
 //! every subscription, which gives it to a consumer with permits and room or
 //! drops it (counted); nothing is stored, acks are forgotten.
 //!
-//! Not implemented yet: transactions, topic watchers.
+//! Topic lists: GET_TOPICS_OF_NAMESPACE honours the client's mode, pattern
+//! and topics hash (`topic_list`); topic list watchers (`watchers`, one
+//! feed per namespace following its topic records) tell pattern consumers
+//! of created and deleted topics at once.
+//!
+//! Not implemented yet: transactions.
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
@@ -90,7 +95,9 @@ pub mod stats;
 mod subscription;
 pub mod tls;
 mod topic;
+mod topic_list;
 pub mod topic_name;
+mod watchers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

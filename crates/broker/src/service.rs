@@ -48,6 +48,8 @@ pub(crate) struct Service {
     pub(crate) admin: Admin,
     /// Schemas.
     pub(crate) schemas: SchemaRegistry,
+    /// Topic list watchers (WATCH_TOPIC_LIST).
+    pub(crate) topic_watchers: crate::watchers::TopicListWatchers,
     /// Logs.
     pub(crate) log_env: LogEnv,
     /// `pulsar://host:port` returned by lookups.
@@ -88,6 +90,10 @@ impl Service {
             config,
             admin: Admin::new(Arc::clone(&meta)),
             schemas: SchemaRegistry::new(Arc::clone(&meta)),
+            topic_watchers: crate::watchers::TopicListWatchers::new(
+                Admin::new(Arc::clone(&meta)),
+                Arc::clone(&meta),
+            ),
             log_env,
             advertised_url,
             metrics: crate::metrics::BrokerMetrics::default(),

@@ -506,6 +506,14 @@ impl Admin {
         }
     }
 
+    /// Where the records of the namespace's persistent topics live: the
+    /// created topics and the partitioned ones (topic list watchers follow
+    /// both).
+    pub(crate) fn topic_list_paths(&self, ns: &NamespaceName) -> [String; 2] {
+        ["topics", "partitioned-topics"]
+            .map(|kind| format!("{}/persistent", namespace_dir(kind, ns)))
+    }
+
     /// True if the (non-partitioned or partition) topic was created.
     pub async fn topic_exists(&self, topic: &TopicName) -> Result<bool, AdminError> {
         Ok(self.meta.get(&topic_key("topics", topic)).await?.is_some())

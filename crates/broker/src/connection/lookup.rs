@@ -1,6 +1,6 @@
 //! Lookup commands: where a topic is served and what it is. LOOKUP (this
-//! broker, or a redirect to the bundle's owner), PARTITIONED_METADATA and
-//! GET_TOPICS_OF_NAMESPACE, each after the role's `lookup` check.
+//! broker, or a redirect to the bundle's owner) and PARTITIONED_METADATA,
+//! each after the role's `lookup` check.
 //! Never: opens a topic (a lookup only names the broker that will).
 
 use vela_wire::proto::ServerError;
@@ -13,7 +13,7 @@ use super::session::{Close, Session};
 use crate::authorization::TopicAction;
 use crate::error::ServiceError;
 use crate::ownership::LookupAnswer;
-use crate::topic_name::{NamespaceName, TopicName};
+use crate::topic_name::TopicName;
 
 pub(super) async fn on_partitioned_metadata(
     session: &Session,
@@ -108,35 +108,4 @@ pub(super) async fn on_lookup(
         },
     };
     session.send(response).await
-}
-
-pub(super) async fn on_topics_of_namespace(
-    session: &Session,
-    body: proto::CommandGetTopicsOfNamespace,
-) -> Result<(), Close> {
-    let request_id = body.request_id;
-    let result = async {
-        let ns = NamespaceName::parse(&body.namespace)?;
-        session.authorize(&ns, TopicAction::Lookup).await?;
-        let mode = body.mode.unwrap_or(0);
-        if mode == proto::command_get_topics_of_namespace::Mode::NonPersistent as i32 {
-            return Ok(Vec::new());
-        }
-        Ok::<_, ServiceError>(session.service.admin.topics_of_namespace(&ns).await?)
-    }
-    .await;
-    match result {
-        Ok(topics) => {
-            session
-                .send(proto::CommandGetTopicsOfNamespaceResponse {
-                    request_id,
-                    topics,
-                    filtered: Some(false),
-                    topics_hash: None,
-                    changed: Some(true),
-                })
-                .await
-        }
-        Err(e) => session.send_error(request_id, e).await,
-    }
 }

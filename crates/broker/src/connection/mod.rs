@@ -5,7 +5,9 @@
 //! `Connection::handle`):
 //! - `session`: handshake, authentication and its refresh, authorization
 //!   checks, the outbound queue (`Session`, `Close`);
-//! - `lookup`: LOOKUP, PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE;
+//! - `lookup`: LOOKUP, PARTITIONED_METADATA;
+//! - `topic_list`: GET_TOPICS_OF_NAMESPACE and topic list watchers
+//!   (WATCH_TOPIC_LIST, WATCH_TOPIC_LIST_CLOSE);
 //! - `producer`: PRODUCER, SEND and its receipts, CLOSE_PRODUCER;
 //! - `admission`: what every producer shares (the PRODUCER admission
 //!   request, the SEND_RECEIPT frame);
@@ -49,6 +51,7 @@ mod non_persistent;
 mod producer;
 mod schema;
 mod session;
+mod topic_list;
 mod writer;
 
 use std::net::SocketAddr;
@@ -68,6 +71,7 @@ use crate::subscription::ConnEvent;
 use consumer::Consumers;
 use producer::Producers;
 use session::{Close, Session, required};
+use topic_list::Watchers;
 
 /// Read buffer size: one read syscall takes up to this much.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
@@ -144,6 +148,7 @@ async fn serve_halves<R, W>(
         session: Session::new(service, id, peer, out, events_tx),
         producers: Producers::new(limits.pending_sends_max, limits.pending_send_bytes_max),
         consumers: Consumers::new(),
+        watchers: Watchers::new(),
         events_rx,
         read_at: Instant::now(),
     };
@@ -172,6 +177,7 @@ struct Connection {
     session: Session,
     producers: Producers,
     consumers: Consumers,
+    watchers: Watchers,
     /// Producers and consumers the broker closed (see `ConnEvent`).
     events_rx: mpsc::Receiver<ConnEvent>,
     /// When the bytes being handled reached the broker: the kernel's receive
@@ -336,7 +342,15 @@ impl Connection {
             Type::Lookup => lookup::on_lookup(session, required(command.lookup_topic, kind)?).await,
             Type::GetTopicsOfNamespace => {
                 let body = required(command.get_topics_of_namespace, kind)?;
-                lookup::on_topics_of_namespace(session, body).await
+                topic_list::on_topics_of_namespace(session, body).await
+            }
+            Type::WatchTopicList => {
+                let body = required(command.watch_topic_list, kind)?;
+                self.watchers.on_watch(&self.session, body).await
+            }
+            Type::WatchTopicListClose => {
+                let body = required(command.watch_topic_list_close, kind)?;
+                self.watchers.on_close(&self.session, body).await
             }
             Type::Producer => {
                 let body = required(command.producer, kind)?;
@@ -412,6 +426,7 @@ impl Connection {
 
     /// Detaches every producer and consumer of this connection.
     async fn cleanup(&mut self) {
+        self.watchers.cleanup();
         self.producers.cleanup(self.session.id);
         self.consumers.cleanup(self.session.id).await;
     }

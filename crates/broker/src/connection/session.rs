@@ -173,6 +173,7 @@ impl Session {
             max_message_size: Some(self.service.config.max_message_size_bytes as i32),
             feature_flags: Some(proto::FeatureFlags {
                 supports_get_partitioned_metadata_without_auto_creation: Some(true),
+                supports_topic_watchers: Some(true),
                 ..proto::FeatureFlags::default()
             }),
         })
