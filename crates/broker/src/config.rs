@@ -257,6 +257,10 @@ pub struct BrokerConfig {
     pub topic_limits: TopicLimits,
     /// Bytes of non-persistent messages in flight, per topic and in all.
     pub non_persistent_limits: NonPersistentLimits,
+    /// Advertised listeners (`--advertised-listeners`): lookups naming one
+    /// are answered with its URLs; the internal one's URLs are this
+    /// broker's own.
+    pub advertised_listeners: crate::listeners::AdvertisedListeners,
 }
 
 impl BrokerConfig {
@@ -281,14 +285,43 @@ impl BrokerConfig {
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),
             non_persistent_limits: NonPersistentLimits::default(),
+            advertised_listeners: crate::listeners::AdvertisedListeners::default(),
         }
     }
 
-    /// `pulsar+ssl://host:port` of the TLS listener, when there is one
-    /// (the bound port once the broker started).
+    /// The URL of a scheme this broker publishes as its own, as Pulsar's
+    /// `getInternalListener`: the internal listener's, else the first
+    /// listener having one, else `None` (the broker's own port then).
+    pub(crate) fn listener_url(
+        &self,
+        url: impl Fn(&crate::listeners::AdvertisedListener) -> &Option<String>,
+    ) -> Option<String> {
+        let listeners = &self.advertised_listeners;
+        let internal = listeners
+            .internal
+            .as_ref()
+            .and_then(|name| listeners.listeners.get(name))
+            .and_then(|l| url(l).clone());
+        internal.or_else(|| listeners.listeners.values().find_map(|l| url(l).clone()))
+    }
+
+    /// `pulsar://host:port` this broker publishes: the internal advertised
+    /// listener's, else its plain listener's (the bound port once the
+    /// broker started); `None` without a plain port (TLS only).
+    pub fn advertised_plain_url(&self) -> Option<String> {
+        self.listener_url(|l| &l.service_url).or_else(|| {
+            self.pulsar_addr
+                .map(|addr| format!("pulsar://{}:{}", self.advertised_host, addr.port()))
+        })
+    }
+
+    /// `pulsar+ssl://host:port` this broker publishes: the internal
+    /// advertised listener's, else its TLS listener's, when there is one.
     pub fn advertised_tls_url(&self) -> Option<String> {
-        self.pulsar_tls_addr
-            .map(|addr| format!("pulsar+ssl://{}:{}", self.advertised_host, addr.port()))
+        self.listener_url(|l| &l.service_url_tls).or_else(|| {
+            self.pulsar_tls_addr
+                .map(|addr| format!("pulsar+ssl://{}:{}", self.advertised_host, addr.port()))
+        })
     }
 
     /// This broker's id in a cluster: `host:port` of its Pulsar listener

@@ -17,7 +17,7 @@
 //! Layering (bottom first). A module uses only modules of its own layer or
 //! below, and no two modules use each other, directly or not, at any depth
 //! (`tests/layering.rs` checks both against this list):
-//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`
+//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
 //! 4. the service: `service`, `lifecycle`, `cluster`, `watchers`
@@ -85,6 +85,7 @@ mod http;
 mod inflight;
 pub mod key_shared;
 mod lifecycle;
+pub mod listeners;
 pub mod metrics;
 mod nonpersistent;
 pub mod ownership;
@@ -163,16 +164,15 @@ impl Broker {
         // lookups answer with them.
         config.pulsar_addr = plain.as_ref().map(TcpListener::local_addr).transpose()?;
         config.pulsar_tls_addr = secure.as_ref().map(TcpListener::local_addr).transpose()?;
-        let (local, advertised_url) = match (config.pulsar_addr, config.pulsar_tls_addr) {
-            (Some(local), _) => (
-                local,
-                format!("pulsar://{}:{}", config.advertised_host, local.port()),
-            ),
-            (None, Some(local)) => (
-                local,
-                format!("pulsar+ssl://{}:{}", config.advertised_host, local.port()),
-            ),
-            (None, None) => return Err(BrokerError::Config("no Pulsar listener bound".into())),
+        let Some(local) = config.pulsar_addr.or(config.pulsar_tls_addr) else {
+            return Err(BrokerError::Config("no Pulsar listener bound".into()));
+        };
+        // The plain URL, else (TLS only) the TLS one.
+        let Some(advertised_url) = config
+            .advertised_plain_url()
+            .or_else(|| config.advertised_tls_url())
+        else {
+            return Err(BrokerError::Config("no Pulsar URL to advertise".into()));
         };
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
         service.admin.ensure_defaults().await?;

@@ -382,18 +382,26 @@ impl Service {
 
     /// This broker's URLs as lookups answer them and its cluster
     /// registration publishes them: the Pulsar URL (plain, else TLS), the
-    /// TLS one, the admin URL (plain, else HTTPS) and the HTTPS one. Read
-    /// after the HTTP listeners started.
+    /// TLS one, the admin URL (plain, else HTTPS) and the HTTPS one (each
+    /// the internal advertised listener's when it has one), and its
+    /// advertised listeners. Read after the HTTP listeners started.
     pub(crate) fn me(&self) -> BrokerInfo {
-        let https_url = self.https_url.get().cloned();
-        let http_url = self.http_url.get().cloned().or_else(|| https_url.clone());
+        let config = &self.config;
+        let https_url = config
+            .listener_url(|l| &l.https_url)
+            .or_else(|| self.https_url.get().cloned());
+        let http_url = config
+            .listener_url(|l| &l.http_url)
+            .or_else(|| self.http_url.get().cloned())
+            .or_else(|| https_url.clone());
         BrokerInfo {
-            id: self.config.broker_id(),
+            id: config.broker_id(),
             service_url: self.advertised_url.clone(),
-            service_url_tls: self.config.advertised_tls_url(),
+            service_url_tls: config.advertised_tls_url(),
             http_url: http_url.unwrap_or_default(),
             http_url_tls: https_url,
             load: LoadReport::default(),
+            listeners: config.advertised_listeners.listeners.clone(),
         }
     }
 

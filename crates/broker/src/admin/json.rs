@@ -16,7 +16,7 @@ use vela_log::{LedgerDescription, LedgerSummary, Position};
 
 use super::{AdminError, BacklogQuota, NamespacePolicies, RetentionPolicy, TenantInfo};
 use crate::config::CLUSTER_NAME;
-use crate::ownership::BrokerInfo;
+use crate::ownership::LookupUrls;
 use crate::stats::{SubscriptionStats, TopicStats};
 
 /// Parses a JSON body (an empty body parses as JSON `null`).
@@ -687,16 +687,19 @@ pub fn internal_stats_json(input: &InternalStatsInput<'_>) -> Value {
 }
 
 /// Pulsar's LookupData of `owner` (`brokerUrlSsl` is the old name of
-/// `brokerUrlTls`; a URL the broker lacks is `""`).
-pub fn lookup_json(owner: &BrokerInfo) -> Value {
+/// `brokerUrlTls`). A URL the broker lacks is `""`, never left out: the C++
+/// client refuses an answer without `brokerUrl`, also a TLS client of a
+/// TLS-only broker.
+pub fn lookup_json(owner: &LookupUrls) -> Value {
+    let broker_url = owner.service_url.as_deref().unwrap_or("");
     let broker_url_tls = owner.service_url_tls.as_deref().unwrap_or("");
     json!({
-        "brokerUrl": owner.service_url,
+        "brokerUrl": broker_url,
         "brokerUrlTls": broker_url_tls,
         "brokerUrlSsl": broker_url_tls,
         "httpUrl": owner.http_url,
         "httpUrlTls": owner.http_url_tls.as_deref().unwrap_or(""),
-        "nativeUrl": owner.service_url
+        "nativeUrl": broker_url
     })
 }
 

@@ -69,25 +69,35 @@ pub(super) async fn on_lookup(
 ) -> Result<(), Close> {
     let request_id = body.request_id;
     let authoritative = body.authoritative.unwrap_or(false);
+    // Go and C++ always send the field, often empty: that is no listener.
+    let listener = body
+        .advertised_listener_name
+        .as_deref()
+        .filter(|n| !n.trim().is_empty());
     let result = async {
         let topic = TopicName::parse(&body.topic)?;
         session
             .authorize(&topic.namespace, TopicAction::Lookup)
             .await?;
-        session.service.lookup(&topic, authoritative).await
+        let (owner, response) = match session.service.lookup(&topic, authoritative).await? {
+            LookupAnswer::Connect(owner) => (owner, LookupType::Connect),
+            LookupAnswer::Redirect(chosen) => (chosen, LookupType::Redirect),
+        };
+        // As Pulsar: a listener the owner does not have is ServiceNotReady.
+        let urls = owner
+            .urls_for(listener)
+            .map_err(|message| ServiceError::new(ServerError::ServiceNotReady, message))?;
+        Ok::<_, ServiceError>((urls, response))
     }
     .await;
     let response = match result {
-        Ok(answer) => {
-            let (owner, response) = match answer {
-                LookupAnswer::Connect(owner) => (owner, LookupType::Connect),
-                LookupAnswer::Redirect(chosen) => (chosen, LookupType::Redirect),
-            };
+        Ok((urls, response)) => {
             proto::CommandLookupTopicResponse {
                 // A `pulsar+ssl://` client follows the TLS URL: each broker's
-                // registration carries its own.
-                broker_service_url_tls: owner.service_url_tls,
-                broker_service_url: Some(owner.service_url),
+                // registration carries its own. A TLS-only broker has no
+                // plain URL (absent, as Pulsar's).
+                broker_service_url_tls: urls.service_url_tls,
+                broker_service_url: urls.service_url,
                 response: Some(response as i32),
                 request_id,
                 authoritative: Some(true),
