@@ -64,7 +64,9 @@ impl TopicsPattern {
                 "pattern longer than {PATTERN_COMPILE_BYTES_MAX} bytes"
             )));
         }
-        // Java's `matches()`: the whole name.
+        // The client's pattern as written first (errors name it), then
+        // anchored: Java's `matches()` takes the whole name.
+        regex::Regex::new(&shortened).map_err(|e| PatternError::Regex(e.to_string()))?;
         let regex = regex::Regex::new(&format!("^(?:{shortened})$"))
             .map_err(|e| PatternError::Regex(e.to_string()))?;
         Ok(TopicsPattern { regex })

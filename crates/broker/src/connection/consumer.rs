@@ -26,6 +26,7 @@ use super::session::{Close, NAME_BYTES_MAX, Session};
 use crate::authorization::TopicAction;
 use crate::codec;
 use crate::error::ServiceError;
+use crate::nonpersistent::Notices;
 use crate::schema;
 use crate::subscription::{
     ConsumerInfo, ConsumerStatsSnapshot, SeekTarget, SubCommand, SubscriptionHandle,
@@ -135,7 +136,14 @@ impl Consumers {
                 .await;
         }
         match self.create_consumer(session, &body).await {
-            Ok(()) => session.send_success(request_id).await,
+            Ok(notices) => {
+                session.send_success(request_id).await?;
+                // ACTIVE_CONSUMER_CHANGE after SUCCESS, as Pulsar sends them.
+                for (out, frame) in notices {
+                    let _ = out.send(frame).await;
+                }
+                Ok(())
+            }
             Err(e) => {
                 tracing::info!(conn = session.id, topic = %body.topic, subscription = %body.subscription, error = %e, "SUBSCRIBE refused");
                 session.send_error(request_id, e).await
@@ -143,11 +151,12 @@ impl Consumers {
         }
     }
 
+    /// Attaches the consumer; what to send once SUBSCRIBE is answered.
     async fn create_consumer(
         &mut self,
         session: &Session,
         body: &proto::CommandSubscribe,
-    ) -> Result<(), ServiceError> {
+    ) -> Result<Notices, ServiceError> {
         let topic_name = TopicName::parse(&body.topic)?;
         session
             .authorize(&topic_name.namespace, TopicAction::Consume)
@@ -163,11 +172,11 @@ impl Consumers {
                 ServiceError::new(ServerError::NotAllowedError, "unknown subscription type")
             })?;
             let info = consumer_info(session, body);
-            let consumer =
+            let (consumer, notices) =
                 non_persistent::subscribe(session, body, &topic_name, sub_type, info).await?;
             self.np.insert(body.consumer_id, consumer);
             debug_assert!(self.len() <= session.service.config.limits.consumers_max);
-            return Ok(());
+            return Ok(notices);
         }
         let topic = session
             .service
@@ -213,7 +222,7 @@ impl Consumers {
         );
         debug_assert!(previous.is_none(), "a consumer id registered twice");
         debug_assert!(self.map.len() <= session.service.config.limits.consumers_max);
-        Ok(())
+        Ok(Vec::new())
     }
 
     pub(super) async fn on_flow(

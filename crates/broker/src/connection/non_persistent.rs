@@ -20,7 +20,7 @@ use vela_wire::proto::{self, ServerError, command_subscribe::SubType};
 use super::admission::{Admitting, receipt};
 use super::session::{Close, Session};
 use crate::error::ServiceError;
-use crate::nonpersistent::{NonPersistentTopic, NpSubscription, Published};
+use crate::nonpersistent::{NonPersistentTopic, Notices, NpSubscription, Published};
 use crate::stats::ConsumerStats;
 use crate::subscription::ConsumerInfo;
 use crate::topic::{Admission, ConsumerSlot};
@@ -142,7 +142,7 @@ pub(super) async fn subscribe(
     topic_name: &TopicName,
     sub_type: SubType,
     info: ConsumerInfo,
-) -> Result<NpConsumer, ServiceError> {
+) -> Result<(NpConsumer, Notices), ServiceError> {
     let create = body.force_topic_creation.unwrap_or(true);
     let topic = session
         .service
@@ -164,15 +164,14 @@ pub(super) async fn subscribe(
             .await?;
     }
     let durable = body.durable.unwrap_or(true);
-    let (sub, slot) = topic
-        .subscribe(&body.subscription, sub_type, durable, info)
-        .await?;
+    let (sub, slot, notices) = topic.subscribe(&body.subscription, sub_type, durable, info)?;
     tracing::debug!(conn = session.id, topic = %topic.full_name, subscription = %sub.name, "non-persistent consumer created");
-    Ok(NpConsumer {
+    let consumer = NpConsumer {
         topic,
         sub,
         _slot: slot,
-    })
+    };
+    Ok((consumer, notices))
 }
 
 impl NpConsumer {

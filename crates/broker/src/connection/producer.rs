@@ -14,7 +14,7 @@
 //! Never: waits for an append on the reader task, or answers a SEND out of
 //! order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -60,6 +60,12 @@ enum ReceiptJob {
     },
 }
 
+/// Producer ids closed recently on one connection whose SENDs are ignored
+/// (Pulsar's `recentlyClosedProducers`): SENDs the client had in flight
+/// when the broker closed its producer (unload, termination) are expected
+/// and must not close the connection. The oldest is forgotten first.
+const RECENTLY_CLOSED_PRODUCERS_MAX: usize = 1000;
+
 struct ConnProducer {
     topic: Arc<Topic>,
     name: String,
@@ -72,6 +78,8 @@ pub(super) struct Producers {
     /// Producers of non-persistent topics (no receipt task: their SENDs
     /// are answered at once).
     np: HashMap<u64, NpProducer>,
+    /// Ids closed recently, oldest first (`RECENTLY_CLOSED_PRODUCERS_MAX`).
+    recently_closed: VecDeque<u64>,
     /// SENDs not yet answered (`ConnectionLimits::pending_sends_max`).
     pending_sends: Arc<Semaphore>,
     /// Bytes of SEND frames not yet answered
@@ -84,6 +92,7 @@ impl Producers {
         Producers {
             map: HashMap::new(),
             np: HashMap::new(),
+            recently_closed: VecDeque::new(),
             pending_sends: Arc::new(Semaphore::new(pending_sends_max)),
             pending_bytes: Arc::new(Semaphore::new(pending_send_bytes_max)),
         }
@@ -94,6 +103,29 @@ impl Producers {
     pub(super) fn closed(&mut self, producer_id: u64) {
         self.map.remove(&producer_id);
         self.np.remove(&producer_id);
+        self.remember_closed(producer_id);
+    }
+
+    fn remember_closed(&mut self, producer_id: u64) {
+        if self.recently_closed.len() >= RECENTLY_CLOSED_PRODUCERS_MAX {
+            self.recently_closed.pop_front();
+        }
+        self.recently_closed.push_back(producer_id);
+        debug_assert!(self.recently_closed.len() <= RECENTLY_CLOSED_PRODUCERS_MAX);
+    }
+
+    /// A SEND for a producer this connection does not have: ignored when
+    /// it was closed recently (in flight then), else the connection closes.
+    fn unknown_producer(&self, session: &Session, producer_id: u64) -> Result<(), Close> {
+        if self.recently_closed.contains(&producer_id) {
+            tracing::debug!(
+                conn = session.id,
+                producer_id,
+                "SEND for a recently closed producer ignored"
+            );
+            return Ok(());
+        }
+        Err(Close(format!("SEND for unknown producer id {producer_id}")))
     }
 
     /// Producers open on this connection.
@@ -238,10 +270,7 @@ impl Producers {
             return producer.on_send(session, body, entry).await;
         }
         let Some(producer) = self.map.get(&body.producer_id) else {
-            return Err(Close(format!(
-                "SEND for unknown producer id {}",
-                body.producer_id
-            )));
+            return self.unknown_producer(session, body.producer_id);
         };
         let jobs = producer.jobs.clone();
         let sequence_id = body.sequence_id;
@@ -321,10 +350,7 @@ impl Producers {
                 .await;
         }
         let Some(producer) = self.map.get(&send.producer_id) else {
-            return Err(Close(format!(
-                "SEND for unknown producer id {}",
-                send.producer_id
-            )));
+            return self.unknown_producer(session, send.producer_id);
         };
         let job = ReceiptJob::Error {
             sequence_id: send.sequence_id,
@@ -340,6 +366,7 @@ impl Producers {
         session: &Session,
         body: proto::CommandCloseProducer,
     ) -> Result<(), Close> {
+        self.remember_closed(body.producer_id);
         if let Some(producer) = self.np.remove(&body.producer_id) {
             producer.detach(session.id, body.producer_id);
             return session.send_success(body.request_id).await;

@@ -182,14 +182,16 @@ impl NonPersistentTopic {
     }
 
     /// Attaches a consumer, creating its subscription when needed. The
-    /// slot counts it against `TopicLimits::consumers_max` while held.
-    pub(crate) async fn subscribe(
+    /// slot counts it against `TopicLimits::consumers_max` while held; the
+    /// notices (Failover's ACTIVE_CONSUMER_CHANGE) go out after SUBSCRIBE
+    /// is answered.
+    pub(crate) fn subscribe(
         &self,
         subscription: &str,
         sub_type: SubType,
         durable: bool,
         info: ConsumerInfo,
-    ) -> Result<(Arc<NpSubscription>, ConsumerSlot), ServiceError> {
+    ) -> Result<(Arc<NpSubscription>, ConsumerSlot, Notices), ServiceError> {
         if self.is_closed() {
             return Err(closing());
         }
@@ -231,8 +233,7 @@ impl NonPersistentTopic {
                 }
             }
         };
-        send_notices(notices).await;
-        Ok((subscription, slot))
+        Ok((subscription, slot, notices))
     }
 
     /// Detaches a consumer; a reader's subscription goes with its last one.
@@ -466,9 +467,8 @@ mod tests {
         );
         let (out, mut frames) = mpsc::channel(16);
         let (events, _events_rx) = mpsc::channel(16);
-        let (subscription, _slot) = topic
+        let (subscription, _slot, _) = topic
             .subscribe("s", SubType::Shared, true, info(out, events))
-            .await
             .unwrap();
         subscription.flow((1, 1), 100);
         let entry = entry();
