@@ -30,14 +30,14 @@ use tokio::net::tcp::OwnedWriteHalf;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
+use vela_bookie_protocol::{
+    FrameQueue, PROTOCOL_VERSION, ProtocolError, RawFrame, ReadMode, Request, RequestFrame,
+    Response, Status, decode_frame,
+};
 use vela_tls::TlsCertificates;
 use vela_tls::server::TlsStream;
 
 use crate::bookie::Bookie;
-use crate::protocol::{
-    FrameQueue, PROTOCOL_VERSION, ProtocolError, RawFrame, ReadMode, Request, RequestFrame,
-    Response, Status, decode_frame,
-};
 
 /// Requests one connection may have in flight (read off the socket, not yet
 /// answered on it). 1024 pipelined 1 KiB adds cover a 256-deep producer with
@@ -75,11 +75,6 @@ const READ_BUFFER_BYTES: usize = 256 * 1024;
 /// A new chunk is started when less than this is free in the current one (a
 /// read of a few bytes per syscall would waste CPU).
 const READ_SPARE_BYTES_MIN: usize = 8 * 1024;
-
-/// Longest an ADD waits for room in a full write cache before it is taken
-/// anyway (and answered TOO_MANY_REQUESTS if there is still none). Flushes
-/// take tens of ms; the wait is far below a ledger writer's add timeout.
-const WRITE_ROOM_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(500);
 
 /// The bookie protocol server. `bind`, then `run` until a shutdown signal.
 #[derive(Debug)]
@@ -449,16 +444,14 @@ async fn dispatch(
     let failed = move |status| Response::Failed { op, status };
     match frame.request {
         Request::Add { mode, entry } => {
-            // The connection's read loop waits with it, so a full cache holds
-            // back the client through TCP (and, on this connection, the
-            // requests behind the ADD) instead of refusing entries already
-            // read: those would leave their read chunks pinned by the
-            // accepted entries around them (256 KiB held by one 64 KiB entry),
-            // beyond the cache's budget.
-            bookie
-                .wait_for_write_room(entry.len(), WRITE_ROOM_WAIT_MAX)
-                .await;
-            bookie.add(entry, mode, move |result| {
+            // An add waiting for write-cache room is awaited here, in the
+            // connection's read loop, so a full cache holds back the client
+            // through TCP (and, on this connection, the requests behind the
+            // ADD) instead of reading more entries meanwhile: those would
+            // leave their read chunks pinned by the accepted entries around
+            // them (256 KiB held by one 64 KiB entry), beyond the cache's
+            // budget.
+            let admission = bookie.add(entry, mode, move |result| {
                 let response = match result {
                     Ok((ledger_id, entry_id)) => Response::Add {
                         ledger_id,
@@ -467,7 +460,8 @@ async fn dispatch(
                     Err(status) => failed(status),
                 };
                 connection.respond(request_id, &response, in_flight);
-            })
+            });
+            admission.await;
         }
         Request::WriteLac { ledger_id, lac } => bookie.write_lac(ledger_id, lac, move |result| {
             let response = match result {

@@ -393,7 +393,7 @@ fn a_full_queue_answers_queue_full_and_every_accepted_append_completes() {
         match journal.append(entry(1, i, 10), move |res| tx.send(res.is_ok()).unwrap()) {
             Ok(()) => accepted += 1,
             Err(e) => {
-                full = Some(e);
+                full = Some(e.error);
                 break;
             }
         }
@@ -418,11 +418,12 @@ fn appends_after_shutdown_are_refused_and_oversized_records_too() {
     let (journal, _) = open(&cfg, JournalMark::START).unwrap();
     let err = journal
         .append(entry(1, 0, cfg.payload_bytes_max + 1), |_| {})
-        .unwrap_err();
+        .unwrap_err()
+        .error;
     assert!(matches!(err, JournalError::RecordTooLarge { .. }));
     journal.shutdown().unwrap();
     journal.shutdown().unwrap();
-    let err = journal.append(entry(1, 0, 1), |_| {}).unwrap_err();
+    let err = journal.append(entry(1, 0, 1), |_| {}).unwrap_err().error;
     assert!(matches!(err, JournalError::ShutDown));
 }
 

@@ -11,12 +11,13 @@ use bytes::{BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use vela_bookie::bookie::{Bookie, BookieConfig};
-use vela_bookie::client::{BookieClient, BookieError};
-use vela_bookie::entry::{EntryHeader, decode_entry, encode_entry};
-use vela_bookie::protocol::{
+use vela_bookie::server::Server;
+use vela_bookie_protocol::BookieError;
+use vela_bookie_protocol::client::BookieClient;
+use vela_bookie_protocol::entry::{EntryHeader, decode_entry, encode_entry};
+use vela_bookie_protocol::{
     AddMode, LAST_ENTRY, Op, ReadMode, Request, Response, Status, decode_frame, encode_request,
 };
-use vela_bookie::server::Server;
 
 /// A bookie served on a free port; `stop` shuts it down cleanly and hands the
 /// directories back for a restart.

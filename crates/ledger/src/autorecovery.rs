@@ -27,7 +27,8 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
 
-use crate::client::{ClientCore, LedgerClient};
+use crate::client::LedgerClient;
+use crate::client_core::ClientCore;
 use crate::error::LedgerError;
 use crate::metadata::{LEDGERS_PATH, LedgerMetadata, LedgerState};
 use crate::placement;

@@ -1,9 +1,10 @@
 //! `BookieClientTransport`: the `BookieTransport` over real bookies
-//! (`vela_bookie::client::BookieClient`), one pooled connection per bookie.
+//! (`vela_bookie_protocol::client::BookieClient`), one pooled connection per
+//! bookie.
 //!
-//! Owns: the connection pool (bookie id -> client), resolving a bookie id to its
-//! address through the registry, and mapping the bookie client's errors onto
-//! `BookieError`.
+//! Owns: the connection pool (bookie id -> client) and resolving a bookie id to
+//! its address through the registry. Answers are the bookie client's own
+//! (`vela_bookie_protocol::BookieError`), passed through.
 //! Never: retries or fails over (the ledger protocol decides that); holds its
 //! lock across an `.await`.
 //! Bounds: one connection per registered bookie (the registry is the bound);
@@ -15,8 +16,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use vela_bookie::client::{BookieClient, BookieError as ClientError, ClientConfig};
-use vela_bookie::protocol::{self, LAST_ENTRY};
+use vela_bookie_protocol::LAST_ENTRY;
+use vela_bookie_protocol::client::{BookieClient, ClientConfig};
 use vela_meta::MetadataStore;
 
 use crate::store;
@@ -68,9 +69,7 @@ impl Inner {
             .map_err(|e| BookieError::UnknownBookie(format!("{bookie} at {address}: {e}")))?
             .next()
             .ok_or_else(|| BookieError::UnknownBookie(format!("{bookie} at {address}")))?;
-        let client = BookieClient::connect_with(addr, self.config.clone())
-            .await
-            .map_err(map_error)?;
+        let client = BookieClient::connect_with(addr, self.config.clone()).await?;
         let mut pool = self.pool.lock();
         // Another request may have connected meanwhile: keep one connection.
         match pool.get(bookie) {
@@ -80,38 +79,6 @@ impl Inner {
                 Ok(client)
             }
         }
-    }
-}
-
-fn map_error(error: ClientError) -> BookieError {
-    match error {
-        ClientError::NoSuchEntry => BookieError::NoSuchEntry,
-        ClientError::NoSuchLedger => BookieError::NoSuchLedger,
-        ClientError::Fenced => BookieError::Fenced,
-        ClientError::TooManyRequests => BookieError::TooManyRequests,
-        ClientError::Timeout => BookieError::Timeout,
-        ClientError::ConnectionLost { .. } | ClientError::Connect { .. } => {
-            BookieError::ConnectionLost(error.to_string())
-        }
-        ClientError::BadRequest | ClientError::BadVersion | ClientError::EntryTooLarge { .. } => {
-            BookieError::BadRequest(error.to_string())
-        }
-        ClientError::ReadOnly => BookieError::ReadOnly,
-        ClientError::IoError | ClientError::CorruptEntry(_) => BookieError::Io(error.to_string()),
-    }
-}
-
-fn add_mode(mode: AddMode) -> protocol::AddMode {
-    match mode {
-        AddMode::Normal => protocol::AddMode::Normal,
-        AddMode::Recovery => protocol::AddMode::Recovery,
-    }
-}
-
-fn read_mode(mode: ReadMode) -> protocol::ReadMode {
-    match mode {
-        ReadMode::Normal => protocol::ReadMode::Normal,
-        ReadMode::Fence => protocol::ReadMode::Fence,
     }
 }
 
@@ -135,15 +102,11 @@ impl BookieTransport for BookieClientTransport {
             .filter(|c| !c.is_closed())
             .cloned();
         if let Some(client) = pooled {
-            let request = client.add(packaged, add_mode(mode));
-            return Box::pin(async move { request.await.map_err(map_error) });
+            return Box::pin(client.add(packaged, mode));
         }
         Box::pin(async move {
             let client = inner.client(&bookie).await?;
-            client
-                .add(packaged, add_mode(mode))
-                .await
-                .map_err(map_error)
+            client.add(packaged, mode).await
         })
     }
 
@@ -158,10 +121,7 @@ impl BookieTransport for BookieClientTransport {
         let bookie = bookie.clone();
         Box::pin(async move {
             let client = inner.client(&bookie).await?;
-            let read = client
-                .read(ledger_id.0, entry_id.0, read_mode(mode))
-                .await
-                .map_err(map_error)?;
+            let read = client.read(ledger_id.0, entry_id.0, mode).await?;
             Ok(read.entry)
         })
     }
@@ -177,22 +137,15 @@ impl BookieTransport for BookieClientTransport {
         Box::pin(async move {
             let client = inner.client(&bookie).await?;
             match mode {
-                ReadMode::Normal => Ok(client
-                    .read_lac(ledger_id.0)
-                    .await
-                    .map_err(map_error)?
-                    .map(EntryId)),
+                ReadMode::Normal => Ok(client.read_lac(ledger_id.0).await?.map(EntryId)),
                 ReadMode::Fence => {
                     // A fencing read of the last entry: the bookie fences
                     // durably (creating the ledger if it never saw it) and then
                     // answers with its last entry and known LAC.
-                    match client
-                        .read(ledger_id.0, LAST_ENTRY, protocol::ReadMode::Fence)
-                        .await
-                    {
+                    match client.read(ledger_id.0, LAST_ENTRY, ReadMode::Fence).await {
                         Ok(read) => Ok(read.lac.max(read.header.last_add_confirmed).map(EntryId)),
-                        Err(ClientError::NoSuchEntry | ClientError::NoSuchLedger) => Ok(None),
-                        Err(e) => Err(map_error(e)),
+                        Err(error) if error.is_no_entry() => Ok(None),
+                        Err(error) => Err(error),
                     }
                 }
             }
@@ -204,7 +157,7 @@ impl BookieTransport for BookieClientTransport {
         let bookie = bookie.clone();
         Box::pin(async move {
             let client = inner.client(&bookie).await?;
-            client.delete_ledger(ledger_id.0).await.map_err(map_error)
+            client.delete_ledger(ledger_id.0).await
         })
     }
 }

@@ -1,14 +1,13 @@
 //! `LedgerClient`: creates, opens, recovers and deletes ledgers.
 //!
-//! Owns: the shared context of every writer and reader (`ClientCore`: the
-//! metadata store, the bookie transport, the configuration and the placement
-//! RNG) and the ledger lifecycle entry points.
+//! Owns: the ledger lifecycle entry points (create, open, recover, delete),
+//! over the context every writer and reader shares (`client_core::ClientCore`).
 //! Never: holds ledger state itself (writers and readers do), or a lock across
 //! an `.await`.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use parking_lot::Mutex;
 use rand::SeedableRng;
@@ -16,6 +15,7 @@ use rand::rngs::StdRng;
 use tokio::task::JoinSet;
 use vela_meta::{IdAllocator, MetadataStore};
 
+use crate::client_core::{ClientCore, LedgerConfig};
 use crate::error::LedgerError;
 use crate::metadata::{LedgerMetadata, PROPERTIES_MAX};
 use crate::placement;
@@ -25,57 +25,7 @@ use crate::stats::{LedgerStats, Stats};
 use crate::store;
 use crate::transport::{BookieError, BookieTransport};
 use crate::types::{BookieId, EntryId, LedgerId, Quorum};
-use crate::writer::{LedgerWriter, PENDING_ADDS_MAX, PENDING_BYTES_MAX};
-
-/// Tunables of a ledger client.
-#[derive(Debug, Clone)]
-pub struct LedgerConfig {
-    /// An add not acknowledged by a bookie within this is treated as that
-    /// bookie's failure (ensemble change). BookKeeper's default.
-    pub add_timeout: Duration,
-    /// A read (or LAC read, or fence) not answered within this counts as an
-    /// unknown answer: readers fail over, recovery retries.
-    pub read_timeout: Duration,
-    /// Adds in flight per writer before `submit` waits.
-    pub pending_adds_max: usize,
-    /// Payload bytes in flight per writer before `submit` waits (clamped to
-    /// `ENTRY_PAYLOAD_BYTES_MAX..=PENDING_BYTES_MAX`).
-    pub pending_bytes_max: usize,
-    /// Rounds recovery spends on bookies that do not answer (fencing, reads of
-    /// an entry of unknown state, re-writes) before `RecoveryIncomplete`.
-    pub recovery_attempts_max: u32,
-    /// Pause between those rounds.
-    pub recovery_retry_delay: Duration,
-    /// Seed of the placement RNG (`None`: from the OS). Tests pass one so a run
-    /// replays.
-    pub placement_seed: Option<u64>,
-}
-
-impl Default for LedgerConfig {
-    fn default() -> LedgerConfig {
-        LedgerConfig {
-            add_timeout: Duration::from_secs(5),
-            read_timeout: Duration::from_secs(5),
-            pending_adds_max: PENDING_ADDS_MAX,
-            pending_bytes_max: PENDING_BYTES_MAX,
-            recovery_attempts_max: 10,
-            recovery_retry_delay: Duration::from_millis(500),
-            placement_seed: None,
-        }
-    }
-}
-
-/// What writers, readers and recovery share.
-#[derive(Debug)]
-pub(crate) struct ClientCore {
-    pub(crate) store: Arc<dyn MetadataStore>,
-    pub(crate) transport: Arc<dyn BookieTransport>,
-    pub(crate) config: LedgerConfig,
-    pub(crate) rng: Mutex<StdRng>,
-    /// Ledger ids (ranges reserved by CAS on `vela_meta::idgen::LEDGER_ID_KEY`).
-    pub(crate) ids: IdAllocator,
-    pub(crate) stats: Stats,
-}
+use crate::writer::LedgerWriter;
 
 /// Entry point of the ledger client. Cheap to clone.
 #[derive(Debug, Clone)]

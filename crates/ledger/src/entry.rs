@@ -7,8 +7,8 @@ use bytes::Bytes;
 
 use crate::types::{EntryId, LedgerId};
 
-pub(crate) use vela_bookie::entry::EntryHeader;
-pub use vela_bookie::entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};
+pub(crate) use vela_bookie_protocol::entry::EntryHeader;
+pub use vela_bookie_protocol::entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};
 
 /// Packages `payload` as entry `entry_id` of `ledger_id`, carrying the writer's
 /// `lac` and the ledger length including this entry.
@@ -25,7 +25,7 @@ pub(crate) fn package(
         last_add_confirmed: lac.map(|e| e.0),
         ledger_length: ledger_length_bytes,
     };
-    vela_bookie::entry::encode_entry(&header, payload)
+    vela_bookie_protocol::entry::encode_entry(&header, payload)
 }
 
 /// Checks a bookie's answer: CRC, and that it is `ledger_id`:`entry_id`.
@@ -35,12 +35,12 @@ pub(crate) fn unpackage(
     ledger_id: LedgerId,
     entry_id: EntryId,
 ) -> Result<(EntryHeader, Bytes), EntryError> {
-    vela_bookie::entry::decode_expected_entry(packaged, ledger_id.0, entry_id.0)
+    vela_bookie_protocol::entry::decode_expected_entry(packaged, ledger_id.0, entry_id.0)
 }
 
 /// The LAC an entry carries, without a CRC check (what a bookie does).
 pub(crate) fn carried_lac(packaged: &[u8]) -> Result<Option<EntryId>, EntryError> {
-    Ok(vela_bookie::entry::parse_header(packaged)?
+    Ok(vela_bookie_protocol::entry::parse_header(packaged)?
         .last_add_confirmed
         .map(EntryId))
 }

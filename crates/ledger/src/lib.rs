@@ -12,10 +12,12 @@
 //! - `client`: `LedgerClient`: create (ids from `vela_meta::IdAllocator`,
 //!   bookies from `vela_meta::registry`), open, recover, delete, stats;
 //! - `transport`: the `BookieTransport` seam, with `sim::SimCluster` (in-memory
-//!   bookies with fault injection, for tests here and in crates above),
-//!   `BookieClientTransport` (real bookies over `vela_bookie::client`) and
-//!   `local::LocalBookies` (bookies in this process, for `vela standalone`);
-//! - `entry`: packaging, over `vela_bookie::entry` (which owns the format);
+//!   bookies with fault injection, for tests here and in crates above) and
+//!   `BookieClientTransport` (real bookies over
+//!   `vela_bookie_protocol::client`); bookies in the same process (`vela
+//!   standalone`) are reached through `vela-ledger-backend`'s `LocalBookies`;
+//! - `entry`: packaging, over `vela_bookie_protocol::entry` (which owns the
+//!   format);
 //! - `autorecovery`: `AutoRecovery` copies the entries of lost bookies to
 //!   replacements until every entry again has Qw copies.
 //!
@@ -34,9 +36,9 @@
 mod autorecovery;
 mod bookie_client;
 mod client;
+mod client_core;
 mod entry;
 mod error;
-mod local;
 mod placement;
 mod reader;
 mod recovery;
@@ -53,15 +55,13 @@ pub use autorecovery::{
     AUTORECOVERY_LEADER_KEY, AutoRecovery, AutoRecoveryConfig, COPIES_IN_FLIGHT_MAX, PassReport,
 };
 pub use bookie_client::BookieClientTransport;
-pub use client::{LedgerClient, LedgerConfig};
+pub use client::LedgerClient;
+pub use client_core::{LedgerConfig, PENDING_ADDS_MAX, PENDING_BYTES_MAX};
 pub use entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};
 pub use error::LedgerError;
-pub use local::{LOCAL_READS_IN_FLIGHT_MAX, LocalBookies};
 pub use metadata::{LedgerMetadata, LedgerState};
 pub use reader::{LedgerReader, READ_RANGE_ENTRIES_MAX, READ_RANGE_PARALLELISM};
 pub use stats::{LatencySummary, LedgerStats};
 pub use transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
 pub use types::{BookieId, EntryId, LedgerId, Quorum, QuorumError};
-pub use writer::{
-    AddCallback, AddPermit, LedgerWriter, PENDING_ADDS_MAX, PENDING_BYTES_MAX, PendingAdd,
-};
+pub use writer::{AddCallback, AddPermit, LedgerWriter, PendingAdd};

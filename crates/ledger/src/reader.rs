@@ -11,7 +11,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::task::JoinSet;
 
-use crate::client::ClientCore;
+use crate::client_core::ClientCore;
 use crate::entry::unpackage;
 use crate::error::LedgerError;
 use crate::metadata::{LedgerMetadata, LedgerState};

@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use tokio::task::JoinSet;
 
-use crate::client::ClientCore;
+use crate::client_core::ClientCore;
 use crate::entry::unpackage;
 use crate::error::LedgerError;
 use crate::metadata::{ENSEMBLES_MAX, LedgerMetadata, LedgerState};
@@ -258,7 +258,7 @@ async fn probe(
                     Err(error) => {
                         tracing::warn!(ledger = %ledger_id, entry = %entry_id, bookie = %write_set[index], %error, "corrupt entry in recovery");
                         last_errors
-                            .push((write_set[index].clone(), BookieError::Io(error.to_string())));
+                            .push((write_set[index].clone(), BookieError::CorruptEntry(error)));
                     }
                 },
                 Err(error) if error.is_no_entry() => denied[index] = true,

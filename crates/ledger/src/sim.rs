@@ -43,7 +43,7 @@ pub struct SimFaults {
     pub delay_max: Duration,
     /// Time to make an add or a fence durable.
     pub sync_delay: Duration,
-    /// Requests answered with `BookieError::Io` without effect.
+    /// Requests answered with `BookieError::IoError` without effect.
     pub error_per_mille: u32,
     /// Requests refused with `BookieError::TooManyRequests` without effect
     /// (a full journal queue or write cache: back-pressure).
@@ -306,7 +306,7 @@ impl SimCluster {
                 match state.bookies.get_mut(&bookie) {
                     None => Err(BookieError::UnknownBookie(bookie.0.clone())),
                     Some(b) if !b.alive => Err(BookieError::ConnectionLost("refused".into())),
-                    Some(_) if plan.error => Err(BookieError::Io("injected error".into())),
+                    Some(_) if plan.error => Err(BookieError::IoError),
                     Some(_) if plan.overloaded => Err(BookieError::TooManyRequests),
                     Some(b) => work(b).map(|answer| (answer, b.epoch)),
                 }
@@ -381,7 +381,7 @@ impl BookieTransport for SimCluster {
             bookie,
             move |b| {
                 if carried_lac(&packaged).is_err() {
-                    return Err(BookieError::BadRequest("malformed entry".into()));
+                    return Err(BookieError::BadRequest);
                 }
                 if b.read_only && mode == AddMode::Normal {
                     return Err(BookieError::ReadOnly);

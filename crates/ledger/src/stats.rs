@@ -49,6 +49,10 @@ pub struct LedgerStats {
     pub entries_rereplicated: u64,
     /// Ledger segments whose lost bookie auto-recovery replaced.
     pub segments_rereplicated: u64,
+    /// Adds a bookie answered TOO_MANY_REQUESTS (journal queue full, or
+    /// write cache still full after the bookie's bounded wait for room);
+    /// each is asked again of the same bookie until the add timeout.
+    pub adds_overloaded: u64,
 }
 
 #[derive(Debug)]
@@ -60,6 +64,7 @@ pub(crate) struct Stats {
     pub(crate) corrupt_reads: AtomicU64,
     pub(crate) entries_rereplicated: AtomicU64,
     pub(crate) segments_rereplicated: AtomicU64,
+    pub(crate) adds_overloaded: AtomicU64,
 }
 
 impl Stats {
@@ -75,6 +80,7 @@ impl Stats {
             corrupt_reads: AtomicU64::new(0),
             entries_rereplicated: AtomicU64::new(0),
             segments_rereplicated: AtomicU64::new(0),
+            adds_overloaded: AtomicU64::new(0),
         }
     }
 
@@ -108,6 +114,7 @@ impl Stats {
             corrupt_reads: self.corrupt_reads.load(Ordering::Relaxed),
             entries_rereplicated: self.entries_rereplicated.load(Ordering::Relaxed),
             segments_rereplicated: self.segments_rereplicated.load(Ordering::Relaxed),
+            adds_overloaded: self.adds_overloaded.load(Ordering::Relaxed),
         }
     }
 }

@@ -25,7 +25,7 @@ use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::client::ClientCore;
+use crate::client_core::{ClientCore, PENDING_BYTES_MAX};
 use crate::entry::{ENTRY_PAYLOAD_BYTES_MAX, package};
 use crate::error::LedgerError;
 use crate::metadata::{ENSEMBLES_MAX, LedgerMetadata, LedgerState};
@@ -34,17 +34,8 @@ use crate::store::{self, CasError};
 use crate::transport::{AddMode, BookieError};
 use crate::types::{BookieId, EntryId, LedgerId, Quorum, entry_after};
 
-/// Default bound on adds in flight per ledger. At ~200k entries/s and a 2 ms
-/// quorum round trip about 400 are in flight; 4096 absorbs a slow bookie for a
-/// few ms more. When reached, `submit` waits (back-pressure to the producer).
-pub const PENDING_ADDS_MAX: usize = 4096;
-
-/// Default bound on payload bytes in flight per ledger: 64 MiB, a few hundred ms
-/// of a 1 Gbit/s link. When reached, `submit` waits.
-pub const PENDING_BYTES_MAX: usize = 64 * 1024 * 1024;
-
-const _: () = assert!(ENTRY_PAYLOAD_BYTES_MAX <= PENDING_BYTES_MAX);
-const _: () = assert!(PENDING_BYTES_MAX <= u32::MAX as usize);
+// A pending add's acks are a bitmask of ensemble indices.
+const _: () = assert!(crate::types::ENSEMBLE_SIZE_MAX <= u64::BITS as usize);
 
 /// CAS attempts for one ensemble change or close before giving up
 /// (`MetadataContention`). Only the writer changes an OPEN ledger, so a conflict
@@ -106,6 +97,13 @@ impl AddReply {
 pub struct AddPermit {
     permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     payload_bytes: usize,
+}
+
+impl AddPermit {
+    /// Payload bytes of the add this budget was taken for.
+    pub fn payload_bytes(&self) -> usize {
+        self.payload_bytes
+    }
 }
 
 enum Command {
@@ -430,6 +428,14 @@ impl WriterTask {
                 if let Some(reply) = close.take() {
                     let _ = reply.send(result);
                 }
+                // Adds queued behind the close (a caller that raced it) are
+                // answered, never dropped.
+                commands.close();
+                while let Ok(command) = commands.try_recv() {
+                    if let Command::Add { reply, .. } = command {
+                        reply.send(Err(LedgerError::LedgerClosed(self.ledger_id)));
+                    }
+                }
                 return;
             }
             tokio::select! {
@@ -484,6 +490,14 @@ impl WriterTask {
             return;
         }
         let entry_id = self.next_entry;
+        // Pending adds are consecutive entries right after the LAC.
+        debug_assert_eq!(
+            entry_id,
+            self.pending
+                .back()
+                .map_or(entry_after(self.lac), |last| last.entry_id.next()),
+            "pending adds are consecutive after the LAC"
+        );
         self.next_entry = entry_id.next();
         self.length_bytes += payload.len() as u64;
         let packaged = package(
@@ -546,7 +560,10 @@ impl WriterTask {
                     return;
                 };
                 if let Some(pending) = self.pending.get_mut(offset as usize) {
-                    debug_assert_eq!(pending.entry_id, response.entry_id);
+                    // An ack counted for another entry would complete that
+                    // entry without its quorum.
+                    assert_eq!(pending.entry_id, response.entry_id);
+                    debug_assert!(self.quorum.stores(response.entry_id, response.index));
                     pending.acked |= 1 << response.index;
                 }
             }
@@ -567,6 +584,10 @@ impl WriterTask {
     /// pause that grows with the add's age, until the add timeout; then (or if
     /// the add is settled already) returns `false` to treat it as a failure.
     fn retry_when_overloaded(&mut self, response: &Response) -> bool {
+        self.core
+            .stats
+            .adds_overloaded
+            .fetch_add(1, Ordering::Relaxed);
         let timeout = self.core.config.add_timeout;
         let Some(pending) = self.pending_entry(response.entry_id) else {
             // Acknowledged already (by others of its write set): nothing to do.
@@ -622,7 +643,15 @@ impl WriterTask {
             let Some(done) = self.pending.pop_front() else {
                 break;
             };
-            debug_assert_eq!(done.entry_id, entry_after(self.lac));
+            // Acks complete in entry order and the LAC only moves forward,
+            // one entry at a time: anything else would acknowledge an entry
+            // whose predecessors are not durable.
+            assert_eq!(
+                done.entry_id,
+                entry_after(self.lac),
+                "adds complete in entry order"
+            );
+            debug_assert!(Some(done.entry_id) > self.lac);
             self.lac = Some(done.entry_id);
             self.changes_without_progress = 0;
             self.core.stats.record_add(done.submitted_at.elapsed());

@@ -1,11 +1,16 @@
 //! The log's view of ledgers: a narrow seam so the same log runs on the real
-//! ledger client (`vela-ledger`, replicated on bookies) or on in-memory ledgers
-//! (tests of this crate and of the broker).
+//! ledger client (replicated on bookies: `vela-ledger-backend`'s
+//! `ReplicatedLedgers`) or on in-memory ledgers (`memory`: tests of this crate
+//! and of the broker).
 //!
 //! Contract every backend keeps:
-//! - `LedgerAppender::add` calls are ordered: entry ids follow the call order,
-//!   and the `done` callbacks run in entry order, each only once the entry is
-//!   durable (acknowledged by Qa bookies for the replicated backend).
+//! - `OpenLedger::add` calls are ordered: entry ids follow the call order
+//!   (from 0), and the `done` callbacks run in entry order, each only once the
+//!   entry is durable (acknowledged by Qa bookies for the replicated backend).
+//! - An open ledger has a bounded window of adds in flight: `reserve` says
+//!   whether the next add fits now or when it will, and never queues the add
+//!   itself. The only queue of adds above a ledger writer is the caller's
+//!   (`queue::AppendQueue`).
 //! - After `recover`, the ledger is closed and no previous writer can add to it.
 
 use std::fmt;
@@ -20,6 +25,27 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// Called once per add, in entry order, with the entry id or the failure.
 pub type AddCallback = Box<dyn FnOnce(Result<u64, LedgerBackendError>) + Send>;
+
+/// Whether an open ledger's window has room for the next add.
+pub enum Reserve {
+    /// Room is reserved now: the next `add` spends it.
+    Ready,
+    /// The window is full: resolves once room is reserved (the next `add`
+    /// spends it), or with the failure that ended the writer.
+    Wait(BoxFuture<'static, Result<(), LedgerBackendError>>),
+    /// The writer is gone: no add will be taken.
+    Failed(LedgerBackendError),
+}
+
+impl fmt::Debug for Reserve {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reserve::Ready => f.write_str("Ready"),
+            Reserve::Wait(_) => f.write_str("Wait"),
+            Reserve::Failed(error) => write!(f, "Failed({error})"),
+        }
+    }
+}
 
 /// Replication of new ledgers: ensemble size, write quorum, ack quorum.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,12 +131,14 @@ pub enum LedgerBackendError {
 
 /// Creates, recovers, reads and deletes ledgers.
 pub trait LedgerBackend: Send + Sync + fmt::Debug {
-    /// Creates an open ledger with this replication, tagged with the log's name.
-    fn create(
+    /// Creates an open ledger with this replication, tagged with the log's
+    /// name, and returns its writer (`create`, on `dyn LedgerBackend`, puts
+    /// one behind an ordered queue).
+    fn create_ledger(
         &self,
         persistence: Persistence,
         log_name: &str,
-    ) -> BoxFuture<'_, Result<Arc<dyn LedgerAppender>, LedgerBackendError>>;
+    ) -> BoxFuture<'_, Result<Arc<dyn OpenLedger>, LedgerBackendError>>;
 
     /// Opens a ledger with recovery: fences any writer, closes it at the last
     /// entry that could have been acknowledged.
@@ -146,14 +174,21 @@ pub trait LedgerBackend: Send + Sync + fmt::Debug {
     }
 }
 
-/// The writer of one open ledger.
-pub trait LedgerAppender: Send + Sync + fmt::Debug {
+/// The writer of one open ledger, as a backend provides it: ordered adds in a
+/// bounded window. Its caller issues adds from one place at a time
+/// (`queue::AppendQueue`): `reserve`, then `add`.
+pub trait OpenLedger: Send + Sync + fmt::Debug {
     /// Id of the ledger written.
     fn ledger_id(&self) -> u64;
 
-    /// Issues an add. Adds are ordered by call order; `done` runs in entry order.
+    /// Reserves room in the window of adds in flight for the next add, of
+    /// `payload_bytes`. Reserving again before that add reuses the room.
+    fn reserve(&self, payload_bytes: usize) -> Reserve;
+
+    /// Issues an add into the room reserved for it. Adds are ordered by call
+    /// order (entry ids from 0); `done` runs once, in entry order.
     fn add(&self, data: Bytes, done: AddCallback);
 
-    /// Waits for pending adds, then closes the ledger at its last entry.
+    /// Waits for the adds in flight, then closes the ledger at its last entry.
     fn close(&self) -> BoxFuture<'static, Result<(), LedgerBackendError>>;
 }

@@ -8,7 +8,13 @@
 //! interval may be redelivered (at-least-once), nothing acknowledged-and-
 //! persisted is redelivered, nothing unacknowledged is skipped.
 //!
-//! Never: decides what to dispatch (that is the broker's), holds payloads.
+//! Positions: the mark-delete position only moves forward (acks) except by
+//! `reset` (a seek), and stays within the log (acks are of confirmed
+//! entries: the broker checks a client's ack against the last confirmed
+//! position first).
+//!
+//! Never: decides what to dispatch (that is the broker's), holds payloads,
+//! or needs more of its log than `CursorLog`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Weak};
@@ -20,8 +26,32 @@ use tokio::sync::Notify;
 use crate::Position;
 use crate::error::LogError;
 use crate::format::{self, AckedRange, BatchAck, CursorInfo};
-use crate::log::Shared;
 use crate::store::{Store, Version};
+
+/// What a cursor asks of its log: positions over the log's ledgers. The log
+/// implements it; a trait, so cursors need nothing else of the log.
+pub(crate) trait CursorLog: Send + Sync {
+    /// The position right after `position` (possibly in a later ledger).
+    fn next_position(&self, position: Position) -> Position;
+    /// The oldest confirmed entry, or the next one to be written.
+    fn first_position_or_next(&self) -> Position;
+    /// The position right before `position`, `None` when nothing precedes it.
+    fn previous_position(&self, position: Position) -> Option<Position>;
+    /// The newest confirmed entry.
+    fn last_confirmed(&self) -> Option<Position>;
+    /// Confirmed entries in `(after, up_to]`.
+    fn entries_between(&self, after: Option<Position>, up_to: Position) -> u64;
+}
+
+/// Where a cursor keeps its state and its bounds (from the log's config).
+#[derive(Debug, Clone)]
+pub(crate) struct CursorSettings {
+    pub(crate) log_name: String,
+    pub(crate) store: Store,
+    pub(crate) acked_entries_max: usize,
+    pub(crate) persisted_ranges_max: usize,
+    pub(crate) persist_interval: Duration,
+}
 
 /// Where a new cursor starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,7 +78,7 @@ struct CursorState {
 pub struct Cursor {
     name: String,
     key: String,
-    log: Weak<Shared>,
+    log: Weak<dyn CursorLog>,
     store: Store,
     acked_entries_max: usize,
     persisted_ranges_max: usize,
@@ -69,20 +99,22 @@ impl std::fmt::Debug for Cursor {
 
 impl Cursor {
     pub(crate) async fn open(
-        log: &Arc<Shared>,
+        log: &Arc<dyn CursorLog>,
+        settings: &CursorSettings,
         name: &str,
         start: CursorStart,
     ) -> Result<Arc<Cursor>, LogError> {
-        let key = format::cursor_key(&log.name, name);
+        let key = format::cursor_key(&settings.log_name, name);
+        let store = &settings.store;
         let mut state = CursorState::default();
-        match log.env.store.get_json::<CursorInfo>(&key).await? {
+        match store.get_json::<CursorInfo>(&key).await? {
             Some((info, version)) => {
                 state.mark_delete = info.mark_delete_position();
                 for range in &info.acked_ranges {
                     // Bounded by what was persisted (cursor_persisted_ranges_max
                     // ranges); each range may span many entries, so cap the total.
                     for entry_id in range.first_entry_id..=range.last_entry_id {
-                        if state.acked.len() >= log.config.cursor_acked_entries_max {
+                        if state.acked.len() >= settings.acked_entries_max {
                             break;
                         }
                         state.acked.insert(Position::new(range.ledger_id, entry_id));
@@ -101,14 +133,12 @@ impl Cursor {
                     CursorStart::Earliest => log.previous_position(log.first_position_or_next()),
                     CursorStart::Latest => log.last_confirmed(),
                 };
-                let info = snapshot(&state, log.config.cursor_persisted_ranges_max);
-                match log.env.store.create_json(&key, &info).await {
+                let info = snapshot(&state, settings.persisted_ranges_max);
+                match store.create_json(&key, &info).await {
                     Ok(version) => state.version = Some(version),
                     Err(LogError::Fenced(_)) => {
                         // Created concurrently: load what won.
-                        if let Some((info, version)) =
-                            log.env.store.get_json::<CursorInfo>(&key).await?
-                        {
+                        if let Some((info, version)) = store.get_json::<CursorInfo>(&key).await? {
                             state.mark_delete = info.mark_delete_position();
                             state.version = Some(version);
                         }
@@ -121,10 +151,10 @@ impl Cursor {
             name: name.to_string(),
             key,
             log: Arc::downgrade(log),
-            store: log.env.store.clone(),
-            acked_entries_max: log.config.cursor_acked_entries_max,
-            persisted_ranges_max: log.config.cursor_persisted_ranges_max,
-            persist_interval: log.config.cursor_persist_interval,
+            store: store.clone(),
+            acked_entries_max: settings.acked_entries_max,
+            persisted_ranges_max: settings.persisted_ranges_max,
+            persist_interval: settings.persist_interval,
             state: Mutex::new(state),
             persist_wakeup: Arc::new(Notify::new()),
             persist_lock: tokio::sync::Mutex::new(()),
@@ -168,6 +198,10 @@ impl Cursor {
                 if Some(position) <= state.mark_delete {
                     continue;
                 }
+                debug_assert!(
+                    within_log(log.as_deref(), position),
+                    "ack of {position}, beyond the last confirmed entry"
+                );
                 if state.acked.len() >= self.acked_entries_max && !state.acked.contains(&position) {
                     return Err(LogError::TooManyAckHoles(self.name.clone()));
                 }
@@ -175,7 +209,7 @@ impl Cursor {
                 state.batch_acks.remove(&position);
             }
             if let Some(log) = &log {
-                advance_mark_delete(&mut state, log);
+                advance_mark_delete(&mut state, log.as_ref());
             }
             state.changes += 1;
         }
@@ -189,6 +223,10 @@ impl Cursor {
         {
             let mut state = self.state.lock();
             if Some(position) > state.mark_delete {
+                debug_assert!(
+                    within_log(log.as_deref(), position),
+                    "cumulative ack of {position}, beyond the last confirmed entry"
+                );
                 state.mark_delete = Some(position);
                 state.acked = state
                     .acked
@@ -197,7 +235,7 @@ impl Cursor {
                     .batch_acks
                     .split_off(&Position::new(position.ledger_id, position.entry_id + 1));
                 if let Some(log) = &log {
-                    advance_mark_delete(&mut state, log);
+                    advance_mark_delete(&mut state, log.as_ref());
                 }
                 state.changes += 1;
             }
@@ -299,15 +337,23 @@ impl Cursor {
     }
 }
 
+/// Whether `position` is a confirmed entry of `log` (true when the log is
+/// gone: nothing to check against).
+fn within_log(log: Option<&dyn CursorLog>, position: Position) -> bool {
+    log.is_none_or(|log| log.last_confirmed().is_some_and(|last| position <= last))
+}
+
 /// Moves the mark-delete position over individually acknowledged entries that
 /// now follow it directly.
-fn advance_mark_delete(state: &mut CursorState, log: &Shared) {
+fn advance_mark_delete(state: &mut CursorState, log: &dyn CursorLog) {
     loop {
         let next = match state.mark_delete {
             Some(mark) => log.next_position(mark),
             None => log.first_position_or_next(),
         };
         if state.acked.first() == Some(&next) {
+            // Forward only: `next` follows the mark.
+            debug_assert!(Some(next) > state.mark_delete, "mark-delete moved back");
             state.acked.pop_first();
             state.mark_delete = Some(next);
         } else if state.mark_delete.is_none()

@@ -5,7 +5,11 @@
 //! previous owner), keeps durable cursors (subscriptions), trims fully consumed
 //! ledgers and caches the tail so consumers at the tail never wait on a bookie.
 //!
-//! Owns: the ledger list and cursor metadata of each log; the tail cache.
+//! Owns: the ledger list and cursor metadata of each log; the tail cache; the
+//! one ordered queue of appends above the ledger writer (`queue`); the
+//! `LedgerBackend` seam (`backend`) with in-memory ledgers (`memory`, tests).
+//! The backend over the real ledger client is `vela-ledger-backend`'s: this
+//! crate depends on neither the ledger client nor the bookie.
 //! Never: parses Pulsar frames or metadata (entries are opaque bytes); acknowledges
 //! an append before the ledger acknowledged it at Qa; grows a queue or cache
 //! without a bound.
@@ -13,8 +17,12 @@
 //! API contract (used by `vela-broker`):
 //! - [`ManagedLog::open`] loads (or creates) the log named e.g.
 //!   `public/default/persistent/my-topic`.
-//! - [`ManagedLog::append`] is called by the topic's single writer in order; the
-//!   returned futures complete in append order with the entry's [`Position`].
+//! - [`ManagedLog::append`] never waits; the order of `append` calls is the
+//!   log order (no lock needed around it: calls from one task keep their
+//!   order, concurrent callers are ordered by who queues first); successful
+//!   appends complete in that order with increasing [`Position`]s. Only
+//!   `EntryTooLarge` and `Overloaded` refuse one append and let later ones
+//!   succeed; any other failure stops the log (every later append fails).
 //! - [`ManagedLog::read`] returns entries from a position on (tail cache first).
 //! - [`ManagedLog::open_cursor`] gives a durable [`Cursor`] (a subscription's
 //!   acknowledgement state).
@@ -28,15 +36,16 @@ mod error;
 mod format;
 mod log;
 pub mod memory;
-mod replicated;
+mod queue;
 mod store;
 
 pub use backend::{
-    LedgerBackend, LedgerBackendError, LedgerDescription, Persistence, RecoveredLedger,
+    LedgerBackend, LedgerBackendError, LedgerDescription, OpenLedger, Persistence, RecoveredLedger,
+    Reserve,
 };
 pub use cursor::{Cursor, CursorStart};
 pub use error::LogError;
 pub use log::{
     AppendFuture, LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog, Retention,
 };
-pub use replicated::{OVERFLOW_BYTES_MAX, ReplicatedLedgers};
+pub use queue::{APPEND_QUEUE_BYTES_MAX, LedgerAppender};

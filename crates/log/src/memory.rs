@@ -10,8 +10,8 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 
 use crate::backend::{
-    AddCallback, BoxFuture, LedgerAppender, LedgerBackend, LedgerBackendError, Persistence,
-    RecoveredLedger,
+    AddCallback, BoxFuture, LedgerBackend, LedgerBackendError, OpenLedger, Persistence,
+    RecoveredLedger, Reserve,
 };
 
 /// Bound on the entries one in-memory ledger holds: tests stay small, and a
@@ -57,9 +57,14 @@ struct MemoryAppender {
     epoch: u64,
 }
 
-impl LedgerAppender for MemoryAppender {
+impl OpenLedger for MemoryAppender {
     fn ledger_id(&self) -> u64 {
         self.ledger_id
+    }
+
+    /// In-memory ledgers have no window of adds in flight: always room.
+    fn reserve(&self, _payload_bytes: usize) -> Reserve {
+        Reserve::Ready
     }
 
     fn add(&self, data: Bytes, done: AddCallback) {
@@ -106,11 +111,11 @@ impl LedgerAppender for MemoryAppender {
 pub struct MemoryBackend(pub Arc<MemoryLedgers>);
 
 impl LedgerBackend for MemoryBackend {
-    fn create(
+    fn create_ledger(
         &self,
         persistence: Persistence,
         _log_name: &str,
-    ) -> BoxFuture<'_, Result<Arc<dyn LedgerAppender>, LedgerBackendError>> {
+    ) -> BoxFuture<'_, Result<Arc<dyn OpenLedger>, LedgerBackendError>> {
         let result = persistence
             .validate()
             .map_err(LedgerBackendError::Other)
@@ -124,7 +129,7 @@ impl LedgerBackend for MemoryBackend {
                     ledgers: Arc::clone(&self.0),
                     ledger_id,
                     epoch: 0,
-                }) as Arc<dyn LedgerAppender>
+                }) as Arc<dyn OpenLedger>
             });
         Box::pin(async move { result })
     }

@@ -339,16 +339,16 @@ struct RecordingBackend {
 }
 
 impl vela_log::LedgerBackend for RecordingBackend {
-    fn create(
+    fn create_ledger(
         &self,
         persistence: vela_log::Persistence,
         log_name: &str,
     ) -> vela_log::backend::BoxFuture<
         '_,
-        Result<Arc<dyn vela_log::backend::LedgerAppender>, vela_log::LedgerBackendError>,
+        Result<Arc<dyn vela_log::OpenLedger>, vela_log::LedgerBackendError>,
     > {
         self.created.lock().push(persistence);
-        self.inner.create(persistence, log_name)
+        self.inner.create_ledger(persistence, log_name)
     }
 
     fn recover(

@@ -123,7 +123,7 @@ pub(crate) fn run(args: BookieArgs) -> anyhow::Result<()> {
 fn start_autorecovery(
     store: Arc<dyn vela_meta::MetadataStore>,
     config: vela_ledger::AutoRecoveryConfig,
-    client_config: vela_bookie::client::ClientConfig,
+    client_config: vela_bookie_protocol::client::ClientConfig,
 ) {
     let transport = vela_ledger::BookieClientTransport::new(store.clone(), client_config);
     let client = vela_ledger::LedgerClient::new(
@@ -147,7 +147,7 @@ async fn serve(
     addr: SocketAddr,
     bookie: Arc<Bookie>,
     tls: Option<vela_tls::TlsConfig>,
-    autorecovery_client: vela_bookie::client::ClientConfig,
+    autorecovery_client: vela_bookie_protocol::client::ClientConfig,
 ) -> anyhow::Result<()> {
     let mut server = Server::bind(addr, bookie.clone())
         .await

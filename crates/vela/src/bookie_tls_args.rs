@@ -3,7 +3,7 @@
 //! bookie` itself, whose auto-recovery reads from other bookies).
 //!
 //! Owns: turning those flags into a `vela_tls::TlsConfig` for the bookie
-//! server and a `vela_bookie::client::ClientConfig` for its clients; each
+//! server and a `vela_bookie_protocol::client::ClientConfig` for its clients; each
 //! error names its flag. TLS is all or nothing per cluster: registrations
 //! carry plain `host:port` addresses, and every bookie client of a cluster
 //! whose bookies serve TLS needs --bookie-tls-trust-certs-file.
@@ -56,8 +56,10 @@ pub(crate) struct BookieTlsClientArgs {
 
 impl BookieTlsClientArgs {
     /// The bookie client configuration these flags ask for.
-    pub(crate) fn client_config(&self) -> anyhow::Result<vela_bookie::client::ClientConfig> {
-        let mut config = vela_bookie::client::ClientConfig::default();
+    pub(crate) fn client_config(
+        &self,
+    ) -> anyhow::Result<vela_bookie_protocol::client::ClientConfig> {
+        let mut config = vela_bookie_protocol::client::ClientConfig::default();
         if let Some(file) = &self.bookie_tls_trust_certs_file {
             config.tls = Some(vela_tls::client_config(
                 "--bookie-tls-trust-certs-file",

@@ -18,7 +18,8 @@ use anyhow::Context;
 use clap::Args;
 use vela_broker::{Broker, BrokerConfig};
 use vela_ledger::{BookieClientTransport, LedgerClient, LedgerConfig};
-use vela_log::{LogEnv, ReplicatedLedgers};
+use vela_ledger_backend::ReplicatedLedgers;
+use vela_log::LogEnv;
 
 use crate::limit_args::LimitArgs;
 use crate::persistence_args::PersistenceArgs;

@@ -160,7 +160,7 @@ async fn verify(
             let (entry, bookie, read) = joined.context("read task failed")?;
             copies += 1;
             let good = read.is_ok_and(|packaged| {
-                vela_bookie::entry::decode_expected_entry(&packaged, id.0, entry).is_ok()
+                vela_bookie_protocol::entry::decode_expected_entry(&packaged, id.0, entry).is_ok()
             });
             if !good {
                 missing += 1;

@@ -6,10 +6,14 @@
 //! DATA_DIR/metadata/            embedded metadata store (redb, fsync'ed)
 //! DATA_DIR/bookie-I/journal/    bookie I's write-ahead journal
 //! DATA_DIR/bookie-I/ledgers/    bookie I's ledger storage
+//! PMEM_PATH/bookie-I/journal.pmem  with --journal-backend pmem: bookie I's
+//!                               journal region (the journal dir keeps its LOCK)
 //! ```
 //! Bookies run in this process and the broker reaches them directly
-//! (`vela_ledger::LocalBookies`): same durability as over TCP (an add is
-//! acknowledged after the journal's fdatasync), one network hop less.
+//! (`vela_ledger_backend::LocalBookies`): same durability and the same
+//! back-pressure as over TCP (an add is acknowledged after the journal's
+//! fdatasync; a full write cache holds an add up to the same bounded time),
+//! one network hop less.
 //! Ready line on stdout: `vela standalone ready in N ms: pulsar://H:P http://H:P`.
 //! Stops cleanly on SIGINT/SIGTERM: the broker closes its topics (ledgers
 //! closed), then the bookies sync their journals and checkpoint.
@@ -32,8 +36,9 @@ use clap::Args;
 use tokio::task::JoinSet;
 use vela_bookie::bookie::{Bookie, BookieConfig, BookieMode};
 use vela_broker::{Broker, BrokerConfig, PersistenceConfig};
-use vela_ledger::{BookieId, LedgerClient, LedgerConfig, LocalBookies};
-use vela_log::{LogEnv, ReplicatedLedgers};
+use vela_ledger::{BookieId, LedgerClient, LedgerConfig};
+use vela_ledger_backend::{LocalBookies, ReplicatedLedgers};
+use vela_log::LogEnv;
 use vela_meta::registry::BookieInfo;
 use vela_meta::{FileStore, MetadataStore};
 
@@ -220,6 +225,10 @@ async fn open_bookies(args: &StandaloneArgs) -> anyhow::Result<Vec<(BookieId, Ar
         let dir = args.data_dir.join(format!("{BOOKIE_DIR_PREFIX}{index}"));
         let mut config = BookieConfig::new(dir.join("journal"), dir.join("ledgers"));
         args.storage.apply(&mut config)?;
+        if let Some(pmem) = config.journal.pmem.as_mut() {
+            // Each bookie its own region, under --journal-pmem-path.
+            pmem.dir = pmem.dir.join(format!("{BOOKIE_DIR_PREFIX}{index}"));
+        }
         opening.spawn_blocking(move || {
             let opened = Bookie::open(config)
                 .with_context(|| format!("cannot open bookie {index} in {}", dir.display()));

@@ -6,7 +6,7 @@
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
-use vela_bookie::protocol::{decode_frame, encode_request, encode_response};
+use vela_bookie_protocol::{decode_frame, encode_request, encode_response};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&seed, stream)) = data.split_first() else {

@@ -210,7 +210,8 @@ impl SyncThread {
 }
 
 /// Checkpoints every `flush_interval`, or sooner when storage asks (write cache
-/// past its threshold or full), and runs gc every `gc_interval`. Returns the
+/// past its threshold or full) or the journal does (a pmem ring more than half
+/// full), and runs gc every `gc_interval`. Returns the
 /// reason on a failed checkpoint (storage is `Broken` then: the engine must be
 /// replaced).
 fn sync_loop(
@@ -224,7 +225,8 @@ fn sync_loop(
     let mut last_checkpoint = Instant::now();
     let mut last_gc = Instant::now();
     while !stop.load(Ordering::Acquire) {
-        let requested = storage.wait_for_flush_trigger(SYNC_POLL_INTERVAL.min(flush_interval));
+        let requested = storage.wait_for_flush_trigger(SYNC_POLL_INTERVAL.min(flush_interval))
+            || journal.wants_checkpoint();
         if !requested && last_checkpoint.elapsed() < flush_interval {
             continue;
         }

@@ -3,9 +3,11 @@
 //!
 //! Owns: the engine in service (`engine`: the `Journal`, the `LedgerStorage`
 //! and their sync thread), the node's health (`health`: writable, read-only,
-//! failed) with its disk monitor thread, and the per-ledger known LAC. On open
-//! the engine replays the journal from the storage's checkpointed mark into
-//! storage before serving.
+//! failed) with its disk monitor thread, the per-ledger known LAC, and the
+//! one ADD entry point (`add`: `Bookie::add`, with its bounded wait for
+//! write-cache room), which the TCP server and in-process callers share. On
+//! open the engine replays the journal from the storage's checkpointed mark
+//! into storage before serving.
 //!
 //! Guarantees:
 //! - An ADD, fence, explicit LAC or delete is answered OK only after the
@@ -27,14 +29,21 @@
 //!   engine reopened first. Nothing acknowledged is lost on the way: see
 //!   `health` and `engine`, and `journal`'s module docs for the seal.
 //!
+//! - An ADD that finds the write cache full waits (in call order) up to
+//!   `ADD_ROOM_WAIT_MAX` for a flush to free room before TOO_MANY_REQUESTS,
+//!   whoever calls it.
+//!
 //! Never: blocks in `add`, `fence`, `write_lac` or `delete_ledger` (they only take
-//! short locks and enqueue: safe on a tokio worker; while the engine is being
-//! replaced they refuse instead of waiting); reads disk outside `read_entry` /
+//! short locks and enqueue: safe on a tokio worker; an add that must wait for
+//! room hands back an `AddAdmission` to await instead; while the engine is
+//! being replaced they refuse instead of waiting); reads disk outside `read_entry` /
 //! `read_lac` (call those from a blocking-allowed thread); retries a failed
 //! write or sync in place (a new engine replays the journal instead).
 
+mod add;
 mod engine;
 mod health;
+mod monitor;
 
 #[cfg(test)]
 mod tests;
@@ -44,24 +53,27 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use parking_lot::RwLock;
+use vela_bookie_protocol::entry::parse_header;
+use vela_bookie_protocol::{LAST_ENTRY, Status};
 
+pub use add::{ADD_ROOM_WAIT_MAX, ADD_ROOM_WAITERS_MAX, AddAdmission, AddResult};
 pub use health::{BookieMode, BookieState};
 
 use crate::disk::{DiskProbe, DiskThresholds};
-use crate::entry::parse_header;
 use crate::journal::{
-    JournalConfig, JournalError, JournalHistograms, JournalRecord, JournalStats, StageSummary,
+    AppendRefused, JournalConfig, JournalError, JournalHistograms, JournalRecord, JournalStats,
+    StageSummary,
 };
 use crate::mark::JournalMark;
-use crate::protocol::{AddMode, LAST_ENTRY, Status};
 use crate::storage::{StorageConfig, StorageError, StorageStats};
 use engine::Engine;
-use health::{Health, StopSignal};
+use health::Health;
+use monitor::StopSignal;
 
 /// Stripes of the per-ledger lock (and LAC map): adds of different ledgers
 /// rarely contend; a power of two so the stripe is a mask of the ledger id's hash.
@@ -139,8 +151,8 @@ pub struct StoredEntry {
 #[derive(Debug, Clone)]
 pub struct BookieStats {
     /// µs from `Bookie::add` to its durable completion, per accepted add (the
-    /// "bookie add" stage of the write path: write cache + journal queue,
-    /// write and fdatasync).
+    /// "bookie add" stage of the write path: any wait for write-cache room,
+    /// write cache + journal queue, write and fdatasync).
     pub add_us: StageSummary,
     /// µs per checkpoint of the sync thread (write cache flush to entry logs,
     /// index commit, `lastMark`).
@@ -157,7 +169,8 @@ pub struct BookieStats {
 /// Latency distributions of the bookie's write-path stages (µs).
 #[derive(Debug, Clone)]
 pub struct BookieHistograms {
-    /// `Bookie::add` to durable completion, per accepted add.
+    /// `Bookie::add` to durable completion, per accepted add (including any
+    /// wait for write-cache room).
     pub add_us: Histogram<u64>,
     /// Journal stages (per group or per fdatasync), over every engine since
     /// the bookie opened.
@@ -168,9 +181,6 @@ pub struct BookieHistograms {
 #[derive(Debug)]
 pub struct Bookie {
     core: Arc<Core>,
-    stripes: Box<[Mutex<Stripe>]>,
-    /// Add latency in µs; recorded by the journal's force-write thread.
-    add_latency: Arc<Mutex<Histogram<u64>>>,
     monitor: Monitor,
 }
 
@@ -187,6 +197,12 @@ struct Core {
     /// Journal histograms of engines closed since open (merged into exports).
     retired_journal: Mutex<Option<JournalHistograms>>,
     corrupt_reads: AtomicU64,
+    /// Per-ledger lock and known LACs, `LEDGER_STRIPES` of them.
+    stripes: Box<[Mutex<Stripe>]>,
+    /// Adds waiting for write-cache room, in arrival order (`add`).
+    room: Arc<add::RoomQueue>,
+    /// Add latency in µs; recorded by the journal's force-write thread.
+    add_latency: Arc<Mutex<Histogram<u64>>>,
 }
 
 #[derive(Debug)]
@@ -303,13 +319,18 @@ impl Bookie {
             checkpoint_latency,
             retired_journal: Mutex::new(None),
             corrupt_reads: AtomicU64::new(0),
+            stripes: (0..LEDGER_STRIPES)
+                .map(|_| Mutex::new(Stripe::default()))
+                .collect(),
+            room: Arc::default(),
+            add_latency: Arc::new(Mutex::new(latency_histogram())),
         });
         let stop = Arc::new(StopSignal::default());
         let handle = {
             let (core, stop) = (core.clone(), stop.clone());
             std::thread::Builder::new()
                 .name("bookie-disk-monitor".to_string())
-                .spawn(move || health::run_monitor(core, stop))
+                .spawn(move || monitor::run_monitor(core, stop))
         };
         let handle = match handle {
             Ok(handle) => handle,
@@ -320,120 +341,13 @@ impl Bookie {
                 return Err(OpenError::Thread(error));
             }
         };
-        let stripes = (0..LEDGER_STRIPES)
-            .map(|_| Mutex::new(Stripe::default()))
-            .collect();
         Ok(Bookie {
             core,
-            stripes,
-            add_latency: Arc::new(Mutex::new(latency_histogram())),
             monitor: Monitor {
                 stop,
                 handle: Mutex::new(Some(handle)),
             },
         })
-    }
-
-    /// Stores a packaged entry and calls `done` once it is durable, with its
-    /// (ledger, entry) ids, or with why not: `BadRequest` (bad header),
-    /// `Fenced` (a normal add to a fenced ledger), `TooManyRequests` (journal
-    /// queue or write cache full), `NoSuchLedger` (deleted), `ReadOnly` (disk
-    /// almost full, or a failed journal or storage write: see `state`).
-    /// `done` runs exactly once: here on refusal, else on the journal's
-    /// force-write thread (keep it short). Never blocks.
-    pub fn add(
-        &self,
-        entry: Bytes,
-        mode: AddMode,
-        done: impl FnOnce(Result<(u64, u64), Status>) + Send + 'static,
-    ) {
-        let header = match parse_header(&entry) {
-            Ok(header) => header,
-            Err(error) => {
-                tracing::debug!(%error, "ADD with a bad entry header");
-                return done(Err(Status::BadRequest));
-            }
-        };
-        let kind = match mode {
-            AddMode::Normal => WriteKind::NormalAdd,
-            AddMode::Recovery => WriteKind::Maintenance,
-        };
-        let engine = match self.core.engine_for(kind) {
-            Ok(engine) => engine,
-            Err(status) => return done(Err(status)),
-        };
-        let (ledger_id, entry_id) = (header.ledger_id, header.entry_id);
-        let started = Instant::now();
-        let add_latency = self.add_latency.clone();
-        let done_after_journal = move |result: Result<(), Status>| {
-            if result.is_ok() {
-                let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-                lock(&add_latency).saturating_record(elapsed_us.max(1));
-            }
-            done(result.map(|()| (ledger_id, entry_id)))
-        };
-        // Refusals are answered after the stripe lock is released: `done` may
-        // be anything, even a call back into this bookie.
-        let refused = {
-            let mut stripe = self.stripe(ledger_id);
-            match self.check_add(&engine, ledger_id, entry_id, mode, &entry) {
-                Err(status) => Some((done_after_journal, status)),
-                Ok(()) => {
-                    stripe.note_lac(ledger_id, header.last_add_confirmed);
-                    let record = JournalRecord::Entry {
-                        ledger_id,
-                        entry_id,
-                        payload: entry,
-                    };
-                    self.append(&engine, record, done_after_journal)
-                }
-            }
-        };
-        if let Some((done, status)) = refused {
-            done(Err(status));
-        }
-    }
-
-    /// Waits (at most `max_wait`) until an ADD of `entry_bytes` would find
-    /// room in the write cache, requesting a flush when it would not; woken by
-    /// the end of that flush. The server waits on this before it takes an
-    /// ADD, so a full cache stops its socket reads instead of answering
-    /// TOO_MANY_REQUESTS to entries it has already read. Returns at once when
-    /// no engine is writable, and when storage turns broken: `add` answers
-    /// those. (An engine that fails on its journal instead keeps a waiter
-    /// until its flush or `max_wait`.)
-    pub async fn wait_for_write_room(&self, entry_bytes: usize, max_wait: std::time::Duration) {
-        let Some(engine) = self.core.engine_now() else {
-            return;
-        };
-        let deadline = tokio::time::Instant::now() + max_wait;
-        engine
-            .storage
-            .wait_for_write_room(entry_bytes, deadline)
-            .await;
-    }
-
-    /// The fence check and the write-cache put of an add (under the stripe lock).
-    fn check_add(
-        &self,
-        engine: &Engine,
-        ledger_id: u64,
-        entry_id: u64,
-        mode: AddMode,
-        entry: &Bytes,
-    ) -> Result<(), Status> {
-        if mode == AddMode::Normal
-            && engine
-                .storage
-                .is_fenced(ledger_id)
-                .map_err(|error| self.core.storage_status(engine, &error))?
-        {
-            return Err(Status::Fenced);
-        }
-        engine
-            .storage
-            .put_entry(ledger_id, entry_id, entry.clone())
-            .map_err(|error| self.core.storage_status(engine, &error))
     }
 
     /// Fences `ledger_id` (creating its state if this bookie never saw it) and
@@ -445,16 +359,23 @@ impl Bookie {
             Err(status) => return done(Err(status)),
         };
         let refused = {
-            let _stripe = self.stripe(ledger_id);
+            let _stripe = self.core.stripe(ledger_id);
             match engine.storage.set_fenced(ledger_id) {
-                Err(error) => Some((done, self.core.storage_status(&engine, &error))),
+                Err(error) => Some(Refused::Early(
+                    done,
+                    self.core.storage_status(&engine, &error),
+                )),
                 // Journaled even when already fenced: an earlier fence's record
                 // may not be durable yet, and this answer must not come before it.
-                Ok(_) => self.append(&engine, JournalRecord::Fence { ledger_id }, done),
+                Ok(_) => self
+                    .core
+                    .append(&engine, JournalRecord::Fence { ledger_id }, done)
+                    .err()
+                    .map(Refused::Journal),
             }
         };
-        if let Some((done, status)) = refused {
-            done(Err(status));
+        if let Some(refused) = refused {
+            refused.answer();
         }
     }
 
@@ -470,17 +391,24 @@ impl Bookie {
             Err(status) => return done(Err(status)),
         };
         let refused = {
-            let mut stripe = self.stripe(ledger_id);
+            let mut stripe = self.core.stripe(ledger_id);
             match engine.storage.set_explicit_lac(ledger_id, lac) {
-                Err(error) => Some((done, self.core.storage_status(&engine, &error))),
+                Err(error) => Some(Refused::Early(
+                    done,
+                    self.core.storage_status(&engine, &error),
+                )),
                 Ok(()) => {
                     stripe.note_lac(ledger_id, Some(lac));
-                    self.append(&engine, JournalRecord::ExplicitLac { ledger_id, lac }, done)
+                    let record = JournalRecord::ExplicitLac { ledger_id, lac };
+                    self.core
+                        .append(&engine, record, done)
+                        .err()
+                        .map(Refused::Journal)
                 }
             }
         };
-        if let Some((done, status)) = refused {
-            done(Err(status));
+        if let Some(refused) = refused {
+            refused.answer();
         }
     }
 
@@ -496,17 +424,24 @@ impl Bookie {
             Err(status) => return done(Err(status)),
         };
         let refused = {
-            let mut stripe = self.stripe(ledger_id);
+            let mut stripe = self.core.stripe(ledger_id);
             match engine.storage.delete_ledger(ledger_id) {
-                Err(error) => Some((done, self.core.storage_status(&engine, &error))),
+                Err(error) => Some(Refused::Early(
+                    done,
+                    self.core.storage_status(&engine, &error),
+                )),
                 Ok(()) => {
                     stripe.lacs.remove(&ledger_id);
-                    self.append(&engine, JournalRecord::LedgerDeleted { ledger_id }, done)
+                    let record = JournalRecord::LedgerDeleted { ledger_id };
+                    self.core
+                        .append(&engine, record, done)
+                        .err()
+                        .map(Refused::Journal)
                 }
             }
         };
-        if let Some((done, status)) = refused {
-            done(Err(status));
+        if let Some(refused) = refused {
+            refused.answer();
         }
     }
 
@@ -558,7 +493,7 @@ impl Bookie {
         {
             return Err(Status::NoSuchLedger);
         }
-        if let Some(known) = self.stripe(ledger_id).lacs.get(&ledger_id)
+        if let Some(known) = self.core.stripe(ledger_id).lacs.get(&ledger_id)
             && known.complete
         {
             return Ok(known.lac);
@@ -566,7 +501,7 @@ impl Bookie {
         // Derive from storage (outside the lock: this may read disk). Adds that
         // land meanwhile raise the tracked value, which is folded in below.
         let derived = self.stored_lac(engine, ledger_id)?;
-        let mut stripe = self.stripe(ledger_id);
+        let mut stripe = self.core.stripe(ledger_id);
         stripe.make_room();
         let known = stripe.lacs.entry(ledger_id).or_default();
         known.lac = known.lac.max(derived);
@@ -612,7 +547,7 @@ impl Bookie {
     pub fn stats(&self) -> BookieStats {
         let engine = self.core.engine_now();
         BookieStats {
-            add_us: summary(&lock(&self.add_latency)),
+            add_us: summary(&lock(&self.core.add_latency)),
             checkpoint_us: summary(&lock(&self.core.checkpoint_latency)),
             journal: engine
                 .as_ref()
@@ -645,7 +580,7 @@ impl Bookie {
             fdatasync_us: latency_histogram(),
         });
         BookieHistograms {
-            add_us: lock(&self.add_latency).clone(),
+            add_us: lock(&self.core.add_latency).clone(),
             journal,
         }
     }
@@ -667,7 +602,9 @@ impl Bookie {
             engine.close();
         }
     }
+}
 
+impl Core {
     fn stripe(&self, ledger_id: u64) -> MutexGuard<'_, Stripe> {
         // Fibonacci hashing spreads sequential ledger ids over the stripes.
         let index =
@@ -679,34 +616,49 @@ impl Bookie {
     }
 
     /// Appends to the journal; `done` gets the outcome from the force-write
-    /// thread, or comes back with the refusal (for the caller to answer once it
-    /// holds no lock).
-    fn append<F>(&self, engine: &Engine, record: JournalRecord, done: F) -> Option<(F, Status)>
+    /// thread. A record the journal refuses comes back with the journal's
+    /// callback, for the caller to answer once it holds no lock (calling it
+    /// with the refusal answers `done` with the matching status).
+    fn append<F>(
+        &self,
+        engine: &Engine,
+        record: JournalRecord,
+        done: F,
+    ) -> Result<(), AppendRefused<impl FnOnce(Result<JournalMark, JournalError>) + Send + 'static>>
     where
         F: FnOnce(Result<(), Status>) + Send + 'static,
     {
-        // The journal consumes its callback even when it refuses the record, so
-        // share `done` between the callback and the refusal path.
-        let slot = Arc::new(Mutex::new(Some(done)));
-        let from_journal = slot.clone();
-        let (health, generation) = (self.core.health.clone(), engine.generation);
-        let appended =
-            engine
-                .journal
-                .append(record, move |result: Result<JournalMark, JournalError>| {
-                    if let Err(error) = &result {
-                        note_journal_failure(&health, generation, error);
-                    }
-                    if let Some(done) = take(&from_journal) {
-                        done(result.map(|_| ()).map_err(|error| journal_status(&error)));
-                    }
-                });
-        match appended {
-            Ok(()) => None,
-            Err(error) => {
-                note_journal_failure(&self.core.health, generation, &error);
-                take(&slot).map(|done| (done, journal_status(&error)))
-            }
+        let (health, generation) = (self.health.clone(), engine.generation);
+        engine
+            .journal
+            .append(record, move |result: Result<JournalMark, JournalError>| {
+                if let Err(error) = &result {
+                    note_journal_failure(&health, generation, error);
+                }
+                done(result.map(|_| ()).map_err(|error| journal_status(&error)));
+            })
+    }
+}
+
+/// A write refused while a stripe lock was held, answered (`answer`) once the
+/// lock is released: `done` may be anything, even a call back into this
+/// bookie.
+enum Refused<D, J> {
+    /// Refused before the journal (storage, fence): `done` and the status.
+    Early(D, Status),
+    /// Refused by the journal: its callback back, and why.
+    Journal(AppendRefused<J>),
+}
+
+impl<D, J> Refused<D, J>
+where
+    D: FnOnce(Result<(), Status>),
+    J: FnOnce(Result<JournalMark, JournalError>),
+{
+    fn answer(self) {
+        match self {
+            Refused::Early(done, status) => done(Err(status)),
+            Refused::Journal(refused) => (refused.done)(Err(refused.error)),
         }
     }
 }
@@ -730,10 +682,6 @@ fn journal_status(error: &JournalError) -> Status {
         // cannot write now; the writer replaces it.
         _ => Status::ReadOnly,
     }
-}
-
-fn take<T>(slot: &Mutex<Option<T>>) -> Option<T> {
-    lock(slot).take()
 }
 
 /// Locks a mutex whose state stays consistent even if a holder panicked (a

@@ -4,9 +4,11 @@
 #![allow(clippy::unwrap_used)]
 
 use super::*;
-use crate::entry::{EntryHeader, encode_entry};
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
+use std::time::Instant;
+use vela_bookie_protocol::AddMode;
+use vela_bookie_protocol::entry::{EntryHeader, encode_entry};
 
 fn open(dir: &std::path::Path) -> Bookie {
     let mut config = BookieConfig::new(dir.join("journal"), dir.join("ledgers"));
@@ -28,12 +30,16 @@ fn add(
         ledger_length: 0,
     };
     let (done, answer) = mpsc::channel();
-    bookie.add(
-        encode_entry(&header, b"x"),
-        AddMode::Normal,
-        move |result| {
-            done.send(result).unwrap();
-        },
+    assert!(
+        bookie
+            .add(
+                encode_entry(&header, b"x"),
+                AddMode::Normal,
+                move |result| {
+                    done.send(result).unwrap();
+                },
+            )
+            .is_taken()
     );
     answer.recv().unwrap()
 }
@@ -42,7 +48,7 @@ impl Bookie {
     /// Drops every tracked LAC, as a full stripe does.
     fn forget_known_lacs(&self) {
         for index in 0..LEDGER_STRIPES {
-            self.stripes[index].lock().unwrap().lacs.clear();
+            self.core.stripes[index].lock().unwrap().lacs.clear();
         }
     }
 }
@@ -110,12 +116,16 @@ fn a_fence_answer_covers_every_add_acknowledged_on_the_ledger() {
                         ledger_length: 0,
                     };
                     let results = results.clone();
-                    bookie.add(
-                        encode_entry(&header, b"x"),
-                        AddMode::Normal,
-                        move |result| {
-                            results.lock().unwrap().push((entry_id, result));
-                        },
+                    assert!(
+                        bookie
+                            .add(
+                                encode_entry(&header, b"x"),
+                                AddMode::Normal,
+                                move |result| {
+                                    results.lock().unwrap().push((entry_id, result));
+                                },
+                            )
+                            .is_taken()
                     );
                     submitted.fetch_add(1, Ordering::Relaxed);
                 }
@@ -167,12 +177,16 @@ fn bad_headers_are_bad_requests() {
     let dir = tempfile::tempdir().unwrap();
     let bookie = open(dir.path());
     let (done, answer) = mpsc::channel();
-    bookie.add(
-        Bytes::from_static(b"too short"),
-        AddMode::Normal,
-        move |result| {
-            done.send(result).unwrap();
-        },
+    assert!(
+        bookie
+            .add(
+                Bytes::from_static(b"too short"),
+                AddMode::Normal,
+                move |result| {
+                    done.send(result).unwrap();
+                },
+            )
+            .is_taken()
     );
     assert_eq!(answer.recv().unwrap(), Err(Status::BadRequest));
 }
@@ -233,9 +247,13 @@ fn add_with_mode(
         ledger_length: 0,
     };
     let (done, answer) = mpsc::channel();
-    bookie.add(encode_entry(&header, b"payload"), mode, move |result| {
-        done.send(result).unwrap();
-    });
+    assert!(
+        bookie
+            .add(encode_entry(&header, b"payload"), mode, move |result| {
+                done.send(result).unwrap();
+            })
+            .is_taken()
+    );
     answer.recv().unwrap().map(|_| ())
 }
 
@@ -296,10 +314,14 @@ fn add_many(bookie: &Bookie, entry_ids: std::ops::Range<u64>) -> Vec<u64> {
             ledger_length: 0,
         };
         let done = done.clone();
-        bookie.add(
-            encode_entry(&header, &entry_id.to_le_bytes()),
-            AddMode::Normal,
-            move |result| done.send((entry_id, result)).unwrap(),
+        assert!(
+            bookie
+                .add(
+                    encode_entry(&header, &entry_id.to_le_bytes()),
+                    AddMode::Normal,
+                    move |result| done.send((entry_id, result)).unwrap(),
+                )
+                .is_taken()
         );
     }
     let mut acked = Vec::new();
@@ -319,7 +341,7 @@ fn assert_readable(bookie: &Bookie, acked: &[u64]) {
         let stored = bookie
             .read_entry(1, entry_id)
             .unwrap_or_else(|status| panic!("acked entry {entry_id}: {status:?}"));
-        let (_, payload) = crate::entry::decode_entry(&stored.entry).unwrap();
+        let (_, payload) = vela_bookie_protocol::entry::decode_entry(&stored.entry).unwrap();
         assert_eq!(&payload[..], &entry_id.to_le_bytes()[..]);
     }
 }
@@ -410,4 +432,133 @@ fn a_bookie_opened_on_a_full_disk_is_read_only_and_keeps_its_data_readable() {
     wait_for_state(&bookie, "read-only", |s| s.mode == BookieMode::ReadOnly);
     assert_eq!(add_many(&bookie, 10..12), Vec::<u64>::new());
     assert_readable(&bookie, &acked);
+}
+
+/// A bookie whose write cache holds about forty 256 KiB entries and flushes
+/// only when full: a burst of adds overruns it.
+fn open_small_cache(dir: &std::path::Path) -> Bookie {
+    let mut config = BookieConfig::new(dir.join("journal"), dir.join("ledgers"));
+    config.journal.prealloc_chunk_bytes = 1 << 20;
+    config.journal.file_bytes_max = 64 << 20;
+    // The smallest cache storage accepts (two max-size entries).
+    config.storage.write_cache_bytes_max =
+        2 * (u64::from(crate::storage::ENTRY_PAYLOAD_BYTES_MAX) + 4096);
+    config.storage.flush_threshold_bytes = config.storage.write_cache_bytes_max;
+    config.storage.flush_interval = Duration::from_secs(600);
+    Bookie::open(config).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adds_that_find_the_write_cache_full_wait_for_room_in_call_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let bookie = open_small_cache(dir.path());
+    let completed = Arc::new(Mutex::new(Vec::new()));
+    let mut admissions = Vec::new();
+    // 50 MiB into a ~10 MiB cache, issued at once as a ledger writer would.
+    for entry_id in 0..200u64 {
+        let header = EntryHeader {
+            ledger_id: 9,
+            entry_id,
+            last_add_confirmed: entry_id.checked_sub(1),
+            ledger_length: 0,
+        };
+        let completed = completed.clone();
+        admissions.push(bookie.add(
+            encode_entry(&header, &vec![entry_id as u8; 256 * 1024]),
+            AddMode::Normal,
+            move |result| completed.lock().unwrap().push((entry_id, result)),
+        ));
+    }
+    assert!(
+        admissions.iter().any(|admission| !admission.is_taken()),
+        "a burst five times the write cache never had to wait for room"
+    );
+    for admission in admissions {
+        admission.await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while completed.lock().unwrap().len() < 200 {
+        assert!(Instant::now() < deadline, "adds did not complete");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Journal callbacks run in append order: the adds reached the journal in
+    // the order they were called, and none was refused.
+    let completed = completed.lock().unwrap().clone();
+    let expected: Vec<(u64, AddResult)> = (0..200).map(|e| (e, Ok((9, e)))).collect();
+    assert_eq!(completed, expected);
+    let stats = bookie.stats();
+    assert!(
+        stats.storage.write_cache_full_count > 0,
+        "{:?}",
+        stats.storage
+    );
+    tokio::task::spawn_blocking(move || bookie.shutdown())
+        .await
+        .unwrap();
+}
+
+/// A bookie whose journal is a small pmem ring (emulated, on tmpfs when there
+/// is one) and whose storage would not checkpoint on its own for an hour:
+/// the journal asks for checkpoints as the ring fills, so adds worth several
+/// rings complete, and a restart reads every one back.
+#[test]
+fn a_pmem_journal_asks_for_checkpoints_so_adds_outrun_its_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = std::path::Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let pmem_dir = tempfile::tempdir_in(base).unwrap();
+    let config = || {
+        let mut config = BookieConfig::new(dir.path().join("journal"), dir.path().join("ledgers"));
+        config.journal.backend = crate::journal::JournalBackendKind::Pmem;
+        config.journal.alignment_bytes = crate::journal::PMEM_ALIGNMENT_BYTES;
+        config.journal.payload_bytes_max = 16 << 10;
+        config.journal.group_bytes_max = 16 << 10;
+        config.journal.pmem = Some(crate::journal::PmemConfig {
+            dir: pmem_dir.path().to_path_buf(),
+            // Four slots of 256 KiB.
+            region_bytes: 4096 + (1 << 20),
+            emulation: crate::journal::PmemEmulation::Allow,
+        });
+        config.storage.flush_interval = Duration::from_secs(3600);
+        config
+    };
+    let bookie = Bookie::open(config()).unwrap();
+    let payload = vec![0x3cu8; 2000];
+    // ~3 MB of journal: three times the ring.
+    for entry_id in 0..1500u64 {
+        let header = EntryHeader {
+            ledger_id: 7,
+            entry_id,
+            last_add_confirmed: entry_id.checked_sub(1),
+            ledger_length: 0,
+        };
+        let (done, answer) = mpsc::channel();
+        assert!(
+            bookie
+                .add(
+                    encode_entry(&header, &payload),
+                    AddMode::Normal,
+                    move |result| done.send(result).unwrap(),
+                )
+                .is_taken()
+        );
+        let result = answer.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert_eq!(result, Ok((7, entry_id)));
+    }
+    assert!(
+        bookie.stats().storage.flush_count > 0,
+        "the journal asked for checkpoints"
+    );
+    bookie.shutdown();
+    drop(bookie);
+    let bookie = Bookie::open(config()).unwrap();
+    for entry_id in [0, 749, 1499] {
+        let stored = bookie.read_entry(7, entry_id).unwrap();
+        let (_, read) = vela_bookie_protocol::entry::decode_entry(&stored.entry).unwrap();
+        assert_eq!(&read[..], &payload[..]);
+    }
 }

@@ -45,7 +45,10 @@
 //!
 //! Files: a new file per open (replay never appends to an old one), rotation at
 //! `file_bytes_max`, a FileEnd record synced into a file before the next one gets
-//! its name; retired files are reused (`recycle_files_max`) or deleted.
+//! its name; retired files are reused (`recycle_files_max`) or deleted. On the
+//! persistent-memory backend (`pmem`) the files are the slots of a mapped
+//! region, named through the same `file::Backend` calls, and "fdatasync" is a
+//! cache-line flush and fence (or msync when emulated).
 //!
 //! Never: reads ledger storage; blocks a tokio worker (`append` only takes a
 //! mutex to enqueue); fsyncs per record; grows the queue past `queue_depth_max`.
@@ -54,8 +57,12 @@
 mod config;
 mod error;
 mod file;
+mod force;
 pub mod format;
+pub mod pmem;
+mod prealloc;
 mod replay;
+mod shared;
 mod stats;
 mod writer;
 
@@ -68,6 +75,7 @@ pub use config::{
 };
 pub use error::JournalError;
 pub use format::JournalRecord;
+pub use pmem::{PMEM_ALIGNMENT_BYTES, PMEM_REGION_BYTES_DEFAULT, PmemConfig, PmemEmulation};
 pub use stats::{JournalHistograms, JournalStats, StageSummary};
 
 #[cfg(test)]
@@ -82,8 +90,8 @@ use std::time::Instant;
 
 use crate::mark::JournalMark;
 pub(crate) use file::Backend;
+use shared::{Pending, QueueState, Shared, SpaceState};
 use stats::StatsCell;
-use writer::{Pending, QueueState, Shared, SpaceState};
 
 /// Called once per append with the mark just past the record (durable unless
 /// sync is off) or the error that lost it. Runs on the force-write thread or
@@ -91,6 +99,29 @@ use writer::{Pending, QueueState, Shared, SpaceState};
 /// channel or a task); it may call `append` (which never blocks) but must not
 /// call `shutdown` (which joins those threads).
 pub type AppendCallback = Box<dyn FnOnce(Result<JournalMark, JournalError>) + Send + 'static>;
+
+/// An append the journal did not queue: why, and the callback it was given
+/// (never called: the caller answers the refusal with it).
+pub struct AppendRefused<F> {
+    /// Why the record was not queued.
+    pub error: JournalError,
+    /// The append's callback, back.
+    pub done: F,
+}
+
+impl<F> std::fmt::Debug for AppendRefused<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppendRefused")
+            .field("error", &self.error)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F> std::fmt::Display for AppendRefused<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "journal refused the append: {}", self.error)
+    }
+}
 
 /// The write-ahead journal. `Send + Sync`: share it behind an `Arc`.
 #[derive(Debug)]
@@ -117,10 +148,20 @@ impl Journal {
         F: FnMut(JournalRecord, JournalMark) -> Result<(), E>,
     {
         let mut config = config;
-        if config.backend == JournalBackendKind::Auto {
-            config.backend = resolve_auto_backend(&config);
-        }
-        let backend = Backend::Kind(config.backend);
+        let backend = match config.backend {
+            JournalBackendKind::Auto => {
+                config.backend = resolve_auto_backend(&config);
+                Backend::Kind(config.backend)
+            }
+            JournalBackendKind::Pmem => {
+                config.validate()?;
+                let region = pmem::Region::open(&config, from)?;
+                // Each slot of the ring is one journal file.
+                config.file_bytes_max = region.slot_bytes();
+                Backend::Pmem(region)
+            }
+            kind => Backend::Kind(kind),
+        };
         Journal::open_with_backend(config, backend, from, on_record)
     }
 
@@ -140,14 +181,14 @@ impl Journal {
         let lock = lock_dir(&dir)?;
         let outcome = replay::replay(&config, &backend, from, &mut on_record)?;
         let file_id = outcome.next_file_id;
-        let (file, allocated_end) = writer::prepare_file(
+        let (file, allocated_end) = prealloc::prepare_file(
             &config,
             &backend,
-            &writer::Zeros::new(&config),
+            &prealloc::Zeros::new(&config),
             file_id,
             true,
         )?;
-        writer::install_file(&dir, file_id, file.as_ref())?;
+        prealloc::install_file(&backend, &dir, file_id, file.as_ref())?;
         let start_mark = JournalMark {
             file_id,
             offset: config.data_offset(),
@@ -177,7 +218,7 @@ impl Journal {
             stats: StatsCell::new(),
             config,
         });
-        let (to_force, from_writer) = std::sync::mpsc::sync_channel(writer::FORCE_WRITE_GROUPS_MAX);
+        let (to_force, from_writer) = std::sync::mpsc::sync_channel(shared::FORCE_WRITE_GROUPS_MAX);
         let mut threads = Vec::with_capacity(3);
         let spawn = |name: &str, f: Box<dyn FnOnce() + Send>| {
             std::thread::Builder::new()
@@ -188,12 +229,12 @@ impl Journal {
         let s = shared.clone();
         threads.push(spawn(
             "journal-force",
-            Box::new(move || writer::run_force_writer(s, from_writer)),
+            Box::new(move || force::run_force_writer(s, from_writer)),
         )?);
         let s = shared.clone();
         threads.push(spawn(
             "journal-prealloc",
-            Box::new(move || writer::run_preallocator(s)),
+            Box::new(move || prealloc::run_preallocator(s)),
         )?);
         let s = shared.clone();
         let writer = spawn(
@@ -217,33 +258,40 @@ impl Journal {
         })
     }
 
-    /// Queues `record`; `done` runs after the fdatasync that covers it. Returns
-    /// `QueueFull` (answer TOO_MANY_REQUESTS), `RecordTooLarge`, `Broken` or
-    /// `ShutDown` without queueing, and then `done` is never called.
-    pub fn append(
-        &self,
-        record: JournalRecord,
-        done: impl FnOnce(Result<JournalMark, JournalError>) + Send + 'static,
-    ) -> Result<(), JournalError> {
+    /// Queues `record`; `done` runs after the fdatasync that covers it. A
+    /// record the journal does not queue (`QueueFull`: answer
+    /// TOO_MANY_REQUESTS; `RecordTooLarge`, `Broken`, `ShutDown`) comes back
+    /// as `AppendRefused`, with `done` uncalled for the caller to answer (once
+    /// it holds no lock, say).
+    pub fn append<F>(&self, record: JournalRecord, done: F) -> Result<(), AppendRefused<F>>
+    where
+        F: FnOnce(Result<JournalMark, JournalError>) + Send + 'static,
+    {
         let config = &self.shared.config;
         let payload_bytes = record.payload_len();
         if payload_bytes > config.payload_bytes_max {
-            return Err(JournalError::RecordTooLarge {
+            let error = JournalError::RecordTooLarge {
                 payload_bytes,
                 payload_bytes_max: config.payload_bytes_max,
-            });
+            };
+            return Err(AppendRefused { error, done });
         }
         if self.shared.broken.load(Ordering::SeqCst) {
-            return Err(self.shared.broken_error());
+            let error = self.shared.broken_error();
+            return Err(AppendRefused { error, done });
         }
         let mut queue = self.shared.queue.lock().unwrap_or_else(|p| p.into_inner());
         if queue.closed {
-            return Err(JournalError::ShutDown);
+            drop(queue);
+            let error = JournalError::ShutDown;
+            return Err(AppendRefused { error, done });
         }
         if queue.items.len() >= config.queue_depth_max {
-            return Err(JournalError::QueueFull {
+            drop(queue);
+            let error = JournalError::QueueFull {
                 depth_max: config.queue_depth_max,
-            });
+            };
+            return Err(AppendRefused { error, done });
         }
         queue.bytes += record.encoded_len();
         queue.items.push_back(Pending {
@@ -286,29 +334,38 @@ impl Journal {
     /// deleted. Returns how many were retired; they are no longer replayed.
     pub fn delete_files_before(&self, mark: JournalMark) -> Result<usize, JournalError> {
         let dir = &self.shared.config.dir;
+        let backend = &self.shared.backend;
         let writer_file_id = self.shared.writer_file_id.load(Ordering::SeqCst);
         let limit = mark.file_id.min(writer_file_id);
-        let mut free = writer::list_free_files(dir)?.len();
+        let mut free = backend.list_free_files(dir)?.len();
         let mut deleted = 0;
-        for id in replay::list_file_ids(dir)? {
+        for id in backend.list_file_ids(dir)? {
             if id >= limit {
                 break;
             }
             let path = dir.join(format::file_name(id));
             if free < self.shared.config.recycle_files_max {
                 // Keep it for reuse as a later file.
-                let to = dir.join(format::free_file_name(id));
-                std::fs::rename(&path, &to).map_err(|e| JournalError::io("rename", &path, e))?;
+                backend.rename(&path, &dir.join(format::free_file_name(id)))?;
                 free += 1;
             } else {
-                std::fs::remove_file(&path).map_err(|e| JournalError::io("remove", &path, e))?;
+                backend.remove(&path)?;
             }
             deleted += 1;
         }
         if deleted > 0 {
-            file::sync_dir(dir)?;
+            backend.sync_dir(dir)?;
+            // A preallocator waiting for a free pmem slot may go on.
+            self.shared.space_cv.notify_all();
         }
         Ok(deleted)
+    }
+
+    /// Whether the journal needs ledger storage to checkpoint (and then
+    /// `delete_files_before`) soon to keep taking appends: a pmem ring more
+    /// than half full. The bookie's sync thread checks it between flushes.
+    pub fn wants_checkpoint(&self) -> bool {
+        self.shared.backend.wants_checkpoint()
     }
 
     /// Stage latency and group size percentiles.

@@ -45,6 +45,9 @@ pub struct JournalStats {
     /// Groups written into space not zero-filled yet (the writer outran the
     /// preallocator; their fdatasync also commits allocation metadata).
     pub unfilled_writes: u64,
+    /// Times (about every 10 ms) the pmem backend found its ring full and
+    /// waited for a checkpoint to free a slot.
+    pub ring_full_waits: u64,
 }
 
 /// Whole latency distributions (µs) of the journal stages since it opened,
@@ -96,7 +99,14 @@ pub(crate) struct WriterHistograms {
     group_bytes: Histogram<u64>,
     prealloc_waits: u64,
     unfilled_writes: u64,
+    ring_full_waits: u64,
 }
+
+/// A full pmem ring is logged once waits add up to about a second (a brief
+/// wait while a checkpoint runs is normal for a small ring) and then about
+/// every 10 s of waiting: waits are ~10 ms each.
+const RING_FULL_WAITS_PER_LOG: u64 = 1000;
+const RING_FULL_WAITS_FIRST_LOG: u64 = 100;
 
 #[derive(Debug)]
 pub(crate) struct SyncHistograms {
@@ -122,6 +132,7 @@ impl StatsCell {
                 group_bytes: new_histogram(),
                 prealloc_waits: 0,
                 unfilled_writes: 0,
+                ring_full_waits: 0,
             }),
             sync: Mutex::new(SyncHistograms {
                 fdatasync_us: new_histogram(),
@@ -149,6 +160,17 @@ impl StatsCell {
     pub(crate) fn record_prealloc_wait(&self) {
         if let Ok(mut w) = self.writer.lock() {
             w.prealloc_waits += 1;
+        }
+    }
+
+    /// Counts a wait for a free pmem slot; whether to log this one.
+    pub(crate) fn record_ring_full_wait(&self) -> bool {
+        match self.writer.lock() {
+            Ok(mut w) => {
+                w.ring_full_waits += 1;
+                w.ring_full_waits % RING_FULL_WAITS_PER_LOG == RING_FULL_WAITS_FIRST_LOG
+            }
+            Err(_) => false,
         }
     }
 
@@ -200,6 +222,7 @@ impl StatsCell {
             out.group_bytes = summary(&w.group_bytes);
             out.prealloc_waits = w.prealloc_waits;
             out.unfilled_writes = w.unfilled_writes;
+            out.ring_full_waits = w.ring_full_waits;
         }
         if let Ok(s) = self.sync.lock() {
             out.fdatasync_us = summary(&s.fdatasync_us);

@@ -122,7 +122,7 @@ fn append_expecting_failure(journal: &Journal, first_id: u64, count: u64) {
         let tx = tx.clone();
         match journal.append(entry(i, 100), move |res| tx.send(res).unwrap()) {
             Ok(()) => accepted += 1,
-            Err(e) => assert!(matches!(e, JournalError::Broken { .. }), "{e}"),
+            Err(e) => assert!(matches!(e.error, JournalError::Broken { .. }), "{e}"),
         }
     }
     // `accepted` may be 0: a sync of the journal's own (file preallocation,
@@ -147,7 +147,7 @@ fn a_failed_fdatasync_fails_every_waiter_and_breaks_the_journal() {
     append_expecting_failure(&journal, 10, 10);
     // Never retried: still broken after syncs would work again.
     plan.fail_syncs.store(false, Ordering::SeqCst);
-    let err = journal.append(entry(99, 1), |_| {}).unwrap_err();
+    let err = journal.append(entry(99, 1), |_| {}).unwrap_err().error;
     assert!(matches!(err, JournalError::Broken { .. }), "{err}");
     assert!(matches!(
         journal.shutdown(),
@@ -167,7 +167,7 @@ fn a_failed_write_fails_its_waiters_and_breaks_the_journal() {
     );
     plan.fail_writes.store(true, Ordering::SeqCst);
     append_expecting_failure(&journal, 5, 5);
-    let err = journal.append(entry(99, 1), |_| {}).unwrap_err();
+    let err = journal.append(entry(99, 1), |_| {}).unwrap_err().error;
     assert!(matches!(err, JournalError::Broken { .. }), "{err}");
 }
 

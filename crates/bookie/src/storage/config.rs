@@ -9,6 +9,9 @@ use super::StorageError;
 /// 5 MiB (BookKeeper's `nettyMaxFrameSizeBytes`); the slack covers headers. Also
 /// the bound on any allocation sized by a length read back from an entry log.
 pub const ENTRY_PAYLOAD_BYTES_MAX: u32 = 5 * 1024 * 1024 + 64 * 1024;
+// Storage keeps every packaged entry the protocol can carry.
+const _: () =
+    assert!(vela_bookie_protocol::entry::ENTRY_BYTES_MAX <= ENTRY_PAYLOAD_BYTES_MAX as usize);
 
 /// Configuration of one ledger dir's storage.
 #[derive(Debug, Clone)]

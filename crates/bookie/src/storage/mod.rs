@@ -277,6 +277,7 @@ impl LedgerStorage {
             });
         }
         st.cache.active.insert(ledger_id, entry_id, payload);
+        debug_assert!(st.cache.bytes() <= self.config.write_cache_bytes_max);
         self.counters
             .write_cache_bytes_seen
             .store(st.cache.bytes(), Ordering::Relaxed);

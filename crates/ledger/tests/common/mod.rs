@@ -117,4 +117,3 @@ pub async fn read_all(reader: &LedgerReader) -> Vec<Bytes> {
 }
 
 pub mod flaky;
-pub mod real;

@@ -24,7 +24,6 @@ pub const ENTRY_HEADER_BYTES: usize = HEADER_FIELDS_BYTES + 4;
 /// as Pulsar sets BookKeeper's `nettyMaxFrameSizeBytes`), with room to spare.
 /// The protocol's frame limit is this plus room for its own header.
 pub const ENTRY_BYTES_MAX: usize = 5 * 1024 * 1024 + 32 * 1024;
-const _: () = assert!(ENTRY_BYTES_MAX <= crate::storage::ENTRY_PAYLOAD_BYTES_MAX as usize);
 /// Largest payload a packaged entry can carry.
 pub const ENTRY_PAYLOAD_BYTES_MAX: usize = ENTRY_BYTES_MAX - ENTRY_HEADER_BYTES;
 

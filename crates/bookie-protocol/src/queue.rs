@@ -15,8 +15,9 @@ use std::io::{self, IoSlice};
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 
-use super::{
-    RawFrame, Request, Response, encode_bad_version, encode_request_head, encode_response_head,
+use crate::frame::RawFrame;
+use crate::message::{
+    Request, Response, encode_bad_version, encode_request_head, encode_response_head,
 };
 
 /// Payloads at least this long are queued by reference; shorter ones copied.
@@ -27,34 +28,39 @@ const IOVECS_PER_WRITE_MAX: usize = 64;
 
 /// Frames in order: `chunks` first, then `tail`.
 #[derive(Debug, Default)]
-pub(crate) struct FrameQueue {
+pub struct FrameQueue {
     chunks: VecDeque<Bytes>,
     tail: BytesMut,
 }
 
 impl FrameQueue {
-    pub(crate) fn push_request(&mut self, request_id: u64, request: &Request) {
+    /// Queues a request frame (an ADD's entry by reference when large).
+    pub fn push_request(&mut self, request_id: u64, request: &Request) {
         if let Some(entry) = encode_request_head(request_id, request, &mut self.tail) {
             self.push_payload(entry);
         }
     }
 
-    pub(crate) fn push_response(&mut self, request_id: u64, response: &Response) {
+    /// Queues a response frame (a READ's entry by reference when large).
+    pub fn push_response(&mut self, request_id: u64, response: &Response) {
         if let Some(entry) = encode_response_head(request_id, response, &mut self.tail) {
             self.push_payload(entry);
         }
     }
 
-    /// See `encode_bad_version`.
-    pub(crate) fn push_bad_version(&mut self, raw: &RawFrame) -> bool {
+    /// Queues the BAD_VERSION answer to `raw`; false when its op is unknown
+    /// (see `encode_bad_version`).
+    pub fn push_bad_version(&mut self, raw: &RawFrame) -> bool {
         encode_bad_version(raw, &mut self.tail)
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    /// Whether nothing is queued.
+    pub fn is_empty(&self) -> bool {
         self.chunks.is_empty() && self.tail.is_empty()
     }
 
-    pub(crate) fn clear(&mut self) {
+    /// Drops everything queued.
+    pub fn clear(&mut self) {
         self.chunks.clear();
         self.tail.clear();
     }
@@ -71,10 +77,7 @@ impl FrameQueue {
     }
 
     /// Writes every queued byte to `socket` (vectored), leaving the queue empty.
-    pub(crate) async fn write_to<W: AsyncWrite + Unpin>(
-        &mut self,
-        socket: &mut W,
-    ) -> io::Result<()> {
+    pub async fn write_to<W: AsyncWrite + Unpin>(&mut self, socket: &mut W) -> io::Result<()> {
         self.seal_tail();
         while !self.chunks.is_empty() {
             let written = socket.write_vectored(&self.front_slices()).await?;
@@ -87,14 +90,14 @@ impl FrameQueue {
     }
 
     /// Bytes queued.
-    pub(crate) fn len_bytes(&self) -> usize {
+    pub fn len_bytes(&self) -> usize {
         self.chunks.iter().map(Bytes::len).sum::<usize>() + self.tail.len()
     }
 
     /// Writes what `try_write` takes now (a non-blocking vectored write):
     /// `Ok(true)` once the queue is empty, `Ok(false)` if the socket would
     /// block first (the rest stays queued, in order).
-    pub(crate) fn write_now(
+    pub fn write_now(
         &mut self,
         mut try_write: impl FnMut(&[IoSlice<'_>]) -> io::Result<usize>,
     ) -> io::Result<bool> {
@@ -150,7 +153,8 @@ impl FrameQueue {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::protocol::{AddMode, decode_frame};
+    use crate::frame::decode_frame;
+    use crate::message::AddMode;
     use std::pin::Pin;
     use std::task::{Context, Poll};
 
@@ -218,12 +222,12 @@ mod tests {
                 entry: Bytes::from(vec![id as u8; len]),
             };
             queue.push_request(id, &request);
-            crate::protocol::encode_request(id, &request, &mut expected);
+            crate::message::encode_request(id, &request, &mut expected);
             requests.push(request);
             if id % 7 == 0 {
                 let request = Request::ReadLac { ledger_id: id };
                 queue.push_request(id + 1000, &request);
-                crate::protocol::encode_request(id + 1000, &request, &mut expected);
+                crate::message::encode_request(id + 1000, &request, &mut expected);
             }
         }
         for step in [1, 7, 4096, 1 << 20] {

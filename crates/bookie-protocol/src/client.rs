@@ -29,10 +29,10 @@ use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::AbortHandle;
 
 use crate::entry::{ENTRY_BYTES_MAX, EntryError, EntryHeader, decode_expected_entry};
-use crate::protocol::{
-    AddMode, FRAME_HEADER_BYTES, FrameQueue, Op, ProtocolError, ReadMode, Request, Response,
-    Status, decode_frame,
-};
+use crate::error::BookieError;
+use crate::frame::{FRAME_HEADER_BYTES, Op, ProtocolError, decode_frame};
+use crate::message::{AddMode, ReadMode, Request, Response};
+use crate::queue::FrameQueue;
 
 /// Default time a request may wait for its answer: BookKeeper's add and read
 /// timeout. A bookie that does not answer in 5 s is treated as failed by the
@@ -79,84 +79,6 @@ impl Default for ClientConfig {
     }
 }
 
-/// Why a request to a bookie failed. The first eight mirror the bookie's status
-/// codes; the rest are local.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum BookieError {
-    /// The bookie has the ledger but not that entry.
-    #[error("no such entry")]
-    NoSuchEntry,
-    /// The bookie has nothing of that ledger.
-    #[error("no such ledger")]
-    NoSuchLedger,
-    /// The ledger is fenced on that bookie (a normal add's outcome is unknown).
-    #[error("ledger fenced")]
-    Fenced,
-    /// The bookie found the request invalid.
-    #[error("bad request")]
-    BadRequest,
-    /// The bookie is overloaded (queue or write cache full): retry later.
-    #[error("too many requests")]
-    TooManyRequests,
-    /// The bookie accepts no writes.
-    #[error("bookie is read-only")]
-    ReadOnly,
-    /// The bookie had a disk error.
-    #[error("bookie I/O error")]
-    IoError,
-    /// The bookie does not speak our protocol version.
-    #[error(
-        "bookie does not speak protocol version {}",
-        crate::protocol::PROTOCOL_VERSION
-    )]
-    BadVersion,
-    /// No answer within the request timeout (the outcome is unknown).
-    #[error("request timed out")]
-    Timeout,
-    /// The connection broke or the bookie sent bytes we cannot parse; the
-    /// outcome of every request pending on it is unknown.
-    #[error("connection to bookie {addr} lost")]
-    ConnectionLost {
-        /// The bookie.
-        addr: SocketAddr,
-    },
-    /// Could not connect.
-    #[error("cannot connect to bookie {addr}: {source}")]
-    Connect {
-        /// The bookie.
-        addr: SocketAddr,
-        /// Why.
-        source: Arc<std::io::Error>,
-    },
-    /// The entry read back fails its end-to-end check.
-    #[error("entry read back is corrupt: {0}")]
-    CorruptEntry(#[from] EntryError),
-    /// An entry over `ENTRY_BYTES_MAX` was given to `add`.
-    #[error("entry of {len_bytes} bytes is over the {ENTRY_BYTES_MAX}-byte limit")]
-    EntryTooLarge {
-        /// Its length.
-        len_bytes: usize,
-    },
-}
-
-impl BookieError {
-    /// The error for a non-OK status.
-    fn from_status(status: Status) -> BookieError {
-        match status {
-            Status::NoSuchEntry => BookieError::NoSuchEntry,
-            Status::NoSuchLedger => BookieError::NoSuchLedger,
-            Status::Fenced => BookieError::Fenced,
-            Status::BadRequest => BookieError::BadRequest,
-            Status::TooManyRequests => BookieError::TooManyRequests,
-            Status::ReadOnly => BookieError::ReadOnly,
-            Status::BadVersion => BookieError::BadVersion,
-            // OK never reaches here (callers match it first); treat it as the
-            // protocol violation it would be.
-            Status::IoError | Status::Ok => BookieError::IoError,
-        }
-    }
-}
-
 /// An entry read from a bookie, already verified (CRC32C, ledger and entry id).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadEntry {
@@ -170,6 +92,11 @@ pub struct ReadEntry {
     pub entry: Bytes,
     /// The payload: a slice of `entry`.
     pub payload: Bytes,
+}
+
+/// The error of every request a broken connection to `addr` leaves unanswered.
+fn lost(addr: SocketAddr) -> BookieError {
+    BookieError::ConnectionLost(format!("{addr}: connection closed"))
 }
 
 /// One connection to one bookie. Cheap to clone (clones share the connection);
@@ -239,10 +166,9 @@ impl BookieClient {
         config: ClientConfig,
     ) -> Result<BookieClient, BookieError> {
         assert!(config.in_flight_max > 0);
-        assert!(config.in_flight_bytes_max >= crate::protocol::FRAME_BYTES_MAX);
-        let connect_error = |source| BookieError::Connect {
-            addr,
-            source: Arc::new(source),
+        assert!(config.in_flight_bytes_max >= crate::frame::FRAME_BYTES_MAX);
+        let connect_error = |source: std::io::Error| {
+            BookieError::ConnectionLost(format!("cannot connect to bookie {addr}: {source}"))
         };
         // One deadline for TCP connect and TLS handshake.
         let connecting = async {
@@ -349,8 +275,7 @@ impl BookieClient {
                     entry,
                 } => {
                     let wrong_answer = answered_ledger_id != ledger_id
-                        || (entry_id != crate::protocol::LAST_ENTRY
-                            && answered_entry_id != entry_id);
+                        || (entry_id != crate::frame::LAST_ENTRY && answered_entry_id != entry_id);
                     if wrong_answer {
                         return Err(BookieError::CorruptEntry(EntryError::WrongEntry {
                             expected_ledger_id: ledger_id,
@@ -493,29 +418,21 @@ impl Call {
         if let CallState::Waiting(_, cost) = self.state {
             match tokio::time::timeout_at(deadline, self.shared.permits(cost)).await {
                 Ok(Some(permits)) => self.queue(permits),
-                Ok(None) => {
-                    self.state = CallState::Failed(BookieError::ConnectionLost {
-                        addr: self.shared.addr,
-                    })
-                }
+                Ok(None) => self.state = CallState::Failed(lost(self.shared.addr)),
                 Err(_) => self.state = CallState::Failed(BookieError::Timeout),
             }
         }
         let CallState::Queued(_, done) = &mut self.state else {
             return match std::mem::replace(&mut self.state, CallState::Done) {
                 CallState::Failed(error) => Err(error),
-                _ => Err(BookieError::ConnectionLost {
-                    addr: self.shared.addr,
-                }),
+                _ => Err(lost(self.shared.addr)),
             };
         };
         match tokio::time::timeout_at(deadline, done).await {
             Ok(answer) => {
                 // Answered (or failed by `fail_all`): the id left the map already.
                 self.state = CallState::Done;
-                answer.unwrap_or(Err(BookieError::ConnectionLost {
-                    addr: self.shared.addr,
-                }))
+                answer.unwrap_or(Err(lost(self.shared.addr)))
             }
             // `Drop` forgets the id.
             Err(_) => Err(BookieError::Timeout),
@@ -579,7 +496,7 @@ impl Shared {
         {
             let mut state = self.lock();
             if state.closed {
-                return Err(BookieError::ConnectionLost { addr: self.addr });
+                return Err(lost(self.addr));
             }
             state.out.push_request(request_id, request);
             let previous = state.pending.insert(
@@ -605,9 +522,7 @@ impl Shared {
             std::mem::take(&mut state.pending)
         };
         for (_, request) in pending {
-            let _ = request
-                .done
-                .send(Err(BookieError::ConnectionLost { addr: self.addr }));
+            let _ = request.done.send(Err(lost(self.addr)));
         }
         self.request_slots.close();
         self.request_bytes.close();
@@ -623,9 +538,7 @@ impl Shared {
             return Ok(());
         };
         if pending.op != response.op() {
-            let _ = pending
-                .done
-                .send(Err(BookieError::ConnectionLost { addr: self.addr }));
+            let _ = pending.done.send(Err(lost(self.addr)));
             return Err(());
         }
         let answer = match response {
@@ -718,7 +631,8 @@ async fn write_loop(shared: Arc<Shared>, mut socket: impl AsyncWrite + Unpin) {
 mod tests {
     use super::*;
     use crate::entry::{EntryHeader, encode_entry};
-    use crate::protocol::{RequestFrame, encode_response};
+    use crate::frame::Status;
+    use crate::message::{RequestFrame, encode_response};
     use tokio::io::AsyncWriteExt;
     use tokio::net::TcpListener;
 
@@ -783,7 +697,7 @@ mod tests {
                 entry_id,
                 ..
             } => {
-                let entry_id = if *entry_id == crate::protocol::LAST_ENTRY {
+                let entry_id = if *entry_id == crate::frame::LAST_ENTRY {
                     9
                 } else {
                     *entry_id
@@ -815,7 +729,7 @@ mod tests {
         let adds: Vec<_> = (0..6)
             .map(|i| client.add(entry(1, i), AddMode::Normal))
             .collect();
-        let read = client.read(1, crate::protocol::LAST_ENTRY, ReadMode::Fence);
+        let read = client.read(1, crate::frame::LAST_ENTRY, ReadMode::Fence);
         let lac = client.read_lac(1);
         for add in adds {
             add.await.unwrap();

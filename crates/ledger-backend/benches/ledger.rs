@@ -11,7 +11,7 @@
 //! The baseline runs before and after the ledger phases (the machine may be
 //! shared); ratios use the mean of its two medians.
 //!
-//! Run: `cargo bench -p vela-ledger --bench ledger` (dir: env VELA_BENCH_DIR,
+//! Run: `cargo bench -p vela-ledger-backend --bench ledger` (dir: env VELA_BENCH_DIR,
 //! default a temp dir under the workspace's target/; seconds per phase: env
 //! VELA_BENCH_SECS, default 4; the whole run stays well under 60 s).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use vela_bookie::bookie::{Bookie, BookieConfig};
-use vela_bookie::client::{BookieClient, ClientConfig};
-use vela_bookie::entry::{EntryHeader, encode_entry};
-use vela_bookie::protocol::AddMode;
 use vela_bookie::server::Server;
+use vela_bookie_protocol::AddMode;
+use vela_bookie_protocol::client::{BookieClient, ClientConfig};
+use vela_bookie_protocol::entry::{EntryHeader, encode_entry};
 use vela_ledger::{BookieClientTransport, BookieId, LedgerClient, LedgerConfig, Quorum};
 use vela_meta::registry;
 use vela_meta::{ExpectedVersion, MemoryStore, MetadataStore};

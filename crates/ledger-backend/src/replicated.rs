@@ -1,35 +1,29 @@
 //! The log's ledgers on bookies: `LedgerBackend` over `vela_ledger::LedgerClient`.
 //!
-//! Owns: the adaptation of the log's synchronous, ordered `add(data, done)` to
-//! the ledger writer's bounded budget (an ordered overflow queue fed by one
-//! task while the writer is at its bound), and a small cache of ledger readers.
+//! Owns: the mapping of the log's seam onto the ledger client (an open
+//! ledger's window of adds in flight is the ledger writer's budget,
+//! `PENDING_ADDS_MAX` / `PENDING_BYTES_MAX`), and a small cache of ledger
+//! readers.
 //! Guarantees: adds reach the writer in call order, so entry ids and `done`
-//! callbacks follow it; `done` runs only once Qa bookies made the entry durable.
-//! Never: reorders adds, waits on a tokio worker, or lets the overflow queue
-//! grow past `OVERFLOW_BYTES_MAX` (an add beyond it fails, which stops the log's
-//! appends until it is reloaded: back-pressure above normally stops producers
-//! long before).
+//! callbacks follow it; `done` runs only once Qa bookies made the entry
+//! durable.
+//! Never: queues an add (the log's append queue is the one queue above the
+//! writer: `reserve` only takes or awaits room), reorders adds, or waits on a
+//! tokio worker.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::sync::Notify;
 use vela_ledger::{
-    AddCallback, EntryId, LedgerClient, LedgerError, LedgerId, LedgerReader, LedgerState,
-    LedgerWriter, Quorum, READ_RANGE_ENTRIES_MAX,
+    AddCallback, AddPermit, EntryId, LedgerClient, LedgerError, LedgerId, LedgerReader,
+    LedgerState, LedgerWriter, Quorum, READ_RANGE_ENTRIES_MAX,
 };
-
-use crate::backend::{
-    AddCallback as LogAddCallback, BoxFuture, LedgerAppender, LedgerBackend, LedgerBackendError,
-    LedgerDescription, Persistence, RecoveredLedger,
+use vela_log::backend::{
+    AddCallback as LogAddCallback, BoxFuture, LedgerBackend, LedgerBackendError, LedgerDescription,
+    OpenLedger, Persistence, RecoveredLedger, Reserve,
 };
-
-/// Payload bytes of adds waiting for the writer's budget, per ledger. The
-/// writer itself holds up to `vela_ledger::PENDING_BYTES_MAX` (64 MiB) in
-/// flight; this is as much again, queued in order. Beyond it an add fails.
-pub const OVERFLOW_BYTES_MAX: u64 = 64 << 20;
 
 /// Ledger readers kept open (closed ledgers mostly: a reader is only their
 /// metadata). When full, the cache is cleared: readers are cheap to reopen.
@@ -104,11 +98,11 @@ fn backend_error(error: LedgerError) -> LedgerBackendError {
 }
 
 impl LedgerBackend for ReplicatedLedgers {
-    fn create(
+    fn create_ledger(
         &self,
         persistence: Persistence,
         log_name: &str,
-    ) -> BoxFuture<'_, Result<Arc<dyn LedgerAppender>, LedgerBackendError>> {
+    ) -> BoxFuture<'_, Result<Arc<dyn OpenLedger>, LedgerBackendError>> {
         let properties = BTreeMap::from([(LOG_PROPERTY.to_string(), log_name.to_string())]);
         Box::pin(async move {
             let quorum = Quorum::new(
@@ -122,7 +116,7 @@ impl LedgerBackend for ReplicatedLedgers {
                 .create(quorum, properties)
                 .await
                 .map_err(backend_error)?;
-            Ok(Arc::new(ReplicatedAppender::new(writer)) as Arc<dyn LedgerAppender>)
+            Ok(Arc::new(ReplicatedAppender::new(writer)) as Arc<dyn OpenLedger>)
         })
     }
 
@@ -226,45 +220,21 @@ impl LedgerBackend for ReplicatedLedgers {
     }
 }
 
-/// The writer of one ledger, behind the log's synchronous `add`.
+/// The writer of one ledger, as the log's `OpenLedger`: its window is the
+/// writer's budget; room reserved for the next add waits in `reserved`.
 #[derive(Debug)]
 struct ReplicatedAppender {
-    inner: Arc<AppenderInner>,
-}
-
-struct AppenderInner {
-    writer: LedgerWriter,
-    /// Adds waiting for the writer's budget, in call order. While it is not
-    /// empty every new add queues behind it (order), and one feeder task moves
-    /// adds to the writer as budget frees up.
-    overflow: Mutex<Overflow>,
-    /// Told when the feeder stops (the overflow queue drained).
-    drained: Notify,
-}
-
-impl std::fmt::Debug for AppenderInner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AppenderInner")
-            .field("ledger_id", &self.writer.ledger_id())
-            .finish_non_exhaustive()
-    }
-}
-
-#[derive(Default)]
-struct Overflow {
-    queue: VecDeque<(Bytes, LogAddCallback)>,
-    bytes: u64,
-    feeding: bool,
+    writer: Arc<LedgerWriter>,
+    /// Room taken by `reserve` for the next `add` (one add at a time: the
+    /// log's append queue issues from one place).
+    reserved: Arc<Mutex<Option<AddPermit>>>,
 }
 
 impl ReplicatedAppender {
     fn new(writer: LedgerWriter) -> ReplicatedAppender {
         ReplicatedAppender {
-            inner: Arc::new(AppenderInner {
-                writer,
-                overflow: Mutex::new(Overflow::default()),
-                drained: Notify::new(),
-            }),
+            writer: Arc::new(writer),
+            reserved: Arc::new(Mutex::new(None)),
         }
     }
 }
@@ -276,113 +246,59 @@ fn ledger_callback(done: LogAddCallback) -> AddCallback {
     })
 }
 
-impl AppenderInner {
-    /// Moves queued adds to the writer as its budget frees up, in order.
-    async fn feed(self: Arc<AppenderInner>) {
-        loop {
-            let payload_bytes = {
-                let mut overflow = self.overflow.lock();
-                match overflow.queue.front() {
-                    Some((data, _)) => data.len(),
-                    None => {
-                        overflow.feeding = false;
-                        drop(overflow);
-                        self.drained.notify_waiters();
-                        return;
-                    }
-                }
-            };
-            let permit = self.writer.reserve(payload_bytes).await;
-            // Pop and submit under the lock: a concurrent `add` seeing an empty
-            // queue submits directly, so it must come after this one.
-            let mut overflow = self.overflow.lock();
-            let Some((data, done)) = overflow.queue.pop_front() else {
-                debug_assert!(false, "only the feeder pops the overflow queue");
-                continue;
-            };
-            overflow.bytes -= data.len() as u64;
-            match permit {
-                Ok(permit) => {
-                    self.writer
-                        .submit_reserved(permit, data, ledger_callback(done));
-                }
-                Err(error) => {
-                    // The writer is gone: fail this add and every queued one.
-                    let mut failed = vec![done];
-                    failed.extend(overflow.queue.drain(..).map(|(_, done)| done));
-                    overflow.bytes = 0;
-                    overflow.feeding = false;
-                    drop(overflow);
-                    self.drained.notify_waiters();
-                    for done in failed {
-                        done(Err(backend_error(error.clone())));
-                    }
-                    return;
-                }
-            }
-        }
-    }
-}
-
-impl LedgerAppender for ReplicatedAppender {
+impl OpenLedger for ReplicatedAppender {
     fn ledger_id(&self) -> u64 {
-        self.inner.writer.ledger_id().0
+        self.writer.ledger_id().0
+    }
+
+    fn reserve(&self, payload_bytes: usize) -> Reserve {
+        let mut reserved = self.reserved.lock();
+        if reserved
+            .as_ref()
+            .is_some_and(|permit| permit.payload_bytes() == payload_bytes)
+        {
+            return Reserve::Ready;
+        }
+        // Room for another size (not expected: the log retries the same
+        // add) goes back before the right one is taken.
+        *reserved = None;
+        match self.writer.try_reserve(payload_bytes) {
+            Ok(Some(permit)) => {
+                *reserved = Some(permit);
+                Reserve::Ready
+            }
+            Ok(None) => {
+                drop(reserved);
+                let (writer, reserved) = (Arc::clone(&self.writer), Arc::clone(&self.reserved));
+                Reserve::Wait(Box::pin(async move {
+                    let permit = writer.reserve(payload_bytes).await.map_err(backend_error)?;
+                    *reserved.lock() = Some(permit);
+                    Ok(())
+                }))
+            }
+            Err(error) => Reserve::Failed(backend_error(error)),
+        }
     }
 
     fn add(&self, data: Bytes, done: LogAddCallback) {
-        let inner = &self.inner;
-        let mut overflow = inner.overflow.lock();
-        if overflow.queue.is_empty() {
-            match inner.writer.try_reserve(data.len()) {
-                Ok(Some(permit)) => {
-                    inner
-                        .writer
-                        .submit_reserved(permit, data, ledger_callback(done));
-                    return;
-                }
-                Ok(None) => {}
-                Err(error) => {
-                    drop(overflow);
-                    done(Err(backend_error(error)));
-                    return;
-                }
+        let permit = self.reserved.lock().take();
+        match permit {
+            Some(permit) if permit.payload_bytes() == data.len() => {
+                self.writer
+                    .submit_reserved(permit, data, ledger_callback(done));
             }
-        }
-        let size = data.len() as u64;
-        if overflow.bytes + size > OVERFLOW_BYTES_MAX {
-            drop(overflow);
-            done(Err(LedgerBackendError::Other(format!(
-                "ledger {}: {OVERFLOW_BYTES_MAX} bytes of adds already wait for the writer",
-                inner.writer.ledger_id()
-            ))));
-            return;
-        }
-        overflow.bytes += size;
-        overflow.queue.push_back((data, done));
-        if !overflow.feeding {
-            overflow.feeding = true;
-            tokio::spawn(Arc::clone(inner).feed());
+            _ => {
+                debug_assert!(false, "an add without room reserved for it");
+                done(Err(LedgerBackendError::Other(format!(
+                    "ledger {}: add without room reserved for it",
+                    self.writer.ledger_id()
+                ))));
+            }
         }
     }
 
     fn close(&self) -> BoxFuture<'static, Result<(), LedgerBackendError>> {
-        let inner = Arc::clone(&self.inner);
-        Box::pin(async move {
-            loop {
-                let drained = inner.drained.notified();
-                tokio::pin!(drained);
-                drained.as_mut().enable();
-                if !inner.overflow.lock().feeding {
-                    break;
-                }
-                drained.await;
-            }
-            inner
-                .writer
-                .close()
-                .await
-                .map(|_| ())
-                .map_err(backend_error)
-        })
+        let writer = Arc::clone(&self.writer);
+        Box::pin(async move { writer.close().await.map(|_| ()).map_err(backend_error) })
     }
 }

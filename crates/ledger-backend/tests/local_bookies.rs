@@ -11,7 +11,8 @@ use std::time::Duration;
 use common::real::bookie_config;
 use common::*;
 use vela_bookie::bookie::Bookie;
-use vela_ledger::{BookieId, EntryId, LedgerClient, LedgerConfig, LedgerState, LocalBookies};
+use vela_ledger::{BookieId, EntryId, LedgerClient, LedgerConfig, LedgerState};
+use vela_ledger_backend::LocalBookies;
 use vela_meta::{MemoryStore, MetadataStore};
 
 struct Local {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::real::RealBookie;
 use common::*;
-use vela_bookie::client::ClientConfig;
+use vela_bookie_protocol::client::ClientConfig;
 use vela_ledger::{BookieClientTransport, EntryId, LedgerClient, LedgerConfig, LedgerState};
 use vela_meta::{MemoryStore, MetadataStore};
 

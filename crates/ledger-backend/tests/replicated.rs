@@ -1,6 +1,6 @@
 //! The managed log on replicated ledgers (`ReplicatedLedgers` over the ledger
 //! client and a simulated bookie cluster): order through the writer's budget
-//! and its overflow queue, reads from bookies, recovery that fences the
+//! and the log's append queue, reads from bookies, recovery that fences the
 //! previous owner, and appends that go on when a bookie dies.
 #![allow(clippy::unwrap_used)]
 
@@ -10,9 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use vela_ledger::sim::SimCluster;
 use vela_ledger::{BookieId, LedgerClient, LedgerConfig};
-use vela_log::{
-    CursorStart, LogConfig, LogEnv, LogError, ManagedLog, Persistence, Position, ReplicatedLedgers,
-};
+use vela_ledger_backend::ReplicatedLedgers;
+use vela_log::{CursorStart, LogConfig, LogEnv, LogError, ManagedLog, Persistence, Position};
 use vela_meta::{ExpectedVersion, MemoryStore, MetadataStore, registry};
 
 struct Cluster {
@@ -88,8 +87,8 @@ async fn read_all(log: &ManagedLog) -> Vec<Bytes> {
 #[tokio::test]
 async fn appends_beyond_the_writer_budget_keep_their_order() {
     let cluster = Cluster::new(3).await;
-    // A budget of 2 adds per ledger: almost every append goes through the
-    // overflow queue.
+    // A budget of 2 adds per ledger: almost every append waits in the log's
+    // append queue for room.
     let env = cluster.env(2);
     let log = ManagedLog::open(
         &env,

@@ -3,10 +3,14 @@
 //!
 //! Owns: the map of local bookies and the bound on their blocking reads.
 //! Guarantees: each request means exactly what it means over the bookie
-//! protocol (an add resolves once the bookie's journal made it durable; a
-//! fencing read answers only after the fence is durable), so the ledger
-//! protocol cannot tell the two transports apart; only the loopback TCP hop
-//! (a write, a wake-up and a read each way) is gone from the write path.
+//! protocol, because it goes through the same entry points the bookie's TCP
+//! server uses: an add goes through `Bookie::add` (resolves once the journal
+//! made it durable; a full write cache holds it up to `ADD_ROOM_WAIT_MAX`
+//! before TOO_MANY_REQUESTS), a fencing read answers only after the fence is
+//! durable, and a refusal is the same `BookieError` (`from_status`). So the
+//! ledger protocol cannot tell the two transports apart; only the loopback
+//! TCP hop (a write, a wake-up and a read each way) is gone from the write
+//! path.
 //! Never: blocks a tokio worker (storage reads run on the blocking pool), or
 //! knows bookies other than the ones it was given (`UnknownBookie`).
 
@@ -16,10 +20,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::{Semaphore, oneshot};
 use vela_bookie::bookie::Bookie;
-use vela_bookie::protocol::{self, LAST_ENTRY, Status};
+use vela_bookie_protocol::{LAST_ENTRY, Status};
 
-use crate::transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
-use crate::types::{BookieId, EntryId, LedgerId};
+use vela_ledger::transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
+use vela_ledger::{BookieId, EntryId, LedgerId};
 
 /// Storage reads (and LAC reads) running at once across the local bookies:
 /// as many as a bookie server allows per connection, so a burst of catch-up
@@ -50,23 +54,13 @@ impl LocalBookies {
     }
 }
 
-fn map_status(status: Status) -> BookieError {
-    match status {
-        Status::NoSuchEntry => BookieError::NoSuchEntry,
-        Status::NoSuchLedger => BookieError::NoSuchLedger,
-        Status::Fenced => BookieError::Fenced,
-        Status::TooManyRequests => BookieError::TooManyRequests,
-        Status::BadRequest | Status::BadVersion => BookieError::BadRequest(format!("{status:?}")),
-        Status::ReadOnly => BookieError::ReadOnly,
-        Status::Ok | Status::IoError => BookieError::Io(format!("{status:?}")),
-    }
-}
-
 /// Waits for a callback-style bookie operation.
 async fn answered<T>(receiver: oneshot::Receiver<Result<T, Status>>) -> Result<T, BookieError> {
     match receiver.await {
-        Ok(result) => result.map_err(map_status),
-        Err(_) => Err(BookieError::Io("bookie dropped the request".into())),
+        Ok(result) => result.map_err(BookieError::from_status),
+        Err(_) => Err(BookieError::ConnectionLost(
+            "the in-process bookie dropped the request".into(),
+        )),
     }
 }
 
@@ -84,11 +78,15 @@ async fn blocking_read<T: Send + 'static>(
     read: impl FnOnce() -> Result<T, Status> + Send + 'static,
 ) -> Result<T, BookieError> {
     let Ok(_slot) = reads.clone().acquire_owned().await else {
-        return Err(BookieError::Io("local bookies are shutting down".into()));
+        return Err(BookieError::ConnectionLost(
+            "the in-process bookies are shutting down".into(),
+        ));
     };
     match tokio::task::spawn_blocking(read).await {
-        Ok(result) => result.map_err(map_status),
-        Err(error) => Err(BookieError::Io(format!("read task failed: {error}"))),
+        Ok(result) => result.map_err(BookieError::from_status),
+        Err(error) => Err(BookieError::ConnectionLost(format!(
+            "in-process read task failed: {error}"
+        ))),
     }
 }
 
@@ -105,17 +103,19 @@ impl BookieTransport for LocalBookies {
             Ok(bookie) => bookie,
             Err(error) => return Box::pin(async move { Err(error) }),
         };
-        let mode = match mode {
-            AddMode::Normal => protocol::AddMode::Normal,
-            AddMode::Recovery => protocol::AddMode::Recovery,
-        };
-        // Queued now (not when the future is first polled), so adds issued in
-        // order reach the journal in order, as over one TCP connection.
+        // `Bookie::add` is the bookie's one ADD, the TCP server's too: taken
+        // now when the write cache has room (so adds issued in order reach
+        // the journal in order, as over one TCP connection), else queued for
+        // room in call order and taken while this future awaits its
+        // admission, answered TOO_MANY_REQUESTS only after the bounded wait.
         let (done, receiver) = oneshot::channel();
-        bookie.add(packaged, mode, move |result| {
+        let admission = bookie.add(packaged, mode, move |result| {
             let _ = done.send(result.map(|_| ()));
         });
-        Box::pin(answered(receiver))
+        Box::pin(async move {
+            admission.await;
+            answered(receiver).await
+        })
     }
 
     fn read(
@@ -162,8 +162,7 @@ impl BookieTransport for LocalBookies {
                             .await;
                     match read {
                         Ok(read) => {
-                            let carried = vela_bookie::entry::parse_header(&read.entry)
-                                .map_err(|e| BookieError::Io(format!("stored entry: {e}")))?
+                            let carried = vela_bookie_protocol::entry::parse_header(&read.entry)?
                                 .last_add_confirmed;
                             Ok(read.lac.max(carried).map(EntryId))
                         }

@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used)]
 
 use bytes::{Bytes, BytesMut};
-use vela_bookie::entry::{EntryHeader, encode_entry};
-use vela_bookie::protocol::{
+use vela_bookie_protocol::entry::{EntryHeader, encode_entry};
+use vela_bookie_protocol::{
     AddMode, LAST_ENTRY, Op, ReadMode, Request, Response, Status, decode_frame, encode_request,
     encode_response,
 };

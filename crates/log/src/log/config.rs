@@ -1,0 +1,110 @@
+//! What a log is given: its tunables (`LogConfig`, `Retention`) and where it
+//! keeps its metadata and ledgers (`LogEnv`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::backend::{LedgerBackend, Persistence};
+use crate::queue::APPEND_QUEUE_BYTES_MAX;
+use crate::store::Store;
+
+/// How much consumed data a log keeps (Pulsar's retention policy). A fully
+/// consumed, closed ledger is deleted once it is older than `time` (since its
+/// close) or the log is over `size_bytes` without it; `None` means no limit
+/// on that side; both `None`: consumed data is kept forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Keep consumed ledgers at least this long after they closed.
+    pub time: Option<Duration>,
+    /// Keep consumed ledgers while the whole log is within this size.
+    pub size_bytes: Option<u64>,
+}
+
+impl Retention {
+    /// No retention: consumed ledgers go at once (Pulsar's default).
+    pub const NONE: Retention = Retention {
+        time: Some(Duration::ZERO),
+        size_bytes: Some(0),
+    };
+}
+
+/// Tunables of a log. `Default` gives Pulsar's defaults where they apply.
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    /// Replication of the ledgers this log creates from now on.
+    pub persistence: Persistence,
+    /// Roll over to a new ledger after this many entries (Pulsar: 50 000).
+    pub ledger_entries_max: u64,
+    /// Roll over after this many payload bytes.
+    pub ledger_bytes_max: u64,
+    /// Roll over a ledger this old at the next append (Pulsar: 240 min).
+    pub ledger_age_max: Duration,
+    /// Bytes of recent entries kept in memory for tail readers.
+    pub tail_cache_bytes_max: usize,
+    /// Bytes of appends allowed to wait for a ledger writer (while a
+    /// rollover creates the next ledger, or while the writer's window of adds
+    /// in flight is full): the bound of the log's one append queue. Beyond it
+    /// an append fails at once with `Overloaded` and the log goes on (the
+    /// broker's own per-connection bounds normally stop producers long
+    /// before). Default `APPEND_QUEUE_BYTES_MAX`.
+    pub append_queue_bytes_max: u64,
+    /// Individually acknowledged entries a cursor keeps above its mark-delete
+    /// position; beyond it further individual acks are refused.
+    pub cursor_acked_entries_max: usize,
+    /// Acked ranges persisted per cursor; holes beyond it are redelivered after
+    /// a restart (at-least-once, never loss).
+    pub cursor_persisted_ranges_max: usize,
+    /// Minimum time between two writes of one cursor's state.
+    pub cursor_persist_interval: Duration,
+    /// Consumed data kept (see [`Retention`]).
+    pub retention: Retention,
+}
+
+impl Default for LogConfig {
+    fn default() -> LogConfig {
+        LogConfig {
+            persistence: Persistence::SINGLE,
+            ledger_entries_max: 50_000,
+            ledger_bytes_max: 1 << 30,
+            ledger_age_max: Duration::from_secs(240 * 60),
+            tail_cache_bytes_max: 8 << 20,
+            append_queue_bytes_max: APPEND_QUEUE_BYTES_MAX,
+            cursor_acked_entries_max: 100_000,
+            cursor_persisted_ranges_max: 10_000,
+            cursor_persist_interval: Duration::from_millis(100),
+            retention: Retention::NONE,
+        }
+    }
+}
+
+/// Where logs keep their metadata and their ledgers.
+#[derive(Debug, Clone)]
+pub struct LogEnv {
+    pub(crate) store: Store,
+    pub(crate) ledgers: Arc<dyn LedgerBackend>,
+}
+
+impl LogEnv {
+    /// Logs over this metadata store and these ledgers.
+    pub fn new(meta: Arc<dyn vela_meta::MetadataStore>, ledgers: Arc<dyn LedgerBackend>) -> LogEnv {
+        LogEnv {
+            store: Store::new(meta),
+            ledgers,
+        }
+    }
+
+    /// In-memory metadata and ledgers: real semantics, no durability (tests).
+    pub fn in_memory() -> LogEnv {
+        LogEnv::new(
+            Arc::new(vela_meta::MemoryStore::new()),
+            Arc::new(crate::memory::MemoryBackend(
+                crate::memory::MemoryLedgers::new(),
+            )),
+        )
+    }
+
+    /// The ledger backend (for tests that inspect ledgers).
+    pub fn ledgers(&self) -> &Arc<dyn LedgerBackend> {
+        &self.ledgers
+    }
+}

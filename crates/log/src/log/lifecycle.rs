@@ -1,0 +1,263 @@
+//! The log's ledger list over time: rolling over to a new ledger when the
+//! append queue detaches a full one, and trimming consumed ledgers past
+//! retention.
+//!
+//! Owns: the updates of the log's metadata record after open (each under
+//! `Shared::meta_lock`, a CAS on the record's version: a conflict means
+//! another owner took the log, `Fenced`), and the order check of new ledger
+//! ids.
+//! Guarantees: a rollover closes the full ledger (every add on it completed)
+//! before it attaches the next one to the append queue, so appends complete
+//! in queue order across ledgers; the ledger being written is never trimmed.
+//! Never: holds the state lock across an `.await`, or deletes a ledger before
+//! the metadata record without it is stored.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::backend::{LedgerBackendError, OpenLedger};
+use crate::error::LogError;
+use crate::format::{self, LedgerInfo, LogInfo};
+
+use super::{LogEnv, Retention, Shared};
+
+/// Whether retention lets a consumed, closed ledger go while the log holds
+/// `log_bytes`: older than the time limit, or the log over the size limit.
+fn retention_lets_go(
+    retention: Retention,
+    ledger: &LedgerInfo,
+    now_ms: u64,
+    log_bytes: u64,
+) -> bool {
+    let expired = retention.time.is_some_and(|time| {
+        let closed = ledger.closed_unix_ms.unwrap_or(ledger.created_unix_ms);
+        now_ms.saturating_sub(closed) >= u64::try_from(time.as_millis()).unwrap_or(u64::MAX)
+    });
+    let over_size = retention.size_bytes.is_some_and(|size| log_bytes > size);
+    expired || over_size
+}
+
+/// Entries are ordered by (ledger id, entry id): a new ledger must have a
+/// greater id than every ledger of the log. The ledger client's ids increase
+/// across processes; a store that broke that (a reset counter) must not
+/// scramble the log: the new ledger is deleted and the log refuses.
+pub(super) async fn check_ledger_order(
+    env: &LogEnv,
+    name: &str,
+    ledgers: &[LedgerInfo],
+    new_ledger_id: u64,
+) -> Result<(), LogError> {
+    let newest = ledgers.iter().map(|l| l.ledger_id).max();
+    match newest {
+        Some(newest) if new_ledger_id <= newest => {
+            let _ = env.ledgers.delete(new_ledger_id).await;
+            tracing::error!(
+                log = name,
+                new_ledger_id,
+                newest,
+                "ledger ids went backwards"
+            );
+            Err(LogError::Metadata(format!(
+                "log {name}: new ledger {new_ledger_id} is not above its newest ledger {newest} \
+                 (the ledger id counter went backwards)"
+            )))
+        }
+        _ => Ok(()),
+    }
+}
+
+pub(super) fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Shared {
+    /// Starts a rollover in the background (boxed: a rollover may start the
+    /// next one, through the queue's `ledger_full` hook).
+    pub(super) fn spawn_roll_over(shared: &Arc<Shared>, full: Arc<dyn OpenLedger>) {
+        let future: crate::backend::BoxFuture<'static, ()> =
+            Box::pin(Arc::clone(shared).roll_over(full));
+        tokio::spawn(future);
+    }
+
+    /// Closes the full ledger, creates the next one, records it in the log's
+    /// metadata and attaches it to the append queue (which then drains what
+    /// waited meanwhile). Any failure stops the log.
+    async fn roll_over(self: Arc<Self>, old: Arc<dyn OpenLedger>) {
+        let meta_guard = self.meta_lock.lock().await;
+        if self.terminated.load(std::sync::atomic::Ordering::Acquire) {
+            let _ = old.close().await; // no next ledger for a terminated log
+            return;
+        }
+        if let Err(error) = old.close().await {
+            self.fail(error.into());
+            return;
+        }
+        let persistence = *self.persistence.lock();
+        let created = match self
+            .env
+            .ledgers
+            .create_ledger(persistence, &self.name)
+            .await
+        {
+            Ok(created) => created,
+            Err(error) => {
+                self.fail(error.into());
+                return;
+            }
+        };
+        let known = self.state.lock().ledgers.clone();
+        if let Err(error) =
+            check_ledger_order(&self.env, &self.name, &known, created.ledger_id()).await
+        {
+            self.fail(error);
+            return;
+        }
+        let (info, version) = {
+            let state = self.state.lock();
+            let mut ledgers = state.ledgers.clone();
+            let closed_at = unix_ms();
+            if let Some(previous) = ledgers.iter_mut().find(|l| l.ledger_id == old.ledger_id()) {
+                previous.closed_unix_ms = Some(closed_at);
+            }
+            ledgers.push(LedgerInfo {
+                ledger_id: created.ledger_id(),
+                entries: 0,
+                size_bytes: 0,
+                created_unix_ms: closed_at,
+                closed_unix_ms: None,
+            });
+            (
+                LogInfo {
+                    version: format::FORMAT_VERSION,
+                    ledgers,
+                    terminated: false,
+                },
+                state.info_version,
+            )
+        };
+        let key = format::log_key(&self.name);
+        let new_version = match self.env.store.update_json(&key, &info, version).await {
+            Ok(new_version) => new_version,
+            Err(error) => {
+                let error = match error {
+                    LogError::Fenced(_) => LogError::Fenced(self.name.clone()),
+                    other => other,
+                };
+                self.fail(error);
+                let _ = self.env.ledgers.delete(created.ledger_id()).await;
+                return;
+            }
+        };
+        if self.queue.is_stopped() {
+            // Closed or failed meanwhile: the new ledger stays empty (the
+            // next open drops it).
+            return;
+        }
+        {
+            let mut state = self.state.lock();
+            debug_assert!(
+                info.ledgers
+                    .windows(2)
+                    .all(|pair| pair[0].ledger_id < pair[1].ledger_id),
+                "ledger ids increase along the log"
+            );
+            state.info_version = new_version;
+            state.ledgers = info.ledgers;
+        }
+        tracing::debug!(
+            log = self.name,
+            old = old.ledger_id(),
+            new = created.ledger_id(),
+            "rolled over"
+        );
+        self.queue.set_writer(created);
+        drop(meta_guard);
+        self.trim().await;
+    }
+
+    /// Oldest mark-delete position over all cursors; with no cursor every
+    /// confirmed entry counts as consumed (Pulsar's behaviour without retention).
+    fn slowest_mark_delete(&self) -> Option<Option<crate::Position>> {
+        let cursors: Vec<Arc<crate::cursor::Cursor>> =
+            self.cursors.lock().values().cloned().collect();
+        if cursors.is_empty() {
+            return Some(self.state.lock().last_confirmed);
+        }
+        cursors
+            .iter()
+            .map(|cursor| cursor.mark_delete_position())
+            .min()
+    }
+
+    /// Deletes the consumed ledgers that retention lets go, oldest first,
+    /// never the ledger being written.
+    pub(crate) async fn trim(&self) {
+        let Some(Some(slowest)) = self.slowest_mark_delete() else {
+            return;
+        };
+        let _meta = self.meta_lock.lock().await;
+        let writing = !self.queue.is_stopped();
+        let (info, version, trimmed) = {
+            let state = self.state.lock();
+            let keep_from = state.ledgers.len().saturating_sub(usize::from(writing));
+            let consumed = state.ledgers[..keep_from].iter().take_while(|ledger| {
+                ledger.ledger_id < slowest.ledger_id
+                    || (ledger.ledger_id == slowest.ledger_id
+                        && ledger.entries <= slowest.entry_id + 1)
+            });
+            let retention = *self.retention.lock();
+            let total_bytes: u64 = state.ledgers.iter().map(|l| l.size_bytes).sum();
+            let now = unix_ms();
+            let mut freed_bytes = 0u64;
+            let mut trimmed: Vec<u64> = Vec::new();
+            for ledger in consumed {
+                if !retention_lets_go(retention, ledger, now, total_bytes - freed_bytes) {
+                    break;
+                }
+                freed_bytes += ledger.size_bytes;
+                trimmed.push(ledger.ledger_id);
+            }
+            if trimmed.is_empty() {
+                return;
+            }
+            let ledgers = state.ledgers[trimmed.len()..].to_vec();
+            (
+                LogInfo {
+                    version: format::FORMAT_VERSION,
+                    ledgers,
+                    terminated: self.terminated.load(std::sync::atomic::Ordering::Acquire),
+                },
+                state.info_version,
+                trimmed,
+            )
+        };
+        let key = format::log_key(&self.name);
+        match self.env.store.update_json(&key, &info, version).await {
+            Ok(new_version) => {
+                let mut state = self.state.lock();
+                state.info_version = new_version;
+                state.ledgers.drain(..trimmed.len());
+                if let Some(first) = state.ledgers.first().map(|l| l.ledger_id) {
+                    state.cache.remove_ledgers_below(first);
+                }
+            }
+            Err(error) => {
+                tracing::warn!(log = self.name, %error, "could not trim consumed ledgers");
+                return;
+            }
+        }
+        for ledger_id in trimmed {
+            match self.env.ledgers.delete(ledger_id).await {
+                Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {
+                    tracing::debug!(log = self.name, ledger_id, "trimmed consumed ledger");
+                }
+                Err(error) => {
+                    tracing::warn!(log = self.name, ledger_id, %error, "could not delete a trimmed ledger");
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,843 @@
+//! `ManagedLog`: one topic's log over a list of ledgers.
+//!
+//! Owns: the log's ledger list, last confirmed position and tail cache
+//! (`State`, behind `state`: a short lock, never held across an `.await` or a
+//! call into a ledger), its one append queue (`queue::AppendQueue`, which
+//! keeps the append order), its cursors, and updates of its metadata record
+//! (`meta_lock`, async: rollover, trimming, close).
+//! Modules: `config` (what a log is given), `positions` (position arithmetic
+//! over the ledger list), `tail_cache`, `lifecycle` (rollover and trimming).
+//!
+//! Append order: `ManagedLog::append` pushes onto the append queue under its
+//! lock, so the order of `append` calls (across threads: the order in which
+//! they take that lock) is the log order; see `queue` for how it is kept down
+//! to the ledgers.
+//! Never: reorders appends, confirms an entry the ledger has not
+//! acknowledged at Qa, or waits for anything in `append`.
+
+mod config;
+mod lifecycle;
+mod positions;
+mod tail_cache;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::{oneshot, watch};
+
+pub use config::{LogConfig, LogEnv, Retention};
+
+use crate::Position;
+use crate::backend::{LedgerBackendError, LedgerDescription, Persistence};
+use crate::cursor::{Cursor, CursorLog, CursorSettings, CursorStart};
+use crate::error::LogError;
+use crate::format::{self, LedgerInfo, LogInfo};
+use crate::queue::{AppendQueue, LedgerLimits, QueueHooks};
+use crate::store::Version;
+use lifecycle::{check_ledger_order, unix_ms};
+use tail_cache::TailCache;
+
+/// An entry read from a log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LogEntry {
+    /// Where the entry sits.
+    pub position: Position,
+    /// The entry exactly as appended.
+    pub data: Bytes,
+}
+
+/// One ledger of a log, for stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LedgerSummary {
+    /// Ledger id.
+    pub ledger_id: u64,
+    /// Confirmed entries.
+    pub entries: u64,
+    /// Their payload bytes.
+    pub size_bytes: u64,
+    /// When the log created it (ms since the Unix epoch).
+    pub created_unix_ms: u64,
+}
+
+/// Sizes of a log, for stats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LogStats {
+    /// Confirmed entries in all ledgers still held.
+    pub entries: u64,
+    /// Their payload bytes.
+    pub size_bytes: u64,
+    /// Ledgers held (including the open one).
+    pub ledgers: usize,
+}
+
+struct State {
+    /// Ledgers in id order; while the log takes appends the last one is the
+    /// ledger being written (or, during a rollover, the one being closed).
+    ledgers: Vec<LedgerInfo>,
+    last_confirmed: Option<Position>,
+    cache: TailCache,
+    info_version: Version,
+}
+
+pub(crate) struct Shared {
+    pub(crate) name: String,
+    pub(crate) env: LogEnv,
+    pub(crate) config: LogConfig,
+    /// Replication of the next ledger created (starts as `config.persistence`;
+    /// `ManagedLog::set_persistence` changes it, the open ledger keeps its own).
+    persistence: Mutex<Persistence>,
+    /// Consumed data kept (starts as `config.retention`).
+    retention: Mutex<Retention>,
+    state: Mutex<State>,
+    /// The one ordered queue of appends not yet handed to a ledger writer;
+    /// it holds the writer and decides when a ledger is full.
+    queue: Arc<AppendQueue>,
+    meta_lock: tokio::sync::Mutex<()>,
+    confirmed: watch::Sender<Option<Position>>,
+    cursors: Mutex<HashMap<String, Arc<Cursor>>>,
+    /// Terminated: its queue stopped for good, its record says so.
+    terminated: AtomicBool,
+}
+
+/// A topic's managed log. Cheap to share behind an `Arc`.
+pub struct ManagedLog {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for ManagedLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagedLog")
+            .field("name", &self.shared.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ManagedLog {
+    /// Loads the log `name` (creating it if absent): recovers its last ledger
+    /// (fencing any previous owner), opens a new ledger for appends, loads its
+    /// cursors.
+    pub async fn open(
+        env: &LogEnv,
+        name: &str,
+        config: LogConfig,
+    ) -> Result<Arc<ManagedLog>, LogError> {
+        config.persistence.validate().map_err(LogError::Config)?;
+        let key = format::log_key(name);
+        let (mut info, mut version) = match env.store.get_json::<LogInfo>(&key).await? {
+            Some(found) => found,
+            None => {
+                let info = LogInfo {
+                    version: format::FORMAT_VERSION,
+                    ledgers: Vec::new(),
+                    terminated: false,
+                };
+                let version =
+                    env.store
+                        .create_json(&key, &info)
+                        .await
+                        .map_err(|error| match error {
+                            LogError::Fenced(_) => LogError::Fenced(name.to_string()),
+                            other => other,
+                        })?;
+                (info, version)
+            }
+        };
+        if info.version > format::FORMAT_VERSION {
+            return Err(LogError::Metadata(format!(
+                "log {name}: record version {} is newer than this broker understands ({})",
+                info.version,
+                format::FORMAT_VERSION
+            )));
+        }
+
+        // The last ledger may still be open by a previous owner: recovery fences
+        // it and fixes its size. Earlier ledgers were closed by their rollover.
+        if let Some(last) = info.ledgers.last_mut() {
+            let recovered = env.ledgers.recover(last.ledger_id).await?;
+            last.entries = recovered.last_entry_id.map_or(0, |id| id + 1);
+            last.size_bytes = recovered.size_bytes;
+            last.closed_unix_ms.get_or_insert_with(unix_ms);
+        }
+        let empty: Vec<u64> = info
+            .ledgers
+            .iter()
+            .filter(|ledger| ledger.entries == 0)
+            .map(|ledger| ledger.ledger_id)
+            .collect();
+        info.ledgers.retain(|ledger| ledger.entries > 0);
+
+        let appender = match info.terminated {
+            true => None, // no appends ever again: no ledger for them
+            false => Some(env.ledgers.create_ledger(config.persistence, name).await?),
+        };
+        if let Some(appender) = &appender {
+            check_ledger_order(env, name, &info.ledgers, appender.ledger_id()).await?;
+            info.ledgers.push(LedgerInfo {
+                ledger_id: appender.ledger_id(),
+                entries: 0,
+                size_bytes: 0,
+                created_unix_ms: unix_ms(),
+                closed_unix_ms: None,
+            });
+        }
+        version =
+            env.store
+                .update_json(&key, &info, version)
+                .await
+                .map_err(|error| match error {
+                    LogError::Fenced(_) => LogError::Fenced(name.to_string()),
+                    other => other,
+                })?;
+        for ledger_id in empty {
+            if let Err(error) = env.ledgers.delete(ledger_id).await {
+                tracing::warn!(log = name, ledger_id, %error, "could not delete an empty ledger");
+            }
+        }
+
+        let last_confirmed = info
+            .ledgers
+            .iter()
+            .rev()
+            .find(|ledger| ledger.entries > 0)
+            .map(|ledger| Position::new(ledger.ledger_id, ledger.entries - 1));
+        let (confirmed, _) = watch::channel(last_confirmed);
+        let limits = LedgerLimits {
+            entries_max: config.ledger_entries_max,
+            bytes_max: config.ledger_bytes_max,
+            age_max: config.ledger_age_max,
+        };
+        let queue_bytes_max = config.append_queue_bytes_max;
+        let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
+            let (on_full, on_stop) = (weak.clone(), weak.clone());
+            let hooks = QueueHooks {
+                ledger_full: Box::new(move |full| {
+                    if let Some(shared) = on_full.upgrade() {
+                        Shared::spawn_roll_over(&shared, full);
+                    }
+                }),
+                stopped: Box::new(move |error| {
+                    if let Some(shared) = on_stop.upgrade() {
+                        shared.stopped(error);
+                    }
+                }),
+            };
+            Shared {
+                name: name.to_string(),
+                env: env.clone(),
+                persistence: Mutex::new(config.persistence),
+                retention: Mutex::new(config.retention),
+                config,
+                state: Mutex::new(State {
+                    ledgers: info.ledgers,
+                    last_confirmed,
+                    cache: TailCache::default(),
+                    info_version: version,
+                }),
+                queue: Arc::new(AppendQueue::new(
+                    name.to_string(),
+                    queue_bytes_max,
+                    limits,
+                    hooks,
+                )),
+                meta_lock: tokio::sync::Mutex::new(()),
+                confirmed,
+                cursors: Mutex::new(HashMap::new()),
+                terminated: AtomicBool::new(info.terminated),
+            }
+        });
+        match appender {
+            Some(appender) => {
+                let attached = shared.queue.set_writer(appender);
+                debug_assert!(attached, "a new log's queue starts open");
+            }
+            None => drop(shared.queue.stop(LogError::Terminated(name.to_string()))),
+        }
+
+        let log = Arc::new(ManagedLog { shared });
+        for cursor_name in env.store.children(&format::cursors_key(name)).await? {
+            let Some(decoded) = format::decode_name(&cursor_name) else {
+                tracing::warn!(
+                    log = name,
+                    cursor = cursor_name,
+                    "skipping a cursor key that does not decode"
+                );
+                continue;
+            };
+            log.open_cursor(&decoded, CursorStart::Earliest).await?;
+        }
+        tracing::debug!(log = name, ?last_confirmed, "log opened");
+        Ok(log)
+    }
+
+    /// The log's name.
+    pub fn name(&self) -> &str {
+        &self.shared.name
+    }
+
+    /// Appends an entry; never waits. The append is queued before this
+    /// returns, whether or not the future is polled.
+    ///
+    /// Order: the order of `append` calls is the log order. Calls from one
+    /// task (or under one lock) are in their call order; concurrent calls
+    /// from several threads are ordered by which one queues first. Every
+    /// successful append gets a position after those of the successful
+    /// appends issued before it, and their futures complete in that order,
+    /// each once the entry is durable (Qa bookies). A future that fails:
+    /// - `EntryTooLarge` or `Overloaded` (the append queue holds
+    ///   `append_queue_bytes_max` bytes): at once; only that append is
+    ///   refused, later ones may succeed;
+    /// - a ledger failure, `Fenced` or `Closed`: the log has stopped; every
+    ///   append issued after it fails too (`is_closed` turns true: reload the
+    ///   log; recovery finds what was durable).
+    pub fn append(&self, data: Bytes) -> AppendFuture {
+        let (done, receiver) = oneshot::channel();
+        let max_bytes = self.shared.env.ledgers.entry_bytes_max();
+        if data.len() > max_bytes {
+            let _ = done.send(Err(LogError::EntryTooLarge {
+                len_bytes: data.len(),
+                max_bytes,
+            }));
+            return AppendFuture(receiver);
+        }
+        let shared: Weak<Shared> = Arc::downgrade(&self.shared);
+        let cached = data.clone();
+        self.shared.queue.push(
+            data,
+            Box::new(move |result| {
+                let result = match (result, shared.upgrade()) {
+                    (Ok(position), Some(shared)) => {
+                        shared.confirm(position, cached);
+                        Ok(position)
+                    }
+                    (Ok(_), None) => Err(LogError::Closed("log dropped".to_string())),
+                    (Err(error), _) => Err(error),
+                };
+                let _ = done.send(result);
+            }),
+        );
+        AppendFuture(receiver)
+    }
+
+    /// Entries at positions `>= from`, up to the last confirmed one, at most
+    /// `entries_max` of them and about `bytes_max` bytes (at least one entry is
+    /// returned when one is available). Empty when nothing is there yet.
+    pub async fn read(
+        &self,
+        from: Position,
+        entries_max: usize,
+        bytes_max: usize,
+    ) -> Result<Vec<LogEntry>, LogError> {
+        let mut out: Vec<LogEntry> = Vec::new();
+        let mut bytes = 0usize;
+        let mut position = from;
+        while out.len() < entries_max && (out.is_empty() || bytes < bytes_max) {
+            // Decide under the lock what to read, then read without it.
+            let (ledger_id, first, last) = {
+                let state = self.shared.state.lock();
+                let Some(normalized) =
+                    positions::normalize(&state.ledgers, state.last_confirmed, position)
+                else {
+                    break;
+                };
+                position = normalized;
+                if let Some(data) = state.cache.entries.get(&position) {
+                    bytes += data.len();
+                    out.push(LogEntry {
+                        position,
+                        data: data.clone(),
+                    });
+                    position = Position::new(position.ledger_id, position.entry_id + 1);
+                    continue;
+                }
+                let Some(last_in_ledger) =
+                    positions::last_entry_of(&state.ledgers, position.ledger_id)
+                else {
+                    break;
+                };
+                let wanted = (entries_max - out.len()) as u64;
+                // Stop before the first cached entry: it is served from memory.
+                let mut last = last_in_ledger.min(position.entry_id + wanted - 1);
+                if let Some((cached, _)) = state
+                    .cache
+                    .entries
+                    .range(position..=Position::new(position.ledger_id, last))
+                    .next()
+                {
+                    last = cached.entry_id.saturating_sub(1).max(position.entry_id);
+                }
+                (position.ledger_id, position.entry_id, last)
+            };
+            let entries = self.shared.env.ledgers.read(ledger_id, first, last).await?;
+            for (offset, data) in entries.into_iter().enumerate() {
+                bytes += data.len();
+                out.push(LogEntry {
+                    position: Position::new(ledger_id, first + offset as u64),
+                    data,
+                });
+            }
+            position = Position::new(ledger_id, last + 1);
+        }
+        Ok(out)
+    }
+
+    /// Position of the newest confirmed entry.
+    pub fn last_confirmed(&self) -> Option<Position> {
+        self.shared.state.lock().last_confirmed
+    }
+
+    /// Position of the oldest entry still held.
+    pub fn first_position(&self) -> Option<Position> {
+        let state = self.shared.state.lock();
+        positions::normalize(&state.ledgers, state.last_confirmed, Position::new(0, 0))
+    }
+
+    /// The position right after `position` (possibly in a later ledger, or the
+    /// not yet written next entry of the current ledger).
+    pub fn next_position(&self, position: Position) -> Position {
+        let state = self.shared.state.lock();
+        positions::next_position(&state.ledgers, position)
+    }
+
+    /// The position right before `position`, `None` when nothing precedes it.
+    pub fn previous_position(&self, position: Position) -> Option<Position> {
+        let state = self.shared.state.lock();
+        positions::previous_position(&state.ledgers, position)
+    }
+
+    /// Entries in `(after, up_to]` (`after = None`: from the start).
+    pub fn entries_between(&self, after: Option<Position>, up_to: Position) -> u64 {
+        let state = self.shared.state.lock();
+        positions::entries_between(&state.ledgers, after, up_to)
+    }
+
+    /// Resolves once an entry newer than `after` is confirmed, or the log closes.
+    pub async fn wait_for_new_entries(&self, after: Option<Position>) {
+        let mut receiver = self.shared.confirmed.subscribe();
+        loop {
+            if *receiver.borrow_and_update() > after {
+                return;
+            }
+            if self.is_closed() {
+                return;
+            }
+            if receiver.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Resolves once an entry at or after `from` is confirmed, or the log
+    /// closes. Unlike waiting for entries after `previous_position(from)`,
+    /// this holds when everything before `from` has been trimmed.
+    pub async fn wait_for_entry_at(&self, from: Position) {
+        let mut receiver = self.shared.confirmed.subscribe();
+        loop {
+            if receiver
+                .borrow_and_update()
+                .is_some_and(|last| last >= from)
+            {
+                return;
+            }
+            if self.is_closed() {
+                return;
+            }
+            if receiver.changed().await.is_err() {
+                return;
+            }
+        }
+    }
+
+    /// True once the log is closed or failed (the broker should reload it).
+    pub fn is_closed(&self) -> bool {
+        self.shared.queue.is_stopped() && !self.is_terminated()
+    }
+
+    /// True once the log is terminated (persisted: also after a reopen).
+    pub fn is_terminated(&self) -> bool {
+        self.shared.terminated.load(Ordering::Acquire)
+    }
+
+    /// Terminates the log (Pulsar's topic termination): appends handed to
+    /// the ledger complete, every other one fails with `Terminated`, now and
+    /// after a reopen (the record says so). Returns the last confirmed
+    /// position. Idempotent; `Closed` on a closed or failed log.
+    pub async fn terminate(&self) -> Result<Option<Position>, LogError> {
+        let name = &self.shared.name;
+        // Held: no rollover runs (one that waits sees `terminated` first).
+        let _meta = self.shared.meta_lock.lock().await;
+        if self.is_terminated() {
+            return Ok(self.last_confirmed());
+        }
+        if self.shared.queue.is_stopped() {
+            return Err(LogError::Closed(name.clone()));
+        }
+        self.shared.terminated.store(true, Ordering::Release);
+        if let Some(writer) = self.shared.queue.stop(LogError::Terminated(name.clone())) {
+            writer.close().await?;
+        }
+        let (info, version) = {
+            let state = self.shared.state.lock();
+            let ledgers = state.ledgers.clone();
+            let info = LogInfo {
+                version: format::FORMAT_VERSION,
+                ledgers,
+                terminated: true,
+            };
+            (info, state.info_version)
+        };
+        let key = format::log_key(name);
+        let new_version = self
+            .shared
+            .env
+            .store
+            .update_json(&key, &info, version)
+            .await?;
+        self.shared.state.lock().info_version = new_version;
+        Ok(self.last_confirmed())
+    }
+
+    /// Sizes of the log.
+    pub fn stats(&self) -> LogStats {
+        let state = self.shared.state.lock();
+        LogStats {
+            entries: state.ledgers.iter().map(|l| l.entries).sum(),
+            size_bytes: state.ledgers.iter().map(|l| l.size_bytes).sum(),
+            ledgers: state.ledgers.len(),
+        }
+    }
+
+    /// Replication the next ledger will get (the open ledger keeps its own).
+    pub fn persistence(&self) -> Persistence {
+        *self.shared.persistence.lock()
+    }
+
+    /// Sets the replication of the ledgers created from now on: the open
+    /// ledger keeps its replication, the next rollover uses this one.
+    pub fn set_persistence(&self, persistence: Persistence) -> Result<(), LogError> {
+        persistence.validate().map_err(LogError::Config)?;
+        *self.shared.persistence.lock() = persistence;
+        Ok(())
+    }
+
+    /// Sets how much consumed data is kept; takes effect at the next trim.
+    pub fn set_retention(&self, retention: Retention) {
+        *self.shared.retention.lock() = retention;
+    }
+
+    /// Payload bytes of the confirmed entries after `after` (all of them for
+    /// `None`): a subscription's backlog size. Exact per whole ledger,
+    /// proportional by entry count within the ledger holding `after`.
+    pub fn bytes_after(&self, after: Option<Position>) -> u64 {
+        let state = self.shared.state.lock();
+        let mut bytes = 0u64;
+        for ledger in &state.ledgers {
+            match after {
+                Some(after) if ledger.ledger_id < after.ledger_id => {}
+                Some(after) if ledger.ledger_id == after.ledger_id => {
+                    let remaining = ledger.entries.saturating_sub(after.entry_id + 1);
+                    bytes += (ledger.size_bytes * remaining)
+                        .checked_div(ledger.entries)
+                        .unwrap_or(0);
+                }
+                _ => bytes += ledger.size_bytes,
+            }
+        }
+        bytes
+    }
+
+    /// The position up to which entries must be consumed so that at most
+    /// `bytes` of the newest entries remain after it (`None`: nothing needs
+    /// to go). Used to evict a backlog down to a quota.
+    pub fn position_keeping_bytes(&self, bytes: u64) -> Option<Position> {
+        let state = self.shared.state.lock();
+        let mut kept = 0u64;
+        for ledger in state.ledgers.iter().rev() {
+            if ledger.entries == 0 {
+                continue;
+            }
+            if kept + ledger.size_bytes <= bytes {
+                kept += ledger.size_bytes;
+                continue;
+            }
+            // Within this ledger: keep the newest entries that fit.
+            let average = (ledger.size_bytes / ledger.entries).max(1);
+            let keep_entries = (bytes - kept) / average;
+            let drop_entries = ledger.entries - keep_entries.min(ledger.entries);
+            return drop_entries
+                .checked_sub(1)
+                .map(|last| Position::new(ledger.ledger_id, last))
+                .or_else(|| {
+                    // Nothing of this ledger goes: the end of the one before.
+                    let index = state
+                        .ledgers
+                        .iter()
+                        .position(|l| l.ledger_id == ledger.ledger_id)?;
+                    state.ledgers[..index]
+                        .iter()
+                        .rev()
+                        .find(|l| l.entries > 0)
+                        .map(|l| Position::new(l.ledger_id, l.entries - 1))
+                });
+        }
+        None
+    }
+
+    /// The ledgers the log holds, oldest first (the last one is being written
+    /// while the log is open).
+    pub fn ledgers(&self) -> Vec<LedgerSummary> {
+        self.shared
+            .state
+            .lock()
+            .ledgers
+            .iter()
+            .map(|l| LedgerSummary {
+                ledger_id: l.ledger_id,
+                entries: l.entries,
+                size_bytes: l.size_bytes,
+                created_unix_ms: l.created_unix_ms,
+            })
+            .collect()
+    }
+
+    /// Replication and placement of one ledger, as its backend stores them.
+    pub async fn describe_ledger(
+        &self,
+        ledger_id: u64,
+    ) -> Result<Option<LedgerDescription>, LogError> {
+        Ok(self.shared.env.ledgers.describe(ledger_id).await?)
+    }
+
+    /// The `count`-th confirmed entry after `after` (`after = None`: from the
+    /// start; `count = 1` is the next entry). `None` when the log holds fewer.
+    pub fn position_after(&self, after: Option<Position>, count: u64) -> Option<Position> {
+        let state = self.shared.state.lock();
+        positions::position_after(&state.ledgers, after, count)
+    }
+
+    /// Ids of the ledgers the log holds, oldest first.
+    pub fn ledger_ids(&self) -> Vec<u64> {
+        self.shared
+            .state
+            .lock()
+            .ledgers
+            .iter()
+            .map(|l| l.ledger_id)
+            .collect()
+    }
+
+    /// Opens the durable cursor `name`, creating it at `start` if it does not
+    /// exist (an existing cursor keeps its persisted state).
+    pub async fn open_cursor(
+        &self,
+        name: &str,
+        start: CursorStart,
+    ) -> Result<Arc<Cursor>, LogError> {
+        if let Some(cursor) = self.shared.cursors.lock().get(name) {
+            return Ok(Arc::clone(cursor));
+        }
+        let log: Arc<dyn CursorLog> = self.shared.clone();
+        let cursor = Cursor::open(&log, &self.shared.cursor_settings(), name, start).await?;
+        let mut cursors = self.shared.cursors.lock();
+        let cursor = cursors
+            .entry(name.to_string())
+            .or_insert_with(|| Arc::clone(&cursor));
+        Ok(Arc::clone(cursor))
+    }
+
+    /// The cursor `name` if it is open.
+    pub fn cursor(&self, name: &str) -> Option<Arc<Cursor>> {
+        self.shared.cursors.lock().get(name).cloned()
+    }
+
+    /// Deletes a cursor and its persisted state.
+    pub async fn delete_cursor(&self, name: &str) -> Result<(), LogError> {
+        let cursor = self.shared.cursors.lock().remove(name);
+        if let Some(cursor) = cursor {
+            cursor.delete().await?;
+        }
+        self.shared.trim().await;
+        Ok(())
+    }
+
+    /// Names of the durable cursors, sorted.
+    pub fn cursor_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.shared.cursors.lock().keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Deletes ledgers that every cursor has consumed (retention: none yet).
+    pub async fn trim(&self) {
+        self.shared.trim().await;
+    }
+
+    /// Closes the log: fails the appends still queued (`Closed`), waits for
+    /// the ones handed to the ledger, closes the ledger, persists the cursors.
+    /// Idempotent.
+    pub async fn close(&self) -> Result<(), LogError> {
+        let writer = self
+            .shared
+            .queue
+            .stop(LogError::Closed(self.shared.name.clone()));
+        let mut result = Ok(());
+        if let Some(writer) = writer {
+            let _meta = self.shared.meta_lock.lock().await;
+            if let Err(error) = writer.close().await {
+                result = Err(LogError::from(error));
+            }
+        }
+        let cursors: Vec<Arc<Cursor>> = self.shared.cursors.lock().values().cloned().collect();
+        for cursor in cursors {
+            cursor.flush().await?;
+        }
+        result
+    }
+
+    /// Closes the log and deletes its ledgers, cursors and metadata.
+    pub async fn delete(&self) -> Result<(), LogError> {
+        self.close().await?;
+        let cursors: Vec<Arc<Cursor>> =
+            self.shared.cursors.lock().drain().map(|(_, c)| c).collect();
+        for cursor in cursors {
+            cursor.delete().await?;
+        }
+        let _meta = self.shared.meta_lock.lock().await;
+        let ledger_ids = self.ledger_ids();
+        self.shared
+            .env
+            .store
+            .delete(&format::log_key(&self.shared.name))
+            .await?;
+        for ledger_id in ledger_ids {
+            match self.shared.env.ledgers.delete(ledger_id).await {
+                Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ManagedLog {
+    fn drop(&mut self) {
+        // Cursors hold a weak reference to the log; nothing else to release.
+        self.shared.cursors.lock().clear();
+    }
+}
+
+/// Future of one append: the entry's position once durable.
+#[derive(Debug)]
+pub struct AppendFuture(oneshot::Receiver<Result<Position, LogError>>);
+
+impl Future for AppendFuture {
+    type Output = Result<Position, LogError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map(|result| {
+            result
+                .unwrap_or_else(|_| Err(LogError::Closed("append dropped by the log".to_string())))
+        })
+    }
+}
+
+impl Shared {
+    /// An append is durable at `position`: the ledger list, the last
+    /// confirmed position and the tail cache take it. Confirmations come in
+    /// append order (the queue's invariant).
+    fn confirm(&self, position: Position, data: Bytes) {
+        {
+            let mut state = self.state.lock();
+            if let Some(ledger) = state
+                .ledgers
+                .iter_mut()
+                .rev()
+                .find(|ledger| ledger.ledger_id == position.ledger_id)
+            {
+                debug_assert_eq!(
+                    position.entry_id, ledger.entries,
+                    "entries confirm in order, each once"
+                );
+                ledger.entries = ledger.entries.max(position.entry_id + 1);
+                ledger.size_bytes += data.len() as u64;
+            }
+            // The last confirmed position never moves back.
+            debug_assert!(
+                state.last_confirmed < Some(position),
+                "confirmed {position} after {:?}",
+                state.last_confirmed
+            );
+            if state.last_confirmed < Some(position) {
+                state.last_confirmed = Some(position);
+            }
+            let bytes_max = self.config.tail_cache_bytes_max;
+            state.cache.insert(position, data, bytes_max);
+        }
+        self.confirmed.send_if_modified(|value| {
+            if *value < Some(position) {
+                *value = Some(position);
+                true
+            } else {
+                false
+            }
+        });
+    }
+
+    /// A rollover failed: the log stops taking appends and the broker
+    /// reloads it (recovery finds what was durable).
+    fn fail(&self, error: LogError) {
+        let _ = self.queue.stop(error);
+    }
+
+    /// The append queue stopped (closed, or a ledger add or rollover
+    /// failed): wake tail readers so they see `is_closed`.
+    fn stopped(&self, error: &LogError) {
+        if !matches!(error, LogError::Closed(_) | LogError::Terminated(_)) {
+            tracing::error!(log = self.name, %error, "append failed; the log stops taking appends");
+        }
+        self.confirmed.send_modify(|_| {});
+    }
+
+    fn cursor_settings(&self) -> CursorSettings {
+        CursorSettings {
+            log_name: self.name.clone(),
+            store: self.env.store.clone(),
+            acked_entries_max: self.config.cursor_acked_entries_max,
+            persisted_ranges_max: self.config.cursor_persisted_ranges_max,
+            persist_interval: self.config.cursor_persist_interval,
+        }
+    }
+}
+
+impl CursorLog for Shared {
+    fn next_position(&self, position: Position) -> Position {
+        positions::next_position(&self.state.lock().ledgers, position)
+    }
+
+    fn first_position_or_next(&self) -> Position {
+        let state = self.state.lock();
+        positions::normalize(&state.ledgers, state.last_confirmed, Position::new(0, 0))
+            .unwrap_or_else(|| {
+                state.ledgers.last().map_or(Position::new(0, 0), |ledger| {
+                    Position::new(ledger.ledger_id, ledger.entries)
+                })
+            })
+    }
+
+    fn last_confirmed(&self) -> Option<Position> {
+        self.state.lock().last_confirmed
+    }
+
+    fn entries_between(&self, after: Option<Position>, up_to: Position) -> u64 {
+        positions::entries_between(&self.state.lock().ledgers, after, up_to)
+    }
+
+    fn previous_position(&self, position: Position) -> Option<Position> {
+        positions::previous_position(&self.state.lock().ledgers, position)
+    }
+}

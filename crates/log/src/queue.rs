@@ -1,0 +1,831 @@
+//! `AppendQueue`: the one ordered queue of appends above the ledger writers.
+//!
+//! Owns: the appends not yet handed to a ledger writer, in call order, up to
+//! `bytes_max` payload bytes; the open ledger they go to (none while a
+//! rollover creates the next one) and how full that ledger is.
+//!
+//! The ordering invariant, kept here and nowhere else on the write path:
+//! 1. `push` appends under the queue's lock, so the order in which `push`
+//!    calls take it is the order of the log;
+//! 2. only the drain (one at a time: `State::draining`) takes appends off the
+//!    front and hands them to the current writer, in that order;
+//! 3. a writer gives entry ids in the order of its `add` calls and completes
+//!    them in entry order (the `OpenLedger` contract);
+//! 4. a full ledger is detached before any append goes past it, and its
+//!    successor is attached only once it is closed (every add completed: the
+//!    log's rollover), so completions follow the queue's order across
+//!    ledgers too.
+//!
+//! Asserted where corruption would follow: each completed entry id is the
+//! number of entries of its ledger completed before it.
+//!
+//! Bound and failure behaviour (the only ones above the ledger writer):
+//! - an append that would take the queue past `bytes_max` is refused at once
+//!   with `LogError::Overloaded` and the queue goes on: back-pressure, nothing
+//!   queued is dropped;
+//! - a failed add (after the ledger client's own retries and ensemble
+//!   changes) or `stop` ends the queue: every append still queued fails with
+//!   that error and later ones are refused with it; appends already handed to
+//!   a writer complete as the writer says.
+//!
+//! Never: blocks a thread (a writer whose window is full is waited for by one
+//! spawned task), reorders, holds its lock while calling a writer or a
+//! callback, or hands an append to a detached writer.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::Position;
+use crate::backend::{
+    AddCallback, BoxFuture, LedgerBackend, LedgerBackendError, OpenLedger, Persistence, Reserve,
+};
+use crate::error::LogError;
+
+/// Payload bytes of appends waiting for a ledger writer, per queue (a log's,
+/// or one `LedgerAppender`'s): about 0.5 s of a 1 Gbit/s link, as much as a
+/// ledger writer keeps in flight. Appends wait here while a rollover creates
+/// the next ledger or the writer's window is full; past this they are refused
+/// (`Overloaded`). The broker's per-connection bounds normally stop producers
+/// long before.
+pub const APPEND_QUEUE_BYTES_MAX: u64 = 64 << 20;
+
+/// Told once how an append ended: its position once durable, or why not.
+pub(crate) type AppendDone = Box<dyn FnOnce(Result<Position, LogError>) + Send>;
+
+/// When a ledger takes no more appends: after the one that reaches a limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LedgerLimits {
+    pub(crate) entries_max: u64,
+    pub(crate) bytes_max: u64,
+    pub(crate) age_max: Duration,
+}
+
+impl LedgerLimits {
+    /// A ledger that takes appends until it is closed.
+    const NONE: LedgerLimits = LedgerLimits {
+        entries_max: u64::MAX,
+        bytes_max: u64::MAX,
+        age_max: Duration::MAX,
+    };
+}
+
+/// What the owner of a queue is told, outside the queue's lock.
+pub(crate) struct QueueHooks {
+    /// The current ledger reached a limit and was detached: start the next
+    /// one (`set_writer`) after closing this one.
+    pub(crate) ledger_full: Box<dyn Fn(Arc<dyn OpenLedger>) + Send + Sync>,
+    /// The queue stopped with this error (an add failed, or `stop`).
+    pub(crate) stopped: Box<dyn Fn(&LogError) + Send + Sync>,
+}
+
+struct Queued {
+    data: Bytes,
+    done: AppendDone,
+}
+
+/// Entries of one ledger handed to its writer and completed, for the order
+/// assertion.
+#[derive(Debug, Default)]
+struct Tally {
+    issued: AtomicU64,
+    completed: AtomicU64,
+}
+
+/// The ledger appends go to, and how full it is.
+struct Current {
+    writer: Arc<dyn OpenLedger>,
+    entries: u64,
+    bytes: u64,
+    opened_at: Instant,
+    tally: Arc<Tally>,
+}
+
+enum Writer {
+    Open(Current),
+    /// Between two ledgers: a rollover is creating the next one.
+    Between,
+    /// Closed or failed: every append is refused with this.
+    Stopped(LogError),
+}
+
+struct State {
+    items: VecDeque<Queued>,
+    /// Payload bytes of `items` plus the one the drain holds.
+    bytes: u64,
+    writer: Writer,
+    /// Someone drains: issues appends, or waits for room for the front one.
+    draining: bool,
+}
+
+/// The one ordered queue of a log's appends (see the module docs).
+pub(crate) struct AppendQueue {
+    /// The log's name, for errors.
+    name: String,
+    bytes_max: u64,
+    limits: LedgerLimits,
+    hooks: QueueHooks,
+    state: Mutex<State>,
+    /// Told when the queue is empty with nobody draining, or stopped, while
+    /// `drain_watchers` wait for it (`until_drained`; not on the hot path).
+    drained: Notify,
+    drain_watchers: AtomicUsize,
+}
+
+impl fmt::Debug for AppendQueue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.state.lock();
+        f.debug_struct("AppendQueue")
+            .field("name", &self.name)
+            .field("queued", &state.items.len())
+            .field("bytes", &state.bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl AppendQueue {
+    /// An empty queue with no writer yet (`set_writer` attaches one).
+    pub(crate) fn new(
+        name: String,
+        bytes_max: u64,
+        limits: LedgerLimits,
+        hooks: QueueHooks,
+    ) -> AppendQueue {
+        AppendQueue {
+            name,
+            bytes_max,
+            limits,
+            hooks,
+            state: Mutex::new(State {
+                items: VecDeque::new(),
+                bytes: 0,
+                writer: Writer::Between,
+                draining: false,
+            }),
+            drained: Notify::new(),
+            drain_watchers: AtomicUsize::new(0),
+        }
+    }
+
+    /// Appends `data` at the back; `done` is told how it ended. Refused at
+    /// once (`done` called here) when the queue is stopped or full.
+    pub(crate) fn push(self: &Arc<Self>, data: Bytes, done: AppendDone) {
+        let payload_bytes = data.len() as u64;
+        let refused = {
+            let mut state = self.state.lock();
+            if let Writer::Stopped(error) = &state.writer {
+                Some(error.clone())
+            } else if state.bytes + payload_bytes > self.bytes_max {
+                Some(LogError::Overloaded(self.name.clone()))
+            } else {
+                state.bytes += payload_bytes;
+                state.items.push_back(Queued { data, done });
+                let start = !state.draining && matches!(state.writer, Writer::Open(_));
+                if start {
+                    state.draining = true;
+                }
+                drop(state);
+                if start {
+                    self.drain(None);
+                }
+                return;
+            }
+        };
+        if let Some(error) = refused {
+            done(Err(error));
+        }
+    }
+
+    /// Attaches the writer of the next ledger and drains what waited for it.
+    /// False (the writer is not used) when the queue stopped meanwhile.
+    pub(crate) fn set_writer(self: &Arc<Self>, writer: Arc<dyn OpenLedger>) -> bool {
+        let start = {
+            let mut state = self.state.lock();
+            match state.writer {
+                Writer::Between => {}
+                Writer::Stopped(_) => return false,
+                Writer::Open(_) => {
+                    // Only a detached (full) ledger is followed by another.
+                    debug_assert!(false, "a writer attached over an open one");
+                    return false;
+                }
+            }
+            state.writer = Writer::Open(Current {
+                writer,
+                entries: 0,
+                bytes: 0,
+                opened_at: Instant::now(),
+                tally: Arc::default(),
+            });
+            let start = !state.draining && !state.items.is_empty();
+            if start {
+                state.draining = true;
+            }
+            start
+        };
+        if start {
+            self.drain(None);
+        }
+        true
+    }
+
+    /// Ends the queue with `error`: appends still queued fail with it, later
+    /// ones are refused with it. Returns the writer that was attached (for
+    /// the caller to close); `None` when there was none or the queue had
+    /// stopped already.
+    pub(crate) fn stop(&self, error: LogError) -> Option<Arc<dyn OpenLedger>> {
+        let (items, previous) = {
+            let mut state = self.state.lock();
+            if matches!(state.writer, Writer::Stopped(_)) {
+                return None;
+            }
+            let previous = std::mem::replace(&mut state.writer, Writer::Stopped(error.clone()));
+            state.bytes = 0;
+            let items: Vec<Queued> = state.items.drain(..).collect();
+            (items, previous)
+        };
+        for item in items {
+            (item.done)(Err(error.clone()));
+        }
+        self.drained.notify_waiters();
+        (self.hooks.stopped)(&error);
+        match previous {
+            Writer::Open(current) => Some(current.writer),
+            Writer::Between | Writer::Stopped(_) => None,
+        }
+    }
+
+    /// True once the queue stopped (closed or failed).
+    pub(crate) fn is_stopped(&self) -> bool {
+        matches!(self.state.lock().writer, Writer::Stopped(_))
+    }
+
+    /// Resolves once every append pushed so far was handed to a writer (or
+    /// the queue stopped).
+    pub(crate) async fn until_drained(&self) {
+        self.drain_watchers.fetch_add(1, Ordering::AcqRel);
+        let _watching = Unwatch(&self.drain_watchers);
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            {
+                let state = self.state.lock();
+                let idle = state.items.is_empty() && !state.draining;
+                if idle || matches!(state.writer, Writer::Stopped(_)) {
+                    return;
+                }
+            }
+            drained.await;
+        }
+    }
+
+    /// Hands queued appends to the current writer, front first, while its
+    /// window has room; run by whoever set `draining`. With `reserved`, room
+    /// for the front append was already reserved on that writer.
+    fn drain(self: &Arc<Self>, mut reserved: Option<Arc<dyn OpenLedger>>) {
+        let mut next = {
+            let mut state = self.state.lock();
+            self.take_front(&mut state)
+        };
+        while let Some((writer, tally, item)) = next {
+            let payload_bytes = item.data.len();
+            let has_room = match reserved.take() {
+                Some(reserved_on) if Arc::ptr_eq(&reserved_on, &writer) => Reserve::Ready,
+                _ => writer.reserve(payload_bytes),
+            };
+            match has_room {
+                Reserve::Ready => {}
+                Reserve::Wait(room) => {
+                    // Back at the front (only the drain pops), and wait for
+                    // room off this thread, still holding the drain.
+                    self.put_back(item);
+                    let queue = Arc::clone(self);
+                    tokio::spawn(async move {
+                        match room.await {
+                            Ok(()) => queue.drain(Some(writer)),
+                            Err(error) => {
+                                queue.stop(error.into());
+                                queue.release_drain();
+                            }
+                        }
+                    });
+                    return;
+                }
+                Reserve::Failed(error) => {
+                    self.put_back(item);
+                    self.stop(error.into());
+                    self.release_drain();
+                    return;
+                }
+            }
+            tally.issued.fetch_add(1, Ordering::Relaxed);
+            let ledger_id = writer.ledger_id();
+            writer.add(item.data, self.completion(ledger_id, tally, item.done));
+            // Account for it and take the next one, under one lock.
+            let full = {
+                let mut state = self.state.lock();
+                let full = self.account_issued(&mut state, &writer, payload_bytes as u64);
+                next = self.take_front(&mut state);
+                full
+            };
+            if full {
+                (self.hooks.ledger_full)(writer);
+            }
+        }
+    }
+
+    /// The front append and the writer it goes to; `None` (and the drain
+    /// released) when the queue is empty or has no open writer.
+    fn take_front(&self, state: &mut State) -> Option<(Arc<dyn OpenLedger>, Arc<Tally>, Queued)> {
+        debug_assert!(state.draining, "drain without holding the drain");
+        if let Writer::Open(current) = &state.writer
+            && let Some(item) = state.items.pop_front()
+        {
+            return Some((
+                Arc::clone(&current.writer),
+                Arc::clone(&current.tally),
+                item,
+            ));
+        }
+        state.draining = false;
+        if state.items.is_empty() && self.drain_watchers.load(Ordering::Acquire) > 0 {
+            self.drained.notify_waiters();
+        }
+        None
+    }
+
+    /// Counts an append handed to `writer`; detaches the writer (true) when
+    /// its ledger is full now.
+    fn account_issued(
+        &self,
+        state: &mut State,
+        writer: &Arc<dyn OpenLedger>,
+        payload_bytes: u64,
+    ) -> bool {
+        let State {
+            writer: attached,
+            bytes,
+            ..
+        } = state;
+        match attached {
+            Writer::Open(current) => {
+                // Only the drain detaches or attaches writers.
+                debug_assert!(Arc::ptr_eq(&current.writer, writer));
+                *bytes -= payload_bytes;
+                current.entries += 1;
+                current.bytes += payload_bytes;
+                let full = current.entries >= self.limits.entries_max
+                    || current.bytes >= self.limits.bytes_max
+                    || current.opened_at.elapsed() >= self.limits.age_max;
+                if full {
+                    *attached = Writer::Between;
+                }
+                full
+            }
+            // Stopped while this append was handed over (`stop` zeroed the
+            // bytes): the writer answers it.
+            Writer::Stopped(_) => false,
+            Writer::Between => {
+                debug_assert!(false, "writer detached under a running drain");
+                false
+            }
+        }
+    }
+
+    /// Returns an append the drain took but could not hand over to the front
+    /// of the queue; fails it if the queue stopped meanwhile.
+    fn put_back(&self, item: Queued) {
+        let mut state = self.state.lock();
+        if let Writer::Stopped(error) = &state.writer {
+            let error = error.clone();
+            drop(state);
+            (item.done)(Err(error));
+            return;
+        }
+        state.items.push_front(item);
+    }
+
+    fn release_drain(&self) {
+        self.state.lock().draining = false;
+        if self.drain_watchers.load(Ordering::Acquire) > 0 {
+            self.drained.notify_waiters();
+        }
+    }
+
+    /// The callback of one add on `ledger_id`: checks the order, then tells
+    /// the append's `done`; a failure stops the queue first.
+    fn completion(
+        self: &Arc<Self>,
+        ledger_id: u64,
+        tally: Arc<Tally>,
+        done: AppendDone,
+    ) -> AddCallback {
+        let queue: Weak<AppendQueue> = Arc::downgrade(self);
+        Box::new(move |result| match result {
+            Ok(entry_id) => {
+                let completed = tally.completed.fetch_add(1, Ordering::Relaxed);
+                // Corruption would follow: positions confirmed out of order.
+                assert_eq!(
+                    entry_id, completed,
+                    "ledger {ledger_id} completed entry {entry_id} after {completed} others"
+                );
+                debug_assert!(completed < tally.issued.load(Ordering::Relaxed));
+                done(Ok(Position::new(ledger_id, entry_id)));
+            }
+            Err(error) => {
+                let error = LogError::from(error);
+                done(Err(error.clone()));
+                if let Some(queue) = queue.upgrade() {
+                    queue.stop(error);
+                }
+            }
+        })
+    }
+}
+
+/// Counts a drain watcher out when its wait ends or is dropped.
+struct Unwatch<'a>(&'a AtomicUsize);
+
+impl Drop for Unwatch<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The writer of one open ledger behind its own ordered append queue
+/// (`LedgerBackend::create`): for writers outside a log (compaction) that
+/// issue many adds without waiting. Same bound and failure behaviour as a
+/// log's queue; the ledger never rolls over.
+pub struct LedgerAppender {
+    writer: Arc<dyn OpenLedger>,
+    queue: Arc<AppendQueue>,
+}
+
+impl fmt::Debug for LedgerAppender {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LedgerAppender")
+            .field("ledger_id", &self.writer.ledger_id())
+            .finish_non_exhaustive()
+    }
+}
+
+impl LedgerAppender {
+    fn new(writer: Arc<dyn OpenLedger>) -> LedgerAppender {
+        let hooks = QueueHooks {
+            ledger_full: Box::new(|_| debug_assert!(false, "a ledger without limits got full")),
+            stopped: Box::new(|_| {}),
+        };
+        let name = format!("ledger {}", writer.ledger_id());
+        let queue = Arc::new(AppendQueue::new(
+            name,
+            APPEND_QUEUE_BYTES_MAX,
+            LedgerLimits::NONE,
+            hooks,
+        ));
+        let attached = queue.set_writer(Arc::clone(&writer));
+        debug_assert!(attached);
+        LedgerAppender { writer, queue }
+    }
+
+    /// Id of the ledger written.
+    pub fn ledger_id(&self) -> u64 {
+        self.writer.ledger_id()
+    }
+
+    /// Issues an add; never waits. Adds get entry ids in call order and
+    /// `done` runs in entry order once the entry is durable. Past
+    /// `APPEND_QUEUE_BYTES_MAX` waiting bytes the add is refused at once; after
+    /// a failed add every later one fails too.
+    pub fn add(&self, data: Bytes, done: AddCallback) {
+        let ledger_id = self.writer.ledger_id();
+        self.queue.push(
+            data,
+            Box::new(move |result: Result<Position, LogError>| {
+                done(
+                    result
+                        .map(|position| {
+                            debug_assert_eq!(position.ledger_id, ledger_id);
+                            position.entry_id
+                        })
+                        .map_err(|error| match error {
+                            LogError::Ledger(error) => error,
+                            other => LedgerBackendError::Other(other.to_string()),
+                        }),
+                );
+            }),
+        );
+    }
+
+    /// Waits until every add was handed to the writer, then for the adds in
+    /// flight, then closes the ledger at its last entry.
+    pub fn close(&self) -> BoxFuture<'static, Result<(), LedgerBackendError>> {
+        let (queue, writer) = (Arc::clone(&self.queue), Arc::clone(&self.writer));
+        Box::pin(async move {
+            queue.until_drained().await;
+            writer.close().await
+        })
+    }
+}
+
+impl dyn LedgerBackend {
+    /// Creates an open ledger (as `create_ledger`) behind its own ordered
+    /// append queue (`LedgerAppender`). The log queues its appends itself.
+    pub fn create(
+        &self,
+        persistence: Persistence,
+        log_name: &str,
+    ) -> BoxFuture<'_, Result<Arc<LedgerAppender>, LedgerBackendError>> {
+        let created = self.create_ledger(persistence, log_name);
+        Box::pin(async move { Ok(Arc::new(LedgerAppender::new(created.await?))) })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A ledger with a window of `window` adds in flight, completed by the
+    /// test (`complete`), entry ids from 0.
+    #[derive(Debug)]
+    struct FakeLedger {
+        ledger_id: u64,
+        window: usize,
+        inner: Mutex<Fake>,
+        room: Notify,
+    }
+
+    #[derive(Default)]
+    struct Fake {
+        reserved: bool,
+        next_entry: u64,
+        in_flight: VecDeque<(u64, Bytes, AddCallback)>,
+        added: Vec<Bytes>,
+    }
+
+    impl std::fmt::Debug for Fake {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("Fake").finish_non_exhaustive()
+        }
+    }
+
+    impl FakeLedger {
+        fn new(ledger_id: u64, window: usize) -> Arc<FakeLedger> {
+            Arc::new(FakeLedger {
+                ledger_id,
+                window,
+                inner: Mutex::new(Fake::default()),
+                room: Notify::new(),
+            })
+        }
+
+        /// Completes the oldest add in flight (`Ok`, or with `error`).
+        fn complete(&self, error: Option<LedgerBackendError>) -> Option<Bytes> {
+            let (entry_id, data, done) = self.inner.lock().in_flight.pop_front()?;
+            self.room.notify_waiters();
+            match error {
+                None => done(Ok(entry_id)),
+                Some(error) => done(Err(error)),
+            }
+            Some(data)
+        }
+
+        fn in_flight(&self) -> usize {
+            self.inner.lock().in_flight.len()
+        }
+    }
+
+    impl OpenLedger for Arc<FakeLedger> {
+        fn ledger_id(&self) -> u64 {
+            self.ledger_id
+        }
+
+        fn reserve(&self, _payload_bytes: usize) -> Reserve {
+            let mut fake = self.inner.lock();
+            if fake.reserved || fake.in_flight.len() < self.window {
+                fake.reserved = true;
+                return Reserve::Ready;
+            }
+            let ledger = Arc::clone(self);
+            Reserve::Wait(Box::pin(async move {
+                loop {
+                    let room = ledger.room.notified();
+                    tokio::pin!(room);
+                    room.as_mut().enable();
+                    {
+                        let mut fake = ledger.inner.lock();
+                        if fake.in_flight.len() < ledger.window {
+                            fake.reserved = true;
+                            return Ok(());
+                        }
+                    }
+                    room.await;
+                }
+            }))
+        }
+
+        fn add(&self, data: Bytes, done: AddCallback) {
+            let mut fake = self.inner.lock();
+            assert!(fake.reserved, "add without a reservation");
+            fake.reserved = false;
+            let entry_id = fake.next_entry;
+            fake.next_entry += 1;
+            fake.added.push(data.clone());
+            fake.in_flight.push_back((entry_id, data, done));
+        }
+
+        fn close(&self) -> BoxFuture<'static, Result<(), LedgerBackendError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    type Outcomes = Arc<Mutex<Vec<(u32, Result<Position, LogError>)>>>;
+
+    fn queue(bytes_max: u64, limits: LedgerLimits, full: Arc<AtomicUsize>) -> Arc<AppendQueue> {
+        let hooks = QueueHooks {
+            ledger_full: Box::new(move |_| {
+                full.fetch_add(1, Ordering::Relaxed);
+            }),
+            stopped: Box::new(|_| {}),
+        };
+        Arc::new(AppendQueue::new("t".to_string(), bytes_max, limits, hooks))
+    }
+
+    fn push(queue: &Arc<AppendQueue>, outcomes: &Outcomes, id: u32, bytes: usize) {
+        let outcomes = Arc::clone(outcomes);
+        queue.push(
+            Bytes::from(vec![id as u8; bytes]),
+            Box::new(move |result| outcomes.lock().push((id, result))),
+        );
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    #[tokio::test]
+    async fn appends_beyond_the_window_wait_in_order_and_complete_in_order() {
+        let ledger = FakeLedger::new(7, 2);
+        let q = queue(1 << 20, LedgerLimits::NONE, Arc::default());
+        assert!(q.set_writer(Arc::new(Arc::clone(&ledger))));
+        let outcomes: Outcomes = Arc::default();
+        for id in 0..10 {
+            push(&q, &outcomes, id, 10);
+        }
+        assert_eq!(
+            ledger.in_flight(),
+            2,
+            "the window bounds what is handed over"
+        );
+        for _ in 0..10 {
+            settle().await;
+            ledger.complete(None).unwrap();
+        }
+        settle().await;
+        let outcomes = outcomes.lock().clone();
+        let expected: Vec<(u32, Result<Position, LogError>)> = (0..10)
+            .map(|id| (id, Ok(Position::new(7, u64::from(id)))))
+            .collect();
+        assert_eq!(format!("{outcomes:?}"), format!("{expected:?}"));
+        assert_eq!(
+            ledger.inner.lock().added,
+            (0..10u8)
+                .map(|id| Bytes::from(vec![id; 10]))
+                .collect::<Vec<_>>()
+        );
+    }
+
+    #[tokio::test]
+    async fn past_the_bound_an_append_is_refused_at_once_and_the_queue_goes_on() {
+        let ledger = FakeLedger::new(1, 1);
+        let q = queue(100, LedgerLimits::NONE, Arc::default());
+        assert!(q.set_writer(Arc::new(Arc::clone(&ledger))));
+        let outcomes: Outcomes = Arc::default();
+        // One in flight (not counted: the writer's window bounds it), then
+        // 60 + 40 bytes waiting: the bound is reached, not passed.
+        push(&q, &outcomes, 0, 40);
+        push(&q, &outcomes, 1, 60);
+        push(&q, &outcomes, 2, 41);
+        push(&q, &outcomes, 3, 40);
+        assert!(
+            matches!(
+                outcomes.lock().as_slice(),
+                [(2, Err(LogError::Overloaded(_)))]
+            ),
+            "{:?}",
+            outcomes.lock()
+        );
+        for _ in 0..3 {
+            settle().await;
+            ledger.complete(None).unwrap();
+        }
+        let positions: Vec<(u32, u64)> = outcomes
+            .lock()
+            .iter()
+            .filter_map(|(id, r)| r.as_ref().ok().map(|p| (*id, p.entry_id)))
+            .collect();
+        assert_eq!(positions, vec![(0, 0), (1, 1), (3, 2)]);
+        assert!(!q.is_stopped());
+    }
+
+    #[tokio::test]
+    async fn a_failed_add_stops_the_queue_and_everything_after_it_fails() {
+        let ledger = FakeLedger::new(1, 2);
+        let q = queue(1 << 20, LedgerLimits::NONE, Arc::default());
+        assert!(q.set_writer(Arc::new(Arc::clone(&ledger))));
+        let outcomes: Outcomes = Arc::default();
+        for id in 0..5 {
+            push(&q, &outcomes, id, 10);
+        }
+        ledger.complete(None).unwrap();
+        settle().await;
+        ledger
+            .complete(Some(LedgerBackendError::Fenced(1)))
+            .unwrap();
+        settle().await;
+        assert!(q.is_stopped());
+        push(&q, &outcomes, 5, 10);
+        let outcomes = outcomes.lock().clone();
+        assert!(matches!(outcomes[0], (0, Ok(_))), "{outcomes:?}");
+        // The failed one first, then those still queued, then the refused one.
+        let failed: Vec<u32> = outcomes[1..].iter().map(|(id, _)| *id).collect();
+        assert_eq!(failed[0], 1);
+        assert_eq!(failed.len(), 4, "{outcomes:?}");
+        assert!(outcomes[1..].iter().all(|(_, r)| r.is_err()));
+        // Entry 2 was handed over before the failure: the ledger answers it.
+        assert_eq!(ledger.in_flight(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_full_ledger_is_detached_and_the_next_one_takes_what_waited() {
+        let full = Arc::new(AtomicUsize::new(0));
+        let limits = LedgerLimits {
+            entries_max: 3,
+            ..LedgerLimits::NONE
+        };
+        let q = queue(1 << 20, limits, Arc::clone(&full));
+        let first = FakeLedger::new(1, 100);
+        assert!(q.set_writer(Arc::new(Arc::clone(&first))));
+        let outcomes: Outcomes = Arc::default();
+        for id in 0..5 {
+            push(&q, &outcomes, id, 10);
+        }
+        assert_eq!(full.load(Ordering::Relaxed), 1);
+        assert_eq!(first.in_flight(), 3);
+        while first.complete(None).is_some() {}
+        let second = FakeLedger::new(2, 100);
+        assert!(q.set_writer(Arc::new(Arc::clone(&second))));
+        while second.complete(None).is_some() {}
+        let positions: Vec<Position> = outcomes
+            .lock()
+            .iter()
+            .map(|(_, r)| *r.as_ref().unwrap())
+            .collect();
+        let expected = vec![
+            Position::new(1, 0),
+            Position::new(1, 1),
+            Position::new(1, 2),
+            Position::new(2, 0),
+            Position::new(2, 1),
+        ];
+        assert_eq!(positions, expected);
+        // Stopped queues refuse a writer.
+        q.stop(LogError::Closed("t".into()));
+        assert!(!q.set_writer(Arc::new(FakeLedger::new(3, 1))));
+    }
+
+    #[tokio::test]
+    async fn an_appender_closes_once_every_add_was_handed_over() {
+        let ledger = FakeLedger::new(4, 1);
+        let appender = LedgerAppender::new(Arc::new(Arc::clone(&ledger)));
+        let results = Arc::new(Mutex::new(Vec::new()));
+        for i in 0..3u8 {
+            let results = Arc::clone(&results);
+            appender.add(
+                Bytes::from(vec![i]),
+                Box::new(move |r| results.lock().push(r)),
+            );
+        }
+        let closing = tokio::spawn(appender.close());
+        for _ in 0..3 {
+            settle().await;
+            ledger.complete(None).unwrap();
+        }
+        closing.await.unwrap().unwrap();
+        let results: Vec<u64> = results
+            .lock()
+            .iter()
+            .map(|r| *r.as_ref().unwrap())
+            .collect();
+        assert_eq!(results, vec![0, 1, 2]);
+    }
+}
