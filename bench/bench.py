@@ -103,10 +103,12 @@ def room_gib(path: Path) -> float:
 class Scenario:
     name: str
     title: str
-    kind: str  # "sync", "async" or "e2e"
+    kind: str  # "sync", "async", "e2e" or "fanout" (non-persistent)
     size: int
     compression: str = "none"
     rate: int = 0  # 0: as fast as possible
+    # fanout: subscriptions of the non-persistent topic, one consumer each.
+    subscriptions: int = 0
     # Clients that drive Pulsar in this scenario (Vela is always driven by
     # `vela perf`); see reference_client for the one the ratios use.
     pulsar_clients: tuple = ("pulsar-perf", "vela-perf")
@@ -129,6 +131,10 @@ class Scenario:
         trip; its consumer measures end-to-end latency in whole ms."""
         return "pulsar-perf" if self.kind == "async" else "vela-perf"
 
+    @property
+    def topic_domain(self) -> str:
+        return "non-persistent" if self.kind == "fanout" else "persistent"
+
 
 SCENARIOS = {
     s.name: s
@@ -143,6 +149,15 @@ SCENARIOS = {
         Scenario("async-128-lz4", "async batched 128 B LZ4", "async", 128,
                  compression="lz4"),
         Scenario("e2e-10k", "end-to-end at 10k msg/s", "e2e", 1024, rate=10_000),
+        # Non-persistent fan-out: a batched producer as fast as it goes, one
+        # consumer per subscription; msg/s is what the subscriptions received
+        # in all (a message nobody can take is dropped, as in Pulsar), latency
+        # end to end. Storage plays no part: one setup, driven by vela perf on
+        # both systems.
+        Scenario("np-fanout-1", "non-persistent 1 KiB fan-out to 1 subscription", "fanout",
+                 1024, subscriptions=1, pulsar_clients=("vela-perf",)),
+        Scenario("np-fanout-10", "non-persistent 1 KiB fan-out to 10 subscriptions", "fanout",
+                 1024, subscriptions=10, pulsar_clients=("vela-perf",)),
     ]
 }
 
@@ -515,9 +530,9 @@ def figures_from_vela(summary: dict, fig: Figures) -> Figures:
 
 def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figures:
     fig = Figures(server.system, server.bookies, "vela-perf")
-    topic = f"persistent://public/default/{sc.name}-{tag}"
+    topic = f"{sc.topic_domain}://public/default/{sc.name}-{tag}"
     base = opts.log_dir / f"{server.data_dir.name}.{tag}"
-    if sc.kind != "e2e":
+    if sc.kind not in ("e2e", "fanout"):
         out = Path(f"{base}.produce.log")
         proc = spawn(vela_perf_produce_cmd(opts, sc, server.service_url, topic,
                                            opts.duration, opts.warmup), out)
@@ -528,9 +543,14 @@ def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figu
     # End to end: the consumer subscribes first, then the producer runs.
     cons_out = Path(f"{base}.consume.log")
     prod_out = Path(f"{base}.produce.log")
-    slack = 3
+    # e2e takes its rate from the producer: the consumer outlasts it to see
+    # the last messages. Fan-out takes its rate from the consumer: its window
+    # ([warm-up + 1, duration + 1] from its start, the producer starting about
+    # 1 s later) is the producer's, so no idle tail dilutes the rate.
+    slack = 1 if sc.kind == "fanout" else 3
     consumer = spawn([opts.vela, "perf", "consume", topic, "-u", server.service_url,
                       "--subscription-position", "latest",
+                      "-n", str(max(sc.subscriptions, 1)),
                       "--test-duration", str(opts.duration + slack),
                       "--warmup", str(opts.warmup + 1), "-i", "5", "--json"], cons_out)
     time.sleep(1.0)
@@ -543,8 +563,14 @@ def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figu
     if consumer.returncode != 0:
         raise Fail(f"vela perf consume failed:\n{tail(cons_out)}")
     fig = figures_from_vela(parse_vela_json(cons_out), fig)
-    # The consumer's own rate spans its longer run; report what was sent.
     sent = parse_vela_json(prod_out)
+    if sc.kind == "fanout":
+        # What the subscriptions received in all, per second of the measured
+        # window (the producer's rate times the subscriptions, less drops).
+        fig.note = (f"fan-out: msg/s received over {sc.subscriptions} subscription(s); "
+                    f"producer sent {sent['messages_per_s']:,.0f} msg/s; e2e from a µs send stamp")
+        return fig
+    # The consumer's own rate spans its longer run; report what was sent.
     fig.messages_per_s, fig.mb_per_s = sent["messages_per_s"], sent["mb_per_s"]
     fig.note = "e2e: from a µs send stamp in the payload; msg/s: the producer's"
     return fig
@@ -667,6 +693,10 @@ def measure_disk(opts: Options, where: Path) -> dict:
 
 def run_scenario(opts: Options, sc: Scenario, systems: list, bookie_setups: list) -> dict:
     print(f"\n== {sc.name}: {sc.title} ==", flush=True)
+    if sc.kind == "fanout":
+        # Nothing is stored: the journal and the bookies play no part.
+        systems = [s for s in systems if s != "vela-pmem"]
+        bookie_setups = bookie_setups[:1]
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     rows = []
     for system in systems:
@@ -777,7 +807,7 @@ def scenario_rows(result: dict) -> list:
 
 def scenario_table(result: dict, markdown: bool = False) -> str:
     title = (f"{result['scenario']}: {result['title']} "
-             f"(latency ms{'; end-to-end, from the consumer' if result['kind'] == 'e2e' else ''})")
+             f"(latency ms{'; end-to-end, from the consumer' if result['kind'] in ('e2e', 'fanout') else ''})")
     table = (md_table if markdown else text_table)(SCENARIO_HEADERS, scenario_rows(result))
     notes = [f"{r['system']} {r['bookies']}b {r['client']}: {r['note']}"
              for r in result["rows"] if r["note"]]
@@ -817,6 +847,8 @@ def combined_rows(results: list, bookie_setups: list) -> list:
         for bookies in bookie_setups:
             vela = find_row(res, "vela", bookies)
             pulsar = find_row(res, "pulsar", bookies, sc.reference_client)
+            if sc.kind == "fanout" and not vela and not pulsar:
+                continue  # fan-out runs one setup only: nothing is stored
             vl = vela["latency_ms"] if vela else {}
             pl = pulsar["latency_ms"] if pulsar else {}
             v_rate = vela["messages_per_s"] if vela else None
@@ -954,6 +986,16 @@ def targets(results: list, sm: dict, bookie_setups: list) -> list:
                 out.append(["sync 1 KiB p99.9 >= 10x lower than Pulsar", setup,
                             f"{r999:.1f}x ({v['latency_ms']['p999']:.3f} vs {p['latency_ms']['p999']:.3f} ms"
                             f"{with_pp('p999')})", verdict(r999 >= 10)])
+        for name in ("np-fanout-1", "np-fanout-10"):
+            fan = by.get(name)
+            v = fan and find_row(fan, "vela", bookies)
+            p = fan and find_row(fan, "pulsar", bookies, "vela-perf")
+            if v and p and v["messages_per_s"] and p["messages_per_s"]:
+                r = v["messages_per_s"] / p["messages_per_s"]
+                vp99, pp99 = v["latency_ms"]["p99"], p["latency_ms"]["p99"]
+                out.append([f"{name}: msg/s >= 2x Pulsar at a lower p99", setup,
+                            f"{r:.1f}x ({v['messages_per_s']:,.0f} vs {p['messages_per_s']:,.0f} msg/s), "
+                            f"p99 {vp99:.3f} vs {pp99:.3f} ms", verdict(r >= 2 and vp99 < pp99)])
         asyn = by.get("async-1k")
         if asyn:
             v = find_row(asyn, "vela", bookies)
