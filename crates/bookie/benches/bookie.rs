@@ -429,8 +429,8 @@ struct BackendFigures {
     flushing: Latency,
     small_entries_per_s: f64,
     big_mb_s: f64,
-    journal_write_p50_us: u64,
-    journal_sync_p50_us: u64,
+    journal_write_p50_us: f64,
+    journal_sync_p50_us: f64,
 }
 
 fn main() {
@@ -527,7 +527,7 @@ fn main() {
         );
         for f in &figures {
             println!(
-                "{:<9} {:>10} {:>10} {:>10} {:>12.0} {:>12} {:>12} {:>14.0} {:>10} {:>10}",
+                "{:<9} {:>10} {:>10} {:>10} {:>12.0} {:>12} {:>12} {:>14.0} {:>10.0} {:>10.0}",
                 f.backend.label(),
                 f.depth1.p50,
                 f.depth1.p99,

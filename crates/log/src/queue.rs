@@ -42,11 +42,11 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::Position;
 use crate::backend::{
     AddCallback, BoxFuture, LedgerBackend, LedgerBackendError, OpenLedger, Persistence, Reserve,
 };
 use crate::error::LogError;
+use crate::position::Position;
 
 /// Payload bytes of appends waiting for a ledger writer, per queue (a log's,
 /// or one `LedgerAppender`'s): about 0.5 s of a 1 Gbit/s link, as much as a
@@ -174,8 +174,9 @@ impl AppendQueue {
     }
 
     /// Appends `data` at the back; `done` is told how it ended. Refused at
-    /// once (`done` called here) when the queue is stopped or full.
-    pub(crate) fn push(self: &Arc<Self>, data: Bytes, done: AppendDone) {
+    /// once (`done` called here, and false returned) when the queue is
+    /// stopped or full.
+    pub(crate) fn push(self: &Arc<Self>, data: Bytes, done: AppendDone) -> bool {
         let payload_bytes = data.len() as u64;
         let refused = {
             let mut state = self.state.lock();
@@ -194,12 +195,13 @@ impl AppendQueue {
                 if start {
                     self.drain(None);
                 }
-                return;
+                return true;
             }
         };
         if let Some(error) = refused {
             done(Err(error));
         }
+        false
     }
 
     /// Attaches the writer of the next ledger and drains what waited for it.
@@ -505,7 +507,8 @@ impl LedgerAppender {
     /// a failed add every later one fails too.
     pub fn add(&self, data: Bytes, done: AddCallback) {
         let ledger_id = self.writer.ledger_id();
-        self.queue.push(
+        // A refusal is told to `done` like any other outcome.
+        let _queued = self.queue.push(
             data,
             Box::new(move |result: Result<Position, LogError>| {
                 done(
@@ -658,12 +661,13 @@ mod tests {
         Arc::new(AppendQueue::new("t".to_string(), bytes_max, limits, hooks))
     }
 
-    fn push(queue: &Arc<AppendQueue>, outcomes: &Outcomes, id: u32, bytes: usize) {
+    /// Pushes an append of `bytes` bytes; true when it was queued.
+    fn push(queue: &Arc<AppendQueue>, outcomes: &Outcomes, id: u32, bytes: usize) -> bool {
         let outcomes = Arc::clone(outcomes);
         queue.push(
             Bytes::from(vec![id as u8; bytes]),
             Box::new(move |result| outcomes.lock().push((id, result))),
-        );
+        )
     }
 
     async fn settle() {
@@ -712,10 +716,10 @@ mod tests {
         let outcomes: Outcomes = Arc::default();
         // One in flight (not counted: the writer's window bounds it), then
         // 60 + 40 bytes waiting: the bound is reached, not passed.
-        push(&q, &outcomes, 0, 40);
-        push(&q, &outcomes, 1, 60);
-        push(&q, &outcomes, 2, 41);
-        push(&q, &outcomes, 3, 40);
+        assert!(push(&q, &outcomes, 0, 40));
+        assert!(push(&q, &outcomes, 1, 60));
+        assert!(!push(&q, &outcomes, 2, 41), "refused, and told so at once");
+        assert!(push(&q, &outcomes, 3, 40));
         assert!(
             matches!(
                 outcomes.lock().as_slice(),

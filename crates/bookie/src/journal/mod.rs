@@ -76,7 +76,7 @@ pub use config::{
 pub use error::JournalError;
 pub use format::JournalRecord;
 pub use pmem::{PMEM_ALIGNMENT_BYTES, PMEM_REGION_BYTES_DEFAULT, PmemConfig, PmemEmulation};
-pub use stats::{JournalHistograms, JournalStats, StageSummary};
+pub use stats::{JournalHistograms, JournalStats};
 
 #[cfg(test)]
 pub(crate) use file::faulty::FaultPlan;
@@ -373,7 +373,7 @@ impl Journal {
         self.shared.stats.snapshot()
     }
 
-    /// Copies of the stage latency histograms (for metrics exporters).
+    /// Snapshots of the stage latency histograms (for metrics exporters).
     pub fn latency_histograms(&self) -> JournalHistograms {
         self.shared.stats.latency_histograms()
     }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use bytes::Bytes;
 
-use crate::Position;
+use crate::position::Position;
 
 /// Entries recently confirmed, bounded by bytes; oldest evicted first.
 #[derive(Debug, Default)]
