@@ -8,8 +8,14 @@
 mod common;
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
+use bytes::Bytes;
 use common::{Client, expect_nothing_but_pong, message_of, receipt_seq};
+use vela_meta::{
+    BackendKind, BoxFuture, ExpectedVersion, MetaError, MetadataStore, Session, Version, Watcher,
+};
 use vela_wire::proto::{
     self, ServerError, command_ack::AckType, command_subscribe::InitialPosition,
     command_subscribe::SubType,
@@ -135,5 +141,120 @@ async fn terminated_topics_refuse_producers_and_tell_consumers_the_end() {
     client.flow(9, 10).await;
     let end = client.recv().await.command.reached_end_of_topic;
     assert_eq!(end.map(|e| e.consumer_id), Some(9));
+    broker.shutdown().await.unwrap();
+}
+
+/// A memory store whose puts take `PUT_DELAY` once `slow` is set: the
+/// log's record of a termination is then written while SENDs arrive.
+#[derive(Debug)]
+struct SlowPuts {
+    inner: Arc<dyn MetadataStore>,
+    slow: AtomicBool,
+}
+
+const PUT_DELAY: Duration = Duration::from_millis(50);
+
+impl MetadataStore for SlowPuts {
+    fn kind(&self) -> BackendKind {
+        self.inner.kind()
+    }
+
+    fn get<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> BoxFuture<'a, Result<Option<(Bytes, Version)>, MetaError>> {
+        self.inner.get(key)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Bytes,
+        expected: ExpectedVersion,
+    ) -> BoxFuture<'a, Result<Version, MetaError>> {
+        Box::pin(async move {
+            if self.slow.load(Ordering::SeqCst) {
+                tokio::time::sleep(PUT_DELAY).await;
+            }
+            self.inner.put(key, value, expected).await
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        expected: ExpectedVersion,
+    ) -> BoxFuture<'a, Result<(), MetaError>> {
+        self.inner.delete(key, expected)
+    }
+
+    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, MetaError>> {
+        self.inner.children(path)
+    }
+
+    fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Watcher, MetaError>> {
+        self.inner.watch(path)
+    }
+
+    fn session(&self, ttl: Duration) -> BoxFuture<'_, Result<Session, MetaError>> {
+        self.inner.session(ttl)
+    }
+
+    fn put_ephemeral<'a>(
+        &'a self,
+        session: &'a Session,
+        key: &'a str,
+        value: Bytes,
+        expected: ExpectedVersion,
+    ) -> BoxFuture<'a, Result<Version, MetaError>> {
+        self.inner.put_ephemeral(session, key, value, expected)
+    }
+}
+
+/// SENDs in flight while the topic is terminated: the producer's client
+/// hears CLOSE_PRODUCER before any SEND_ERROR (the Go client fails its
+/// pending sends with ErrTopicTerminated only when the producer it
+/// re-attaches after CLOSE_PRODUCER is refused; a SEND_ERROR first makes it
+/// forget the producer, and its sends time out).
+#[tokio::test]
+async fn producers_hear_close_producer_before_send_errors_of_a_termination() {
+    let store = Arc::new(SlowPuts {
+        inner: Arc::new(vela_meta::MemoryStore::new()),
+        slow: AtomicBool::new(false),
+    });
+    let meta: Arc<dyn MetadataStore> = Arc::clone(&store) as Arc<dyn MetadataStore>;
+    let ledgers = vela_log::memory::MemoryBackend(vela_log::memory::MemoryLedgers::new());
+    let log_env = vela_log::LogEnv::new(Arc::clone(&meta), Arc::new(ledgers));
+    let broker = common::start_broker_on(meta, log_env).await;
+    let topic = "persistent://public/default/ends-while-sending";
+    let mut producer = Client::connect(broker.pulsar_addr()).await;
+    producer.create_producer(topic, 1).await;
+    producer.produce(1, 0, b"x").await;
+    assert_eq!(receipt_seq(&producer.recv().await), 0);
+    let mut sends = Vec::new();
+    for seq in 1..=500 {
+        sends.extend_from_slice(&Client::send_frame(1, seq, b"x"));
+    }
+    producer.send_bytes(&sends).await;
+    store.slow.store(true, Ordering::SeqCst);
+    broker.terminate_topic(topic).await.unwrap();
+    store.slow.store(false, Ordering::SeqCst);
+    let mut receipts = 0;
+    loop {
+        let command = producer.recv().await.command;
+        if command.close_producer.is_some() {
+            break;
+        }
+        assert!(
+            command.send_error.is_none(),
+            "SEND_ERROR before CLOSE_PRODUCER: {command:?}"
+        );
+        assert!(command.send_receipt.is_some(), "{command:?}");
+        receipts += 1;
+    }
+    assert!(receipts <= 500);
+    let error = refused_producer(&mut producer, topic, 2).await;
+    assert_eq!(error.error, ServerError::TopicTerminatedError as i32);
+    drop(producer);
     broker.shutdown().await.unwrap();
 }
