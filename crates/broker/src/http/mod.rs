@@ -14,7 +14,9 @@
 //! (tenants, clusters, namespaces and their policies), `bundles`,
 //! `permissions` (namespace grants), `schema_policy` (the
 //! `schemaCompatibilityStrategy` routes, namespace and topic), `topics`
-//! (topics, partitioned topics, stats, subscriptions); `prometheus` writes the metrics text.
+//! (topics, partitioned topics, stats, subscriptions), `termination`
+//! (terminate), `non_persistent` (non-persistent topics); `prometheus`
+//! writes the metrics text.
 //! Layering: the top of the broker: nothing else in the crate uses this
 //! module except `lib.rs` (starting the listener). It reaches the broker
 //! through the service, the admin store and the topics, never a connection.
@@ -26,9 +28,11 @@ mod brokers;
 mod bundles;
 mod lookup;
 mod namespaces;
+mod non_persistent;
 mod permissions;
 mod prometheus;
 mod schema_policy;
+mod termination;
 mod topics;
 
 use std::net::SocketAddr;
@@ -151,6 +155,8 @@ fn router(service: Arc<Service>) -> Router {
         .merge(namespaces::routes())
         .merge(bundles::routes())
         .merge(topics::routes())
+        .merge(termination::routes())
+        .merge(non_persistent::routes())
         .merge(permissions::routes())
         .merge(schema_policy::routes())
         .layer(axum::middleware::from_fn_with_state(
