@@ -183,6 +183,9 @@ def compare(args) -> int:
     for path in args.results:
         data = json.loads(Path(path).read_text())
         label = data["system"] + (f"(auth {data['vela_auth']})" if data.get("vela_auth") not in (None, "ci") else "")
+        # Two runs of one system (before and after a change): both kept.
+        while label in runs:
+            label += "'"
         runs[label] = data
     print_table(runs)
     first, second = list(runs.values())[:2]
