@@ -6,7 +6,10 @@
 //! Owns: [`DedupTable`]. Guarantees: a producer's recorded sequence id only
 //! moves forward (checked in debug builds); the table is rebuilt from the
 //! newest `DEDUP_REBUILD_ENTRIES_MAX` entries of the log when the topic
-//! opens (no snapshot is kept). Lock: one short mutex, a leaf (taken under
+//! opens (no snapshot is kept); it holds at most `DEDUP_PRODUCERS_MAX`
+//! names, dropping the one updated longest ago (a producer silent that
+//! long loses its dedup state, as Pulsar drops inactive producers).
+//! Lock: one short mutex, a leaf (taken under
 //! the producer table's lock when a waiting producer is admitted).
 //! Never: appends, or waits while holding its lock.
 
@@ -24,6 +27,13 @@ use crate::subscription::READ_BATCH_ENTRIES_MAX;
 /// silent for longer than this many entries lose their dedup state).
 pub(crate) const DEDUP_REBUILD_ENTRIES_MAX: usize = 100_000;
 
+/// Producer names one topic's table keeps (Pulsar's
+/// brokerDeduplicationMaxNumberOfProducers is 10,000): with about 64 bytes a
+/// name, at most ~64 KiB per topic. Live producers are few per topic;
+/// the bound is against the names of producers gone (broker-assigned names
+/// are new on every connection). Past it the name updated longest ago goes.
+pub(crate) const DEDUP_PRODUCERS_MAX: usize = 1000;
+
 /// Bytes per read while rebuilding.
 const REBUILD_READ_BYTES_MAX: usize = 4 << 20;
 
@@ -38,11 +48,46 @@ pub(crate) enum DedupCheck {
 
 /// Producer name → highest sequence id appended (`None`: dedup off).
 #[derive(Debug)]
-pub(crate) struct DedupTable(Option<Mutex<HashMap<String, i64>>>);
+pub(crate) struct DedupTable(Option<Mutex<Names>>);
+
+/// The names, with when each was last updated (a counter).
+#[derive(Debug, Default)]
+pub(crate) struct Names {
+    map: HashMap<String, (i64, u64)>,
+    updates: u64,
+}
+
+impl Names {
+    fn get(&self, producer: &str) -> Option<i64> {
+        self.map.get(producer).map(|(sequence_id, _)| *sequence_id)
+    }
+
+    fn set(&mut self, producer: &str, sequence_id: i64) {
+        self.updates += 1;
+        let stamp = self.updates;
+        if let Some(slot) = self.map.get_mut(producer) {
+            *slot = (sequence_id, stamp);
+            return;
+        }
+        if self.map.len() >= DEDUP_PRODUCERS_MAX {
+            // Rare (a new name with the table full): one scan.
+            let oldest = self
+                .map
+                .iter()
+                .min_by_key(|(_, (_, updated))| *updated)
+                .map(|(name, _)| name.clone());
+            if let Some(oldest) = oldest {
+                self.map.remove(&oldest);
+            }
+        }
+        self.map.insert(producer.to_string(), (sequence_id, stamp));
+        debug_assert!(self.map.len() <= DEDUP_PRODUCERS_MAX);
+    }
+}
 
 impl DedupTable {
     pub(crate) fn new(enabled: bool) -> DedupTable {
-        DedupTable(enabled.then(|| Mutex::new(HashMap::new())))
+        DedupTable(enabled.then(|| Mutex::new(Names::default())))
     }
 
     pub(crate) fn is_enabled(&self) -> bool {
@@ -61,20 +106,20 @@ impl DedupTable {
             return DedupCheck::Fresh;
         };
         let mut table = table.lock();
-        let last = table.get(producer).copied().unwrap_or(-1);
+        let last = table.get(producer).unwrap_or(-1);
         if sequence_id <= last {
             return DedupCheck::Duplicate;
         }
         let recorded = highest_sequence_id.max(sequence_id);
         debug_assert!(recorded > last, "a producer's sequence id moved back");
-        table.insert(producer.to_string(), recorded);
+        table.set(producer, recorded);
         DedupCheck::Fresh
     }
 
     /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).
     pub(crate) fn last_sequence_id(&self, producer: &str) -> i64 {
         match &self.0 {
-            Some(table) => table.lock().get(producer).copied().unwrap_or(-1),
+            Some(table) => table.lock().get(producer).unwrap_or(-1),
             None => -1,
         }
     }
@@ -119,8 +164,8 @@ impl DedupTable {
         }
         let mut table = table.lock();
         for (producer, highest) in rebuilt {
-            let slot = table.entry(producer).or_insert(-1);
-            *slot = (*slot).max(highest);
+            let known = table.get(&producer).unwrap_or(-1);
+            table.set(&producer, known.max(highest));
         }
         Ok(())
     }
@@ -145,5 +190,28 @@ mod tests {
         assert_eq!(off.check("p", 0, 0), DedupCheck::Fresh);
         assert_eq!(off.check("p", 0, 0), DedupCheck::Fresh);
         assert_eq!(off.last_sequence_id("p"), -1);
+    }
+
+    #[test]
+    fn the_table_keeps_the_names_updated_last() {
+        let table = DedupTable::new(true);
+        for i in 0..DEDUP_PRODUCERS_MAX + 10 {
+            assert_eq!(table.check(&format!("p{i}"), 1, 1), DedupCheck::Fresh);
+            // p0 stays the most recently updated.
+            assert_eq!(
+                table.check("p0", i as i64 + 2, i as i64 + 2),
+                DedupCheck::Fresh
+            );
+        }
+        let Some(names) = &table.0 else {
+            panic!("enabled");
+        };
+        assert_eq!(names.lock().map.len(), DEDUP_PRODUCERS_MAX);
+        assert!(table.last_sequence_id("p0") > 1);
+        assert_eq!(table.last_sequence_id("p1"), -1, "the oldest name went");
+        assert_eq!(
+            table.last_sequence_id(&format!("p{}", DEDUP_PRODUCERS_MAX + 9)),
+            1
+        );
     }
 }
