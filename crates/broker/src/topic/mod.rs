@@ -52,7 +52,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
-use vela_log::{AppendFuture, Cursor, ManagedLog};
+use vela_log::{AppendFuture, AppendPermit, Cursor, ManagedLog};
 use vela_wire::proto::ProducerAccessMode;
 
 use crate::codec::Outbound;
@@ -62,7 +62,7 @@ use crate::error::ServiceError;
 use crate::metrics::TopicMetrics;
 use crate::policies::{QuotaLimit, QuotaPolicy, TopicPolicies};
 use crate::stats::RateMeter;
-use crate::subscription::{ConsumerInfo, SubCommand, SubscriptionHandle};
+use crate::subscription::{ConsumerInfo, HeldEntries, SubCommand, SubscriptionHandle};
 use crate::topic_name::TopicName;
 use dedup::DedupTable;
 use producers::ProducerTable;
@@ -109,6 +109,7 @@ impl Topic {
         dedup_enabled: bool,
         compaction: Compaction,
         limits: TopicLimits,
+        held: Arc<HeldEntries>,
     ) -> Arc<Topic> {
         let full_name = name.to_string();
         Arc::new(Topic {
@@ -121,6 +122,7 @@ impl Topic {
             subscriptions: SubscriptionTable::new(
                 limits.consumers_max,
                 limits.consumers_per_subscription_max,
+                held,
             ),
             policies: PolicyState::default(),
             metrics: Arc::default(),
@@ -135,10 +137,16 @@ impl Topic {
         self.publisher.pause(messages, bytes)
     }
 
-    /// Appends a stored entry. The append is issued before this returns, in
-    /// call order; the future resolves once the entry is durable.
-    pub(crate) fn publish(&self, entry: Bytes, messages: u32) -> AppendFuture {
-        self.publisher.publish(&self.log, entry, messages)
+    /// Appends a stored entry with its room in the broker's append budget
+    /// (`ManagedLog::reserve_append`). The append is issued before this
+    /// returns, in call order; the future resolves once the entry is durable.
+    pub(crate) fn publish(
+        &self,
+        entry: Bytes,
+        messages: u32,
+        permit: AppendPermit,
+    ) -> AppendFuture {
+        self.publisher.publish(&self.log, entry, messages, permit)
     }
 
     /// Deduplication: records `highest_sequence_id` for `producer` unless it

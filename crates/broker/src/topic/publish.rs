@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use vela_log::{AppendFuture, ManagedLog};
+use vela_log::{AppendFuture, AppendPermit, ManagedLog};
 
 use super::throttle::PublishThrottle;
 use crate::config::PublishRate;
@@ -61,12 +61,18 @@ impl Publisher {
 
     /// Appends a stored entry to `log`. The append is issued before this
     /// returns, in call order; the future resolves once the entry is durable.
-    pub(crate) fn publish(&self, log: &ManagedLog, entry: Bytes, messages: u32) -> AppendFuture {
+    pub(crate) fn publish(
+        &self,
+        log: &ManagedLog,
+        entry: Bytes,
+        messages: u32,
+        permit: AppendPermit,
+    ) -> AppendFuture {
         self.msg_in
             .fetch_add(u64::from(messages), Ordering::Relaxed);
         self.bytes_in
             .fetch_add(entry.len() as u64, Ordering::Relaxed);
         let _writer = self.append_lock.lock();
-        log.append(entry)
+        log.append_reserved(entry, permit)
     }
 }
