@@ -9,13 +9,17 @@
 use clap::Args;
 use vela_broker::config::{
     CONNECTIONS_MAX_DEFAULT, CONSUMERS_PER_SUBSCRIPTION_MAX, CONSUMERS_PER_TOPIC_MAX,
-    MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX,
+    HELD_ENTRIES_PER_BROKER_DEFAULT, MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX,
 };
 use vela_broker::{BrokerConfig, ConnectionCaps, PublishRate, TopicLimits};
 
 /// Hard ceiling of `--max-connections`: each connection is two tasks and a
 /// 64 KiB buffer, so 1M is ~64 GiB of buffers at worst.
 const CONNECTIONS_CEILING: u64 = 1_000_000;
+
+/// Ceiling of `--max-unacked-entries-per-broker`: 1G entries is ~64 GiB of
+/// index.
+const HELD_ENTRIES_CEILING: u64 = 1 << 30;
 
 /// Smallest `--max-message-size`: below it even a message's metadata and a
 /// small batch do not fit.
@@ -64,6 +68,14 @@ pub(crate) struct LimitArgs {
     /// --publish-max-msg-rate-per-topic). Default: no limit.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     publish_max_byte_rate_per_topic: Option<u64>,
+    /// Entries all subscriptions together hold: delivered and not yet
+    /// acknowledged, waiting to be sent again, or delayed (Pulsar's
+    /// maxUnackedMessagesPerBroker, counted in entries; ~64 bytes of index
+    /// each). At it, subscriptions deliver no new entries until
+    /// acknowledgements free room; redeliveries go on.
+    #[arg(long, default_value_t = HELD_ENTRIES_PER_BROKER_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=HELD_ENTRIES_CEILING))]
+    max_unacked_entries_per_broker: u64,
 }
 
 impl LimitArgs {
@@ -87,5 +99,6 @@ impl LimitArgs {
             },
         };
         config.max_message_size_bytes = to_usize(self.max_message_size);
+        config.held_entries_max = to_usize(self.max_unacked_entries_per_broker);
     }
 }

@@ -11,6 +11,7 @@ mod bookie_tls_args;
 mod broker_cmd;
 mod ledgers_cmd;
 mod limit_args;
+mod memory_args;
 mod perf;
 mod persistence_args;
 mod process;
