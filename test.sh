@@ -29,7 +29,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
-# etcd-client and pulsar (dev-dependency) run protoc from their build scripts.
+# The pulsar dev-dependency (the official Rust client) runs protoc from its
+# build script; Vela itself builds with a vendored protoc.
 export PROTOC="${PROTOC:-$(command -v protoc)}"
 
 # Python packages of the official-client suite are installed by tests/python.sh.
@@ -42,14 +43,18 @@ step "cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
 step "cargo test (workspace)"
+# One output file per run (under target/, kept for reading after a failure):
+# concurrent runs, e.g. in several worktrees, never overwrite each other's.
+mkdir -p target
+cargo_out=$(mktemp target/cargo-test.XXXXXX.out)
 set +e
-cargo test --workspace --quiet >/tmp/vela-cargo-test.out 2>&1
+cargo test --workspace --quiet >"$cargo_out" 2>&1
 rc=$?
 set -e
-grep -E '^(test result|running [0-9]+ tests? in|---- )' /tmp/vela-cargo-test.out || true
+grep -E '^(test result|running [0-9]+ tests? in|---- )' "$cargo_out" || true
 if [ $rc -ne 0 ]; then
-  tail -n 80 /tmp/vela-cargo-test.out >&2
-  echo "cargo test failed (exit $rc); full output in /tmp/vela-cargo-test.out" >&2
+  tail -n 80 "$cargo_out" >&2
+  echo "cargo test failed (exit $rc); full output in $cargo_out" >&2
   exit 1
 fi
 
@@ -60,6 +65,7 @@ for suite in tests/*.sh; do
   bash "$suite"
 done
 
-total=$(grep -E '^test result:' /tmp/vela-cargo-test.out | awk '{p+=$4; f+=$6} END {print p" passed, "f" failed"}')
+total=$(grep -E '^test result:' "$cargo_out" | awk '{p+=$4; f+=$6} END {print p" passed, "f" failed"}')
+rm -f "$cargo_out"
 echo
 echo "$total"

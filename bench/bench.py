@@ -9,6 +9,11 @@ measured at the start of the scenario. Run several scenarios (or `all`) to
 get the combined table with ratios, startup time to the first acknowledged
 message, and resident memory idle and under load.
 
+With --with-pmem, every scenario also runs on Vela with its journal on the
+persistent-memory backend, the region on tmpfs in emulation (memcpy + msync
+per group: NOT persistent-memory durability), beside Vela's usual file
+journal (O_DIRECT on the data directory's disk), in the same run.
+
 Standard library only. `bench/run.sh` builds Vela (and installs Pulsar)
 first; see bench/README.md.
 """
@@ -74,6 +79,13 @@ MIN_FREE_DURING_GIB = 3
 # unprivileged writer may use: on a filesystem with a large root reserve,
 # "free" space runs out for them well before `df` shows the disk full.
 BOOKIE_DISK_USAGE_MAX = 0.95
+# The pmem journal's region per bookie (--journal-pmem-size-mb): the default,
+# checkpointed from half full on; on tmpfs it takes as much memory.
+PMEM_REGION_MIB = 1024
+# Where the vela-pmem system's regions go: tmpfs (emulation), one directory
+# per standalone, removed with it.
+PMEM_ROOT_DEFAULT = Path("/dev/shm/vela-bench-pmem")
+SYSTEMS = ("vela", "vela-pmem", "pulsar")
 
 
 def room_gib(path: Path) -> float:
@@ -147,6 +159,7 @@ class Options:
     keep_data: bool
     verbose: bool
     log_dir: Path
+    pmem_root: Path = PMEM_ROOT_DEFAULT
 
 
 # ------------------------------------------------------------ process care
@@ -306,9 +319,15 @@ class Server:
 class VelaServer(Server):
     system = "vela"
 
+    def journal_args(self) -> list:
+        """Flags of the journal backend (the default: auto, O_DIRECT where the
+        data directory takes it)."""
+        return []
+
     def start(self) -> None:
         cmd = [self.opts.vela, "standalone", "--data-dir", self.data_dir,
                "--port", "0", "--http-port", "0", "--bookies", str(self.bookies)]
+        cmd += self.journal_args()
         if self.bookies == 3:
             cmd += ["--ensemble-size", "2", "--write-quorum", "2", "--ack-quorum", "2"]
         started = time.monotonic()
@@ -325,6 +344,38 @@ class VelaServer(Server):
             time.sleep(0.001)
         self.probe_first_ack(started, timeout=60)
         self.settle_and_measure_idle()
+
+
+class VelaPmemServer(VelaServer):
+    """Vela with the journal on the pmem backend, its region on tmpfs in
+    emulation: what this measures is memcpy + msync (a no-op on tmpfs), not a
+    cache-line flush to persistent memory."""
+
+    system = "vela-pmem"
+
+    @property
+    def pmem_dir(self) -> Path:
+        return self.opts.pmem_root / self.data_dir.name
+
+    def journal_args(self) -> list:
+        return ["--journal-backend", "pmem", "--journal-pmem-path", str(self.pmem_dir),
+                "--journal-pmem-size-mb", str(PMEM_REGION_MIB),
+                "--journal-pmem-allow-emulation"]
+
+    def start(self) -> None:
+        self.opts.pmem_root.mkdir(parents=True, exist_ok=True)
+        st = os.statvfs(self.opts.pmem_root)
+        free_mib = st.f_bavail * st.f_frsize / 2**20
+        needed_mib = (PMEM_REGION_MIB + 64) * self.bookies
+        if free_mib < needed_mib:
+            raise Fail(f"only {free_mib:.0f} MiB free in {self.opts.pmem_root}; the pmem journal "
+                       f"regions need {needed_mib} MiB (--pmem-root elsewhere)")
+        shutil.rmtree(self.pmem_dir, ignore_errors=True)
+        super().start()
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(self.pmem_dir, ignore_errors=True)
 
 
 class PulsarServer(Server):
@@ -390,6 +441,9 @@ class Figures:
     disk_ms: dict = field(default_factory=dict)  # `vela perf disk` right before
     disk_after_ms: dict = field(default_factory=dict)  # and right after
     note: str = ""
+
+
+SERVERS = {"vela": VelaServer, "vela-pmem": VelaPmemServer, "pulsar": PulsarServer}
 
 
 def watch(proc: subprocess.Popen, server: Server, timeout: float,
@@ -631,8 +685,8 @@ def run_scenario(opts: Options, sc: Scenario, systems: list, bookie_setups: list
                   flush=True)
             data_dir = opts.data_root / f"{sc.name}-{system}-{bookies}b"
             shutil.rmtree(data_dir, ignore_errors=True)
-            server = (VelaServer if system == "vela" else PulsarServer)(bookies, data_dir, opts)
-            clients = ["vela-perf"] if system == "vela" else list(sc.pulsar_clients)
+            server = SERVERS[system](bookies, data_dir, opts)
+            clients = ["vela-perf"] if system != "pulsar" else list(sc.pulsar_clients)
             label = f"{system} {BOOKIE_SETUPS[bookies]}"
             try:
                 print(f"   {label}: starting", flush=True)
@@ -776,6 +830,37 @@ def combined_rows(results: list, bookie_setups: list) -> list:
                 ratio(v_rate, p_rate),
             ])
     return rows
+
+
+def journal_rows(results: list, bookie_setups: list) -> list:
+    """Vela's file journal beside its pmem journal (emulated), per scenario."""
+    rows = []
+    for res in results:
+        for bookies in bookie_setups:
+            file_row = find_row(res, "vela", bookies)
+            pmem_row = find_row(res, "vela-pmem", bookies)
+            if not pmem_row:
+                continue
+            fl = file_row["latency_ms"] if file_row else {}
+            pl = pmem_row["latency_ms"]
+            f_rate = file_row["messages_per_s"] if file_row else None
+            rows.append([
+                res["scenario"], bookies, fmt(disk_floor(file_row)),
+                fmt(fl.get("p50")), fmt(fl.get("p99")), fmt(fl.get("p999")), fmt(f_rate, 0),
+                fmt(pl.get("p50")), fmt(pl.get("p99")), fmt(pl.get("p999")),
+                fmt(pmem_row["messages_per_s"], 0),
+                ratio(fl.get("p50"), pl.get("p50")), ratio(fl.get("p999"), pl.get("p999")),
+            ])
+    return rows
+
+
+JOURNAL_HEADERS = ["scenario", "bk", "disk p50", "file p50", "file p99", "file p99.9", "file msg/s",
+                   "pmem p50", "pmem p99", "pmem p99.9", "pmem msg/s", "F/P p50", "F/P p99.9"]
+JOURNAL_NOTE = ("file: Vela's usual journal (backend auto: O_DIRECT where the data directory takes "
+                "it, + fdatasync). pmem: the persistent-memory backend with its region on tmpfs in "
+                "emulation: a group costs a memcpy and an msync that tmpfs makes a no-op, so this "
+                "is the journal with its disk taken away, NOT persistent-memory durability and not "
+                "a measurement of Optane or CXL memory (README: the journal on persistent memory).")
 
 
 COMBINED_HEADERS = ["scenario", "bk", "pulsar client", "disk p50", "vela p50", "vela p99", "vela p99.9",
@@ -1023,6 +1108,12 @@ def report(results, sm, bookie_setups, opts, machine, before, after, markdown) -
                      "so each latency includes the tail of the previous round trip; its consumer "
                      "measures end-to-end latency from the publish time in whole ms). Every row of "
                      "both clients is in the per-scenario tables below.\n")
+    pmem_rows = journal_rows(results, bookie_setups)
+    if pmem_rows:
+        parts.append("\n## Journal backends (same run)\n" if markdown
+                     else "\n== Journal backends, same run (latency ms) ==")
+        parts.append(table(JOURNAL_HEADERS, pmem_rows))
+        parts.append(("\n" if markdown else "") + JOURNAL_NOTE + ("\n" if markdown else ""))
     parts.append("## Startup and memory\n" if markdown else "\n== Startup (spawn to first acknowledged message) and resident memory ==")
     parts.append(table(STARTUP_HEADERS, startup_rows(sm, bookie_setups)))
     if markdown:
@@ -1048,7 +1139,14 @@ def main() -> int:
     parser.add_argument("scenarios", nargs="*", default=["all"],
                         help=f"scenarios to run: all, or any of {', '.join(SCENARIOS)}")
     parser.add_argument("--systems", default=os.environ.get("BENCH_SYSTEMS", "vela,pulsar"),
-                        help="comma-separated: vela, pulsar (default: both)")
+                        help="comma-separated: vela, vela-pmem, pulsar (default: vela,pulsar)")
+    parser.add_argument("--with-pmem", action="store_true",
+                        help="also run vela-pmem: Vela with the pmem journal backend, its region "
+                             "on tmpfs in emulation (--pmem-root)")
+    parser.add_argument("--pmem-root", type=Path,
+                        default=Path(os.environ.get("BENCH_PMEM", PMEM_ROOT_DEFAULT)),
+                        help="where vela-pmem's journal regions go, a tmpfs "
+                             f"(default {PMEM_ROOT_DEFAULT}; BENCH_PMEM)")
     parser.add_argument("--bookies", default=os.environ.get("BENCH_BOOKIES", "1,3"),
                         help="comma-separated bookie setups: 1, 3 (default: both)")
     parser.add_argument("--duration", type=int, default=int(os.environ.get("BENCH_DURATION", 15)),
@@ -1081,8 +1179,10 @@ def main() -> int:
     if unknown:
         parser.error(f"unknown scenario(s) {unknown}; known: all, {', '.join(SCENARIOS)}")
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    if any(s not in ("vela", "pulsar") for s in systems):
-        parser.error("--systems takes vela and/or pulsar")
+    if args.with_pmem and "vela-pmem" not in systems:
+        systems.insert(systems.index("vela") + 1 if "vela" in systems else 0, "vela-pmem")
+    if any(s not in SYSTEMS for s in systems):
+        parser.error(f"--systems takes {', '.join(SYSTEMS)}")
     bookie_setups = [int(b) for b in args.bookies.split(",") if b.strip()]
     if any(b not in BOOKIE_SETUPS for b in bookie_setups):
         parser.error("--bookies takes 1 and/or 3")
@@ -1110,7 +1210,7 @@ def main() -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     args.data_root.mkdir(parents=True, exist_ok=True)
     opts = Options(args.duration, args.warmup, args.disk_seconds, args.data_root.resolve(),
-                   args.vela.resolve(), args.keep_data, False, log_dir)
+                   args.vela.resolve(), args.keep_data, False, log_dir, args.pmem_root)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 

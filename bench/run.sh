@@ -7,6 +7,10 @@
 #                                     a full run rewrites bench/RESULTS.md
 #   bench/run.sh sync-1k e2e-10k      just these scenarios
 #   bench/run.sh --no-pulsar          Vela only (no Java needed)
+#   bench/run.sh sync-1k --with-pmem --no-pulsar
+#                                     also Vela with the pmem journal backend, its
+#                                     region on tmpfs (emulated: memcpy + msync, not
+#                                     persistent memory), beside the O_DIRECT journal
 #   bench/run.sh --long               120 s runs (20 s warm-up) instead of 15 s (5 s)
 #   BENCH_DURATION=30 BENCH_WARMUP=5 bench/run.sh ...
 #   bench/run.sh --help               every flag of bench.py
@@ -29,8 +33,12 @@ for arg in "$@"; do
         --no-results) update=0 ;;
         *) args+=("$arg") ;;
     esac
-    # Vela alone needs no Java: skip the Pulsar install.
-    if [ "$arg" = "--systems=vela" ] || { [ "$prev" = "--systems" ] && [ "$arg" = "vela" ]; }; then
+    # Vela alone needs no Java: skip the Pulsar install when --systems
+    # leaves Pulsar out.
+    case "$arg" in
+        --systems=*) [[ "${arg#--systems=}" == *pulsar* ]] || pulsar=0 ;;
+    esac
+    if [ "$prev" = "--systems" ] && [[ "$arg" != *pulsar* ]]; then
         pulsar=0
     fi
     prev="$arg"

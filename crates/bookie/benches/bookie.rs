@@ -15,9 +15,16 @@
 //!
 //! Run: `cargo bench -p vela-bookie --bench bookie` (dir: env VELA_BENCH_DIR,
 //! default a temp dir under the workspace's target/; seconds per phase: env
-//! VELA_BENCH_SECS, default 5; the whole run stays under ~60 s). Ledger storage
-//! shares the journal's directory (so its device) unless env
+//! VELA_BENCH_SECS, default 5; the whole run stays under ~60 s per backend).
+//! Ledger storage shares the journal's directory (so its device) unless env
 //! VELA_BENCH_LEDGER_DIR names another, as a production bookie would have.
+//!
+//! Journal backends: env VELA_BENCH_JOURNAL_BACKEND, one of auto (default),
+//! buffered, direct, pmem, or a comma list (`direct,pmem`) run one after the
+//! other in this one run, with a comparison table at the end. pmem puts the
+//! region in VELA_BENCH_PMEM_DIR (default /dev/shm) with emulation allowed:
+//! on tmpfs a group then costs a memcpy and an msync that does nothing, which
+//! is the journal with its disk taken away, not persistent memory.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::VecDeque;
@@ -31,7 +38,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use hdrhistogram::Histogram;
 use vela_bookie::bookie::{Bookie, BookieConfig};
-use vela_bookie::journal::JournalBackendKind;
+use vela_bookie::journal::{
+    JournalBackendKind, PMEM_ALIGNMENT_BYTES, PMEM_REGION_BYTES_DEFAULT, PmemConfig, PmemEmulation,
+};
 use vela_bookie::server::Server;
 use vela_bookie_protocol::AddMode;
 use vela_bookie_protocol::BookieError;
@@ -331,10 +340,20 @@ async fn background_writer(client: BookieClient, stop: Arc<AtomicBool>, written:
 }
 
 fn vm_rss_bytes() -> u64 {
+    status_bytes("VmRSS:")
+}
+
+/// Resident shared memory: the touched pages of a pmem region mapped from
+/// tmpfs count here (and in VmRSS), not in the bookie's heap.
+fn rss_shmem_bytes() -> u64 {
+    status_bytes("RssShmem:")
+}
+
+fn status_bytes(field: &str) -> u64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .find_map(|line| line.strip_prefix(field))
         .and_then(|rest| {
             rest.trim()
                 .trim_end_matches("kB")
@@ -362,13 +381,71 @@ fn print_stages(label: &str, stats: &vela_bookie::bookie::BookieStats) {
     );
 }
 
+/// A journal backend the bench runs the bookie phases on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BenchBackend {
+    /// The bookie's default (`auto`: O_DIRECT where the directory takes it).
+    Auto,
+    Buffered,
+    Direct,
+    /// The persistent-memory backend, region in VELA_BENCH_PMEM_DIR (default
+    /// /dev/shm), emulation allowed.
+    Pmem,
+}
+
+impl BenchBackend {
+    fn label(self) -> &'static str {
+        match self {
+            BenchBackend::Auto => "auto",
+            BenchBackend::Buffered => "buffered",
+            BenchBackend::Direct => "direct",
+            BenchBackend::Pmem => "pmem",
+        }
+    }
+}
+
+/// VELA_BENCH_JOURNAL_BACKEND: one backend or a comma-separated list (e.g.
+/// `direct,pmem`), each run through every phase in this one run.
+fn bench_backends() -> Vec<BenchBackend> {
+    let list = std::env::var("VELA_BENCH_JOURNAL_BACKEND").unwrap_or_else(|_| "auto".to_string());
+    list.split(',')
+        .map(|name| match name.trim() {
+            "auto" => BenchBackend::Auto,
+            "buffered" => BenchBackend::Buffered,
+            "direct" => BenchBackend::Direct,
+            "pmem" => BenchBackend::Pmem,
+            other => panic!(
+                "VELA_BENCH_JOURNAL_BACKEND={other}: buffered, direct, pmem or auto (or a comma list)"
+            ),
+        })
+        .collect()
+}
+
+/// What one backend measured, for the comparison table.
+struct BackendFigures {
+    backend: BenchBackend,
+    depth1: Latency,
+    depth1_adds_per_s: f64,
+    flushing: Latency,
+    small_entries_per_s: f64,
+    big_mb_s: f64,
+    journal_write_p50_us: f64,
+    journal_sync_p50_us: f64,
+}
+
 fn main() {
     let dir = bench_dir();
     let run = phase_duration();
+    let backends = bench_backends();
     println!(
-        "bookie bench in {} ({:?} per phase)",
+        "bookie bench in {} ({:?} per phase), journal backends: {}",
         dir.path().display(),
-        run
+        run,
+        backends
+            .iter()
+            .map(|b| b.label())
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     // Kept alive to the end: the ledger dirs live in it.
     let ledger_dir = std::env::var("VELA_BENCH_LEDGER_DIR").ok().map(|base| {
@@ -385,143 +462,263 @@ fn main() {
         ledger_dir
     });
     let ledger_base = ledger_dir.as_ref().map_or(dir.path(), |d| d.path());
+    // Regions of the pmem backend, removed at the end.
+    let pmem_dir = backends.contains(&BenchBackend::Pmem).then(|| {
+        let base = std::env::var("VELA_BENCH_PMEM_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| PathBuf::from("/dev/shm"));
+        let pmem_dir = tempfile::Builder::new()
+            .prefix("bookie-bench-pmem-")
+            .tempdir_in(&base)
+            .unwrap();
+        println!(
+            "pmem journal regions in {} (emulated unless it is a DAX filesystem: see the log)",
+            pmem_dir.path().display()
+        );
+        pmem_dir
+    });
 
     let mut raw_file = RawFile::create(dir.path());
-
+    let mut raw_bandwidth: Option<RawBandwidth> = None;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-
-    // Latency phases: a low flush threshold, so the background writer of the
-    // second phase keeps storage flushing.
-    let latency_bookie = open_bookie(dir.path(), ledger_base, "latency", FLUSH_THRESHOLD_BYTES);
-    runtime.block_on(async {
-        let served = Served::start(latency_bookie.clone()).await;
-        let client = BookieClient::connect(served.addr).await.unwrap();
-        let mut raw_h = histogram();
-        let add = add_depth1(&client, 1, run, Some((&mut raw_file, &mut raw_h))).await;
-        let raw = Latency::of(&raw_h);
-        println!(
-            "raw pwrite 4 KiB (1 KiB data) + fdatasync, depth 1: {}",
-            raw.line()
-        );
-        println!(
-            "bookie ADD 1 KiB, depth 1, TCP loopback:           {}  p50 = raw + {} µs",
-            add.line(),
-            add.p50 as i64 - raw.p50 as i64
-        );
-
-        print_stages("plain phase", &latency_bookie.stats());
-
-        let flushes_before = latency_bookie.stats().storage.flush_count;
-        let stop = Arc::new(AtomicBool::new(false));
-        let written = Arc::new(AtomicU64::new(0));
-        let background_client = BookieClient::connect(served.addr).await.unwrap();
-        let background = tokio::spawn(background_writer(
-            background_client,
-            stop.clone(),
-            written.clone(),
-        ));
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let flushing = add_depth1(&client, 2, run, None).await;
-        stop.store(true, Ordering::Relaxed);
-        background.await.unwrap();
-        let flushes = latency_bookie.stats().storage.flush_count - flushes_before;
-        println!(
-            "bookie ADD 1 KiB, depth 1, storage flushing:       {}  p50 = raw + {} µs",
-            flushing.line(),
-            flushing.p50 as i64 - raw.p50 as i64
-        );
-        println!(
-            "    (background: {} MiB of 64 KiB adds on other ledgers, {flushes} storage flushes)",
-            written.load(Ordering::Relaxed) >> 20
-        );
-        drop(client);
-        served.stop().await;
-    });
-    drop(raw_file);
-    print_stages("both latency phases", &latency_bookie.stats());
-    latency_bookie.shutdown();
-    drop(latency_bookie);
-
-    // Throughput phases: the default flush threshold (a quarter of the cache).
-    let throughput_bookie =
-        open_bookie(dir.path(), ledger_base, "throughput", WRITE_CACHE_BYTES / 4);
-    let rss_before = vm_rss_bytes();
-    let peak_rss = Arc::new(AtomicU64::new(rss_before));
-    let sampling = Arc::new(AtomicBool::new(true));
-    let sampler = {
-        let peak_rss = peak_rss.clone();
-        let sampling = sampling.clone();
-        std::thread::spawn(move || {
-            while sampling.load(Ordering::Relaxed) {
-                peak_rss.fetch_max(vm_rss_bytes(), Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        })
-    };
-    let mut raw_bandwidth = RawBandwidth::create(dir.path());
-    let (small_mb_s, big_mb_s) = runtime.block_on(async {
-        let served = Served::start(throughput_bookie.clone()).await;
-        let client = BookieClient::connect(served.addr).await.unwrap();
-        let (small_mb_s, small_per_s) = add_throughput(&client, 100, 1024, run, &mut raw_bandwidth).await;
-        println!(
-            "bookie ADD 1 KiB, depth {THROUGHPUT_DEPTH}:                       {small_mb_s:>8.1} MB/s  ({small_per_s:.0} entries/s)"
-        );
-        let (big_mb_s, big_per_s) = add_throughput(&client, 200, 64 << 10, run, &mut raw_bandwidth).await;
-        println!(
-            "bookie ADD 64 KiB, depth {THROUGHPUT_DEPTH}:                      {big_mb_s:>8.1} MB/s  ({big_per_s:.0} entries/s)"
-        );
-        drop(client);
-        served.stop().await;
-        (small_mb_s, big_mb_s)
-    });
-    sampling.store(false, Ordering::Relaxed);
-    sampler.join().unwrap();
+    let mut figures = Vec::new();
+    for &backend in &backends {
+        println!("--- journal backend {} ---", backend.label());
+        let bench = Bench {
+            journal_base: dir.path(),
+            ledger_base,
+            pmem_base: pmem_dir.as_ref().map(|d| d.path()),
+            backend,
+            run,
+        };
+        figures.push(bench.run_all(&runtime, &mut raw_file, &mut raw_bandwidth));
+    }
     drop(runtime);
-    let stats = throughput_bookie.stats();
-    println!(
-        "    journal groups, throughput phases: entries {:?}",
-        stats.journal.group_entries
-    );
-    println!(
-        "    journal fdatasync, throughput phases: {:?}",
-        stats.journal.fdatasync_us
-    );
-    println!(
-        "    storage checkpoints, throughput phases: {:?} ({} flushes, {} MiB written, write cache full {} times)",
-        stats.checkpoint_us,
-        stats.storage.flush_count,
-        stats.storage.flushed_bytes_total >> 20,
-        stats.storage.write_cache_full_count
-    );
-    throughput_bookie.shutdown();
-    drop(throughput_bookie);
+    if let Some(raw) = &raw_bandwidth {
+        let raw_mb_s = raw.mb_per_s();
+        println!("raw sequential 1 MiB pwrite + fdatasync:            {raw_mb_s:>8.1} MB/s");
+        for f in &figures {
+            println!(
+                "    {}: 64 KiB ADD throughput = {:.2} x raw bandwidth",
+                f.backend.label(),
+                f.big_mb_s / raw_mb_s
+            );
+        }
+    }
+    if figures.len() > 1 {
+        println!();
+        println!("journal backends, same run (µs; entries/s):");
+        println!(
+            "{:<9} {:>10} {:>10} {:>10} {:>12} {:>12} {:>12} {:>14} {:>10} {:>10}",
+            "backend",
+            "d1 p50",
+            "d1 p99",
+            "d1 p99.9",
+            "d1 adds/s",
+            "flush p50",
+            "flush p99.9",
+            "1KiB d256 e/s",
+            "write p50",
+            "sync p50"
+        );
+        for f in &figures {
+            println!(
+                "{:<9} {:>10} {:>10} {:>10} {:>12.0} {:>12} {:>12} {:>14.0} {:>10.0} {:>10.0}",
+                f.backend.label(),
+                f.depth1.p50,
+                f.depth1.p99,
+                f.depth1.p999,
+                f.depth1_adds_per_s,
+                f.flushing.p50,
+                f.flushing.p999,
+                f.small_entries_per_s,
+                f.journal_write_p50_us,
+                f.journal_sync_p50_us
+            );
+        }
+        if backends.contains(&BenchBackend::Pmem) {
+            println!(
+                "(pmem on tmpfs is emulated: a group costs a memcpy and an msync that tmpfs makes a \
+                 no-op; not persistent-memory durability, not a measurement of Optane or CXL memory)"
+            );
+        }
+    }
+}
 
-    let raw_mb_s = raw_bandwidth.mb_per_s();
-    println!("raw sequential 1 MiB pwrite + fdatasync:            {raw_mb_s:>8.1} MB/s");
-    println!(
-        "    64 KiB ADD throughput = {:.2} x raw bandwidth; 1 KiB = {:.3} x",
-        big_mb_s / raw_mb_s,
-        small_mb_s / raw_mb_s
-    );
-    let budget = WRITE_CACHE_BYTES + READ_CACHE_BYTES + (64 << 20);
-    println!(
-        "peak VmRSS during throughput runs:                 {:>8} MiB  (before: {} MiB; budget: write cache {} + read cache {} + 64 = {} MiB)",
-        peak_rss.load(Ordering::Relaxed) >> 20,
-        rss_before >> 20,
-        WRITE_CACHE_BYTES >> 20,
-        READ_CACHE_BYTES >> 20,
-        budget >> 20
-    );
+/// One backend's phases.
+struct Bench<'a> {
+    journal_base: &'a Path,
+    ledger_base: &'a Path,
+    pmem_base: Option<&'a Path>,
+    backend: BenchBackend,
+    run: Duration,
+}
+
+impl Bench<'_> {
+    fn open_bookie(&self, name: &str, flush_threshold_bytes: u64) -> Arc<Bookie> {
+        let name = format!("{name}-{}", self.backend.label());
+        open_bookie(
+            self.journal_base,
+            self.ledger_base,
+            self.pmem_base,
+            &name,
+            self.backend,
+            flush_threshold_bytes,
+        )
+    }
+
+    fn run_all(
+        &self,
+        runtime: &tokio::runtime::Runtime,
+        raw_file: &mut RawFile,
+        raw_bandwidth: &mut Option<RawBandwidth>,
+    ) -> BackendFigures {
+        let run = self.run;
+        // Latency phases: a low flush threshold, so the background writer of
+        // the second phase keeps storage flushing.
+        let latency_bookie = self.open_bookie("latency", FLUSH_THRESHOLD_BYTES);
+        let (depth1, depth1_adds_per_s, flushing) = runtime.block_on(async {
+            let served = Served::start(latency_bookie.clone()).await;
+            let client = BookieClient::connect(served.addr).await.unwrap();
+            let mut raw_h = histogram();
+            let started = Instant::now();
+            let add = add_depth1(&client, 1, run, Some((&mut *raw_file, &mut raw_h))).await;
+            // Bookie slices are half of the phase (the raw slices the other).
+            let adds_per_s = add.count as f64 / (started.elapsed().as_secs_f64() / 2.0);
+            let raw = Latency::of(&raw_h);
+            println!(
+                "raw pwrite 4 KiB (1 KiB data) + fdatasync, depth 1: {}",
+                raw.line()
+            );
+            println!(
+                "bookie ADD 1 KiB, depth 1, TCP loopback:           {}  p50 = raw + {} µs",
+                add.line(),
+                add.p50 as i64 - raw.p50 as i64
+            );
+
+            print_stages("plain phase", &latency_bookie.stats());
+
+            let flushes_before = latency_bookie.stats().storage.flush_count;
+            let stop = Arc::new(AtomicBool::new(false));
+            let written = Arc::new(AtomicU64::new(0));
+            let background_client = BookieClient::connect(served.addr).await.unwrap();
+            let background = tokio::spawn(background_writer(
+                background_client,
+                stop.clone(),
+                written.clone(),
+            ));
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let flushing = add_depth1(&client, 2, run, None).await;
+            stop.store(true, Ordering::Relaxed);
+            background.await.unwrap();
+            let flushes = latency_bookie.stats().storage.flush_count - flushes_before;
+            println!(
+                "bookie ADD 1 KiB, depth 1, storage flushing:       {}  p50 = raw + {} µs",
+                flushing.line(),
+                flushing.p50 as i64 - raw.p50 as i64
+            );
+            println!(
+                "    (background: {} MiB of 64 KiB adds on other ledgers, {flushes} storage flushes)",
+                written.load(Ordering::Relaxed) >> 20
+            );
+            drop(client);
+            served.stop().await;
+            (add, adds_per_s, flushing)
+        });
+        let latency_stats = latency_bookie.stats();
+        print_stages("both latency phases", &latency_stats);
+        latency_bookie.shutdown();
+        drop(latency_bookie);
+
+        // Throughput phases: the default flush threshold (a quarter of the cache).
+        let throughput_bookie = self.open_bookie("throughput", WRITE_CACHE_BYTES / 4);
+        let rss_before = vm_rss_bytes();
+        let peak_rss = Arc::new(AtomicU64::new(rss_before));
+        let peak_shmem = Arc::new(AtomicU64::new(rss_shmem_bytes()));
+        let sampling = Arc::new(AtomicBool::new(true));
+        let sampler = {
+            let (peak_rss, peak_shmem) = (peak_rss.clone(), peak_shmem.clone());
+            let sampling = sampling.clone();
+            std::thread::spawn(move || {
+                while sampling.load(Ordering::Relaxed) {
+                    peak_rss.fetch_max(vm_rss_bytes(), Ordering::Relaxed);
+                    peak_shmem.fetch_max(rss_shmem_bytes(), Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            })
+        };
+        let raw_bandwidth =
+            raw_bandwidth.get_or_insert_with(|| RawBandwidth::create(self.journal_base));
+        let (small_per_s, big_mb_s) = runtime.block_on(async {
+            let served = Served::start(throughput_bookie.clone()).await;
+            let client = BookieClient::connect(served.addr).await.unwrap();
+            let (small_mb_s, small_per_s) = add_throughput(&client, 100, 1024, run, raw_bandwidth).await;
+            println!(
+                "bookie ADD 1 KiB, depth {THROUGHPUT_DEPTH}:                       {small_mb_s:>8.1} MB/s  ({small_per_s:.0} entries/s)"
+            );
+            let (big_mb_s, big_per_s) = add_throughput(&client, 200, 64 << 10, run, raw_bandwidth).await;
+            println!(
+                "bookie ADD 64 KiB, depth {THROUGHPUT_DEPTH}:                      {big_mb_s:>8.1} MB/s  ({big_per_s:.0} entries/s)"
+            );
+            drop(client);
+            served.stop().await;
+            (small_per_s, big_mb_s)
+        });
+        sampling.store(false, Ordering::Relaxed);
+        sampler.join().unwrap();
+        let stats = throughput_bookie.stats();
+        println!(
+            "    journal groups, throughput phases: entries {:?}",
+            stats.journal.group_entries
+        );
+        println!(
+            "    journal fdatasync, throughput phases: {:?}",
+            stats.journal.fdatasync_us
+        );
+        println!(
+            "    storage checkpoints, throughput phases: {:?} ({} flushes, {} MiB written, write cache full {} times, journal ring full waits {})",
+            stats.checkpoint_us,
+            stats.storage.flush_count,
+            stats.storage.flushed_bytes_total >> 20,
+            stats.storage.write_cache_full_count,
+            stats.journal.ring_full_waits
+        );
+        throughput_bookie.shutdown();
+        drop(throughput_bookie);
+        let budget = WRITE_CACHE_BYTES + READ_CACHE_BYTES + (64 << 20);
+        println!(
+            "peak VmRSS during throughput runs:                 {:>8} MiB  (before: {} MiB; budget: write cache {} + read cache {} + 64 = {} MiB; \
+             of VmRSS, shared memory peaked at {} MiB: a pmem region's touched pages on tmpfs count there)",
+            peak_rss.load(Ordering::Relaxed) >> 20,
+            rss_before >> 20,
+            WRITE_CACHE_BYTES >> 20,
+            READ_CACHE_BYTES >> 20,
+            budget >> 20,
+            peak_shmem.load(Ordering::Relaxed) >> 20
+        );
+        BackendFigures {
+            backend: self.backend,
+            depth1,
+            depth1_adds_per_s,
+            flushing,
+            small_entries_per_s: small_per_s,
+            big_mb_s,
+            journal_write_p50_us: latency_stats.journal.write_us.p50,
+            journal_sync_p50_us: latency_stats.journal.fdatasync_us.p50,
+        }
+    }
 }
 
 fn open_bookie(
     journal_base: &Path,
     ledger_base: &Path,
+    pmem_base: Option<&Path>,
     name: &str,
+    backend: BenchBackend,
     flush_threshold_bytes: u64,
 ) -> Arc<Bookie> {
     let mut config = BookieConfig::new(
@@ -532,11 +729,21 @@ fn open_bookie(
     config.storage.read_cache_bytes_max = READ_CACHE_BYTES;
     config.storage.flush_threshold_bytes = flush_threshold_bytes;
     // Comparisons of the journal's write paths on the same machine.
-    match std::env::var("VELA_BENCH_JOURNAL_BACKEND").as_deref() {
-        Ok("buffered") => config.journal.backend = JournalBackendKind::Buffered,
-        Ok("direct") => config.journal.backend = JournalBackendKind::Direct,
-        Ok("auto") | Err(_) => {}
-        Ok(other) => panic!("VELA_BENCH_JOURNAL_BACKEND={other}: buffered, direct or auto"),
+    match backend {
+        BenchBackend::Auto => {}
+        BenchBackend::Buffered => config.journal.backend = JournalBackendKind::Buffered,
+        BenchBackend::Direct => config.journal.backend = JournalBackendKind::Direct,
+        BenchBackend::Pmem => {
+            config.journal.backend = JournalBackendKind::Pmem;
+            config.journal.alignment_bytes = PMEM_ALIGNMENT_BYTES;
+            config.journal.pmem = Some(PmemConfig {
+                dir: pmem_base
+                    .expect("a pmem directory")
+                    .join(format!("{name}-pmem")),
+                region_bytes: PMEM_REGION_BYTES_DEFAULT,
+                emulation: PmemEmulation::Allow,
+            });
+        }
     }
     Arc::new(Bookie::open(config).unwrap())
 }

@@ -368,7 +368,7 @@ fn main() {
     clear(dir.path());
     if std::env::var("VELA_BENCH_DEPTH1_ONLY").is_ok() {
         println!(
-            "depth 1: raw p50/p99/p99.9 {}/{}/{} µs, journal {}/{}/{} µs, journal fdatasync {}/{}/{} µs",
+            "depth 1: raw p50/p99/p99.9 {}/{}/{} µs, journal {}/{}/{} µs, journal fdatasync {:.0}/{:.0}/{:.0} µs",
             raw1.p50,
             raw1.p99,
             raw1.p999,
@@ -445,7 +445,7 @@ fn main() {
         ("depth 256, 64 KiB, steady", &t64k_stats),
     ] {
         println!(
-            "stages {name}: queue wait p50/p99 {}/{} µs, write {}/{} µs, fdatasync {}/{}/{} µs (p50/p99/p99.9), group entries p50/p99 {}/{}, group KiB p50 {}, groups/sync p50 {}, prealloc waits {}, unfilled writes {}",
+            "stages {name}: queue wait p50/p99 {:.0}/{:.0} µs, write {:.0}/{:.0} µs, fdatasync {:.0}/{:.0}/{:.0} µs (p50/p99/p99.9), group entries p50/p99 {:.0}/{:.0}, group KiB p50 {:.0}, groups/sync p50 {:.0}, prealloc waits {}, unfilled writes {}",
             s.queue_wait_us.p50,
             s.queue_wait_us.p99,
             s.write_us.p50,
@@ -455,7 +455,7 @@ fn main() {
             s.fdatasync_us.p999,
             s.group_entries.p50,
             s.group_entries.p99,
-            s.group_bytes.p50 / 1024,
+            s.group_bytes.p50 / 1024.0,
             s.groups_per_sync.p50,
             s.prealloc_waits,
             s.unfilled_writes

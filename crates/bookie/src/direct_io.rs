@@ -25,7 +25,7 @@ const DIRECT_IO_PROBE_FILE_NAME: &str = ".direct-io-probe";
 /// Whether `dir`'s filesystem takes an aligned O_DIRECT write. Any failure
 /// counts as "no": the caller then writes buffered, and real trouble with the
 /// directory shows up when its files are opened.
-pub(crate) fn direct_io_works(dir: &Path) -> Result<(), io::Error> {
+pub fn direct_io_works(dir: &Path) -> Result<(), io::Error> {
     let path = dir.join(DIRECT_IO_PROBE_FILE_NAME);
     let written = OpenOptions::new()
         .write(true)

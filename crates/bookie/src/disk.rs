@@ -16,6 +16,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Whether a directory's filesystem takes an aligned O_DIRECT write (the probe
+/// the journal's `auto` backend and the entry logs decide by; `vela doctor`
+/// reports it).
+pub use crate::direct_io::direct_io_works;
+
 /// Default usage at which a bookie turns read-only: BookKeeper's default. On a
 /// 1 TB disk that leaves 50 GB for what is in flight (write cache flushes,
 /// journal files being filled, compaction).

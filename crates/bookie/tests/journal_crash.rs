@@ -1,9 +1,12 @@
 //! kill -9 of a process appending to the journal: after reopening, replay holds
 //! every acknowledged record, in order, as a gap-free prefix of what was
-//! appended (records appended but not acked may or may not be there).
+//! appended (records appended but not acked may or may not be there). Run on
+//! the file journal and on the persistent-memory backend (a region on tmpfs,
+//! in emulation: the process dies, the region's pages stay).
 //!
 //! `harness = false`: `main` runs the test, or, when `VELA_JOURNAL_CRASH_CHILD_DIR`
-//! is set, is the child process that appends until it is killed.
+//! is set, is the child process that appends until it is killed (on the pmem
+//! backend when `VELA_JOURNAL_CRASH_PMEM_DIR` names the region's directory).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{BufRead, BufReader, Write};
@@ -13,16 +16,32 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use vela_bookie::JournalMark;
-use vela_bookie::journal::{Journal, JournalConfig, JournalError, JournalRecord};
+use vela_bookie::journal::{
+    Journal, JournalBackendKind, JournalConfig, JournalError, JournalRecord, PMEM_ALIGNMENT_BYTES,
+    PmemConfig, PmemEmulation,
+};
 
 const CHILD_ENV: &str = "VELA_JOURNAL_CRASH_CHILD_DIR";
+const PMEM_DIR_ENV: &str = "VELA_JOURNAL_CRASH_PMEM_DIR";
+/// Four slots of 16 MiB: a child run (at most ~7,000 acked records of ~1.5 KiB
+/// in the full suite) fits in the three a running journal may fill.
+const PMEM_REGION_BYTES: u64 = 64 << 20;
 
-fn config(dir: &Path) -> JournalConfig {
+fn config(dir: &Path, pmem_dir: Option<&Path>) -> JournalConfig {
     let mut c = JournalConfig::new(dir);
     c.payload_bytes_max = 16 << 10;
     c.group_bytes_max = 16 << 10;
     c.file_bytes_max = 256 << 10;
     c.prealloc_chunk_bytes = 64 << 10;
+    if let Some(pmem_dir) = pmem_dir {
+        c.backend = JournalBackendKind::Pmem;
+        c.alignment_bytes = PMEM_ALIGNMENT_BYTES;
+        c.pmem = Some(PmemConfig {
+            dir: pmem_dir.to_path_buf(),
+            region_bytes: PMEM_REGION_BYTES,
+            emulation: PmemEmulation::Allow,
+        });
+    }
     c
 }
 
@@ -46,19 +65,38 @@ impl std::error::Error for Never {}
 
 fn main() {
     match std::env::var(CHILD_ENV) {
-        Ok(dir) => crash_child_process(Path::new(&dir)),
+        Ok(dir) => {
+            let pmem_dir = std::env::var(PMEM_DIR_ENV).ok();
+            crash_child_process(Path::new(&dir), pmem_dir.as_deref().map(Path::new));
+        }
         Err(_) => {
-            acked_records_survive_kill_9();
-            println!("journal_crash: acked_records_survive_kill_9 ok");
+            acked_records_survive_kill_9(None);
+            println!("journal_crash: acked_records_survive_kill_9 (file journal) ok");
+            // tmpfs when there is one: the case the README documents.
+            let shm = Path::new("/dev/shm");
+            let base = if shm.is_dir() {
+                shm.to_path_buf()
+            } else {
+                std::env::temp_dir()
+            };
+            let pmem_dir = tempfile::Builder::new()
+                .prefix("vela-pmem-crash-")
+                .tempdir_in(base)
+                .unwrap();
+            acked_records_survive_kill_9(Some(pmem_dir.path()));
+            println!("journal_crash: acked_records_survive_kill_9 (pmem, emulated) ok");
         }
     }
 }
 
 /// The child side: appends until killed, printing `acked <id>` from each
 /// callback.
-fn crash_child_process(dir: &Path) {
-    let journal =
-        Journal::open(config(dir), JournalMark::START, |_, _| Ok::<(), Never>(())).unwrap();
+fn crash_child_process(dir: &Path, pmem_dir: Option<&Path>) {
+    // Replays whatever the parent left (checkpointed or not) and goes on.
+    let journal = Journal::open(config(dir, pmem_dir), JournalMark::START, |_, _| {
+        Ok::<(), Never>(())
+    })
+    .unwrap();
     let mut i = 0u64;
     loop {
         let done = move |res: Result<JournalMark, JournalError>| {
@@ -78,7 +116,9 @@ fn crash_child_process(dir: &Path) {
     }
 }
 
-fn acked_records_survive_kill_9() {
+/// On the pmem backend the parent checkpoints after each round's check (the
+/// ring holds a few runs, not ten), so replay then holds the last run only.
+fn acked_records_survive_kill_9(pmem_dir: Option<&Path>) {
     // test.sh exports VELA_TEST_FULL=0 for the fast suite: only "1" means full.
     let rounds = if std::env::var("VELA_TEST_FULL").is_ok_and(|v| v == "1") {
         10
@@ -86,12 +126,15 @@ fn acked_records_survive_kill_9() {
         2
     };
     let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), pmem_dir);
+    let mut checkpoint = JournalMark::START;
     let mut acked_max: Option<u64> = None;
     for round in 0..rounds {
         // Each round restarts from a fresh directory content: the journal is
         // reopened (and repaired) by the next child anyway, so keep one dir and
         // check replay after every kill.
-        let mut child = Command::new(std::env::current_exe().unwrap())
+        let mut command = Command::new(std::env::current_exe().unwrap());
+        command
             .args([
                 "crash_child_process",
                 "--exact",
@@ -100,9 +143,11 @@ fn acked_records_survive_kill_9() {
             ])
             .env(CHILD_ENV, dir.path())
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
+            .stderr(Stdio::null());
+        if let Some(pmem_dir) = pmem_dir {
+            command.env(PMEM_DIR_ENV, pmem_dir);
+        }
+        let mut child = command.spawn().unwrap();
         let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
         let kill_after = 500 + round * 700;
         let start = Instant::now();
@@ -133,7 +178,7 @@ fn acked_records_survive_kill_9() {
         // must hold, in order, for each run a gap-free prefix of ids, and the
         // last run's prefix must reach the last acked id.
         let mut runs: Vec<Vec<u64>> = Vec::new();
-        let journal = Journal::open(config(dir.path()), JournalMark::START, |rec, _| {
+        let journal = Journal::open(cfg.clone(), checkpoint, |rec, _| {
             let JournalRecord::Entry {
                 entry_id, payload, ..
             } = &rec
@@ -151,8 +196,19 @@ fn acked_records_survive_kill_9() {
             Ok::<(), Never>(())
         })
         .unwrap();
+        let runs_expected = if pmem_dir.is_some() {
+            checkpoint = journal.last_synced_mark();
+            journal.delete_files_before(checkpoint).unwrap();
+            1
+        } else {
+            round as usize + 1
+        };
         drop(journal);
-        assert_eq!(runs.len(), round as usize + 1, "one run per child");
+        assert_eq!(
+            runs.len(),
+            runs_expected,
+            "one run per child since the checkpoint"
+        );
         for run in &runs {
             assert!(
                 run.iter().enumerate().all(|(k, id)| *id == k as u64),

@@ -87,7 +87,7 @@ pub(crate) enum Outbound {
     Message {
         /// Size prefix and command.
         header: Bytes,
-        /// The stored entry, shared with the log's tail cache.
+        /// The stored entry (the log caches its own copy for active readers).
         entry: Bytes,
     },
     /// A SEND_RECEIPT; its publish latency is recorded once it is written.

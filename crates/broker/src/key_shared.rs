@@ -13,6 +13,9 @@
 
 use std::collections::BTreeMap;
 
+use base64::Engine;
+use base64::alphabet;
+use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
 use bytes::Bytes;
 
 /// Number of hash slots; a key's slot is `hash % HASH_RANGE_SIZE` (Java's
@@ -214,36 +217,19 @@ pub(crate) fn entry_slot(entry: &Bytes) -> u32 {
     slot_of(NONE_KEY)
 }
 
-/// Standard base64 (with padding) decoder; `None` on bad input.
+/// Standard base64 as Java's `Base64.getDecoder()` writes partition keys;
+/// padding may be missing (some clients strip it) and unused trailing bits
+/// are ignored, so any key a client sends decodes as it always did.
+const PARTITION_KEY_BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new()
+        .with_decode_padding_mode(DecodePaddingMode::Indifferent)
+        .with_decode_allow_trailing_bits(true),
+);
+
+/// Decodes a base64 partition key; `None` on bad input.
 fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    fn value(c: u8) -> Option<u32> {
-        match c {
-            b'A'..=b'Z' => Some(u32::from(c - b'A')),
-            b'a'..=b'z' => Some(u32::from(c - b'a') + 26),
-            b'0'..=b'9' => Some(u32::from(c - b'0') + 52),
-            b'+' => Some(62),
-            b'/' => Some(63),
-            _ => None,
-        }
-    }
-    let bytes: Vec<u8> = text.bytes().filter(|b| *b != b'=').collect();
-    let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
-    for chunk in bytes.chunks(4) {
-        let mut acc: u32 = 0;
-        for (i, c) in chunk.iter().enumerate() {
-            acc |= value(*c)? << (18 - 6 * i);
-        }
-        let produced = match chunk.len() {
-            4 => 3,
-            3 => 2,
-            2 => 1,
-            _ => return None,
-        };
-        for i in 0..produced {
-            out.push((acc >> (16 - 8 * i)) as u8);
-        }
-    }
-    Some(out)
+    PARTITION_KEY_BASE64.decode(text).ok()
 }
 
 #[cfg(test)]
@@ -300,6 +286,9 @@ mod tests {
         assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
         assert_eq!(base64_decode("aGk=").unwrap(), b"hi");
         assert_eq!(base64_decode("YWJj").unwrap(), b"abc");
+        // Missing padding is tolerated.
+        assert_eq!(base64_decode("aGVsbG8").unwrap(), b"hello");
+        assert_eq!(base64_decode("aGk").unwrap(), b"hi");
         assert!(base64_decode("a").is_none());
         assert!(base64_decode("!!!!").is_none());
     }

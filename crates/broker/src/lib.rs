@@ -32,8 +32,10 @@
 //! in `http`.
 //!
 //! Write path: connection reader → `Topic::publish` (issues
-//! `ManagedLog::append` under a short lock, so entries keep SEND order) → the
-//! producer's receipt task awaits the append and answers SEND_RECEIPT in order.
+//! `ManagedLog::append`, under the dedup table's lock only when deduplication
+//! is on; `topic::publish` states why entries keep SEND order without a lock
+//! of the broker's) → the producer's receipt task awaits the append and
+//! answers SEND_RECEIPT in order.
 //! Read path: one task per subscription reads the log in bounded batches and
 //! sends MESSAGE frames (header + the stored entry, never copied) through each
 //! consumer connection's outbound queue.
@@ -97,9 +99,7 @@ pub use config::{
 };
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
-pub use metrics::{
-    LatencySnapshot, Stage, StageLatency, StorageFamily, StorageMetric, WritePathSource,
-};
+pub use metrics::{Stage, StageLatency, StorageFamily, StorageMetric, WritePathSource};
 pub use stats::{ConsumerStats, PublisherStats, SubscriptionStats, TopicStats};
 pub use tls::TlsConfig;
 pub use topic_name::{NamespaceName, TopicName};

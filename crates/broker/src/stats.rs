@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use vela_log::Position;
 
-use crate::metrics::LatencySnapshot;
+use vela_metrics::Snapshot;
 
 /// Shortest interval rates are computed over (two scrapes closer than this
 /// share the same rates instead of dividing by a tiny interval).
@@ -82,9 +82,9 @@ pub struct TopicStats {
     /// Producer deduplication is on.
     pub deduplication_enabled: bool,
     /// SEND received → receipt queued, on this topic.
-    pub publish_latency: LatencySnapshot,
+    pub publish_latency: Snapshot,
     /// Append issued → durable, on this topic.
-    pub storage_write_latency: LatencySnapshot,
+    pub storage_write_latency: Snapshot,
     /// Producers attached.
     pub publishers: Vec<PublisherStats>,
     /// Subscriptions, by name.

@@ -104,10 +104,9 @@ impl LedgerClient {
     }
 
     /// The whole "ledger add" latency distribution (µs, submit to
-    /// acknowledgement) since the client started: a copy, for metrics
-    /// exporters (about 50 KiB; take it per scrape, not per add).
-    pub fn add_latency_histogram(&self) -> hdrhistogram::Histogram<u64> {
-        self.core.stats.add_histogram()
+    /// acknowledgement) since the client started, for metrics exporters.
+    pub fn add_latency(&self) -> vela_metrics::Snapshot {
+        self.core.stats.add_latency()
     }
 
     /// The ledger's current metadata.

@@ -61,7 +61,7 @@ pub use entry::{ENTRY_PAYLOAD_BYTES_MAX, EntryError};
 pub use error::LedgerError;
 pub use metadata::{LedgerMetadata, LedgerState};
 pub use reader::{LedgerReader, READ_RANGE_ENTRIES_MAX, READ_RANGE_PARALLELISM};
-pub use stats::{LatencySummary, LedgerStats};
+pub use stats::LedgerStats;
 pub use transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
 pub use types::{BookieId, EntryId, LedgerId, Quorum, QuorumError};
 pub use writer::{AddCallback, AddPermit, LedgerWriter, PendingAdd};

@@ -23,9 +23,9 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::Position;
 use crate::error::LogError;
 use crate::format::{self, AckedRange, BatchAck, CursorInfo};
+use crate::position::Position;
 use crate::store::{Store, Version};
 
 /// What a cursor asks of its log: positions over the log's ledgers. The log

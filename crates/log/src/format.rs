@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::Position;
+use crate::position::Position;
 
 /// Version written into every record.
 pub(crate) const FORMAT_VERSION: u32 = 1;

@@ -45,12 +45,12 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use crate::Position;
 use crate::backend::{
     AddCallback, BoxFuture, LedgerBackend, LedgerBackendError, OpenLedger, Persistence, Reserve,
 };
 use crate::budget::{AppendBudget, AppendPermit};
 use crate::error::LogError;
+use crate::position::Position;
 
 /// Payload bytes in flight of one `LedgerAppender` (compaction writes one
 /// ledger per topic, one compaction at a time per topic, and waits for its
@@ -179,14 +179,14 @@ impl AppendQueue {
 
     /// Appends `data` at the back, holding `permit` (taken from the budget
     /// here when `None`) until it completes; `done` is told how it ended.
-    /// Refused at once (`done` called here) when the queue is stopped or the
-    /// budget has no room.
+    /// Refused at once (`done` called here, and false returned) when the
+    /// queue is stopped or the budget has no room.
     pub(crate) fn push(
         self: &Arc<Self>,
         data: Bytes,
         permit: Option<AppendPermit>,
         done: AppendDone,
-    ) {
+    ) -> bool {
         let payload_bytes = data.len() as u64;
         let permit = permit.or_else(|| self.budget.try_take(data.len()));
         let refused = {
@@ -205,7 +205,7 @@ impl AppendQueue {
                 if start {
                     self.drain(None);
                 }
-                return;
+                return true;
             } else {
                 Some(LogError::Overloaded(self.name.clone()))
             }
@@ -213,6 +213,7 @@ impl AppendQueue {
         if let Some(error) = refused {
             done(Err(error));
         }
+        false
     }
 
     /// Attaches the writer of the next ledger and drains what waited for it.
@@ -536,7 +537,8 @@ impl LedgerAppender {
     /// a failed add every later one fails too.
     pub fn add(&self, data: Bytes, done: AddCallback) {
         let ledger_id = self.writer.ledger_id();
-        self.queue.push(
+        // A refusal is told to `done` like any other outcome.
+        let _queued = self.queue.push(
             data,
             None,
             Box::new(move |result: Result<Position, LogError>| {
@@ -691,13 +693,14 @@ mod tests {
         Arc::new(AppendQueue::new("t".to_string(), budget, limits, hooks))
     }
 
-    fn push(queue: &Arc<AppendQueue>, outcomes: &Outcomes, id: u32, bytes: usize) {
+    /// Pushes an append of `bytes` bytes; true when it was queued.
+    fn push(queue: &Arc<AppendQueue>, outcomes: &Outcomes, id: u32, bytes: usize) -> bool {
         let outcomes = Arc::clone(outcomes);
         queue.push(
             Bytes::from(vec![id as u8; bytes]),
             None,
             Box::new(move |result| outcomes.lock().push((id, result))),
-        );
+        )
     }
 
     async fn settle() {
@@ -747,10 +750,10 @@ mod tests {
         // Appends hold their bytes until they complete (in flight or
         // waiting alike): 40 in flight, then 60 + 40 waiting reach the
         // bound, not pass it.
-        push(&q, &outcomes, 0, 40);
-        push(&q, &outcomes, 1, 60);
-        push(&q, &outcomes, 2, 41);
-        push(&q, &outcomes, 3, 40);
+        assert!(push(&q, &outcomes, 0, 40));
+        assert!(push(&q, &outcomes, 1, 60));
+        assert!(!push(&q, &outcomes, 2, 41), "refused, and told so at once");
+        assert!(push(&q, &outcomes, 3, 40));
         assert!(
             matches!(
                 outcomes.lock().as_slice(),

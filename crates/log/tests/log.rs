@@ -460,3 +460,18 @@ async fn backlog_bytes_and_the_position_that_keeps_a_quota() {
     );
     assert_eq!(log.position_keeping_bytes(100 * entry_bytes), None);
 }
+
+#[tokio::test]
+async fn an_append_refused_at_once_says_so_before_it_is_awaited() {
+    let (env, _) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/refused", small_ledgers())
+        .await
+        .unwrap();
+    let taken = log.append(entry(0));
+    assert!(!taken.is_refused());
+    taken.await.unwrap();
+    log.close().await.unwrap();
+    let refused = log.append(entry(1));
+    assert!(refused.is_refused());
+    assert!(refused.await.is_err());
+}

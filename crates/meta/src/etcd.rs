@@ -17,17 +17,17 @@
 //! `Unavailable` has an unknown outcome; the caller re-reads).
 
 use std::fmt;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse, WatchOptions, WatchStream,
-};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use futures::Stream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, timeout};
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status, Streaming};
 
 use crate::error::MetaError;
 use crate::key::{
@@ -38,6 +38,28 @@ use crate::local::next_store_id;
 use crate::session::{Session, SessionControl, SessionId, SessionState};
 use crate::store::{BackendKind, BoxFuture, ExpectedVersion, MetadataStore, Version, WatchEvent};
 use crate::watch::{Pushed, WatchGuard, WatchQueue, Watcher};
+
+/// Messages and clients generated from `proto/etcd.proto` by `build.rs`.
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    unreachable_pub,
+    missing_debug_implementations
+)]
+mod pb {
+    tonic::include_proto!("etcdserverpb");
+}
+
+use pb::compare::{CompareResult, CompareTarget, TargetUnion};
+use pb::kv_client::KvClient;
+use pb::lease_client::LeaseClient;
+use pb::watch_client::WatchClient;
+use pb::{
+    Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, ResponseHeader, ResponseOp,
+    TxnRequest, WatchCreateRequest, WatchRequest, WatchResponse, event, request_op, response_op,
+    watch_request,
+};
 
 /// Timeout of one etcd request. Generous next to etcd's own election timeout
 /// (1 s by default), so a leader change completes inside it.
@@ -66,14 +88,64 @@ const ETCD_SESSIONS_MAX: usize = 1024;
 /// Keep-alives per TTL: three tries before the lease can lapse.
 const KEEPALIVES_PER_TTL: u32 = 3;
 
-/// gRPC status codes we tell apart (google.rpc.Code).
-const GRPC_CANCELLED: i32 = 1;
-const GRPC_UNKNOWN: i32 = 2;
-const GRPC_DEADLINE_EXCEEDED: i32 = 4;
-const GRPC_NOT_FOUND: i32 = 5;
-const GRPC_RESOURCE_EXHAUSTED: i32 = 8;
-const GRPC_ABORTED: i32 = 10;
-const GRPC_UNAVAILABLE: i32 = 14;
+/// Requests queued on one client-to-etcd stream. A watch stream carries its
+/// create request only; a keep-alive stream one request per round trip (the
+/// next is sent after the answer to the last). When full: the stream is
+/// broken and re-created.
+const STREAM_REQUESTS_QUEUED_MAX: usize = 1;
+
+/// The gRPC connection to etcd, balanced over the endpoints. Cheap to clone:
+/// clones share the connections.
+#[derive(Clone)]
+struct Client {
+    channel: Channel,
+}
+
+impl Client {
+    /// Endpoints are connected lazily, on first use, and again after a failure.
+    fn new(endpoints: &[String]) -> Result<Self, MetaError> {
+        let mut list = Vec::with_capacity(endpoints.len());
+        for url in endpoints {
+            let endpoint = Endpoint::from_shared(url.clone())
+                .map_err(|error| MetaError::BadUrl {
+                    url: url.clone(),
+                    reason: error.to_string(),
+                })?
+                .timeout(ETCD_OP_TIMEOUT)
+                .connect_timeout(ETCD_CONNECT_TIMEOUT);
+            list.push(endpoint);
+        }
+        Ok(Self {
+            channel: Channel::balance_list(list.into_iter()),
+        })
+    }
+
+    fn kv(&self) -> KvClient<Channel> {
+        KvClient::new(self.channel.clone())
+    }
+
+    fn watch(&self) -> WatchClient<Channel> {
+        WatchClient::new(self.channel.clone())
+    }
+
+    fn lease(&self) -> LeaseClient<Channel> {
+        LeaseClient::new(self.channel.clone())
+    }
+}
+
+/// The request side of a gRPC stream: what is sent into `sender` goes to etcd,
+/// and the stream stays open until the sender is dropped.
+fn request_stream<T: Send + 'static>(
+    first: T,
+) -> (mpsc::Sender<T>, impl Stream<Item = T> + Send + 'static) {
+    let (sender, receiver) = mpsc::channel(STREAM_REQUESTS_QUEUED_MAX);
+    // Cannot fail: the channel is new and has room for one.
+    let _ = sender.try_send(first);
+    let stream = futures::stream::unfold(receiver, |mut receiver| async move {
+        receiver.recv().await.map(|request| (request, receiver))
+    });
+    (sender, stream)
+}
 
 /// The metadata store on etcd. Cheap to clone: clones share the connection.
 #[derive(Clone)]
@@ -94,22 +166,20 @@ impl fmt::Debug for EtcdStore {
     }
 }
 
-fn etcd_error(op: &'static str) -> impl Fn(etcd_client::Error) -> MetaError {
-    move |error| {
-        let transient = match &error {
-            etcd_client::Error::GRpcStatus(status) => matches!(
-                i32::from(status.code()),
-                GRPC_CANCELLED
-                    | GRPC_UNKNOWN
-                    | GRPC_DEADLINE_EXCEEDED
-                    | GRPC_RESOURCE_EXHAUSTED
-                    | GRPC_ABORTED
-                    | GRPC_UNAVAILABLE
-            ),
-            etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-            _ => false,
-        };
-        let detail = error.to_string();
+fn etcd_error(op: &'static str) -> impl Fn(Status) -> MetaError {
+    move |status| {
+        // A broken connection comes back as Unavailable (or Unknown), like
+        // etcd's own transient answers.
+        let transient = matches!(
+            status.code(),
+            Code::Cancelled
+                | Code::Unknown
+                | Code::DeadlineExceeded
+                | Code::ResourceExhausted
+                | Code::Aborted
+                | Code::Unavailable
+        );
+        let detail = format!("{:?}: {}", status.code(), status.message());
         if transient {
             MetaError::Unavailable { op, detail }
         } else {
@@ -118,12 +188,8 @@ fn etcd_error(op: &'static str) -> impl Fn(etcd_client::Error) -> MetaError {
     }
 }
 
-fn is_lease_not_found(error: &etcd_client::Error) -> bool {
-    match error {
-        etcd_client::Error::GRpcStatus(status) => i32::from(status.code()) == GRPC_NOT_FOUND,
-        etcd_client::Error::LeaseKeepAliveError(message) => message.contains("not found"),
-        _ => false,
-    }
+fn is_lease_not_found(status: &Status) -> bool {
+    status.code() == Code::NotFound
 }
 
 fn timed_out(op: &'static str) -> MetaError {
@@ -131,6 +197,26 @@ fn timed_out(op: &'static str) -> MetaError {
         op,
         detail: format!("no answer within {ETCD_OP_TIMEOUT:?}"),
     }
+}
+
+/// One call with the request timeout: the outer error is the timeout, the
+/// inner one etcd's (or the connection's) answer.
+async fn timed<T>(
+    op: &'static str,
+    call: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<Result<T, Status>, MetaError> {
+    timeout(ETCD_OP_TIMEOUT, call)
+        .await
+        .map(|answer| answer.map(tonic::Response::into_inner))
+        .map_err(|_| timed_out(op))
+}
+
+/// One unary call with the request timeout and etcd's errors typed.
+async fn unary<T>(
+    op: &'static str,
+    call: impl Future<Output = Result<tonic::Response<T>, Status>>,
+) -> Result<T, MetaError> {
+    timed(op, call).await?.map_err(etcd_error(op))
 }
 
 /// A revision from etcd as a version; revisions of existing keys are >= 1.
@@ -144,11 +230,8 @@ fn version_of(op: &'static str, revision: i64) -> Result<Version, MetaError> {
     }
 }
 
-fn header_revision(
-    op: &'static str,
-    header: Option<&etcd_client::ResponseHeader>,
-) -> Result<i64, MetaError> {
-    header.map(|h| h.revision()).ok_or(MetaError::Backend {
+fn header_revision(op: &'static str, header: Option<&ResponseHeader>) -> Result<i64, MetaError> {
+    header.map(|h| h.revision).ok_or(MetaError::Backend {
         op,
         detail: "etcd response without a header".to_owned(),
     })
@@ -158,6 +241,57 @@ fn revision_of(version: Version) -> i64 {
     // Versions we hand out come from etcd's i64 revisions; anything larger can
     // never match, and i64::MAX never matches a real revision either.
     i64::try_from(version.0).unwrap_or(i64::MAX)
+}
+
+fn range_of(key: &str) -> RangeRequest {
+    RangeRequest {
+        key: key.as_bytes().to_vec(),
+        ..RangeRequest::default()
+    }
+}
+
+fn put_of(key: &str, value: &Bytes, lease_id: i64) -> PutRequest {
+    PutRequest {
+        key: key.as_bytes().to_vec(),
+        value: value.to_vec(),
+        lease: lease_id,
+    }
+}
+
+/// The compare of a create: the key has no create revision (does not exist).
+fn compare_absent(key: &str) -> Compare {
+    Compare {
+        result: CompareResult::Equal.into(),
+        target: CompareTarget::Create.into(),
+        key: key.as_bytes().to_vec(),
+        target_union: Some(TargetUnion::CreateRevision(0)),
+    }
+}
+
+/// The compare of an update: the key was last modified at `revision`.
+fn compare_modified_at(key: &str, revision: i64) -> Compare {
+    Compare {
+        result: CompareResult::Equal.into(),
+        target: CompareTarget::Mod.into(),
+        key: key.as_bytes().to_vec(),
+        target_union: Some(TargetUnion::ModRevision(revision)),
+    }
+}
+
+fn txn_op(request: request_op::Request) -> RequestOp {
+    RequestOp {
+        request: Some(request),
+    }
+}
+
+/// A txn that runs `then` if `compare` holds, else reads `key` (so a failure
+/// can say why).
+fn txn_else_read(compare: Compare, then: request_op::Request, key: &str) -> TxnRequest {
+    TxnRequest {
+        compare: vec![compare],
+        success: vec![txn_op(then)],
+        failure: vec![txn_op(request_op::Request::RequestRange(range_of(key)))],
+    }
 }
 
 impl EtcdStore {
@@ -180,35 +314,27 @@ impl EtcdStore {
                 }
             })
             .collect();
-        let options = ConnectOptions::new()
-            .with_timeout(ETCD_OP_TIMEOUT)
-            .with_connect_timeout(ETCD_CONNECT_TIMEOUT);
-        let client = timeout(ETCD_OP_TIMEOUT, Client::connect(&endpoints, Some(options)))
-            .await
-            .map_err(|_| timed_out("connect"))?
-            .map_err(etcd_error("connect"))?;
         let store = Self {
-            client,
+            client: Client::new(&endpoints)?,
             endpoints,
             store_id: next_store_id(),
             watcher_slots: Arc::new(Semaphore::new(ETCD_WATCHERS_MAX)),
             session_slots: Arc::new(Semaphore::new(ETCD_SESSIONS_MAX)),
         };
         // Fail now, naming the endpoints, rather than at the first real call.
-        let mut kv = store.client.kv_client();
-        timeout(
-            ETCD_OP_TIMEOUT,
-            kv.get("/", Some(GetOptions::new().with_keys_only())),
-        )
-        .await
-        .map_err(|_| timed_out("connect"))?
-        .map_err(|error| match etcd_error("connect")(error) {
-            MetaError::Unavailable { op, detail } => MetaError::Unavailable {
-                op,
-                detail: format!("{}: {detail}", store.endpoints.join(",")),
-            },
-            other => other,
-        })?;
+        let probe = RangeRequest {
+            keys_only: true,
+            ..range_of("/")
+        };
+        unary("connect", store.client.kv().range(probe))
+            .await
+            .map_err(|error| match error {
+                MetaError::Unavailable { op, detail } => MetaError::Unavailable {
+                    op,
+                    detail: format!("{}: {detail}", store.endpoints.join(",")),
+                },
+                other => other,
+            })?;
         Ok(store)
     }
 
@@ -219,16 +345,11 @@ impl EtcdStore {
 
     async fn get_impl(&self, key: &str) -> Result<Option<(Bytes, Version)>, MetaError> {
         validate_key(key)?;
-        let mut kv = self.client.kv_client();
-        let mut response = timeout(ETCD_OP_TIMEOUT, kv.get(key, None))
-            .await
-            .map_err(|_| timed_out("get"))?
-            .map_err(etcd_error("get"))?;
-        match response.take_kvs().into_iter().next() {
+        let response = unary("get", self.client.kv().range(range_of(key))).await?;
+        match response.kvs.into_iter().next() {
             Some(found) => {
-                let version = version_of("get", found.mod_revision())?;
-                let (_, value) = found.into_key_value();
-                Ok(Some((Bytes::from(value), version)))
+                let version = version_of("get", found.mod_revision)?;
+                Ok(Some((Bytes::from(found.value), version)))
             }
             None => Ok(None),
         }
@@ -242,39 +363,31 @@ impl EtcdStore {
         lease: Option<(i64, SessionId)>,
     ) -> Result<Version, MetaError> {
         const OP: &str = "put";
-        let options = lease.map(|(id, _)| PutOptions::new().with_lease(id));
-        let map_error = |error: etcd_client::Error| match lease {
-            Some((_, session)) if is_lease_not_found(&error) => {
+        let map_error = |status: Status| match lease {
+            Some((_, session)) if is_lease_not_found(&status) => {
                 MetaError::SessionExpired { session }
             }
-            _ => etcd_error(OP)(error),
+            _ => etcd_error(OP)(status),
         };
-        let mut kv = self.client.kv_client();
+        let put = put_of(key, &value, lease.map_or(0, |(id, _)| id));
         let compare = match expected {
             ExpectedVersion::Any => {
-                let response = timeout(ETCD_OP_TIMEOUT, kv.put(key, value.to_vec(), options))
-                    .await
-                    .map_err(|_| timed_out(OP))?
+                let response = timed(OP, self.client.kv().put(put))
+                    .await?
                     .map_err(map_error)?;
-                return version_of(OP, header_revision(OP, response.header())?);
+                return version_of(OP, header_revision(OP, response.header.as_ref())?);
             }
-            ExpectedVersion::Absent => Compare::create_revision(key, CompareOp::Equal, 0),
-            ExpectedVersion::Is(version) => {
-                Compare::mod_revision(key, CompareOp::Equal, revision_of(version))
-            }
+            ExpectedVersion::Absent => compare_absent(key),
+            ExpectedVersion::Is(version) => compare_modified_at(key, revision_of(version)),
         };
-        let txn = Txn::new()
-            .when([compare])
-            .and_then([TxnOp::put(key, value.to_vec(), options)])
-            .or_else([TxnOp::get(key, None)]);
-        let response = timeout(ETCD_OP_TIMEOUT, kv.txn(txn))
-            .await
-            .map_err(|_| timed_out(OP))?
+        let txn = txn_else_read(compare, request_op::Request::RequestPut(put), key);
+        let response = timed(OP, self.client.kv().txn(txn))
+            .await?
             .map_err(map_error)?;
-        if response.succeeded() {
-            return version_of(OP, header_revision(OP, response.header())?);
+        if response.succeeded {
+            return version_of(OP, header_revision(OP, response.header.as_ref())?);
         }
-        Err(self.explain_failed_compare(OP, key, expected, &response.op_responses())?)
+        Err(self.explain_failed_compare(OP, key, expected, &response.responses)?)
     }
 
     /// The typed error for a txn whose compare failed; its else-branch read `key`.
@@ -283,11 +396,11 @@ impl EtcdStore {
         op: &'static str,
         key: &str,
         expected: ExpectedVersion,
-        responses: &[TxnOpResponse],
+        responses: &[ResponseOp],
     ) -> Result<MetaError, MetaError> {
-        let current = match responses.first() {
-            Some(TxnOpResponse::Get(get)) => match get.kvs().first() {
-                Some(found) => Some(version_of(op, found.mod_revision())?),
+        let current = match responses.first().and_then(|r| r.response.as_ref()) {
+            Some(response_op::Response::ResponseRange(range)) => match range.kvs.first() {
+                Some(found) => Some(version_of(op, found.mod_revision)?),
                 None => None,
             },
             _ => {
@@ -312,7 +425,10 @@ impl EtcdStore {
     async fn delete_impl(&self, key: &str, expected: ExpectedVersion) -> Result<(), MetaError> {
         const OP: &str = "delete";
         validate_key(key)?;
-        let mut kv = self.client.kv_client();
+        let delete = DeleteRangeRequest {
+            key: key.as_bytes().to_vec(),
+            range_end: Vec::new(),
+        };
         let version = match expected {
             ExpectedVersion::Absent => {
                 return Err(MetaError::InvalidArgument {
@@ -320,11 +436,8 @@ impl EtcdStore {
                 });
             }
             ExpectedVersion::Any => {
-                let response = timeout(ETCD_OP_TIMEOUT, kv.delete(key, None))
-                    .await
-                    .map_err(|_| timed_out(OP))?
-                    .map_err(etcd_error(OP))?;
-                if response.deleted() == 0 {
+                let response = unary(OP, self.client.kv().delete_range(delete)).await?;
+                if response.deleted == 0 {
                     return Err(MetaError::NotFound {
                         key: key.to_owned(),
                     });
@@ -333,22 +446,16 @@ impl EtcdStore {
             }
             ExpectedVersion::Is(version) => version,
         };
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                key,
-                CompareOp::Equal,
-                revision_of(version),
-            )])
-            .and_then([TxnOp::delete(key, None)])
-            .or_else([TxnOp::get(key, None)]);
-        let response = timeout(ETCD_OP_TIMEOUT, kv.txn(txn))
-            .await
-            .map_err(|_| timed_out(OP))?
-            .map_err(etcd_error(OP))?;
-        if response.succeeded() {
+        let txn = txn_else_read(
+            compare_modified_at(key, revision_of(version)),
+            request_op::Request::RequestDeleteRange(delete),
+            key,
+        );
+        let response = unary(OP, self.client.kv().txn(txn)).await?;
+        if response.succeeded {
             return Ok(());
         }
-        Err(self.explain_failed_compare(OP, key, expected, &response.op_responses())?)
+        Err(self.explain_failed_compare(OP, key, expected, &response.responses)?)
     }
 
     async fn children_impl(&self, path: &str) -> Result<Vec<String>, MetaError> {
@@ -356,29 +463,27 @@ impl EtcdStore {
         validate_path(path)?;
         let prefix = children_prefix(path);
         let end = prefix_end(&prefix);
-        let mut kv = self.client.kv_client();
         let mut names = Vec::new();
         let mut start = prefix.clone().into_bytes();
         // Every page reads the revision of the first: one consistent snapshot.
         let mut revision: Option<i64> = None;
         loop {
-            let mut options = GetOptions::new()
-                .with_range(end.clone())
-                .with_keys_only()
-                .with_limit(CHILDREN_PAGE_KEYS);
-            if let Some(revision) = revision {
-                options = options.with_revision(revision);
-            }
-            let response = timeout(ETCD_OP_TIMEOUT, kv.get(start.clone(), Some(options)))
-                .await
-                .map_err(|_| timed_out(OP))?
-                .map_err(etcd_error(OP))?;
+            let page = RangeRequest {
+                key: start.clone(),
+                range_end: end.clone(),
+                limit: CHILDREN_PAGE_KEYS,
+                revision: revision.unwrap_or(0),
+                keys_only: true,
+            };
+            let response = unary(OP, self.client.kv().range(page)).await?;
             if revision.is_none() {
-                revision = Some(header_revision(OP, response.header())?);
+                revision = Some(header_revision(OP, response.header.as_ref())?);
             }
-            for found in response.kvs() {
+            for found in &response.kvs {
                 // Keys that are not UTF-8 were not written by Vela: not children.
-                let Ok(key) = found.key_str() else { continue };
+                let Ok(key) = std::str::from_utf8(&found.key) else {
+                    continue;
+                };
                 if let Some(name) = direct_child(&prefix, key) {
                     if names.len() >= CHILDREN_COUNT_MAX {
                         return Err(MetaError::TooManyChildren {
@@ -389,9 +494,9 @@ impl EtcdStore {
                     names.push(name.to_owned());
                 }
             }
-            match (response.more(), response.kvs().last()) {
+            match (response.more, response.kvs.last()) {
                 (true, Some(last)) => {
-                    start = last.key().to_vec();
+                    start = last.key.clone();
                     start.push(0);
                 }
                 _ => return Ok(names),
@@ -429,14 +534,20 @@ impl EtcdStore {
                 limit: ETCD_SESSIONS_MAX,
             })?;
         let ttl_seconds = i64::try_from(ttl.as_millis().div_ceil(1000).max(1)).unwrap_or(i64::MAX);
-        let mut lease = self.client.lease_client();
         let granted_at = Instant::now();
-        let grant = timeout(ETCD_OP_TIMEOUT, lease.grant(ttl_seconds, None))
-            .await
-            .map_err(|_| timed_out(OP))?
-            .map_err(etcd_error(OP))?;
-        let lease_id = grant.id();
-        let granted_ttl = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1).max(1));
+        let request = LeaseGrantRequest {
+            ttl: ttl_seconds,
+            id: 0,
+        };
+        let grant = unary(OP, self.client.lease().lease_grant(request)).await?;
+        if !grant.error.is_empty() {
+            return Err(MetaError::Backend {
+                op: OP,
+                detail: grant.error,
+            });
+        }
+        let lease_id = grant.id;
+        let granted_ttl = Duration::from_secs(u64::try_from(grant.ttl).unwrap_or(1).max(1));
         let session_id = SessionId(u64::try_from(lease_id).map_err(|_| MetaError::Backend {
             op: OP,
             detail: format!("etcd granted lease id {lease_id}"),
@@ -560,6 +671,13 @@ impl Drop for AbortOnDrop {
 /// compacted: the caller must watch from now instead (and report `Lagged`).
 const WATCH_COMPACTED_OP: &str = "watch from a compacted revision";
 
+/// An open etcd watch: its events, and the request side that keeps it open
+/// (etcd ends a watch stream when the client closes its side).
+struct WatchStream {
+    responses: Streaming<WatchResponse>,
+    _requests: mpsc::Sender<WatchRequest>,
+}
+
 /// Creates an etcd watch on `path` and its subtree, from `start_revision` or
 /// from now, and waits for etcd to confirm it. Returns the stream and the first
 /// revision it will report.
@@ -571,38 +689,40 @@ async fn open_watch(
     const OP: &str = "watch";
     // [path, prefix_end(path)) covers path and path/...; siblings such as
     // `path-x` fall in the range too and are filtered out by `in_subtree`.
-    let mut options = WatchOptions::new().with_range(prefix_end(path));
-    if let Some(revision) = start_revision {
-        options = options.with_start_revision(revision);
-    }
-    let mut watch_client = client.watch_client();
-    let mut stream = timeout(ETCD_OP_TIMEOUT, watch_client.watch(path, Some(options)))
-        .await
-        .map_err(|_| timed_out(OP))?
-        .map_err(etcd_error(OP))?;
-    let created = timeout(ETCD_OP_TIMEOUT, stream.message())
+    let create = WatchCreateRequest {
+        key: path.as_bytes().to_vec(),
+        range_end: prefix_end(path),
+        start_revision: start_revision.unwrap_or(0),
+    };
+    let (requests, request_stream) = request_stream(WatchRequest {
+        request_union: Some(watch_request::RequestUnion::CreateRequest(create)),
+    });
+    let responses = unary(OP, client.watch().watch(request_stream)).await?;
+    let mut stream = WatchStream {
+        responses,
+        _requests: requests,
+    };
+    let created = timeout(ETCD_OP_TIMEOUT, stream.responses.message())
         .await
         .map_err(|_| timed_out(OP))?
         .map_err(etcd_error(OP))?;
     match created {
-        Some(response) if response.created() && !response.canceled() => {
-            let now = header_revision(OP, response.header())?;
+        Some(response) if response.created && !response.canceled => {
+            let now = header_revision(OP, response.header.as_ref())?;
             Ok((stream, start_revision.unwrap_or(now + 1)))
         }
-        Some(response) if response.compact_revision() > 0 => Err(MetaError::Backend {
+        Some(response) if response.compact_revision > 0 => Err(MetaError::Backend {
             op: WATCH_COMPACTED_OP,
             detail: format!(
                 "revision {start_revision:?} is compacted (compact revision {})",
-                response.compact_revision()
+                response.compact_revision
             ),
         }),
         Some(response) => Err(MetaError::Backend {
             op: OP,
             detail: format!(
                 "etcd did not create the watch (canceled {}, compact revision {}, {})",
-                response.canceled(),
-                response.compact_revision(),
-                response.cancel_reason()
+                response.canceled, response.compact_revision, response.cancel_reason
             ),
         }),
         None => Err(MetaError::Unavailable {
@@ -657,27 +777,28 @@ async fn run_watch(
             }
             continue;
         };
-        let response = match current.message().await {
+        let response = match current.responses.message().await {
             Ok(Some(response)) => response,
             Ok(None) => {
                 tracing::warn!(%path, "etcd watch stream ended; re-creating it");
                 stream = None;
                 continue;
             }
-            Err(error) => {
+            Err(status) => {
+                let error = etcd_error("watch")(status);
                 tracing::warn!(%path, %error, "etcd watch failed; re-creating it");
                 stream = None;
                 continue;
             }
         };
-        if response.canceled() || response.compact_revision() > 0 {
+        if response.canceled || response.compact_revision > 0 {
             tracing::warn!(
                 %path,
-                compact_revision = response.compact_revision(),
-                reason = response.cancel_reason(),
+                compact_revision = response.compact_revision,
+                reason = response.cancel_reason,
                 "etcd canceled the watch; watching from now, the watcher must re-read"
             );
-            if response.compact_revision() > 0 {
+            if response.compact_revision > 0 {
                 next_revision = None;
             }
             stream = None;
@@ -685,22 +806,26 @@ async fn run_watch(
             continue;
         }
         backoff = WATCH_RETRY_BACKOFF_MIN;
-        for event in response.events() {
-            let Some(kv) = event.kv() else { continue };
-            next_revision = Some(kv.mod_revision() + 1);
-            let Ok(key) = kv.key_str() else { continue };
+        for event in &response.events {
+            let Some(kv) = event.kv.as_ref() else {
+                continue;
+            };
+            next_revision = Some(kv.mod_revision + 1);
+            let Ok(key) = std::str::from_utf8(&kv.key) else {
+                continue;
+            };
             if !in_subtree(&path, key) {
                 continue;
             }
-            let watch_event = match event.event_type() {
-                EventType::Put => match version_of("watch", kv.mod_revision()) {
+            let watch_event = match event.r#type() {
+                event::EventType::Put => match version_of("watch", kv.mod_revision) {
                     Ok(version) => WatchEvent::Put {
                         key: key.to_owned(),
                         version,
                     },
                     Err(_) => continue,
                 },
-                EventType::Delete => WatchEvent::Delete {
+                event::EventType::Delete => WatchEvent::Delete {
                     key: key.to_owned(),
                 },
             };
@@ -709,6 +834,45 @@ async fn run_watch(
             }
         }
     }
+}
+
+/// An open keep-alive stream of one lease: one request, then its answer.
+struct KeepAliveStream {
+    requests: mpsc::Sender<LeaseKeepAliveRequest>,
+    responses: Streaming<LeaseKeepAliveResponse>,
+}
+
+/// Sends one keep-alive for `lease_id` on `channel` (opened first if there is
+/// none) and waits for its answer.
+async fn renew_lease(
+    client: &Client,
+    channel: &mut Option<KeepAliveStream>,
+    lease_id: i64,
+) -> Result<Option<LeaseKeepAliveResponse>, Status> {
+    let request = LeaseKeepAliveRequest { id: lease_id };
+    let open = match channel {
+        Some(open) => {
+            open.requests
+                .try_send(request)
+                .map_err(|_| Status::unavailable("keep-alive stream closed or busy"))?;
+            open
+        }
+        None => {
+            // The first request goes out with the stream: etcd answers the
+            // stream's headers only once it has something to say.
+            let (requests, request_stream) = request_stream(request);
+            let responses = client
+                .lease()
+                .lease_keep_alive(request_stream)
+                .await?
+                .into_inner();
+            channel.insert(KeepAliveStream {
+                requests,
+                responses,
+            })
+        }
+    };
+    open.responses.message().await
 }
 
 /// Keeps lease `lease_id` alive until it is lost, then publishes `Expired`.
@@ -730,32 +894,19 @@ async fn keep_alive(
         if Instant::now() >= acknowledged_sent_at + ttl {
             break;
         }
-        if channel.is_none() {
-            let mut lease = client.lease_client();
-            match timeout(interval, lease.keep_alive(lease_id)).await {
-                Ok(Ok(pair)) => channel = Some(pair),
-                Ok(Err(error)) if is_lease_not_found(&error) => break,
-                Ok(Err(error)) => {
-                    tracing::warn!(lease = lease_id, %error, "etcd keep-alive stream failed");
-                    continue;
-                }
-                Err(_) => continue,
-            }
-        }
-        let Some((keeper, responses)) = channel.as_mut() else {
-            continue;
-        };
         let sent_at = Instant::now();
-        let answer = timeout(interval, async {
-            keeper.keep_alive().await?;
-            responses.message().await
-        })
-        .await;
+        let answer = timeout(interval, renew_lease(&client, &mut channel, lease_id)).await;
         match answer {
-            Ok(Ok(Some(response))) if response.ttl() > 0 => acknowledged_sent_at = sent_at,
+            // A TTL of 0 or less: etcd no longer knows the lease.
+            Ok(Ok(Some(response))) if response.ttl > 0 => acknowledged_sent_at = sent_at,
             Ok(Ok(Some(_))) => break,
-            Ok(Err(error)) if is_lease_not_found(&error) => break,
-            Ok(Ok(None)) | Ok(Err(_)) | Err(_) => channel = None,
+            Ok(Err(status)) if is_lease_not_found(&status) => break,
+            Ok(Err(status)) => {
+                let error = etcd_error("keep-alive")(status);
+                tracing::warn!(lease = lease_id, %error, "etcd keep-alive stream failed");
+                channel = None;
+            }
+            Ok(Ok(None)) | Err(_) => channel = None,
         }
     }
     tracing::warn!(lease = lease_id, ?ttl, "etcd session expired");
@@ -770,8 +921,13 @@ async fn keep_alive(
     });
     // Best effort: if etcd still holds the lease (a leader change refreshes
     // lease deadlines), drop it now so its keys go with the holder's belief.
-    let mut lease = client.lease_client();
-    let _ = timeout(ETCD_OP_TIMEOUT, lease.revoke(lease_id)).await;
+    let _ = timed(
+        "revoke",
+        client
+            .lease()
+            .lease_revoke(LeaseRevokeRequest { id: lease_id }),
+    )
+    .await;
 }
 
 struct EtcdSessionControl {
@@ -808,16 +964,15 @@ impl SessionControl for EtcdSessionControl {
     fn close(&self, _id: SessionId) -> BoxFuture<'_, Result<(), MetaError>> {
         Box::pin(async move {
             self.stop_keep_alive();
-            let mut lease = self.client.lease_client();
-            let result = timeout(ETCD_OP_TIMEOUT, lease.revoke(self.lease_id)).await;
+            let revoke = LeaseRevokeRequest { id: self.lease_id };
+            let result = timed("close session", self.client.lease().lease_revoke(revoke)).await;
             // Closed either way: nothing keeps the lease alive any more, so etcd
             // drops it within the TTL even if the revoke did not arrive.
             self.state.send_replace(SessionState::Closed);
-            match result {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(error)) if is_lease_not_found(&error) => Ok(()),
-                Ok(Err(error)) => Err(etcd_error("close session")(error)),
-                Err(_) => Err(timed_out("close session")),
+            match result? {
+                Ok(_) => Ok(()),
+                Err(status) if is_lease_not_found(&status) => Ok(()),
+                Err(status) => Err(etcd_error("close session")(status)),
             }
         })
     }

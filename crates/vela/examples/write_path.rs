@@ -7,7 +7,7 @@
 //! prints each stage's mean and p50, each layer's own share (a stage minus the
 //! stage nested in it), the stage sum, and the ratio of the stage sum to the
 //! client-measured publish latency (target: within 10 %). It prints; it never
-//! asserts (DESIGN §9: benchmarks print figures).
+//! asserts (benchmarks print figures, never timing assertions).
 //!
 //! Usage (bench/write_path.sh starts a standalone and runs this):
 //! `cargo run --release -p vela --example write_path -- PULSAR_URL HTTP_URL [MESSAGES] [PAYLOAD_BYTES]`
@@ -21,8 +21,7 @@ use bytes::BytesMut;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use vela_broker::LatencySnapshot;
-use vela_broker::metrics::LATENCY_BUCKETS;
+use vela_metrics::{BUCKETS, Histogram, Snapshot};
 use vela_wire::proto::{self, BaseCommand, MessageMetadata, base_command::Type};
 use vela_wire::{Frame, FrameDecoder};
 
@@ -86,7 +85,7 @@ impl Conn {
 }
 
 /// (stage, scope) → snapshot, from the broker's write-path document.
-fn write_path(http_url: &str) -> BTreeMap<(String, String), LatencySnapshot> {
+fn write_path(http_url: &str) -> BTreeMap<(String, String), Snapshot> {
     let url = format!("{http_url}/admin/v2/vela/write-path");
     let text = ureq::get(&url)
         .call()
@@ -103,11 +102,11 @@ fn write_path(http_url: &str) -> BTreeMap<(String, String), LatencySnapshot> {
             .iter()
             .map(|v| v.as_u64().unwrap())
             .collect();
-        assert_eq!(counts.len(), LATENCY_BUCKETS, "bucket layout differs");
-        let mut snapshot = LatencySnapshot::default();
+        assert_eq!(counts.len(), BUCKETS, "bucket layout differs");
+        let mut snapshot = Snapshot::default();
         snapshot.buckets.copy_from_slice(&counts);
         snapshot.count = row["count"].as_u64().unwrap();
-        snapshot.sum_us = row["sum_us"].as_u64().unwrap();
+        snapshot.sum = row["sum_us"].as_u64().unwrap();
         let key = (
             row["stage"].as_str().unwrap().to_string(),
             row["scope"].as_str().unwrap().to_string(),
@@ -118,7 +117,7 @@ fn write_path(http_url: &str) -> BTreeMap<(String, String), LatencySnapshot> {
 }
 
 /// The stage over every instance ("all" when several bookies, else the one).
-fn stage(snapshots: &BTreeMap<(String, String), LatencySnapshot>, name: &str) -> LatencySnapshot {
+fn stage(snapshots: &BTreeMap<(String, String), Snapshot>, name: &str) -> Snapshot {
     let rows: Vec<_> = snapshots.iter().filter(|((s, _), _)| s == name).collect();
     if let Some((_, all)) = rows.iter().find(|((_, scope), _)| scope == "all") {
         return **all;
@@ -179,7 +178,7 @@ fn main() {
             conn.publish(sequence_id, &payload).await;
         }
         let before = write_path(&http_url);
-        let client = vela_broker::metrics::LatencyHistogram::default();
+        let client = Histogram::default();
         let started = Instant::now();
         for sequence_id in warm_up..warm_up + messages {
             let sent = Instant::now();
@@ -196,13 +195,13 @@ fn main() {
 }
 
 fn report(
-    before: &BTreeMap<(String, String), LatencySnapshot>,
-    after: &BTreeMap<(String, String), LatencySnapshot>,
-    client: &LatencySnapshot,
+    before: &BTreeMap<(String, String), Snapshot>,
+    after: &BTreeMap<(String, String), Snapshot>,
+    client: &Snapshot,
     messages: u64,
     elapsed: Duration,
 ) {
-    let delta: BTreeMap<(String, String), LatencySnapshot> = after
+    let delta: BTreeMap<(String, String), Snapshot> = after
         .iter()
         .map(|(key, snapshot)| {
             let earlier = before.get(key).copied().unwrap_or_default();
@@ -225,8 +224,8 @@ fn report(
         println!(
             "{name:<20} {scope:<22} {:>8} {:>12.1} {:>12.1}",
             s.count,
-            s.mean_us(),
-            s.quantile_us(0.5)
+            s.mean(),
+            s.quantile(0.5)
         );
     }
     println!(
@@ -234,11 +233,11 @@ fn report(
         "client_publish",
         "this program",
         client.count,
-        client.mean_us(),
-        client.quantile_us(0.5)
+        client.mean(),
+        client.quantile(0.5)
     );
 
-    let mean = |name: &str| stage(&delta, name).mean_us();
+    let mean = |name: &str| stage(&delta, name).mean();
     let broker = mean("broker_publish");
     let ledger = mean("ledger_add");
     let bookie = mean("bookie_add");
@@ -266,7 +265,7 @@ fn report(
         stage_sum += value;
         println!("  {label:<55} {value:>9.1}");
     }
-    let measured = client.mean_us();
+    let measured = client.mean();
     println!("  {:<55} {stage_sum:>9.1}", "stage sum");
     println!(
         "  {:<55} {measured:>9.1}",

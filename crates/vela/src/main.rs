@@ -1,5 +1,6 @@
 //! The `vela` binary: command line, configuration and the wiring of the crates
-//! into processes (`standalone`, `bookie`, `broker`, `admin`, `perf`).
+//! into processes (`standalone`, `bookie`, `broker`, `admin`, `perf`), and
+//! `doctor`, the check of a bookie host's journal media and kernel settings.
 //!
 //! Owns: argument parsing, logging setup, exit codes. Never: protocol or storage
 //! logic (that lives in the crates); a bad flag or config value is reported
@@ -9,6 +10,7 @@ mod admin_cmd;
 mod bookie_cmd;
 mod bookie_tls_args;
 mod broker_cmd;
+mod doctor;
 mod ledgers_cmd;
 mod limit_args;
 mod memory_args;
@@ -53,6 +55,11 @@ enum Command {
     Ledgers(ledgers_cmd::LedgersArgs),
     /// Load generators (pulsar-perf's flags): produce, consume, disk.
     Perf(perf::PerfArgs),
+    /// Check a bookie host before trusting it with a journal: fdatasync
+    /// latency, O_DIRECT, mounts and devices of the journal and ledger
+    /// directories, kernel write-back and CPU settings; findings with the
+    /// fix. Exits 1 when a rule fails.
+    Doctor(doctor::DoctorArgs),
 }
 
 fn main() {
@@ -65,6 +72,7 @@ fn main() {
         Command::Standalone(args) => standalone::run(args),
         Command::Perf(args) => perf::run(args),
         Command::Ledgers(args) => ledgers_cmd::run(args),
+        Command::Doctor(args) => doctor::run(args),
     };
     if let Err(error) = result {
         eprintln!("vela: {error:#}");

@@ -6,6 +6,8 @@
 //! DATA_DIR/metadata/            embedded metadata store (redb, fsync'ed)
 //! DATA_DIR/bookie-I/journal/    bookie I's write-ahead journal
 //! DATA_DIR/bookie-I/ledgers/    bookie I's ledger storage
+//! PMEM_PATH/bookie-I/journal.pmem  with --journal-backend pmem: bookie I's
+//!                               journal region (the journal dir keeps its LOCK)
 //! ```
 //! Bookies run in this process and the broker reaches them directly
 //! (`vela_ledger_backend::LocalBookies`): same durability and the same
@@ -224,6 +226,10 @@ async fn open_bookies(args: &StandaloneArgs) -> anyhow::Result<Vec<(BookieId, Ar
         let dir = args.data_dir.join(format!("{BOOKIE_DIR_PREFIX}{index}"));
         let mut config = BookieConfig::new(dir.join("journal"), dir.join("ledgers"));
         args.storage.apply(&mut config)?;
+        if let Some(pmem) = config.journal.pmem.as_mut() {
+            // Each bookie its own region, under --journal-pmem-path.
+            pmem.dir = pmem.dir.join(format!("{BOOKIE_DIR_PREFIX}{index}"));
+        }
         opening.spawn_blocking(move || {
             let opened = Bookie::open(config)
                 .with_context(|| format!("cannot open bookie {index} in {}", dir.display()));

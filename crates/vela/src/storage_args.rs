@@ -1,16 +1,21 @@
 //! Bookie storage flags shared by `vela bookie` and `vela standalone`: the
-//! journal's durability and group commit, cache sizes, flush and gc periods,
-//! and the disk usage thresholds of the read-only mode.
+//! journal's durability, backend (files, or a ring on persistent memory) and
+//! group commit, cache sizes, flush and gc periods, and the disk usage
+//! thresholds of the read-only mode.
 //!
 //! Owns: the flag names, their ranges (clap rejects a bad value naming the
 //! flag) and turning them into a `BookieConfig`'s journal and storage parts.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use vela_bookie::bookie::BookieConfig;
 use vela_bookie::disk::DiskThresholds;
-use vela_bookie::journal::{JournalBackendKind, JournalSync};
+use vela_bookie::journal::{
+    JournalBackendKind, JournalSync, PMEM_ALIGNMENT_BYTES, PMEM_REGION_BYTES_DEFAULT, PmemConfig,
+    PmemEmulation,
+};
 
 /// Journal and ledger-storage tuning of a bookie.
 #[derive(Debug, Clone, Args)]
@@ -20,10 +25,29 @@ pub(crate) struct StorageArgs {
     /// machine).
     #[arg(long, value_enum, default_value_t = SyncArg::Fdatasync)]
     journal_sync: SyncArg,
-    /// Journal file backend: O_DIRECT where the filesystem takes it (auto),
-    /// page cache (buffered), or O_DIRECT or fail (direct).
+    /// Journal backend: O_DIRECT where the filesystem takes it (auto), page
+    /// cache (buffered), O_DIRECT or fail (direct), or a ring in a
+    /// memory-mapped region on persistent memory (pmem: cache-line flushes
+    /// instead of fdatasync; needs --journal-pmem-path on a DAX filesystem).
     #[arg(long, value_enum, default_value_t = BackendArg::Auto)]
     journal_backend: BackendArg,
+    /// Directory on a DAX filesystem (persistent memory mounted with -o dax)
+    /// for the pmem journal's region file (`journal.pmem`; standalone: one
+    /// per bookie, in bookie-N/ under it). With --journal-backend pmem only.
+    #[arg(long, value_name = "DIR", required_if_eq("journal_backend", "pmem"))]
+    journal_pmem_path: Option<PathBuf>,
+    /// Size of the pmem journal's region in MiB, created (zero-filled) at the
+    /// first start; an existing region must have this size. Ledger storage
+    /// is asked to checkpoint once half of it holds records.
+    #[arg(long, default_value_t = PMEM_REGION_BYTES_DEFAULT >> 20,
+          value_parser = clap::value_parser!(u64).range(64..=4_194_304))]
+    journal_pmem_size_mb: u64,
+    /// Start the pmem journal even where MAP_SYNC is refused (not a DAX
+    /// filesystem: tmpfs, ext4 without dax): each group is then msync'ed,
+    /// which is NOT persistent-memory durability (on tmpfs nothing survives a
+    /// reboot). For tests and benchmarks; logged at warn.
+    #[arg(long)]
+    journal_pmem_allow_emulation: bool,
     /// Longest time a journal group waits for more records, in microseconds
     /// (groups are written at once when the queue is empty).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(0..=1_000_000))]
@@ -86,6 +110,7 @@ enum BackendArg {
     Auto,
     Buffered,
     Direct,
+    Pmem,
 }
 
 impl StorageArgs {
@@ -107,7 +132,34 @@ impl StorageArgs {
             BackendArg::Auto => JournalBackendKind::Auto,
             BackendArg::Buffered => JournalBackendKind::Buffered,
             BackendArg::Direct => JournalBackendKind::Direct,
+            BackendArg::Pmem => JournalBackendKind::Pmem,
         };
+        match (self.journal_backend, &self.journal_pmem_path) {
+            (BackendArg::Pmem, Some(dir)) => {
+                config.journal.alignment_bytes = PMEM_ALIGNMENT_BYTES;
+                config.journal.pmem = Some(PmemConfig {
+                    dir: dir.clone(),
+                    region_bytes: self.journal_pmem_size_mb << 20,
+                    emulation: if self.journal_pmem_allow_emulation {
+                        PmemEmulation::Allow
+                    } else {
+                        PmemEmulation::Refuse
+                    },
+                });
+            }
+            // clap requires the path with the backend.
+            (BackendArg::Pmem, None) => {
+                anyhow::bail!("--journal-backend pmem needs --journal-pmem-path")
+            }
+            (_, Some(_)) => anyhow::bail!(
+                "--journal-pmem-path is for --journal-backend pmem (the journal backend is {:?})",
+                self.journal_backend
+            ),
+            (_, None) if self.journal_pmem_allow_emulation => {
+                anyhow::bail!("--journal-pmem-allow-emulation is for --journal-backend pmem")
+            }
+            (_, None) => {}
+        }
         config.journal.group_wait_max = Duration::from_micros(self.journal_group_wait_us);
         // Range-checked by clap (1..=1_048_576): fits usize.
         config.journal.queue_depth_max = self.journal_queue_depth as usize;

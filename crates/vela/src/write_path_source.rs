@@ -3,19 +3,18 @@
 //! to the broker as a `vela_broker::WritePathSource` (the broker never
 //! depends on the bookie; this process owns both and wires them).
 //!
-//! Owns: converting the ledger client's and bookies' HDR histograms into the
-//! broker's `LatencySnapshot` at each scrape, and their counters and states
-//! into the broker's storage metrics (corrupt reads, ensemble changes, bookie
-//! modes and disk usage). Never: records anything itself or blocks (copies a
-//! few histograms per scrape; the disk usage is the bookie's last measure).
+//! Owns: handing the ledger client's and bookies' stage histograms
+//! (`vela_metrics` snapshots, the type every stage records into) to the
+//! broker at each scrape, and their counters and states as the broker's
+//! storage metrics (corrupt reads, ensemble changes, bookie modes and disk
+//! usage). Never: records anything itself, converts histograms, or blocks
+//! (a few snapshots per scrape; the disk usage is the bookie's last measure).
 
 use std::sync::Arc;
 
 use vela_bookie::bookie::Bookie;
 use vela_bookie::bookie::BookieMode;
-use vela_broker::{
-    LatencySnapshot, Stage, StageLatency, StorageFamily, StorageMetric, WritePathSource,
-};
+use vela_broker::{Stage, StageLatency, StorageFamily, StorageMetric, WritePathSource};
 use vela_ledger::{BookieId, LedgerClient};
 
 /// Ledger client and bookies of one standalone process.
@@ -31,34 +30,25 @@ impl StandaloneStages {
     }
 }
 
-/// An HDR histogram (µs) as the broker's snapshot.
-fn snapshot(histogram: &hdrhistogram::Histogram<u64>) -> LatencySnapshot {
-    LatencySnapshot::from_values(
-        histogram
-            .iter_recorded()
-            .map(|v| (v.value_iterated_to(), v.count_since_last_iteration())),
-    )
-}
-
 impl WritePathSource for StandaloneStages {
     fn stages(&self) -> Vec<StageLatency> {
         let mut out = vec![StageLatency {
             stage: Stage::LedgerAdd,
             instance: "ledger-client".to_string(),
-            latency: snapshot(&self.ledgers.add_latency_histogram()),
+            latency: self.ledgers.add_latency(),
         }];
         for (id, bookie) in &self.bookies {
             let histograms = bookie.latency_histograms();
             for (stage, histogram) in [
-                (Stage::BookieAdd, &histograms.add_us),
-                (Stage::JournalQueueWait, &histograms.journal.queue_wait_us),
-                (Stage::JournalWrite, &histograms.journal.write_us),
-                (Stage::JournalFdatasync, &histograms.journal.fdatasync_us),
+                (Stage::BookieAdd, histograms.add_us),
+                (Stage::JournalQueueWait, histograms.journal.queue_wait_us),
+                (Stage::JournalWrite, histograms.journal.write_us),
+                (Stage::JournalFdatasync, histograms.journal.fdatasync_us),
             ] {
                 out.push(StageLatency {
                     stage,
                     instance: id.0.clone(),
-                    latency: snapshot(histogram),
+                    latency: histogram,
                 });
             }
         }

@@ -1,7 +1,10 @@
 //! Real-process crash test of `vela bookie`: pipelined adds, `kill -9` at a
 //! random (seeded) moment, restart on the same directories, and every entry
 //! that was acknowledged reads back byte-identical; every fence that was
-//! acknowledged still refuses normal adds.
+//! acknowledged still refuses normal adds. Once with the file journal, once
+//! with the persistent-memory journal (a region on tmpfs, emulated: msync per
+//! group), whose refusal to start on a filesystem without MAP_SYNC is checked
+//! too.
 //!
 //! 3 rounds by default, 20 with `VELA_TEST_FULL=1`. Replay a run with
 //! `VELA_SEED=<seed printed> cargo test -p vela --test crash_bookie`.
@@ -69,7 +72,13 @@ struct BookieProcess {
 }
 
 impl BookieProcess {
-    fn start(dir: &Path, flush_interval_ms: u64, journal_sync: &str) -> BookieProcess {
+    /// `journal_args`: the journal backend's flags.
+    fn start(
+        dir: &Path,
+        flush_interval_ms: u64,
+        journal_sync: &str,
+        journal_args: &[String],
+    ) -> BookieProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
             .arg("bookie")
             .arg("--journal-dir")
@@ -84,6 +93,7 @@ impl BookieProcess {
                 "--journal-sync",
                 journal_sync,
             ])
+            .args(journal_args)
             .env("VELA_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -212,6 +222,48 @@ fn check_read(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acknowledged_entries_survive_kill_9() {
+    kill_9_rounds("file journal", Vec::new()).await;
+}
+
+/// A directory on tmpfs when there is one (the pmem journal's test medium).
+fn pmem_test_dir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    tempfile::Builder::new()
+        .prefix("vela-pmem-bookie-")
+        .tempdir_in(base)
+        .unwrap()
+}
+
+/// The pmem journal's flags over `dir`, emulated: 64 MiB, four 16 MiB slots
+/// (with checkpoints only every 10 minutes in half the rounds, the ring fills
+/// and the journal asks for them).
+fn pmem_args(dir: &Path, emulation: bool) -> Vec<String> {
+    let mut args = vec![
+        "--journal-backend".to_string(),
+        "pmem".to_string(),
+        "--journal-pmem-path".to_string(),
+        dir.display().to_string(),
+        "--journal-pmem-size-mb".to_string(),
+        "64".to_string(),
+    ];
+    if emulation {
+        args.push("--journal-pmem-allow-emulation".to_string());
+    }
+    args
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acknowledged_entries_survive_kill_9_on_the_pmem_journal() {
+    let pmem_dir = pmem_test_dir();
+    kill_9_rounds("pmem journal (emulated)", pmem_args(pmem_dir.path(), true)).await;
+}
+
+async fn kill_9_rounds(what: &str, journal_args: Vec<String>) {
     let seed = std::env::var("VELA_SEED")
         .ok()
         .and_then(|seed| seed.parse().ok())
@@ -226,7 +278,7 @@ async fn acknowledged_entries_survive_kill_9() {
     } else {
         ROUNDS
     };
-    println!("crash_bookie: VELA_SEED={seed} rounds={rounds}");
+    println!("crash_bookie: {what}: VELA_SEED={seed} rounds={rounds}");
     let mut rng = Rng(seed);
     let dir = tempfile::tempdir().unwrap();
     let acked = Arc::new(Mutex::new(Acked::default()));
@@ -248,7 +300,8 @@ async fn acknowledged_entries_survive_kill_9() {
         };
         let bookie = tokio::task::spawn_blocking({
             let dir = dir.path().to_owned();
-            move || BookieProcess::start(&dir, flush_interval_ms, journal_sync)
+            let journal_args = journal_args.clone();
+            move || BookieProcess::start(&dir, flush_interval_ms, journal_sync, &journal_args)
         })
         .await
         .unwrap();
@@ -319,7 +372,7 @@ async fn acknowledged_entries_survive_kill_9() {
 
     let bookie = tokio::task::spawn_blocking({
         let dir = dir.path().to_owned();
-        move || BookieProcess::start(&dir, 10_000, "fdatasync")
+        move || BookieProcess::start(&dir, 10_000, "fdatasync", &journal_args)
     })
     .await
     .unwrap();
@@ -337,6 +390,70 @@ async fn acknowledged_entries_survive_kill_9() {
         acked.entry_count(),
         acked.fenced.len()
     );
+}
+
+/// Without --journal-pmem-allow-emulation, a bookie whose pmem path is not on
+/// a DAX filesystem (tmpfs here) exits at once, saying MAP_SYNC was refused
+/// and how to proceed.
+#[test]
+fn a_pmem_journal_without_map_sync_refuses_to_start_naming_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let pmem_dir = pmem_test_dir();
+    let output = Command::new(env!("CARGO_BIN_EXE_vela"))
+        .arg("bookie")
+        .arg("--journal-dir")
+        .arg(dir.path().join("journal"))
+        .arg("--ledger-dir")
+        .arg(dir.path().join("ledgers"))
+        .args(["--port", "0"])
+        .args(pmem_args(pmem_dir.path(), false))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    if stdout.contains("listening on") {
+        println!(
+            "note: {} is on a DAX filesystem; nothing to refuse",
+            pmem_dir.path().display()
+        );
+        return;
+    }
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    for expected in [
+        "cannot open the bookie",
+        "journal.pmem",
+        "MAP_SYNC refused",
+        "not DAX",
+        "--journal-pmem-allow-emulation",
+    ] {
+        assert!(
+            stderr.contains(expected),
+            "stderr lacks {expected:?}: {stderr}"
+        );
+    }
+    // Flags that only make sense together.
+    for (flags, named) in [
+        (vec!["--journal-backend", "pmem"], "--journal-pmem-path"),
+        (vec!["--journal-pmem-path", "/x"], "--journal-pmem-path"),
+        (
+            vec!["--journal-pmem-allow-emulation"],
+            "--journal-pmem-allow-emulation",
+        ),
+    ] {
+        let output = Command::new(env!("CARGO_BIN_EXE_vela"))
+            .arg("bookie")
+            .arg("--journal-dir")
+            .arg(dir.path().join("journal"))
+            .arg("--ledger-dir")
+            .arg(dir.path().join("ledgers"))
+            .args(&flags)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{flags:?} accepted");
+        assert!(stderr.contains(named), "{flags:?}: {stderr}");
+    }
 }
 
 #[test]

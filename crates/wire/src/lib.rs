@@ -16,7 +16,8 @@
 //!
 //! Map:
 //! - `frame`: [`FrameDecoder`] (stream -> [`Frame`]), [`PayloadSection`]
-//!   (checksum, metadata, payload, stored entry), the encoders, size limits.
+//!   (checksum, metadata, payload, stored entry), size limits; the encoders
+//!   in `frame::encode`.
 //! - `command`: [`Command`] (a frame's command: [`SendCommand`] or a boxed
 //!   prost BaseCommand), `From<CommandX> for BaseCommand`, the type <->
 //!   sub-message table.

@@ -30,7 +30,7 @@ use vela_bookie_protocol::entry::parse_header;
 use vela_bookie_protocol::{AddMode, Status};
 
 use super::engine::Engine;
-use super::{Core, WriteKind, lock};
+use super::{Core, WriteKind};
 use crate::journal::{AppendRefused, JournalRecord};
 use crate::storage::StorageError;
 
@@ -342,9 +342,7 @@ impl Core {
                         let add_latency = Arc::clone(&self.add_latency);
                         let durable = move |result: Result<(), Status>| {
                             if result.is_ok() {
-                                let elapsed_us = u64::try_from(started.elapsed().as_micros())
-                                    .unwrap_or(u64::MAX);
-                                lock(&add_latency).saturating_record(elapsed_us.max(1));
+                                add_latency.record(started.elapsed());
                             }
                             done(result.map(|()| (ledger_id, entry_id)));
                         };

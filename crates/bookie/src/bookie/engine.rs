@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
+use vela_metrics::Histogram;
 
 use super::health::Health;
 use super::{BookieConfig, OpenError, lock};
@@ -52,7 +52,7 @@ impl Engine {
         config: &BookieConfig,
         generation: u64,
         health: &Arc<Health>,
-        checkpoint_latency: &Arc<Mutex<Histogram<u64>>>,
+        checkpoint_latency: &Arc<Histogram>,
     ) -> Result<Engine, OpenError> {
         let (storage, from) = LedgerStorage::open(config.storage.clone())?;
         let storage = Arc::new(storage);
@@ -169,7 +169,7 @@ impl SyncThread {
         storage: Arc<LedgerStorage>,
         config: &BookieConfig,
         (health, generation): (Arc<Health>, u64),
-        checkpoint_latency: Arc<Mutex<Histogram<u64>>>,
+        checkpoint_latency: Arc<Histogram>,
     ) -> Result<SyncThread, OpenError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flush_interval = config.storage.flush_interval;
@@ -210,7 +210,8 @@ impl SyncThread {
 }
 
 /// Checkpoints every `flush_interval`, or sooner when storage asks (write cache
-/// past its threshold or full), and runs gc every `gc_interval`. Returns the
+/// past its threshold or full) or the journal does (a pmem ring more than half
+/// full), and runs gc every `gc_interval`. Returns the
 /// reason on a failed checkpoint (storage is `Broken` then: the engine must be
 /// replaced).
 fn sync_loop(
@@ -219,12 +220,13 @@ fn sync_loop(
     stop: &AtomicBool,
     flush_interval: Duration,
     gc_interval: Duration,
-    checkpoint_latency: &Mutex<Histogram<u64>>,
+    checkpoint_latency: &Histogram,
 ) -> Result<(), String> {
     let mut last_checkpoint = Instant::now();
     let mut last_gc = Instant::now();
     while !stop.load(Ordering::Acquire) {
-        let requested = storage.wait_for_flush_trigger(SYNC_POLL_INTERVAL.min(flush_interval));
+        let requested = storage.wait_for_flush_trigger(SYNC_POLL_INTERVAL.min(flush_interval))
+            || journal.wants_checkpoint();
         if !requested && last_checkpoint.elapsed() < flush_interval {
             continue;
         }
@@ -235,8 +237,7 @@ fn sync_loop(
         storage
             .checkpoint(mark)
             .map_err(|error| format!("ledger storage checkpoint failed: {error}"))?;
-        let elapsed_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
-        lock(checkpoint_latency).saturating_record(elapsed_us.max(1));
+        checkpoint_latency.record(started.elapsed());
         if let Err(error) = journal.delete_files_before(mark) {
             tracing::warn!(%error, "cannot delete old journal files");
         }

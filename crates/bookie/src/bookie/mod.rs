@@ -56,10 +56,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::Bytes;
-use hdrhistogram::Histogram;
 use parking_lot::RwLock;
 use vela_bookie_protocol::entry::parse_header;
 use vela_bookie_protocol::{LAST_ENTRY, Status};
+use vela_metrics::{Histogram, Snapshot, Summary};
 
 pub use add::{ADD_ROOM_WAIT_MAX, ADD_ROOM_WAITERS_MAX, AddAdmission, AddResult};
 pub use health::{BookieMode, BookieState};
@@ -67,7 +67,6 @@ pub use health::{BookieMode, BookieState};
 use crate::disk::{DiskProbe, DiskThresholds};
 use crate::journal::{
     AppendRefused, JournalConfig, JournalError, JournalHistograms, JournalRecord, JournalStats,
-    StageSummary,
 };
 use crate::mark::JournalMark;
 use crate::storage::{StorageConfig, StorageError, StorageStats};
@@ -153,10 +152,10 @@ pub struct BookieStats {
     /// µs from `Bookie::add` to its durable completion, per accepted add (the
     /// "bookie add" stage of the write path: any wait for write-cache room,
     /// write cache + journal queue, write and fdatasync).
-    pub add_us: StageSummary,
+    pub add_us: Summary,
     /// µs per checkpoint of the sync thread (write cache flush to entry logs,
     /// index commit, `lastMark`).
-    pub checkpoint_us: StageSummary,
+    pub checkpoint_us: Summary,
     /// Journal stage latencies and group sizes (of the engine in service).
     pub journal: JournalStats,
     /// Storage caches, flushes and checkpoint (of the engine in service).
@@ -171,7 +170,7 @@ pub struct BookieStats {
 pub struct BookieHistograms {
     /// `Bookie::add` to durable completion, per accepted add (including any
     /// wait for write-cache room).
-    pub add_us: Histogram<u64>,
+    pub add_us: Snapshot,
     /// Journal stages (per group or per fdatasync), over every engine since
     /// the bookie opened.
     pub journal: JournalHistograms,
@@ -193,16 +192,16 @@ struct Core {
     engine: RwLock<Option<Arc<Engine>>>,
     health: Arc<Health>,
     /// µs per checkpoint (storage flush + lastMark); recorded by sync threads.
-    checkpoint_latency: Arc<Mutex<Histogram<u64>>>,
+    checkpoint_latency: Arc<Histogram>,
     /// Journal histograms of engines closed since open (merged into exports).
-    retired_journal: Mutex<Option<JournalHistograms>>,
+    retired_journal: Mutex<JournalHistograms>,
     corrupt_reads: AtomicU64,
     /// Per-ledger lock and known LACs, `LEDGER_STRIPES` of them.
     stripes: Box<[Mutex<Stripe>]>,
     /// Adds waiting for write-cache room, in arrival order (`add`).
     room: Arc<add::RoomQueue>,
     /// Add latency in µs; recorded by the journal's force-write thread.
-    add_latency: Arc<Mutex<Histogram<u64>>>,
+    add_latency: Arc<Histogram>,
 }
 
 #[derive(Debug)]
@@ -260,11 +259,7 @@ impl Core {
     /// Keeps a closing engine's journal histograms for the exports.
     fn retire(&self, engine: &Engine) {
         let closing = engine.journal.latency_histograms();
-        let mut retired = lock(&self.retired_journal);
-        match retired.as_mut() {
-            None => *retired = Some(closing),
-            Some(sum) => merge_journal_histograms(sum, &closing),
-        }
+        lock(&self.retired_journal).merge(&closing);
     }
 
     /// What a storage error means for the request, noting failures.
@@ -296,13 +291,6 @@ impl Core {
     }
 }
 
-fn merge_journal_histograms(sum: &mut JournalHistograms, more: &JournalHistograms) {
-    // Same bounds on both sides (one constructor): `add` cannot fail.
-    let _ = sum.queue_wait_us.add(&more.queue_wait_us);
-    let _ = sum.write_us.add(&more.write_us);
-    let _ = sum.fdatasync_us.add(&more.fdatasync_us);
-}
-
 impl Bookie {
     /// Opens storage, replays the journal from storage's checkpointed mark into
     /// it (entries, fences, explicit LACs, deletions), checkpoints, and starts
@@ -310,20 +298,20 @@ impl Bookie {
     pub fn open(config: BookieConfig) -> Result<Bookie, OpenError> {
         config.disk.validate().map_err(OpenError::Config)?;
         let health = Arc::new(Health::new());
-        let checkpoint_latency = Arc::new(Mutex::new(latency_histogram()));
+        let checkpoint_latency = Arc::new(Histogram::default());
         let engine = Engine::open(&config, health.generation(), &health, &checkpoint_latency)?;
         let core = Arc::new(Core {
             config,
             engine: RwLock::new(Some(Arc::new(engine))),
             health,
             checkpoint_latency,
-            retired_journal: Mutex::new(None),
+            retired_journal: Mutex::default(),
             corrupt_reads: AtomicU64::new(0),
             stripes: (0..LEDGER_STRIPES)
                 .map(|_| Mutex::new(Stripe::default()))
                 .collect(),
             room: Arc::default(),
-            add_latency: Arc::new(Mutex::new(latency_histogram())),
+            add_latency: Arc::default(),
         });
         let stop = Arc::new(StopSignal::default());
         let handle = {
@@ -547,8 +535,8 @@ impl Bookie {
     pub fn stats(&self) -> BookieStats {
         let engine = self.core.engine_now();
         BookieStats {
-            add_us: summary(&lock(&self.core.add_latency)),
-            checkpoint_us: summary(&lock(&self.core.checkpoint_latency)),
+            add_us: self.core.add_latency.snapshot().summary(),
+            checkpoint_us: self.core.checkpoint_latency.snapshot().summary(),
             journal: engine
                 .as_ref()
                 .map(|e| e.journal.stats())
@@ -568,19 +556,12 @@ impl Bookie {
             .core
             .engine_now()
             .map(|e| e.journal.latency_histograms());
-        let mut journal = lock(&self.core.retired_journal).clone();
-        match (journal.as_mut(), current) {
-            (Some(sum), Some(current)) => merge_journal_histograms(sum, &current),
-            (None, Some(current)) => journal = Some(current),
-            (_, None) => {}
+        let mut journal = *lock(&self.core.retired_journal);
+        if let Some(current) = current {
+            journal.merge(&current);
         }
-        let journal = journal.unwrap_or_else(|| JournalHistograms {
-            queue_wait_us: latency_histogram(),
-            write_us: latency_histogram(),
-            fdatasync_us: latency_histogram(),
-        });
         BookieHistograms {
-            add_us: lock(&self.core.add_latency).clone(),
+            add_us: self.core.add_latency.snapshot(),
             journal,
         }
     }
@@ -684,31 +665,12 @@ fn journal_status(error: &JournalError) -> Status {
     }
 }
 
-/// Locks a mutex whose state stays consistent even if a holder panicked (a
-/// histogram, a callback slot).
+/// Locks a mutex whose state stays consistent even if a holder panicked
+/// (retired histograms, a callback slot).
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn latency_histogram() -> Histogram<u64> {
-    // 1 µs .. 1 hour, 3 significant digits: constant, valid bounds.
-    #[allow(clippy::unwrap_used)]
-    Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap()
-}
-
-fn summary(h: &Histogram<u64>) -> StageSummary {
-    if h.is_empty() {
-        return StageSummary::default();
-    }
-    StageSummary {
-        count: h.len(),
-        p50: h.value_at_quantile(0.50),
-        p99: h.value_at_quantile(0.99),
-        p999: h.value_at_quantile(0.999),
-        max: h.max(),
-    }
 }
 
 impl Drop for Bookie {

@@ -496,3 +496,69 @@ async fn adds_that_find_the_write_cache_full_wait_for_room_in_call_order() {
         .await
         .unwrap();
 }
+
+/// A bookie whose journal is a small pmem ring (emulated, on tmpfs when there
+/// is one) and whose storage would not checkpoint on its own for an hour:
+/// the journal asks for checkpoints as the ring fills, so adds worth several
+/// rings complete, and a restart reads every one back.
+#[test]
+fn a_pmem_journal_asks_for_checkpoints_so_adds_outrun_its_ring() {
+    let dir = tempfile::tempdir().unwrap();
+    let shm = std::path::Path::new("/dev/shm");
+    let base = if shm.is_dir() {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let pmem_dir = tempfile::tempdir_in(base).unwrap();
+    let config = || {
+        let mut config = BookieConfig::new(dir.path().join("journal"), dir.path().join("ledgers"));
+        config.journal.backend = crate::journal::JournalBackendKind::Pmem;
+        config.journal.alignment_bytes = crate::journal::PMEM_ALIGNMENT_BYTES;
+        config.journal.payload_bytes_max = 16 << 10;
+        config.journal.group_bytes_max = 16 << 10;
+        config.journal.pmem = Some(crate::journal::PmemConfig {
+            dir: pmem_dir.path().to_path_buf(),
+            // Four slots of 256 KiB.
+            region_bytes: 4096 + (1 << 20),
+            emulation: crate::journal::PmemEmulation::Allow,
+        });
+        config.storage.flush_interval = Duration::from_secs(3600);
+        config
+    };
+    let bookie = Bookie::open(config()).unwrap();
+    let payload = vec![0x3cu8; 2000];
+    // ~3 MB of journal: three times the ring.
+    for entry_id in 0..1500u64 {
+        let header = EntryHeader {
+            ledger_id: 7,
+            entry_id,
+            last_add_confirmed: entry_id.checked_sub(1),
+            ledger_length: 0,
+        };
+        let (done, answer) = mpsc::channel();
+        assert!(
+            bookie
+                .add(
+                    encode_entry(&header, &payload),
+                    AddMode::Normal,
+                    move |result| done.send(result).unwrap(),
+                )
+                .is_taken()
+        );
+        let result = answer.recv_timeout(Duration::from_secs(20)).unwrap();
+        assert_eq!(result, Ok((7, entry_id)));
+    }
+    assert!(
+        bookie.stats().storage.flush_count > 0,
+        "the journal asked for checkpoints"
+    );
+    bookie.shutdown();
+    drop(bookie);
+    let bookie = Bookie::open(config()).unwrap();
+    for entry_id in [0, 749, 1499] {
+        let stored = bookie.read_entry(7, entry_id).unwrap();
+        let (_, read) = vela_bookie_protocol::entry::decode_entry(&stored.entry).unwrap();
+        assert_eq!(&read[..], &payload[..]);
+    }
+}

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use super::error::JournalError;
 use super::format::{HEADER_BYTES, RECORD_HEADER_BYTES};
+use super::pmem::{PMEM_CACHE_LINE_BYTES, PmemConfig};
 
 /// Default bound on appends waiting for the journal thread. ~65 ms of adds at
 /// 250k adds/s: enough to ride out one slow fdatasync, small enough that a stuck
@@ -54,6 +55,11 @@ pub enum JournalBackendKind {
     /// The default: group writes skip the copy into the page cache (about 12 %
     /// more batched throughput here) at the same depth-1 latency.
     Auto,
+    /// A ring of slots in a memory-mapped region on persistent memory
+    /// (`JournalConfig::pmem`): a group is made durable by cache-line flushes
+    /// and one SFENCE instead of fdatasync. Needs a DAX filesystem (MAP_SYNC)
+    /// unless emulation is allowed. See `journal::pmem`.
+    Pmem,
 }
 
 /// Journal configuration. `JournalConfig::new(dir)` gives the defaults; fields
@@ -76,7 +82,8 @@ pub struct JournalConfig {
     /// groups still grow while the previous group is being synced). On by default.
     pub flush_when_queue_empty: bool,
     /// Every write starts and ends on this boundary (power of two, 512..=1 MiB;
-    /// O_DIRECT needs a multiple of 4096).
+    /// O_DIRECT needs a multiple of 4096; the pmem backend takes 64..=64 KiB,
+    /// `PMEM_ALIGNMENT_BYTES` being its natural choice).
     pub alignment_bytes: usize,
     /// A file is closed and the next one started once the next group would not fit
     /// below this size.
@@ -97,6 +104,10 @@ pub struct JournalConfig {
     /// writes each journal byte once (a fresh file is written twice: zeros, then
     /// records). 0 disables reuse.
     pub recycle_files_max: usize,
+    /// The region of the `Pmem` backend (ignored by the others). Its slots are
+    /// the journal's files: `file_bytes_max`, `prealloc_chunk_bytes` and
+    /// `recycle_files_max` do not apply (every slot is reused).
+    pub pmem: Option<PmemConfig>,
 }
 
 impl JournalConfig {
@@ -118,6 +129,7 @@ impl JournalConfig {
             queue_depth_max: JOURNAL_QUEUE_DEPTH_MAX,
             payload_bytes_max: JOURNAL_PAYLOAD_BYTES_MAX,
             recycle_files_max: JOURNAL_RECYCLE_FILES_MAX,
+            pmem: None,
         }
     }
 
@@ -133,11 +145,28 @@ impl JournalConfig {
         HEADER_BYTES.max(self.alignment_bytes) as u64
     }
 
+    /// Smallest file that holds its header, one largest group and the end
+    /// record block.
+    pub(crate) fn file_bytes_min(&self) -> u64 {
+        self.data_offset() + self.group_len_max() + self.alignment_bytes as u64
+    }
+
     /// Checks the relations the writer relies on.
     pub(crate) fn validate(&self) -> Result<(), JournalError> {
         let bad = |reason: String| Err(JournalError::InvalidConfig { reason });
         let align = self.alignment_bytes;
-        if !align.is_power_of_two() || !(512..=(1 << 20)).contains(&align) {
+        if self.backend == JournalBackendKind::Pmem {
+            // Groups never share a cache line (the flush of one never races
+            // the writer filling the next), and a slot ends on a group boundary.
+            if !align.is_power_of_two() || !(PMEM_CACHE_LINE_BYTES..=(64 << 10)).contains(&align) {
+                return bad(format!(
+                    "the pmem backend needs alignment_bytes a power of two in {PMEM_CACHE_LINE_BYTES}..=65536, got {align}"
+                ));
+            }
+            if self.pmem.is_none() {
+                return bad("the pmem backend needs its region (JournalConfig::pmem)".to_string());
+            }
+        } else if !align.is_power_of_two() || !(512..=(1 << 20)).contains(&align) {
             return bad(format!(
                 "alignment_bytes {align} must be a power of two in 512..=1048576"
             ));
@@ -171,7 +200,7 @@ impl JournalConfig {
             ));
         }
         // A file must hold its header, one largest group and the end record block.
-        let file_min = self.data_offset() + self.group_len_max() + align as u64;
+        let file_min = self.file_bytes_min();
         if self.file_bytes_max < file_min {
             return bad(format!(
                 "file_bytes_max {} must be at least {file_min} (header + largest group + end block)",

@@ -85,6 +85,46 @@ pub enum JournalError {
         /// Which value and why.
         reason: String,
     },
+    /// The pmem backend's region is not on a DAX filesystem: mmap refused
+    /// MAP_SYNC, so flushing CPU caches would not make a record durable. The
+    /// bookie refuses to start unless emulation is allowed.
+    #[error(
+        "journal pmem region {path}: MAP_SYNC refused ({source}): the filesystem is not DAX \
+         (persistent memory mounted with -o dax), so flushing CPU caches would not make a record \
+         durable; put the region on a DAX filesystem, or allow emulation \
+         (vela: --journal-pmem-allow-emulation; msync per group, not persistent-memory durable)"
+    )]
+    PmemNotDax {
+        /// The region file.
+        path: PathBuf,
+        /// The error from mmap(2) (EOPNOTSUPP on a filesystem without DAX).
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    /// The pmem backend cannot make records durable on this machine for
+    /// another reason (no cache-flush instruction for this CPU architecture).
+    #[error("journal pmem region {path}: {reason}")]
+    PmemUnsupported {
+        /// The region file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// Every slot of the pmem ring holds records ledger storage has not
+    /// checkpointed past (the last free one is kept for restarts): the writer
+    /// waits for a checkpoint. Surfaces only if the journal shuts down while
+    /// it waits, or at open when no slot can be freed.
+    #[error(
+        "journal pmem region {path}: ring full ({live_slots} of {slot_count} slots hold records not yet checkpointed)"
+    )]
+    RingFull {
+        /// The region file.
+        path: PathBuf,
+        /// Slots holding files.
+        live_slots: usize,
+        /// Slots in the ring.
+        slot_count: usize,
+    },
     /// The replay callback returned an error; replay stopped there.
     #[error("journal replay callback failed: {0}")]
     Replay(Arc<dyn std::error::Error + Send + Sync>),

@@ -1,6 +1,7 @@
 //! The narrow I/O seam under the journal: `JournalFile` and its backends
-//! (buffered + fdatasync, O_DIRECT, and in tests a fault-injecting wrapper), plus
-//! directory helpers. Aligned buffers and the O_DIRECT probe are in
+//! (buffered + fdatasync, O_DIRECT, slots of a persistent-memory region
+//! (`journal::pmem`), and in tests a fault-injecting wrapper), plus directory
+//! helpers. Aligned buffers and the O_DIRECT probe are in
 //! `crate::direct_io` (shared with the entry logs).
 //!
 //! Never: decides what to write or when; interprets bytes.
@@ -13,6 +14,7 @@ use std::sync::Arc;
 
 use super::config::JournalBackendKind;
 use super::error::JournalError;
+use super::pmem::Region;
 pub(crate) use crate::direct_io::AlignedBuf;
 
 /// One journal file as the journal threads see it. Offsets and lengths passed to
@@ -36,15 +38,95 @@ pub(crate) trait JournalFile: Send + Sync + std::fmt::Debug {
     fn renamed(&self, to: &Path);
 }
 
-/// Which backend opens files; tests add a fault-injecting one.
+/// Which backend opens files, and where the journal's files live: every
+/// name the journal threads and replay use (numbered files, the next file,
+/// retired files kept for reuse) goes through these methods, so a backend
+/// whose files are not directory entries can stand behind the same names.
+/// Tests add a fault-injecting one.
 #[derive(Debug, Clone)]
 pub(crate) enum Backend {
     Kind(JournalBackendKind),
+    /// Slots of a mapped persistent-memory region, named like files.
+    Pmem(Arc<Region>),
     #[cfg(test)]
     Faulty(Arc<faulty::FaultPlan>),
 }
 
 impl Backend {
+    /// Ids of the journal files present, sorted.
+    pub(crate) fn list_file_ids(&self, dir: &Path) -> Result<Vec<u64>, JournalError> {
+        match self {
+            Backend::Pmem(region) => Ok(region.list_file_ids()),
+            _ => super::replay::list_file_ids(dir),
+        }
+    }
+
+    /// Retired files waiting to be reused, oldest first. None in a pmem
+    /// region: its free slots are taken in ring order by `open` of the next
+    /// file.
+    pub(crate) fn list_free_files(&self, dir: &Path) -> Result<Vec<PathBuf>, JournalError> {
+        match self {
+            Backend::Pmem(_) => Ok(Vec::new()),
+            _ => super::prealloc::list_free_files(dir),
+        }
+    }
+
+    /// Whether a journal file of that name exists.
+    pub(crate) fn exists(&self, path: &Path) -> bool {
+        match self {
+            Backend::Pmem(region) => region.exists(path),
+            _ => path.exists(),
+        }
+    }
+
+    /// Renames a journal file (durable once `sync_dir` returns).
+    pub(crate) fn rename(&self, from: &Path, to: &Path) -> Result<(), JournalError> {
+        match self {
+            Backend::Pmem(region) => region.rename(from, to),
+            _ => std::fs::rename(from, to).map_err(|e| JournalError::io("rename", from, e)),
+        }
+    }
+
+    /// Removes a journal file (durable once `sync_dir` returns).
+    pub(crate) fn remove(&self, path: &Path) -> Result<(), JournalError> {
+        match self {
+            Backend::Pmem(region) => region.remove(path),
+            _ => std::fs::remove_file(path).map_err(|e| JournalError::io("remove", path, e)),
+        }
+    }
+
+    /// Makes the renames and removals so far durable (a pmem region's table
+    /// changes are durable when they return).
+    pub(crate) fn sync_dir(&self, dir: &Path) -> Result<(), JournalError> {
+        match self {
+            Backend::Pmem(_) => Ok(()),
+            _ => sync_dir(dir),
+        }
+    }
+
+    /// Whether the backend wants ledger storage to checkpoint now, to free
+    /// space (a pmem ring more than half full).
+    pub(crate) fn wants_checkpoint(&self) -> bool {
+        match self {
+            Backend::Pmem(region) => region.wants_checkpoint(),
+            _ => false,
+        }
+    }
+
+    /// Opens a journal file for replay: reads only, through the page cache
+    /// whatever the write backend (Linux keeps it coherent with O_DIRECT
+    /// writes), or from the mapped region.
+    pub(crate) fn open_read(&self, path: &Path) -> Result<Arc<dyn JournalFile>, JournalError> {
+        if let Backend::Pmem(region) = self {
+            return region.open_file(path, false);
+        }
+        let file = File::open(path).map_err(|e| JournalError::io("open", path, e))?;
+        Ok(Arc::new(PlainFile {
+            file,
+            path: std::sync::Mutex::new(path.to_path_buf()),
+        }))
+    }
+
     /// Opens (or creates) `path` for the journal threads.
     pub(crate) fn open(
         &self,
@@ -63,6 +145,11 @@ impl Backend {
             Backend::Kind(JournalBackendKind::Direct) => {
                 Ok(Arc::new(PlainFile::open(path, create, true)?))
             }
+            Backend::Pmem(region) => region.open_file(path, create),
+            // `Journal::open` maps the region and hands over `Backend::Pmem`.
+            Backend::Kind(JournalBackendKind::Pmem) => Err(JournalError::InvalidConfig {
+                reason: "the pmem backend opens through its mapped region".to_string(),
+            }),
             #[cfg(test)]
             Backend::Faulty(plan) => Ok(Arc::new(faulty::FaultyFile {
                 inner: PlainFile::open(path, create, false)?,
@@ -139,12 +226,6 @@ impl JournalFile for PlainFile {
             *p = to.to_path_buf();
         }
     }
-}
-
-/// Opens a file for reading only (replay reads through the page cache whatever
-/// the write backend; Linux keeps it coherent with O_DIRECT writes).
-pub(crate) fn open_read_only(path: &Path) -> Result<File, JournalError> {
-    File::open(path).map_err(|e| JournalError::io("open", path, e))
 }
 
 /// `fsync` on a directory, so created, renamed and removed names are durable.

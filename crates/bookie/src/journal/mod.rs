@@ -45,7 +45,10 @@
 //!
 //! Files: a new file per open (replay never appends to an old one), rotation at
 //! `file_bytes_max`, a FileEnd record synced into a file before the next one gets
-//! its name; retired files are reused (`recycle_files_max`) or deleted.
+//! its name; retired files are reused (`recycle_files_max`) or deleted. On the
+//! persistent-memory backend (`pmem`) the files are the slots of a mapped
+//! region, named through the same `file::Backend` calls, and "fdatasync" is a
+//! cache-line flush and fence (or msync when emulated).
 //!
 //! Never: reads ledger storage; blocks a tokio worker (`append` only takes a
 //! mutex to enqueue); fsyncs per record; grows the queue past `queue_depth_max`.
@@ -56,6 +59,7 @@ mod error;
 mod file;
 mod force;
 pub mod format;
+pub mod pmem;
 mod prealloc;
 mod replay;
 mod shared;
@@ -71,7 +75,8 @@ pub use config::{
 };
 pub use error::JournalError;
 pub use format::JournalRecord;
-pub use stats::{JournalHistograms, JournalStats, StageSummary};
+pub use pmem::{PMEM_ALIGNMENT_BYTES, PMEM_REGION_BYTES_DEFAULT, PmemConfig, PmemEmulation};
+pub use stats::{JournalHistograms, JournalStats};
 
 #[cfg(test)]
 pub(crate) use file::faulty::FaultPlan;
@@ -143,10 +148,20 @@ impl Journal {
         F: FnMut(JournalRecord, JournalMark) -> Result<(), E>,
     {
         let mut config = config;
-        if config.backend == JournalBackendKind::Auto {
-            config.backend = resolve_auto_backend(&config);
-        }
-        let backend = Backend::Kind(config.backend);
+        let backend = match config.backend {
+            JournalBackendKind::Auto => {
+                config.backend = resolve_auto_backend(&config);
+                Backend::Kind(config.backend)
+            }
+            JournalBackendKind::Pmem => {
+                config.validate()?;
+                let region = pmem::Region::open(&config, from)?;
+                // Each slot of the ring is one journal file.
+                config.file_bytes_max = region.slot_bytes();
+                Backend::Pmem(region)
+            }
+            kind => Backend::Kind(kind),
+        };
         Journal::open_with_backend(config, backend, from, on_record)
     }
 
@@ -173,7 +188,7 @@ impl Journal {
             file_id,
             true,
         )?;
-        prealloc::install_file(&dir, file_id, file.as_ref())?;
+        prealloc::install_file(&backend, &dir, file_id, file.as_ref())?;
         let start_mark = JournalMark {
             file_id,
             offset: config.data_offset(),
@@ -319,29 +334,38 @@ impl Journal {
     /// deleted. Returns how many were retired; they are no longer replayed.
     pub fn delete_files_before(&self, mark: JournalMark) -> Result<usize, JournalError> {
         let dir = &self.shared.config.dir;
+        let backend = &self.shared.backend;
         let writer_file_id = self.shared.writer_file_id.load(Ordering::SeqCst);
         let limit = mark.file_id.min(writer_file_id);
-        let mut free = prealloc::list_free_files(dir)?.len();
+        let mut free = backend.list_free_files(dir)?.len();
         let mut deleted = 0;
-        for id in replay::list_file_ids(dir)? {
+        for id in backend.list_file_ids(dir)? {
             if id >= limit {
                 break;
             }
             let path = dir.join(format::file_name(id));
             if free < self.shared.config.recycle_files_max {
                 // Keep it for reuse as a later file.
-                let to = dir.join(format::free_file_name(id));
-                std::fs::rename(&path, &to).map_err(|e| JournalError::io("rename", &path, e))?;
+                backend.rename(&path, &dir.join(format::free_file_name(id)))?;
                 free += 1;
             } else {
-                std::fs::remove_file(&path).map_err(|e| JournalError::io("remove", &path, e))?;
+                backend.remove(&path)?;
             }
             deleted += 1;
         }
         if deleted > 0 {
-            file::sync_dir(dir)?;
+            backend.sync_dir(dir)?;
+            // A preallocator waiting for a free pmem slot may go on.
+            self.shared.space_cv.notify_all();
         }
         Ok(deleted)
+    }
+
+    /// Whether the journal needs ledger storage to checkpoint (and then
+    /// `delete_files_before`) soon to keep taking appends: a pmem ring more
+    /// than half full. The bookie's sync thread checks it between flushes.
+    pub fn wants_checkpoint(&self) -> bool {
+        self.shared.backend.wants_checkpoint()
     }
 
     /// Stage latency and group size percentiles.
@@ -349,7 +373,7 @@ impl Journal {
         self.shared.stats.snapshot()
     }
 
-    /// Copies of the stage latency histograms (for metrics exporters).
+    /// Snapshots of the stage latency histograms (for metrics exporters).
     pub fn latency_histograms(&self) -> JournalHistograms {
         self.shared.stats.latency_histograms()
     }

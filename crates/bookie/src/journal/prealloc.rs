@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use super::config::JournalConfig;
 use super::error::JournalError;
-use super::file::{AlignedBuf, Backend, JournalFile, sync_dir};
+use super::file::{AlignedBuf, Backend, JournalFile};
 use super::format::{self, FileHeader, NEXT_FILE_NAME};
 use super::shared::Shared;
 
@@ -43,11 +43,11 @@ pub(crate) fn prepare_file(
 ) -> Result<(Arc<dyn JournalFile>, u64), JournalError> {
     let dir = &config.dir;
     let path = dir.join(NEXT_FILE_NAME);
-    if path.exists() {
-        std::fs::remove_file(&path).map_err(|e| JournalError::io("remove", &path, e))?;
+    if backend.exists(&path) {
+        backend.remove(&path)?;
     }
-    if let Some(free) = list_free_files(dir)?.first() {
-        std::fs::rename(free, &path).map_err(|e| JournalError::io("rename", free, e))?;
+    if let Some(free) = backend.list_free_files(dir)?.first() {
+        backend.rename(free, &path)?;
     }
     let file = backend.open(&path, true)?;
     let align = config.alignment_bytes as u64;
@@ -110,15 +110,16 @@ pub(crate) fn list_free_files(dir: &Path) -> Result<Vec<PathBuf>, JournalError> 
 
 /// Gives the prepared next file its numbered name, durably.
 pub(crate) fn install_file(
+    backend: &Backend,
     dir: &Path,
     file_id: u64,
     file: &dyn JournalFile,
 ) -> Result<PathBuf, JournalError> {
     let from = dir.join(NEXT_FILE_NAME);
     let to = dir.join(format::file_name(file_id));
-    std::fs::rename(&from, &to).map_err(|e| JournalError::io("rename", &to, e))?;
+    backend.rename(&from, &to)?;
     file.renamed(&to);
-    sync_dir(dir)?;
+    backend.sync_dir(dir)?;
     Ok(to)
 }
 
@@ -291,9 +292,15 @@ pub(crate) fn run_preallocator(shared: Arc<Shared>) {
                 .sync_data()
                 .map_err(|e| JournalError::io("fdatasync", file.path(), e)),
         };
-        if let Err(e) = result {
-            shared.fail(&e);
-            return;
+        match result {
+            Ok(()) => {}
+            // A full pmem ring: wait for a checkpoint to free a slot.
+            Err(e @ JournalError::RingFull { .. })
+                if super::pmem::wait_for_free_slot(&shared, &e) => {}
+            Err(e) => {
+                shared.fail(&e);
+                return;
+            }
         }
     }
 }

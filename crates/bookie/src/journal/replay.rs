@@ -15,14 +15,12 @@
 //! Never: skips a bad record to read what follows; allocates by an unchecked
 //! length field (lengths are bounded by `payload_bytes_max`).
 
-use std::fs::File;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::config::JournalConfig;
 use super::error::JournalError;
-use super::file::{AlignedBuf, Backend, open_read_only, sync_dir};
+use super::file::{AlignedBuf, Backend, JournalFile};
 use super::format::{
     self, Decoded, DecodedRecord, HEADER_BYTES, JournalRecord, NEXT_FILE_NAME, RECORD_HEADER_BYTES,
 };
@@ -78,19 +76,18 @@ where
     F: FnMut(JournalRecord, JournalMark) -> Result<(), E>,
 {
     let dir = &config.dir;
-    let ids = list_file_ids(dir)?;
+    let ids = backend.list_file_ids(dir)?;
     let newest = ids.last().copied();
     // A next file the preallocator was preparing holds no records: back to the
     // pool of reusable files (or away when the pool is full).
     let next = dir.join(NEXT_FILE_NAME);
-    if next.exists() {
-        let free = super::prealloc::list_free_files(dir)?.len();
+    if backend.exists(&next) {
+        let free = backend.list_free_files(dir)?.len();
         if free < config.recycle_files_max {
             let id = newest.map_or(from.file_id, |n| n.max(from.file_id)) + 1;
-            let to = dir.join(format::free_file_name(id));
-            std::fs::rename(&next, &to).map_err(|e| JournalError::io("rename", &next, e))?;
+            backend.rename(&next, &dir.join(format::free_file_name(id)))?;
         } else {
-            std::fs::remove_file(&next).map_err(|e| JournalError::io("remove", &next, e))?;
+            backend.remove(&next)?;
         }
     }
     let to_replay: Vec<u64> = ids
@@ -126,7 +123,7 @@ where
     for &id in &to_replay {
         let path = dir.join(format::file_name(id));
         let is_newest = Some(id) == newest;
-        let (end_offset, scan_end) = scan_file(config, &path, id, from, on_record)?;
+        let (end_offset, scan_end) = scan_file(config, backend, &path, id, from, on_record)?;
         end_mark = end_mark.max(JournalMark {
             file_id: id,
             offset: end_offset,
@@ -173,6 +170,7 @@ where
 /// records stop and why.
 fn scan_file<E, F>(
     config: &JournalConfig,
+    backend: &Backend,
     path: &Path,
     file_id: u64,
     from: JournalMark,
@@ -182,12 +180,9 @@ where
     E: std::error::Error + Send + Sync + 'static,
     F: FnMut(JournalRecord, JournalMark) -> Result<(), E>,
 {
-    let file = open_read_only(path)?;
-    let file_len = file
-        .metadata()
-        .map_err(|e| JournalError::io("stat", path, e))?
-        .len();
-    let header = read_header(&file, path, file_id)?;
+    let file = backend.open_read(path)?;
+    let file_len = file.len().map_err(|e| JournalError::io("stat", path, e))?;
+    let header = read_header(file.as_ref(), path, file_id)?;
     let record_bytes_max =
         RECORD_HEADER_BYTES + 16 + config.payload_bytes_max.max(config.alignment_bytes);
     let mut reader = Window::new(file, path.to_path_buf(), file_len);
@@ -246,9 +241,15 @@ where
     }
 }
 
-fn read_header(file: &File, path: &Path, file_id: u64) -> Result<format::FileHeader, JournalError> {
+fn read_header(
+    file: &dyn JournalFile,
+    path: &Path,
+    file_id: u64,
+) -> Result<format::FileHeader, JournalError> {
     let mut block = vec![0u8; HEADER_BYTES];
-    let n = read_full(file, &mut block, 0).map_err(|e| JournalError::io("read", path, e))?;
+    let n = file
+        .read_at(&mut block, 0)
+        .map_err(|e| JournalError::io("read", path, e))?;
     let header = format::decode_header(&block[..n]).map_err(|reason| JournalError::BadHeader {
         path: path.to_path_buf(),
         reason,
@@ -271,22 +272,9 @@ fn read_header(file: &File, path: &Path, file_id: u64) -> Result<format::FileHea
     Ok(header)
 }
 
-fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    let mut done = 0;
-    while done < buf.len() {
-        match file.read_at(&mut buf[done..], offset + done as u64) {
-            Ok(0) => break,
-            Ok(n) => done += n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
-}
-
 /// A sliding read window over a file.
 struct Window {
-    file: File,
+    file: Arc<dyn JournalFile>,
     path: PathBuf,
     file_len: u64,
     buf: Vec<u8>,
@@ -294,7 +282,7 @@ struct Window {
 }
 
 impl Window {
-    fn new(file: File, path: PathBuf, file_len: u64) -> Window {
+    fn new(file: Arc<dyn JournalFile>, path: PathBuf, file_len: u64) -> Window {
         Window {
             file,
             path,
@@ -313,7 +301,9 @@ impl Window {
             let read_len = want.max(READ_CHUNK_BYTES) as u64;
             let read_len = read_len.min(self.file_len.saturating_sub(pos)) as usize;
             self.buf.resize(read_len, 0);
-            let n = read_full(&self.file, &mut self.buf, pos)
+            let n = self
+                .file
+                .read_at(&mut self.buf, pos)
                 .map_err(|e| JournalError::io("read", &self.path, e))?;
             self.buf.truncate(n);
             self.buf_offset = pos;
@@ -353,7 +343,7 @@ pub(crate) fn write_file_end(
     file.sync_data()
         .map_err(|e| JournalError::io("fdatasync", path, e))?;
     if let Some(dir) = path.parent() {
-        sync_dir(dir)?;
+        backend.sync_dir(dir)?;
     }
     Ok(())
 }

@@ -334,7 +334,12 @@ impl Writer {
         // Any zero-fill of it not yet synced must not ride on a group's sync.
         file.sync_data()
             .map_err(|e| JournalError::io("fdatasync", file.path(), e))?;
-        install_file(&self.shared.config.dir, next_id, file.as_ref())?;
+        install_file(
+            &self.shared.backend,
+            &self.shared.config.dir,
+            next_id,
+            file.as_ref(),
+        )?;
         space.file_id = next_id;
         space.file = file.clone();
         space.allocated_end = allocated_end;

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::StorageError;
+use super::error::StorageError;
 
 /// Largest entry payload storage accepts. The bookie protocol caps a frame at
 /// 5 MiB (BookKeeper's `nettyMaxFrameSizeBytes`); the slack covers headers. Also

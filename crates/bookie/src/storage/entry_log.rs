@@ -37,7 +37,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
 
-use super::StorageError;
+use super::error::StorageError;
 use super::format::{self, ENTRY_LOG_HEADER_BYTES};
 use super::fs::{self, RangeSync};
 use crate::direct_io::{AlignedBuf, DIRECT_IO_ALIGNMENT_BYTES};

@@ -15,8 +15,8 @@
 
 use bytes::Bytes;
 
-use super::StorageError;
 use super::config::ENTRY_PAYLOAD_BYTES_MAX;
+use super::error::StorageError;
 use crate::JournalMark;
 
 /// Name of the lock file.

@@ -8,7 +8,7 @@ use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use super::StorageError;
+use super::error::StorageError;
 
 /// fsyncs a directory so entries created, renamed or removed in it survive a
 /// power cut.

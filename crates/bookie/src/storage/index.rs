@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 
 use redb::{Database, Durability, ReadableDatabase, ReadableTable, TableDefinition};
 
-use super::StorageError;
 use super::config::ENTRY_PAYLOAD_BYTES_MAX;
+use super::error::StorageError;
 use super::format::{self, RECORD_HEADER_BYTES, le_u32, le_u64};
 
 const LOCATIONS: TableDefinition<(u64, u64), &[u8]> = TableDefinition::new("locations");

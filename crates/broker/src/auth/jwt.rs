@@ -11,16 +11,27 @@
 //! honoured with no clock skew allowance (Pulsar's default); a token larger
 //! than [`TOKEN_BYTES_MAX`] is refused before any decoding.
 //! Never: trusts a claim before the signature checks out.
+//!
+//! Whose code does what: signatures are ring's (the provider rustls uses
+//! here), key files are read by `rustls-pki-types` (PEM, private keys) and
+//! RustCrypto's `spki`/`pkcs1` (public keys), base64url is the `base64`
+//! crate's; only the compact-JWS split and the claim checks are ours. No JWT
+//! crate fits: `jsonwebtoken` 10 signs with aws-lc (a C/C++ build) or a
+//! second RustCrypto stack (`rsa` 0.9, p256, p384, ed25519), its 9.x line
+//! brings `simple_asn1`/`num-bigint`/`time` and reads only PKCS#1 DER
+//! (Pulsar writes SubjectPublicKeyInfo), `jwt-simple` builds BoringSSL.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use pkcs1::RsaPublicKeyRef;
 use ring::signature::{self, KeyPair};
 use ring::{hmac, rand};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{PrivateKeyDer, SubjectPublicKeyInfoDer};
 use serde_json::{Value, json};
+use spki::SubjectPublicKeyInfoRef;
 
 /// Largest token accepted, bytes. Pulsar's tokens are a few hundred bytes
 /// (an RS256 signature is 342 characters at 2048 bits); 16 KiB leaves room
@@ -113,26 +124,35 @@ impl VerifyKey {
     /// `create-key-pair` writes it, or PKCS#1).
     pub fn rsa_public(file: &[u8]) -> Result<VerifyKey, JwtError> {
         let der = if is_pem(file) {
-            if let Ok(spki) = SubjectPublicKeyInfoDer::from_pem_slice(file) {
-                spki.as_ref().to_vec()
-            } else {
-                pem_section(file, "RSA PUBLIC KEY")?
-            }
+            public_key_pem(file)?
         } else {
             file.to_vec()
         };
         // SubjectPublicKeyInfo wraps the PKCS#1 key; a bare PKCS#1 key is
         // taken as it is.
-        let pkcs1 = match spki_rsa_key(&der) {
-            Some(inner) => inner.to_vec(),
-            None => der,
+        let pkcs1 = match SubjectPublicKeyInfoRef::try_from(der.as_slice()) {
+            Ok(spki) if spki.algorithm.oid == pkcs1::ALGORITHM_OID => spki
+                .subject_public_key
+                .as_bytes()
+                .ok_or_else(|| JwtError::BadKey("RSA public key bits not whole bytes".into()))?
+                .to_vec(),
+            Ok(_) => return Err(JwtError::BadKey("not an RSA public key".into())),
+            Err(_) => der,
         };
         // ring checks the key only when verifying: check its shape and size
         // here so a bad file fails at startup.
-        if parse_rsa_public(&pkcs1).is_none() {
-            return Err(JwtError::BadKey(
+        let key = RsaPublicKeyRef::try_from(pkcs1.as_slice()).map_err(|_| {
+            JwtError::BadKey(
                 "not an RSA public key (PEM or DER SubjectPublicKeyInfo / PKCS#1)".into(),
-            ));
+            )
+        })?;
+        // 2048..8192 bits, as ring's RSA_PKCS1_2048_8192_SHA256 requires
+        // (`as_bytes` has no leading zeros).
+        let modulus_bits = key.modulus.as_bytes().len() * 8;
+        if !(2048..=8192).contains(&modulus_bits) {
+            return Err(JwtError::BadKey(format!(
+                "RSA key of {modulus_bits} bits: 2048 to 8192 needed"
+            )));
         }
         Ok(VerifyKey::RsaPublic(pkcs1))
     }
@@ -350,27 +370,20 @@ fn is_pem(file: &[u8]) -> bool {
         .is_some_and(|start| file[start..].starts_with(b"-----BEGIN "))
 }
 
-/// The body of the first PEM section labelled `label` (for labels
-/// `rustls-pki-types` has no type for, such as `RSA PUBLIC KEY`).
-fn pem_section(file: &[u8], label: &str) -> Result<Vec<u8>, JwtError> {
+/// The DER of a PEM public key: `PUBLIC KEY` (SubjectPublicKeyInfo) or
+/// `RSA PUBLIC KEY` (PKCS#1).
+fn public_key_pem(file: &[u8]) -> Result<Vec<u8>, JwtError> {
+    if let Ok(spki) = SubjectPublicKeyInfoDer::from_pem_slice(file) {
+        return Ok(spki.as_ref().to_vec());
+    }
     let text =
         std::str::from_utf8(file).map_err(|_| JwtError::BadKey("PEM is not UTF-8".into()))?;
-    let begin = format!("-----BEGIN {label}-----");
-    let end = format!("-----END {label}-----");
-    let start = text
-        .find(&begin)
-        .ok_or_else(|| JwtError::BadKey(format!("no {label} PEM section")))?
-        + begin.len();
-    let stop = text[start..]
-        .find(&end)
-        .ok_or_else(|| JwtError::BadKey(format!("unterminated {label} PEM section")))?;
-    let body: String = text[start..start + stop]
-        .chars()
-        .filter(|c| !c.is_ascii_whitespace())
-        .collect();
-    base64::engine::general_purpose::STANDARD
-        .decode(body)
-        .map_err(|_| JwtError::BadKey(format!("{label} PEM body is not base64")))
+    match pkcs1::der::Document::from_pem(text.trim()) {
+        Ok(("RSA PUBLIC KEY", der)) => Ok(der.into_vec()),
+        _ => Err(JwtError::BadKey(
+            "no PUBLIC KEY or RSA PUBLIC KEY PEM section".into(),
+        )),
+    }
 }
 
 fn decode_json(part: &str, what: &'static str) -> Result<Value, JwtError> {
@@ -392,84 +405,6 @@ fn decode_json(part: &str, what: &'static str) -> Result<Value, JwtError> {
         return Err(JwtError::Malformed("header or claims not a JSON object"));
     }
     Ok(value)
-}
-
-/// A DER element: (tag, contents, rest after it). Lengths up to 4 bytes
-/// (keys are far below 4 GiB); no recursion.
-fn der_element(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let count = usize::from(first & 0x7f);
-        if count == 0 || count > 4 || rest.len() < count {
-            return None;
-        }
-        let len = rest[..count]
-            .iter()
-            .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
-        (len, &rest[count..])
-    };
-    if rest.len() < len {
-        return None;
-    }
-    Some((tag, &rest[..len], &rest[len..]))
-}
-
-const DER_SEQUENCE: u8 = 0x30;
-const DER_BIT_STRING: u8 = 0x03;
-const DER_OID: u8 = 0x06;
-const DER_INTEGER: u8 = 0x02;
-/// 1.2.840.113549.1.1.1 (rsaEncryption), DER-encoded.
-const OID_RSA_ENCRYPTION: &[u8] = &[0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x01];
-
-/// The PKCS#1 RSAPublicKey inside a SubjectPublicKeyInfo:
-/// `SEQUENCE { SEQUENCE { OID rsaEncryption, NULL }, BIT STRING { 0, key } }`.
-fn spki_rsa_key(der: &[u8]) -> Option<&[u8]> {
-    let (tag, spki, _) = der_element(der)?;
-    if tag != DER_SEQUENCE {
-        return None;
-    }
-    let (tag, algorithm, rest) = der_element(spki)?;
-    if tag != DER_SEQUENCE {
-        return None;
-    }
-    let (tag, oid, _) = der_element(algorithm)?;
-    if tag != DER_OID || oid != OID_RSA_ENCRYPTION {
-        return None;
-    }
-    let (tag, bits, _) = der_element(rest)?;
-    if tag != DER_BIT_STRING {
-        return None;
-    }
-    // The first content byte counts unused bits: 0 for a key.
-    match bits.split_first() {
-        Some((0, key)) => Some(key),
-        _ => None,
-    }
-}
-
-/// (modulus, exponent) of a PKCS#1 RSAPublicKey, to check a key file at load.
-fn parse_rsa_public(der: &[u8]) -> Option<(&[u8], &[u8])> {
-    let (tag, body, _) = der_element(der)?;
-    if tag != DER_SEQUENCE {
-        return None;
-    }
-    let (tag, modulus, rest) = der_element(body)?;
-    if tag != DER_INTEGER {
-        return None;
-    }
-    let (tag, exponent, _) = der_element(rest)?;
-    if tag != DER_INTEGER {
-        return None;
-    }
-    // 2048..8192 bits, as ring's RSA_PKCS1_2048_8192_SHA256 requires.
-    let modulus_bits = modulus.iter().skip_while(|b| **b == 0).count() * 8;
-    if !(2048..=8192).contains(&modulus_bits) {
-        return None;
-    }
-    Some((modulus, exponent))
 }
 
 #[cfg(test)]
@@ -573,6 +508,22 @@ mod tests {
         let pkcs1 = signer.rsa_public_pkcs1().unwrap();
         let from_pkcs1 = VerifyKey::rsa_public(&pkcs1).unwrap();
         assert_eq!(from_pkcs1.verify(&token, now()).unwrap().subject, "carol");
+        // PKCS#1 in PEM (`RSA PUBLIC KEY`).
+        let body = base64::engine::general_purpose::STANDARD.encode(&pkcs1);
+        let lines: Vec<&str> = body
+            .as_bytes()
+            .chunks(64)
+            .map(|line| std::str::from_utf8(line).unwrap())
+            .collect();
+        let pkcs1_pem = format!(
+            "-----BEGIN RSA PUBLIC KEY-----\n{}\n-----END RSA PUBLIC KEY-----\n",
+            lines.join("\n")
+        );
+        let from_pkcs1_pem = VerifyKey::rsa_public(pkcs1_pem.as_bytes()).unwrap();
+        assert_eq!(
+            from_pkcs1_pem.verify(&token, now()).unwrap().subject,
+            "carol"
+        );
         // An HS256 token is not checked against the RSA key (alg confusion).
         let hs = SigningKey::secret(&new_secret().unwrap())
             .unwrap()

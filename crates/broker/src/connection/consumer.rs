@@ -21,6 +21,7 @@ use vela_wire::proto::{
     command_subscribe::{InitialPosition, SubType},
 };
 
+use super::deferred::{Deferred, TopicOpening};
 use super::session::{Close, NAME_BYTES_MAX, Session};
 use crate::authorization::TopicAction;
 use crate::codec;
@@ -67,12 +68,19 @@ impl Consumers {
         }
     }
 
+    /// `opening`: as for `Producers::on_producer`.
     pub(super) async fn on_subscribe(
         &mut self,
         session: &Session,
         body: proto::CommandSubscribe,
+        opening: TopicOpening<'_>,
     ) -> Result<(), Close> {
         let request_id = body.request_id;
+        let loads = match opening {
+            TopicOpening::Arrived(loads) => Some(loads),
+            TopicOpening::Opened(Ok(())) => None,
+            TopicOpening::Opened(Err(e)) => return refuse(session, &body, e).await,
+        };
         if let Some(existing) = self.map.get(&body.consumer_id) {
             if existing.sub.name == body.subscription
                 && TopicName::parse(&body.topic)
@@ -101,12 +109,20 @@ impl Consumers {
                 )
                 .await;
         }
+        if let Some(loads) = loads
+            && loads.defer(
+                session,
+                &body.topic,
+                body.force_topic_creation.unwrap_or(true),
+                TopicAction::Consume,
+                || Deferred::Subscribe(body.clone()),
+            )
+        {
+            return Ok(());
+        }
         match self.create_consumer(session, &body).await {
             Ok(()) => session.send_success(request_id).await,
-            Err(e) => {
-                tracing::info!(conn = session.id, topic = %body.topic, subscription = %body.subscription, error = %e, "SUBSCRIBE refused");
-                session.send_error(request_id, e).await
-            }
+            Err(e) => refuse(session, &body, e).await,
         }
     }
 
@@ -473,6 +489,15 @@ impl Consumers {
         };
         session.send(response).await
     }
+}
+
+async fn refuse(
+    session: &Session,
+    body: &proto::CommandSubscribe,
+    error: ServiceError,
+) -> Result<(), Close> {
+    tracing::info!(conn = session.id, topic = %body.topic, subscription = %body.subscription, error = %error, "SUBSCRIBE refused");
+    session.send_error(body.request_id, error).await
 }
 
 /// Reader start: the first position to deliver. Earliest (−1,−1) → the head;

@@ -10,17 +10,23 @@
 //! - `consumer`: SUBSCRIBE, FLOW, ACK, redelivery, seek, unsubscribe,
 //!   CLOSE_CONSUMER, last message id, consumer stats;
 //! - `schema`: GET_SCHEMA, GET_OR_CREATE_SCHEMA;
+//! - `deferred`: the topic of a PRODUCER or SUBSCRIBE opened off the reader;
 //! - `writer`: the socket writer task.
 //!
-//! Handlers depend on `session` (and nothing here); this module depends on
-//! them.
+//! Handlers depend on `session` (`producer` and `consumer` also on
+//! `deferred`), and nothing here; this module depends on them.
 //!
 //! Tasks per connection: the reader (`Connection::run`, which handles
-//! commands in arrival order), the writer (`writer::write_loop`: one
-//! vectored write per wake-up of up to `frames_per_wakeup_max` frames) and
-//! one receipt task per producer (answers SENDs strictly in SEND order).
+//! commands in arrival order, except that a PRODUCER or SUBSCRIBE whose topic
+//! is not open yet is handled once a task of its own opened it: the reader
+//! never waits for a topic to open while under `DEFERRED_LOADS_MAX` of
+//! those), the writer (`writer::write_loop`: one vectored write per wake-up
+//! of up to `frames_per_wakeup_max` frames) and one receipt task per
+//! producer (answers SENDs strictly in SEND order).
 //!
-//! Bounds: producers and consumers per connection; pending SENDs and pending
+//! Bounds: producers and consumers per connection; topic loads off the
+//! reader per connection (`DEFERRED_LOADS_MAX`: past it a command opens its
+//! topic inline, which stops reading); pending SENDs and pending
 //! SEND bytes (semaphores: when exhausted the reader stops reading, which
 //! pushes back on the client through TCP); the outbound queue; a topic's
 //! publish rate (past it the reader pauses after the SEND, the same way);
@@ -39,6 +45,7 @@
 //! Never: blocks a tokio worker, or writes to the socket outside the writer.
 
 mod consumer;
+mod deferred;
 mod lookup;
 mod producer;
 mod schema;
@@ -60,6 +67,7 @@ use crate::codec::{Decoder, FrameError, Inbound};
 use crate::service::Service;
 use crate::subscription::ConnEvent;
 use consumer::Consumers;
+use deferred::{Deferred, DeferredLoads, Loaded, TopicOpening};
 use producer::Producers;
 use session::{Close, Session, required};
 
@@ -138,6 +146,7 @@ async fn serve_halves<R, W>(
         session: Session::new(service, id, peer, out, events_tx),
         producers: Producers::new(limits.pending_sends_max, limits.pending_send_bytes_max),
         consumers: Consumers::new(),
+        deferred: DeferredLoads::new(),
         events_rx,
         read_at: Instant::now(),
     };
@@ -166,6 +175,8 @@ struct Connection {
     session: Session,
     producers: Producers,
     consumers: Consumers,
+    /// PRODUCER and SUBSCRIBE commands waiting for their topic to open.
+    deferred: DeferredLoads,
     /// Producers and consumers the broker closed (see `ConnEvent`).
     events_rx: mpsc::Receiver<ConnEvent>,
     /// When the bytes being handled reached the broker: the kernel's receive
@@ -204,6 +215,11 @@ impl Connection {
                 biased;
                 _ = shutdown.changed() => return Close("broker shutting down".into()),
                 Some(event) = self.events_rx.recv() => self.on_event(event),
+                Some(loaded) = self.deferred.recv() => {
+                    if let Err(close) = self.on_loaded(loaded).await {
+                        return close;
+                    }
+                }
                 _ = &mut handshake_deadline, if !self.session.connected => {
                     return Close(format!("no CONNECT within {:?}", started.elapsed()));
                 }
@@ -268,6 +284,26 @@ impl Connection {
         }
     }
 
+    /// A PRODUCER or SUBSCRIBE whose topic was opened off the reader (or
+    /// failed to open) goes back to its handler.
+    async fn on_loaded(&mut self, loaded: Loaded) -> Result<(), Close> {
+        let (command, result) = self.deferred.finish(loaded);
+        let opening = TopicOpening::Opened(result);
+        match command {
+            Deferred::Producer(body) => {
+                self.producers
+                    .on_producer(&self.session, body, opening)
+                    .await
+            }
+            Deferred::Subscribe(body) => {
+                self.drain_events();
+                self.consumers
+                    .on_subscribe(&self.session, body, opening)
+                    .await
+            }
+        }
+    }
+
     /// Applies the events queued so far (before a command that must see
     /// the consumers the broker closed).
     fn drain_events(&mut self) {
@@ -289,8 +325,12 @@ impl Connection {
             entry,
             frame_bytes,
         } = frame;
-        let (session, producers, consumers) =
-            (&mut self.session, &mut self.producers, &mut self.consumers);
+        let (session, producers, consumers, deferred) = (
+            &mut self.session,
+            &mut self.producers,
+            &mut self.consumers,
+            &mut self.deferred,
+        );
         let command = match command {
             // The hot command, compact: no BaseCommand is built for it.
             Command::Send(send) => {
@@ -334,7 +374,8 @@ impl Connection {
             }
             Type::Producer => {
                 let body = required(command.producer, kind)?;
-                producers.on_producer(session, body).await
+                let opening = TopicOpening::Arrived(deferred);
+                producers.on_producer(session, body, opening).await
             }
             // The decoder hands out every SEND as `Command::Send`; a SEND
             // built some other way is still served.
@@ -349,12 +390,16 @@ impl Connection {
             },
             Type::CloseProducer => {
                 let body = required(command.close_producer, kind)?;
+                deferred.close_producer(body.producer_id);
                 producers.on_close_producer(session, body).await
             }
             Type::Subscribe => {
                 let body = required(command.subscribe, kind)?;
                 self.drain_events();
-                self.consumers.on_subscribe(&self.session, body).await
+                let opening = TopicOpening::Arrived(&mut self.deferred);
+                self.consumers
+                    .on_subscribe(&self.session, body, opening)
+                    .await
             }
             Type::Flow => {
                 let body = required(command.flow, kind)?;
@@ -371,6 +416,7 @@ impl Connection {
             }
             Type::CloseConsumer => {
                 let body = required(command.close_consumer, kind)?;
+                deferred.close_consumer(body.consumer_id);
                 consumers.on_close_consumer(session, body).await
             }
             Type::Unsubscribe => {

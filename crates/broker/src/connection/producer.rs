@@ -3,12 +3,13 @@
 //!
 //! A SEND is charged against the connection's pending bounds (semaphores:
 //! when exhausted the reader waits, not reading, which pushes back on the
-//! client through TCP), checked against the topic's dedup table, and issued
-//! to `Topic::publish` (the append is issued before the next frame is
-//! read, so entries keep SEND order); a receipt job then goes to the
-//! producer's receipt task, which awaits the appends strictly in SEND order
-//! and answers SEND_RECEIPT or SEND_ERROR. CLOSE_PRODUCER is answered by the
-//! same task, after every receipt in flight.
+//! client through TCP) and issued to `Topic::publish` (checked against the
+//! dedup table and appended before the next frame is read, so entries keep
+//! SEND order: `topic::publish` states the invariant); a receipt job then
+//! goes to the producer's receipt task, which awaits the appends strictly
+//! in SEND order, asserts their positions increase, and answers
+//! SEND_RECEIPT or SEND_ERROR. CLOSE_PRODUCER is answered by the same task,
+//! after every receipt in flight.
 //! Owns: [`Producers`] (this connection's producers and the pending-send
 //! bounds) and the receipt tasks.
 //! Never: waits for an append on the reader task, or answers a SEND out of
@@ -24,6 +25,7 @@ use vela_log::{AppendFuture, Position};
 use vela_wire::proto::{self, MessageIdData, ServerError};
 use vela_wire::{Command, SendCommand};
 
+use super::deferred::{Deferred, TopicOpening};
 use super::session::{Close, NAME_BYTES_MAX, Session};
 use crate::authorization::TopicAction;
 use crate::codec::{self, Outbound};
@@ -101,13 +103,21 @@ impl Producers {
         }
     }
 
+    /// `opening`: a PRODUCER that just arrived opens a topic not open yet
+    /// off the reader (see `deferred`) and is handled again when it is.
     pub(super) async fn on_producer(
         &mut self,
         session: &Session,
         body: proto::CommandProducer,
+        opening: TopicOpening<'_>,
     ) -> Result<(), Close> {
         let request_id = body.request_id;
         let producer_id = body.producer_id;
+        let loads = match opening {
+            TopicOpening::Arrived(loads) => Some(loads),
+            TopicOpening::Opened(Ok(())) => None,
+            TopicOpening::Opened(Err(e)) => return refuse(session, &body, e).await,
+        };
         if let Some(existing) = self.map.get(&producer_id) {
             // A retry of a PRODUCER that already succeeded on this connection.
             if existing.topic.full_name
@@ -149,13 +159,17 @@ impl Producers {
                 )
                 .await;
         }
+        if let Some(loads) = loads
+            && loads.defer(session, &body.topic, true, TopicAction::Produce, || {
+                Deferred::Producer(body.clone())
+            })
+        {
+            return Ok(());
+        }
         match self.create_producer(session, &body).await {
             Ok(Some(success)) => session.send(success).await,
             Ok(None) => Ok(()),
-            Err(e) => {
-                tracing::info!(conn = session.id, topic = %body.topic, error = %e, "PRODUCER refused");
-                session.send_error(request_id, e).await
-            }
+            Err(e) => refuse(session, &body, e).await,
         }
     }
 
@@ -292,22 +306,26 @@ impl Producers {
         // Publish rate: past it, this connection stops reading for the pause
         // (Pulsar's throttling: TCP back-pressure, nothing refused).
         let pause = producer.topic.publish_pause(messages, entry.len());
-        let job = match producer.topic.dedup_check(
+        let issued = Instant::now();
+        let job = match producer.topic.publish(
             &producer.name,
             sequence_id as i64,
             highest_sequence_id as i64,
+            entry,
+            messages,
+            append_permit,
         ) {
             DedupCheck::Duplicate => ReceiptJob::Duplicate {
                 sequence_id,
                 highest_sequence_id,
                 _permits: (send_permit, bytes_permit),
             },
-            DedupCheck::Fresh => ReceiptJob::Send {
+            DedupCheck::Appended(append) => ReceiptJob::Send {
                 sequence_id,
                 highest_sequence_id,
                 received,
-                issued: Instant::now(),
-                append: producer.topic.publish(entry, messages, append_permit),
+                issued,
+                append,
                 topic_metrics: Arc::clone(&producer.topic.metrics),
                 _permits: (send_permit, bytes_permit),
             },
@@ -370,6 +388,15 @@ impl Producers {
             None => session.send_success(body.request_id).await,
         }
     }
+}
+
+async fn refuse(
+    session: &Session,
+    body: &proto::CommandProducer,
+    error: ServiceError,
+) -> Result<(), Close> {
+    tracing::info!(conn = session.id, topic = %body.topic, error = %error, "PRODUCER refused");
+    session.send_error(body.request_id, error).await
 }
 
 async fn receipt_loop(

@@ -266,11 +266,25 @@ impl Session {
         ns: &NamespaceName,
         action: TopicAction,
     ) -> Result<(), ServiceError> {
-        let (Some(config), Some(principal)) = (&self.service.config.auth, &self.auth.principal)
-        else {
-            return Ok(());
-        };
-        authorization::authorize_namespace(config, &self.service.admin, &principal.role, ns, action)
-            .await
+        authorize_role(&self.service, self.role(), ns, action).await
     }
+
+    /// The role this connection authenticated as (none when auth is off).
+    pub(super) fn role(&self) -> Option<&str> {
+        self.auth.principal.as_ref().map(|p| p.role.as_str())
+    }
+}
+
+/// [`Session::authorize`] for `role` (from [`Session::role`]), for a task
+/// that does not hold the session.
+pub(super) async fn authorize_role(
+    service: &Service,
+    role: Option<&str>,
+    ns: &NamespaceName,
+    action: TopicAction,
+) -> Result<(), ServiceError> {
+    let (Some(config), Some(role)) = (&service.config.auth, role) else {
+        return Ok(());
+    };
+    authorization::authorize_namespace(config, &service.admin, role, ns, action).await
 }

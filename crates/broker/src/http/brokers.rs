@@ -11,6 +11,7 @@ use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use serde_json::json;
+use vela_metrics::Snapshot;
 
 use super::api::{ApiResult, Params, Shared};
 use super::prometheus;
@@ -50,19 +51,20 @@ async fn metrics(State(service): Shared) -> Response {
 /// topic).
 async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<Response> {
     let mut rows = Vec::new();
-    let mut add = |stage: &str, scope: &str, latency: &crate::metrics::LatencySnapshot| {
+    let mut add = |stage: &str, scope: &str, latency: &Snapshot| {
+        let summary = latency.summary();
         rows.push(json!({
             "stage": stage,
             "scope": scope,
-            "count": latency.count,
-            "sum_us": latency.sum_us,
-            "mean_us": latency.mean_us(),
-            "p50_us": latency.quantile_us(0.5),
-            "p99_us": latency.quantile_us(0.99),
-            "p999_us": latency.quantile_us(0.999),
+            "count": summary.count,
+            "sum_us": latency.sum,
+            "mean_us": summary.mean,
+            "p50_us": summary.p50,
+            "p99_us": summary.p99,
+            "p999_us": summary.p999,
             // The upper bound of the highest non-empty bucket: the slowest
             // sample was at most this.
-            "max_us": latency.quantile_us(1.0),
+            "max_us": summary.max,
             "buckets": latency.buckets.to_vec(),
         }));
     };
@@ -77,8 +79,8 @@ async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<
             Some(n) => (0..n).map(|i| name.partition(i)).collect(),
             None => vec![name.clone()],
         };
-        let mut publish = crate::metrics::LatencySnapshot::default();
-        let mut storage = crate::metrics::LatencySnapshot::default();
+        let mut publish = Snapshot::default();
+        let mut storage = Snapshot::default();
         for name in &names {
             let served = service.topic(name, false).await?;
             publish.merge(&served.metrics.publish_latency.snapshot());
@@ -92,7 +94,7 @@ async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<
     for stage in Stage::ALL {
         let instances: Vec<_> = all.iter().filter(|s| s.stage == stage).collect();
         if instances.len() > 1 {
-            let mut merged = crate::metrics::LatencySnapshot::default();
+            let mut merged = Snapshot::default();
             for s in &instances {
                 merged.merge(&s.latency);
             }
@@ -104,7 +106,7 @@ async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<
     }
     Ok(axum::Json(json!({
         "topic": topic,
-        "bucket_bounds_us": crate::metrics::LATENCY_BOUNDS_US.to_vec(),
+        "bucket_bounds_us": vela_metrics::BUCKET_BOUNDS.to_vec(),
         "stages": rows,
     }))
     .into_response())

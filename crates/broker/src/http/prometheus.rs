@@ -24,8 +24,10 @@
 
 use std::fmt::Write as _;
 
+use vela_metrics::Snapshot;
+
 use crate::config::CLUSTER_NAME;
-use crate::metrics::{LatencySnapshot, PULSAR_LATENCY_BUCKETS, StorageFamily, StorageMetric};
+use crate::metrics::{PULSAR_LATENCY_BUCKETS, StorageFamily, StorageMetric, pulsar_buckets};
 use crate::service::Service;
 use crate::stats::TopicStats;
 use crate::topic_name::TopicName;
@@ -269,7 +271,7 @@ fn broker_families(service: &Service, topics: usize, w: &mut Writer) {
         "Broker publish latency in ms (SEND received to receipt queued).",
     );
     for q in SUMMARY_QUANTILES {
-        let value = publish.quantile_us(q);
+        let value = publish.quantile(q);
         let quantile = format!("{q}");
         let l = labels(&[("cluster", CLUSTER_NAME), ("quantile", &quantile)]);
         w.sample("pulsar_broker_publish_latency", &l, value / 1000.0);
@@ -282,7 +284,7 @@ fn broker_families(service: &Service, topics: usize, w: &mut Writer) {
     w.sample(
         "pulsar_broker_publish_latency_sum",
         &cluster,
-        publish.sum_us as f64 / 1000.0,
+        publish.sum as f64 / 1000.0,
     );
 
     let name = "vela_write_path_latency_seconds";
@@ -310,11 +312,7 @@ fn broker_families(service: &Service, topics: usize, w: &mut Writer) {
         ]);
         w.sample(&format!("{name}_bucket"), &l, stage.latency.count as f64);
         let l = labels(&[("stage", stage_name), ("instance", instance)]);
-        w.sample(
-            &format!("{name}_sum"),
-            &l,
-            stage.latency.sum_us as f64 / 1e6,
-        );
+        w.sample(&format!("{name}_sum"), &l, stage.latency.sum as f64 / 1e6);
         w.sample(&format!("{name}_count"), &l, stage.latency.count as f64);
     }
 }
@@ -419,7 +417,7 @@ fn topic_families(rows: &[TopicRow], w: &mut Writer) {
 fn storage_write_latency(rows: &[TopicRow], w: &mut Writer) {
     let per_row: Vec<[u64; PULSAR_LATENCY_BUCKETS.len() + 1]> = rows
         .iter()
-        .map(|r| r.stats.storage_write_latency.pulsar_buckets())
+        .map(|r| pulsar_buckets(&r.stats.storage_write_latency))
         .collect();
     let suffixes = PULSAR_LATENCY_BUCKETS
         .iter()
@@ -436,7 +434,7 @@ fn storage_write_latency(rows: &[TopicRow], w: &mut Writer) {
             w.sample(&name, &row.labels(&[]), buckets[index] as f64);
         }
     }
-    let latency = |row: &TopicRow| -> LatencySnapshot { row.stats.storage_write_latency };
+    let latency = |row: &TopicRow| -> Snapshot { row.stats.storage_write_latency };
     w.family(
         "pulsar_storage_write_latency_count",
         "gauge",
@@ -455,7 +453,7 @@ fn storage_write_latency(rows: &[TopicRow], w: &mut Writer) {
         "Total storage write time, ms.",
     );
     for row in rows {
-        let sum_ms = latency(row).sum_us as f64 / 1000.0;
+        let sum_ms = latency(row).sum as f64 / 1000.0;
         w.sample("pulsar_storage_write_latency_sum", &row.labels(&[]), sum_ms);
     }
 }
@@ -559,10 +557,7 @@ mod tests {
     #[test]
     fn export_bounds_are_histogram_bounds() {
         for bound in STAGE_EXPORT_BOUNDS_US {
-            assert!(
-                crate::metrics::LATENCY_BOUNDS_US.contains(&bound),
-                "{bound}"
-            );
+            assert!(vela_metrics::BUCKET_BOUNDS.contains(&bound), "{bound}");
         }
     }
 }

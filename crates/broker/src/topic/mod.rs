@@ -2,9 +2,10 @@
 //!
 //! Module map (the `Topic`'s state is grouped by job, each group with its
 //! own lock):
-//! - `publish`: the single-writer order of appends (`append_lock`), the
+//! - `publish`: appends and the SEND-order invariant (stated there), the
 //!   publish rate (`throttle`), the in-counters;
-//! - `dedup`: producer name → highest sequence id (deduplication);
+//! - `dedup`: producer name → highest sequence id (deduplication), checked
+//!   and recorded under the lock that issues the append;
 //! - `producers`: producer names, access modes, the WaitForExclusive queue,
 //!   epoch replacement;
 //! - `subscriptions`: the running subscription tasks, creating them, the
@@ -21,8 +22,8 @@
 //! Locks (all short `parking_lot` mutexes, never held across an await,
 //! except `SubscriptionTable::create`, an async mutex held while a
 //! subscription is created):
-//! - `Publisher::append_lock`: only around `ManagedLog::append` (the issue
-//!   of the add, not its completion); a leaf.
+//! - `DedupTable` (with deduplication on): held around the check and
+//!   `ManagedLog::append` (the issue of the add, not its completion).
 //! - `ProducerTable::state` (registered and waiting producers) →
 //!   `DedupTable` (read when a waiting producer gets the topic).
 //! - `SubscriptionTable::create` → `SubscriptionTable::map`.
@@ -52,7 +53,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
-use vela_log::{AppendFuture, AppendPermit, Cursor, ManagedLog};
+use vela_log::{AppendPermit, Cursor, ManagedLog};
 use vela_wire::proto::ProducerAccessMode;
 
 use crate::codec::Outbound;
@@ -83,7 +84,7 @@ pub(crate) struct Topic {
     pub(crate) full_name: String,
     /// The topic's log.
     pub(crate) log: Arc<ManagedLog>,
-    /// Append order, publish rate, in-counters.
+    /// Appends, publish rate, in-counters.
     publisher: Publisher,
     /// Producer name → highest sequence id appended (deduplication).
     dedup: DedupTable,
@@ -137,27 +138,25 @@ impl Topic {
         self.publisher.pause(messages, bytes)
     }
 
-    /// Appends a stored entry with its room in the broker's append budget
-    /// (`ManagedLog::reserve_append`). The append is issued before this
-    /// returns, in call order; the future resolves once the entry is durable.
+    /// Appends a stored entry of `producer` unless deduplication finds
+    /// `sequence_id` appended already, with its room in the broker's append
+    /// budget (`ManagedLog::reserve_append`). The append is issued before
+    /// this returns, in call order (`publish` states the SEND-order
+    /// invariant); its future resolves once the entry is durable.
     pub(crate) fn publish(
-        &self,
-        entry: Bytes,
-        messages: u32,
-        permit: AppendPermit,
-    ) -> AppendFuture {
-        self.publisher.publish(&self.log, entry, messages, permit)
-    }
-
-    /// Deduplication: records `highest_sequence_id` for `producer` unless it
-    /// was already appended.
-    pub(crate) fn dedup_check(
         &self,
         producer: &str,
         sequence_id: i64,
         highest_sequence_id: i64,
+        entry: Bytes,
+        messages: u32,
+        permit: AppendPermit,
     ) -> DedupCheck {
-        self.dedup.check(producer, sequence_id, highest_sequence_id)
+        // A duplicate drops `permit`: its bytes go back at once.
+        self.dedup
+            .check_and_append(producer, sequence_id, highest_sequence_id, || {
+                self.publisher.publish(&self.log, entry, messages, permit)
+            })
     }
 
     /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).

@@ -13,13 +13,13 @@
 //! the metadata record without it is stored.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::backend::{LedgerBackendError, OpenLedger};
 use crate::error::LogError;
 use crate::format::{self, LedgerInfo, LogInfo};
 
-use super::{LogEnv, Retention, Shared};
+use super::ledger_order::{check_ledger_order, unix_ms};
+use super::{Retention, Shared};
 
 /// Whether retention lets a consumed, closed ledger go while the log holds
 /// `log_bytes`: older than the time limit, or the log over the size limit.
@@ -35,42 +35,6 @@ fn retention_lets_go(
     });
     let over_size = retention.size_bytes.is_some_and(|size| log_bytes > size);
     expired || over_size
-}
-
-/// Entries are ordered by (ledger id, entry id): a new ledger must have a
-/// greater id than every ledger of the log. The ledger client's ids increase
-/// across processes; a store that broke that (a reset counter) must not
-/// scramble the log: the new ledger is deleted and the log refuses.
-pub(super) async fn check_ledger_order(
-    env: &LogEnv,
-    name: &str,
-    ledgers: &[LedgerInfo],
-    new_ledger_id: u64,
-) -> Result<(), LogError> {
-    let newest = ledgers.iter().map(|l| l.ledger_id).max();
-    match newest {
-        Some(newest) if new_ledger_id <= newest => {
-            let _ = env.ledgers.delete(new_ledger_id).await;
-            tracing::error!(
-                log = name,
-                new_ledger_id,
-                newest,
-                "ledger ids went backwards"
-            );
-            Err(LogError::Metadata(format!(
-                "log {name}: new ledger {new_ledger_id} is not above its newest ledger {newest} \
-                 (the ledger id counter went backwards)"
-            )))
-        }
-        _ => Ok(()),
-    }
-}
-
-pub(super) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 impl Shared {
@@ -175,7 +139,7 @@ impl Shared {
 
     /// Oldest mark-delete position over all cursors; with no cursor every
     /// confirmed entry counts as consumed (Pulsar's behaviour without retention).
-    fn slowest_mark_delete(&self) -> Option<Option<crate::Position>> {
+    fn slowest_mark_delete(&self) -> Option<Option<crate::position::Position>> {
         let cursors: Vec<Arc<crate::cursor::Cursor>> =
             self.cursors.lock().values().cloned().collect();
         if cursors.is_empty() {

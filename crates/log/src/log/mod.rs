@@ -8,7 +8,8 @@
 //! updates of its metadata record (`meta_lock`, async: rollover, trimming,
 //! close).
 //! Modules: `config` (what a log is given), `positions` (position arithmetic
-//! over the ledger list), `lifecycle` (rollover and trimming).
+//! over the ledger list), `ledger_order` (ids increase, wall-clock stamps),
+//! `lifecycle` (rollover and trimming).
 //!
 //! Append order: `ManagedLog::append` pushes onto the append queue under its
 //! lock, so the order of `append` calls (across threads: the order in which
@@ -18,6 +19,7 @@
 //! acknowledged at Qa, or waits for anything in `append`.
 
 mod config;
+mod ledger_order;
 mod lifecycle;
 mod positions;
 
@@ -34,16 +36,16 @@ use tokio::sync::{oneshot, watch};
 pub use config::{APPEND_BUDGET_BYTES_DEFAULT, ENTRY_CACHE_BYTES_DEFAULT};
 pub use config::{LogConfig, LogEnv, Retention};
 
-use crate::Position;
 use crate::backend::{LedgerBackendError, LedgerDescription, Persistence};
 use crate::budget::AppendPermit;
 use crate::cache::{LogCache, ReadMark};
 use crate::cursor::{Cursor, CursorLog, CursorSettings, CursorStart};
 use crate::error::LogError;
 use crate::format::{self, LedgerInfo, LogInfo};
+use crate::position::Position;
 use crate::queue::{AppendQueue, LedgerLimits, QueueHooks};
 use crate::store::Version;
-use lifecycle::{check_ledger_order, unix_ms};
+use ledger_order::{check_ledger_order, unix_ms};
 
 /// Whether a read caches what it reads from the bookies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,6 +291,10 @@ impl ManagedLog {
     /// - a ledger failure, `Fenced` or `Closed`: the log has stopped; every
     ///   append issued after it fails too (`is_closed` turns true: reload the
     ///   log; recovery finds what was durable).
+    ///
+    /// Whether the log refused the append at once is known when this
+    /// returns (`AppendFuture::is_refused`), so a caller that recorded
+    /// something for the append under its own lock can undo it there.
     pub fn append(&self, data: Bytes) -> AppendFuture {
         self.append_holding(data, None)
     }
@@ -315,11 +321,14 @@ impl ManagedLog {
                 len_bytes: data.len(),
                 max_bytes,
             }));
-            return AppendFuture(receiver);
+            return AppendFuture {
+                receiver,
+                refused: true,
+            };
         }
         let shared: Weak<Shared> = Arc::downgrade(&self.shared);
         let cached = data.clone();
-        self.shared.queue.push(
+        let queued = self.shared.queue.push(
             data,
             permit,
             Box::new(move |result| {
@@ -334,7 +343,10 @@ impl ManagedLog {
                 let _ = done.send(result);
             }),
         );
-        AppendFuture(receiver)
+        AppendFuture {
+            receiver,
+            refused: !queued,
+        }
     }
 
     /// Entries at positions `>= from`, up to the last confirmed one, at most
@@ -744,13 +756,26 @@ impl Drop for ManagedLog {
 
 /// Future of one append: the entry's position once durable.
 #[derive(Debug)]
-pub struct AppendFuture(oneshot::Receiver<Result<Position, LogError>>);
+pub struct AppendFuture {
+    receiver: oneshot::Receiver<Result<Position, LogError>>,
+    refused: bool,
+}
+
+impl AppendFuture {
+    /// True when the log refused the append at once (`EntryTooLarge`,
+    /// `Overloaded`, or the log had stopped): the entry is not and never
+    /// will be in the log, and the future resolves to why. False when the
+    /// append was queued (it may still fail later, stopping the log).
+    pub fn is_refused(&self) -> bool {
+        self.refused
+    }
+}
 
 impl Future for AppendFuture {
     type Output = Result<Position, LogError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.0).poll(cx).map(|result| {
+        Pin::new(&mut self.receiver).poll(cx).map(|result| {
             result
                 .unwrap_or_else(|_| Err(LogError::Closed("append dropped by the log".to_string())))
         })

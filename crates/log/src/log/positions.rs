@@ -6,8 +6,8 @@
 //! written is always a target of `next_position` (its next entry is not
 //! written yet).
 
-use crate::Position;
 use crate::format::LedgerInfo;
+use crate::position::Position;
 
 /// Last confirmed entry id of `ledger_id`, `None` if it holds none.
 pub(super) fn last_entry_of(ledgers: &[LedgerInfo], ledger_id: u64) -> Option<u64> {

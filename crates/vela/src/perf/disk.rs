@@ -40,12 +40,8 @@ pub(crate) struct DiskArgs {
 }
 
 pub(crate) fn run(args: DiskArgs) -> anyhow::Result<()> {
-    let path = args
-        .dir
-        .join(format!(".vela-perf-disk-{}", std::process::id()));
-    let result = measure(&args, &path);
-    let _ = std::fs::remove_file(&path);
-    let summary = result?;
+    let duration = Duration::from_secs(args.test_duration.max(1));
+    let summary = measure(&args.dir, args.size, duration)?;
     if args.json {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
@@ -54,7 +50,25 @@ pub(crate) fn run(args: DiskArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn measure(args: &DiskArgs, path: &std::path::Path) -> anyhow::Result<super::stats::Summary> {
+/// Depth-1 writes of `size` bytes (in 4 KiB blocks) + fdatasync for
+/// `duration`, in a scratch file in `dir` that is removed afterwards. Also
+/// what `vela doctor` measures.
+pub(crate) fn measure(
+    dir: &std::path::Path,
+    size: usize,
+    duration: Duration,
+) -> anyhow::Result<super::stats::Summary> {
+    let path = dir.join(format!(".vela-perf-disk-{}", std::process::id()));
+    let result = measure_in(&path, size, duration);
+    let _ = std::fs::remove_file(&path);
+    result
+}
+
+fn measure_in(
+    path: &std::path::Path,
+    size: usize,
+    duration: Duration,
+) -> anyhow::Result<super::stats::Summary> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -71,13 +85,12 @@ fn measure(args: &DiskArgs, path: &std::path::Path) -> anyhow::Result<super::sta
     }
     file.sync_all()
         .with_context(|| format!("cannot sync {}", path.display()))?;
-    let blocks = args.size.div_ceil(BLOCK_BYTES).max(1);
+    let blocks = size.div_ceil(BLOCK_BYTES).max(1);
     let mut block = vec![0u8; blocks * BLOCK_BYTES];
-    for (i, byte) in block.iter_mut().enumerate().take(args.size) {
+    for (i, byte) in block.iter_mut().enumerate().take(size) {
         *byte = (i % 251) as u8 + 1;
     }
     let recorder = Recorder::new();
-    let duration = Duration::from_secs(args.test_duration.max(1));
     let started = Instant::now();
     let mut offset = 0u64;
     while started.elapsed() < duration {
@@ -89,7 +102,7 @@ fn measure(args: &DiskArgs, path: &std::path::Path) -> anyhow::Result<super::sta
             .with_context(|| format!("cannot write {}", path.display()))?;
         file.sync_data()
             .with_context(|| format!("fdatasync of {} failed", path.display()))?;
-        recorder.record(write_started.elapsed(), args.size);
+        recorder.record(write_started.elapsed(), size);
         offset += block.len() as u64;
     }
     Ok(recorder.summary("disk", started.elapsed()))

@@ -8,10 +8,10 @@
 //! Never: asserts anything about the figures (benchmarks print, people judge).
 
 mod consume;
-mod disk;
+pub(crate) mod disk;
 mod plot;
 mod produce;
-mod stats;
+pub(crate) mod stats;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -1,0 +1,105 @@
+//! `vela admin`: pulsar-admin's commands over the broker's admin REST API,
+//! plus `write-path`, the table of write-path stage latencies.
+//!
+//! Owns: the command line (pulsar-admin's command and flag names where clap
+//! allows them: multi-letter short flags such as `-ttl` become long ones),
+//! turning commands into REST calls (`ureq`, blocking: one request at a
+//! time is all a CLI needs) and printing answers (JSON pretty-printed, lists
+//! one per line, errors as Pulsar's `reason`). Never: talks to the metadata
+//! store or the broker's protocol port; everything goes through HTTP
+//! (`tokens` excepted: it makes keys and mints tokens locally, see
+//! `token_keys`).
+//! Authentication: `--auth-token`/`--auth-token-file` send
+//! `Authorization: Bearer`; `https://` URLs are checked against the system
+//! roots or `--tls-trust-certs-file`.
+//!
+//! Map: here the command line and its dispatch; `api`: the HTTP client,
+//! REST paths, pulsar-admin's units and the output, shared by one module
+//! per command family: `tenants`, `namespaces` (and their policies),
+//! `topics` (and subscriptions), `tokens` (local), `write_path`.
+
+use clap::{Args, Subcommand};
+
+mod api;
+mod namespaces;
+mod tenants;
+mod tokens;
+mod topics;
+mod write_path;
+
+use api::{Api, ApiArgs, out, print_json};
+use namespaces::{NamespacesCmd, namespaces};
+use tenants::{TenantsCmd, tenants};
+use tokens::{TokensCmd, tokens};
+use topics::{TopicsCmd, topics};
+use write_path::write_path;
+
+/// Flags of `vela admin`.
+#[derive(Debug, Args)]
+pub(crate) struct AdminArgs {
+    #[command(flatten)]
+    api: ApiArgs,
+    #[command(subcommand)]
+    command: AdminCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum AdminCommand {
+    /// Clusters (Vela has one: standalone).
+    #[command(subcommand)]
+    Clusters(ClustersCmd),
+    /// Tenants.
+    #[command(subcommand)]
+    Tenants(TenantsCmd),
+    /// Namespaces and their policies.
+    #[command(subcommand)]
+    Namespaces(NamespacesCmd),
+    /// Topics, their stats and subscriptions.
+    #[command(subcommand)]
+    Topics(TopicsCmd),
+    /// Broker checks.
+    #[command(subcommand)]
+    Brokers(BrokersCmd),
+    /// Token authentication: make keys and tokens (local, no HTTP).
+    #[command(subcommand)]
+    Tokens(TokensCmd),
+    /// p50 / p99 / p99.9 of each write-path stage (broker publish, ledger add,
+    /// bookie add, journal queue wait, write, fdatasync).
+    WritePath {
+        /// Add this topic's own publish and storage-write latencies.
+        #[arg(long)]
+        topic: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ClustersCmd {
+    /// List clusters.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+enum BrokersCmd {
+    /// Check the broker answers.
+    Healthcheck,
+}
+
+pub(crate) fn run(args: AdminArgs) -> anyhow::Result<()> {
+    if let AdminCommand::Tokens(cmd) = args.command {
+        return tokens(cmd);
+    }
+    let api = Api::new(&args.api)?;
+    match args.command {
+        AdminCommand::Tokens(_) => Ok(()),
+        AdminCommand::Clusters(ClustersCmd::List) => {
+            print_json(&api.get_json("/admin/v2/clusters")?)
+        }
+        AdminCommand::Brokers(BrokersCmd::Healthcheck) => {
+            out(&api.call("GET", "/admin/v2/brokers/health", None)?)
+        }
+        AdminCommand::Tenants(cmd) => tenants(&api, cmd),
+        AdminCommand::Namespaces(cmd) => namespaces(&api, cmd),
+        AdminCommand::Topics(cmd) => topics(&api, cmd),
+        AdminCommand::WritePath { topic } => write_path(&api, topic.as_deref()),
+    }
+}

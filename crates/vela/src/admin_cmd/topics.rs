@@ -1,0 +1,291 @@
+//! `vela admin topics`: topics and partitioned topics, their stats and
+//! subscriptions (create, reset, skip, expire), unload and lookup.
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use vela_broker::TopicName;
+
+use super::api::{
+    Api, encode, message_id_json, namespace_path_in, print_json, seconds, topic_path,
+};
+
+#[derive(Debug, Subcommand)]
+pub(super) enum TopicsCmd {
+    /// Topics of a namespace (partitions included).
+    List { namespace: String },
+    /// Partitioned topics of a namespace.
+    ListPartitionedTopics { namespace: String },
+    /// Create a non-partitioned topic.
+    Create { topic: String },
+    /// Create a partitioned topic.
+    CreatePartitionedTopic {
+        topic: String,
+        #[arg(short = 'p', long = "partitions")]
+        partitions: u32,
+    },
+    /// Raise the partition count of a partitioned topic.
+    UpdatePartitionedTopic {
+        topic: String,
+        #[arg(short = 'p', long = "partitions")]
+        partitions: u32,
+    },
+    /// Partition count (0 for a non-partitioned topic).
+    GetPartitionedTopicMetadata { topic: String },
+    /// Delete a topic.
+    Delete {
+        topic: String,
+        /// Close attached clients first.
+        #[arg(short = 'f', long = "force")]
+        force: bool,
+    },
+    /// Delete a partitioned topic and its partitions.
+    DeletePartitionedTopic {
+        topic: String,
+        #[arg(short = 'f', long = "force")]
+        force: bool,
+    },
+    /// Topic statistics.
+    Stats { topic: String },
+    /// Partitioned topic statistics.
+    PartitionedStats {
+        topic: String,
+        /// Include each partition's stats.
+        #[arg(long = "per-partition")]
+        per_partition: bool,
+    },
+    /// Internal stats (ledgers, cursors).
+    StatsInternal {
+        topic: String,
+        /// Include each ledger's metadata (replication, bookies).
+        #[arg(short = 'm', long = "metadata")]
+        metadata: bool,
+    },
+    /// Subscriptions of a topic.
+    Subscriptions { topic: String },
+    /// Create a subscription.
+    CreateSubscription {
+        topic: String,
+        #[arg(short = 's', long = "subscription")]
+        subscription: String,
+        /// earliest, latest or LEDGER:ENTRY.
+        #[arg(short = 'm', long = "messageId", default_value = "latest")]
+        message_id: String,
+    },
+    /// Delete a subscription.
+    Unsubscribe {
+        topic: String,
+        #[arg(short = 's', long = "subscription")]
+        subscription: String,
+        /// Even with consumers attached.
+        #[arg(short = 'f', long = "force")]
+        force: bool,
+    },
+    /// Move a subscription to a time (relative, e.g. 10m ago) or a message id.
+    ResetCursor {
+        topic: String,
+        #[arg(short = 's', long = "subscription")]
+        subscription: String,
+        /// How long ago (e.g. 100s, 10m, 1h).
+        #[arg(short = 't', long = "time", conflicts_with = "message_id")]
+        time: Option<String>,
+        /// earliest, latest or LEDGER:ENTRY.
+        #[arg(short = 'm', long = "messageId")]
+        message_id: Option<String>,
+    },
+    /// Skip messages of a subscription.
+    Skip {
+        topic: String,
+        #[arg(short = 's', long = "subscription")]
+        subscription: String,
+        #[arg(short = 'n', long = "count")]
+        count: u64,
+    },
+    /// Skip a subscription's whole backlog.
+    ClearBacklog {
+        topic: String,
+        #[arg(short = 's', long = "subscription")]
+        subscription: String,
+    },
+    /// Acknowledge a subscription's messages older than a time.
+    ExpireMessages {
+        topic: String,
+        #[arg(short = 's', long = "subscription")]
+        subscription: String,
+        /// Age (e.g. 100 seconds, or 10m).
+        #[arg(short = 't', long = "expireTime")]
+        expire_time: String,
+    },
+    /// Expire messages older than a time on every subscription.
+    ExpireMessagesAllSubscriptions {
+        topic: String,
+        #[arg(short = 't', long = "expireTime")]
+        expire_time: String,
+    },
+    /// Unload a topic (clients reconnect).
+    Unload { topic: String },
+    /// Which broker serves a topic.
+    Lookup { topic: String },
+}
+
+pub(super) fn namespace_topics_path(namespace: &str) -> anyhow::Result<String> {
+    namespace_path_in("persistent", namespace)
+}
+
+pub(super) fn subscription_path(topic: &str, subscription: &str) -> anyhow::Result<String> {
+    Ok(format!(
+        "{}/subscription/{}",
+        topic_path(topic)?,
+        encode(subscription)
+    ))
+}
+
+pub(super) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+pub(super) fn topics(api: &Api, cmd: TopicsCmd) -> anyhow::Result<()> {
+    use TopicsCmd as T;
+    let done = |r: anyhow::Result<String>| r.map(|_| ());
+    match cmd {
+        T::List { namespace } => print_json(&api.get_json(&namespace_topics_path(&namespace)?)?),
+        T::ListPartitionedTopics { namespace } => print_json(&api.get_json(&format!(
+            "{}/partitioned",
+            namespace_topics_path(&namespace)?
+        ))?),
+        T::Create { topic } => done(api.call("PUT", &topic_path(&topic)?, Some("{}"))),
+        T::CreatePartitionedTopic { topic, partitions } => done(api.call(
+            "PUT",
+            &format!("{}/partitions", topic_path(&topic)?),
+            Some(&partitions.to_string()),
+        )),
+        T::UpdatePartitionedTopic { topic, partitions } => done(api.call(
+            "POST",
+            &format!("{}/partitions", topic_path(&topic)?),
+            Some(&partitions.to_string()),
+        )),
+        T::GetPartitionedTopicMetadata { topic } => {
+            print_json(&api.get_json(&format!("{}/partitions", topic_path(&topic)?))?)
+        }
+        T::Delete { topic, force } => done(api.call(
+            "DELETE",
+            &format!("{}?force={force}", topic_path(&topic)?),
+            None,
+        )),
+        T::DeletePartitionedTopic { topic, force } => done(api.call(
+            "DELETE",
+            &format!("{}/partitions?force={force}", topic_path(&topic)?),
+            None,
+        )),
+        T::Stats { topic } => print_json(&api.get_json(&format!("{}/stats", topic_path(&topic)?))?),
+        T::PartitionedStats {
+            topic,
+            per_partition,
+        } => print_json(&api.get_json(&format!(
+            "{}/partitioned-stats?perPartition={per_partition}",
+            topic_path(&topic)?
+        ))?),
+        T::StatsInternal { topic, metadata } => print_json(&api.get_json(&format!(
+            "{}/internalStats?metadata={metadata}",
+            topic_path(&topic)?
+        ))?),
+        T::Subscriptions { topic } => {
+            print_json(&api.get_json(&format!("{}/subscriptions", topic_path(&topic)?))?)
+        }
+        T::CreateSubscription {
+            topic,
+            subscription,
+            message_id,
+        } => done(api.call(
+            "PUT",
+            &subscription_path(&topic, &subscription)?,
+            Some(&message_id_json(&message_id)?),
+        )),
+        T::Unsubscribe {
+            topic,
+            subscription,
+            force,
+        } => done(api.call(
+            "DELETE",
+            &format!(
+                "{}?force={force}",
+                subscription_path(&topic, &subscription)?
+            ),
+            None,
+        )),
+        T::ResetCursor {
+            topic,
+            subscription,
+            time,
+            message_id,
+        } => {
+            let path = subscription_path(&topic, &subscription)?;
+            match (time, message_id) {
+                (Some(time), None) => {
+                    let timestamp = now_ms() - seconds(&time)? * 1000;
+                    done(api.call("POST", &format!("{path}/resetcursor/{timestamp}"), None))
+                }
+                (None, Some(id)) => done(api.call(
+                    "POST",
+                    &format!("{path}/resetcursor"),
+                    Some(&message_id_json(&id)?),
+                )),
+                _ => bail!("give exactly one of --time and --messageId"),
+            }
+        }
+        T::Skip {
+            topic,
+            subscription,
+            count,
+        } => done(api.call(
+            "POST",
+            &format!("{}/skip/{count}", subscription_path(&topic, &subscription)?),
+            None,
+        )),
+        T::ClearBacklog {
+            topic,
+            subscription,
+        } => done(api.call(
+            "POST",
+            &format!("{}/skip_all", subscription_path(&topic, &subscription)?),
+            None,
+        )),
+        T::ExpireMessages {
+            topic,
+            subscription,
+            expire_time,
+        } => done(api.call(
+            "POST",
+            &format!(
+                "{}/expireMessages/{}",
+                subscription_path(&topic, &subscription)?,
+                seconds(&expire_time)?
+            ),
+            None,
+        )),
+        T::ExpireMessagesAllSubscriptions { topic, expire_time } => done(api.call(
+            "POST",
+            &format!(
+                "{}/all_subscription/expireMessages/{}",
+                topic_path(&topic)?,
+                seconds(&expire_time)?
+            ),
+            None,
+        )),
+        T::Unload { topic } => {
+            done(api.call("PUT", &format!("{}/unload", topic_path(&topic)?), None))
+        }
+        T::Lookup { topic } => {
+            let name = TopicName::parse(&topic).with_context(|| format!("bad topic {topic:?}"))?;
+            let path = format!(
+                "/lookup/v2/topic/{}/{}/{}/{}",
+                name.domain.as_str(),
+                encode(&name.namespace.tenant),
+                encode(&name.namespace.namespace),
+                encode(&name.local)
+            );
+            print_json(&api.get_json(&path)?)
+        }
+    }
+}
