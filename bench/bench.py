@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -453,6 +454,8 @@ class Figures:
     disk_ms: dict = field(default_factory=dict)  # `vela perf disk` right before
     disk_after_ms: dict = field(default_factory=dict)  # and right after
     note: str = ""
+    client_cpu_cores: float | None = None  # the client's CPU s per wall s
+    stages_ms: dict = field(default_factory=dict)  # Vela's write-path stages: p50 p99 max
 
 
 SERVERS = {"vela": VelaServer, "vela-pmem": VelaPmemServer, "pulsar": PulsarServer}
@@ -469,6 +472,9 @@ def watch(proc: subprocess.Popen, server: Server, timeout: float,
     deadline = time.monotonic() + timeout
     done_at = None
     while proc.poll() is None:
+        cpu = cpu_seconds(proc.pid)
+        if cpu is not None:
+            CLIENT_CPU[proc.pid] = (cpu, time.monotonic())
         rss = rss_mib(server.pid)
         if rss is not None:
             peak = rss if peak is None else max(peak, rss)
@@ -490,6 +496,78 @@ def watch(proc: subprocess.Popen, server: Server, timeout: float,
         time.sleep(0.25)
     CHILDREN.discard(proc)
     return peak
+
+
+# Client pid -> (CPU seconds, when sampled): the last sample before it ended.
+CLIENT_CPU: dict = {}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of `pid` so far, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def client_cpu_cores(proc: subprocess.Popen, started: float) -> float | None:
+    """The client's CPU seconds per wall second from its start to its last
+    sample (creating producers included): near 1.0 or above, the run was
+    bound by the client, not the server (they share the machine's cores)."""
+    sample = CLIENT_CPU.pop(proc.pid, None)
+    if sample is None or sample[1] <= started:
+        return None
+    return sample[0] / (sample[1] - started)
+
+
+STAGES_SHOWN = ("broker_publish", "ledger_add", "bookie_add", "journal_fdatasync")
+
+
+def write_path_buckets(server: Server) -> tuple:
+    """Vela's write-path stage histograms now: (bucket bounds in µs,
+    {stage: bucket counts}), the stage's merged row where it has several
+    instances; ({}, {}) when not available."""
+    try:
+        with urllib.request.urlopen(f"{server.admin_url}/admin/v2/vela/write-path",
+                                    timeout=10) as response:
+            body = json.load(response)
+    except (OSError, ValueError):
+        return [], {}
+    stages: dict = {}
+    for row in body.get("stages", []):
+        stages.setdefault(row["stage"], row["buckets"])
+    return body.get("bucket_bounds_us", []), stages
+
+
+def stage_percentiles(bounds: list, before: dict, after: dict) -> dict:
+    """p50, p99 and max (ms, bucket upper bounds) of each stage's samples
+    recorded between two `write_path_buckets` snapshots (taken around the
+    whole client run: producer creation and warm-up included)."""
+    out = {}
+    for stage in STAGES_SHOWN:
+        if stage not in after:
+            continue
+        old = before.get(stage, [0] * len(after[stage]))
+        counts = [a - b for a, b in zip(after[stage], old)]
+        total = sum(counts)
+        if total == 0:
+            continue
+
+        def bound_ms(index: int) -> float:
+            return bounds[index] / 1000.0 if index < len(bounds) else float("inf")
+
+        figures, seen = {}, 0
+        for index, count in enumerate(counts):
+            seen += count
+            for name, q in (("p50", 0.5), ("p99", 0.99)):
+                if name not in figures and seen >= q * total:
+                    figures[name] = bound_ms(index)
+            if count:
+                figures["max"] = bound_ms(index)
+        out[stage] = figures
+    return out
 
 
 def vela_perf_produce_cmd(opts: Options, sc: Scenario, url: str, topic: str,
@@ -533,14 +611,20 @@ def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figu
     base = opts.log_dir / f"{server.data_dir.name}.{tag}"
     if sc.kind != "e2e":
         out = Path(f"{base}.produce.log")
+        bounds, stages_before = write_path_buckets(server)
+        started = time.monotonic()
         proc = spawn(vela_perf_produce_cmd(opts, sc, server.service_url, topic,
                                            opts.duration, opts.warmup), out)
         # Creating producers comes before the measured run: 10,000 of them
         # take tens of seconds on a loaded Pulsar.
         creating_s = sc.topics // 50
         fig.peak_rss_mib = watch(proc, server, timeout=opts.duration + 120 + creating_s)
+        fig.client_cpu_cores = client_cpu_cores(proc, started)
         if proc.returncode != 0:
             raise Fail(f"vela perf produce failed:\n{tail(out)}")
+        if server.system != "pulsar":
+            _, stages_after = write_path_buckets(server)
+            fig.stages_ms = stage_percentiles(bounds, stages_before, stages_after)
         return figures_from_vela(parse_vela_json(out), fig)
     # End to end: the consumer subscribes first, then the producer runs.
     cons_out = Path(f"{base}.consume.log")
@@ -754,7 +838,11 @@ def one_line(fig: Figures) -> str:
     return (f"{fmt(fig.messages_per_s, 0)} msg/s, {fmt(fig.mb_per_s, 1)} MB/s, "
             f"p50 {fmt(lat.get('p50'))} p99 {fmt(lat.get('p99'))} "
             f"p99.9 {fmt(lat.get('p999'))} max {fmt(lat.get('max'))} ms"
-            + (f", peak RSS {fmt(fig.peak_rss_mib, 0)} MiB" if fig.peak_rss_mib else ""))
+            + (f", peak RSS {fmt(fig.peak_rss_mib, 0)} MiB" if fig.peak_rss_mib else "")
+            + (f", client CPU {fmt(fig.client_cpu_cores, 2)} cores"
+               if fig.client_cpu_cores is not None else "")
+            + "".join(f"; {stage} p50 {fmt(v.get('p50'))} p99 {fmt(v.get('p99'))} "
+                      f"max {fmt(v.get('max'))} ms" for stage, v in fig.stages_ms.items()))
 
 
 def text_table(headers: list, rows: list) -> str:
