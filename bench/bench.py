@@ -766,6 +766,17 @@ def measure_disk(opts: Options, where: Path) -> dict:
     return summary["latency_ms"]
 
 
+def space_needed_gib(sc: Scenario, opts: Options, bookies: int) -> float:
+    """Free space a run needs: MIN_FREE_GIB when it sends as fast as it can;
+    at a fixed rate, what it writes (journal and entry logs, per copy) plus
+    the MIN_FREE_DURING_GIB a run stops at."""
+    if sc.rate == 0:
+        return MIN_FREE_GIB
+    copies = 2 if bookies == 3 else 1
+    written = sc.rate * sc.size * opts.duration * 2 * copies / 2**30
+    return min(MIN_FREE_GIB, written + MIN_FREE_DURING_GIB)
+
+
 def run_scenario(opts: Options, sc: Scenario, systems: list, bookie_setups: list) -> dict:
     print(f"\n== {sc.name}: {sc.title} ==", flush=True)
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -775,10 +786,11 @@ def run_scenario(opts: Options, sc: Scenario, systems: list, bookie_setups: list
             # The disk's own latency right before this standalone runs on it:
             # on a shared machine it drifts from one minute to the next.
             free_gib = room_gib(opts.data_root)
-            if free_gib < MIN_FREE_GIB:
+            needed_gib = space_needed_gib(sc, opts, bookies)
+            if free_gib < needed_gib:
                 raise Fail(f"only {free_gib:.1f} GiB free in {opts.data_root} before "
                            f"{BOOKIE_DISK_USAGE_MAX:.0%} use (where Vela's bookies turn "
-                           f"read-only); the bench needs {MIN_FREE_GIB} GiB "
+                           f"read-only); this run needs {needed_gib:.1f} GiB "
                            f"(BENCH_DATA=dir elsewhere)")
             disk = measure_disk(opts, opts.data_root)
             print(f"   raw fdatasync of {opts.data_root} (4 KiB blocks, depth 1): "
