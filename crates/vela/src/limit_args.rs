@@ -1,6 +1,7 @@
 //! Broker limits shared by `vela standalone` and `vela broker`: connections in
 //! all and per client IP, producers and consumers per topic, consumers per
-//! subscription, the largest message, and each topic's publish rate.
+//! subscription, the largest message, each topic's publish rate, and the
+//! subscriptions' read-ahead budget.
 //!
 //! Owns: the flag names (Pulsar's setting names where there is one), their
 //! ranges (clap rejects a bad value naming the flag), and copying them into
@@ -9,7 +10,7 @@
 use clap::Args;
 use vela_broker::config::{
     CONNECTIONS_MAX_DEFAULT, CONSUMERS_PER_SUBSCRIPTION_MAX, CONSUMERS_PER_TOPIC_MAX,
-    MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX,
+    MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX, READ_AHEAD_BYTES_MAX_DEFAULT,
 };
 use vela_broker::{BrokerConfig, ConnectionCaps, PublishRate, TopicLimits};
 
@@ -64,7 +65,17 @@ pub(crate) struct LimitArgs {
     /// --publish-max-msg-rate-per-topic). Default: no limit.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     publish_max_byte_rate_per_topic: Option<u64>,
+    /// MiB all subscriptions together may hold read ahead of their
+    /// consumers (catch-up reads from the bookies). When used up, a
+    /// subscription reads only what its consumers wait for. 0: no
+    /// read-ahead.
+    #[arg(long, default_value_t = READ_AHEAD_BYTES_MAX_DEFAULT >> 20,
+          value_parser = clap::value_parser!(u64).range(0..=READ_AHEAD_MIB_CEILING))]
+    read_ahead_mb: u64,
 }
+
+/// Largest `--read-ahead-mb`: 1 TiB.
+const READ_AHEAD_MIB_CEILING: u64 = 1 << 20;
 
 impl LimitArgs {
     /// Copies the flags into the broker's configuration.
@@ -87,5 +98,6 @@ impl LimitArgs {
             },
         };
         config.max_message_size_bytes = to_usize(self.max_message_size);
+        config.read_ahead_bytes_max = self.read_ahead_mb << 20;
     }
 }

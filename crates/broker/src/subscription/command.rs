@@ -225,6 +225,8 @@ pub(crate) struct SubscriptionSpec {
     /// and 10k consumers is far beyond any real subscription). When reached:
     /// SUBSCRIBE gets ConsumerBusy.
     pub(crate) consumers_max: usize,
+    /// The broker's read-ahead budget and read-path stages.
+    pub(crate) reads: super::SubscriptionReads,
 }
 
 /// The key of a consumer.

@@ -15,6 +15,8 @@
 //! - `delayed`: delayed delivery;
 //! - `reader`: where entries are read from (the log, or the compacted view)
 //!   and the read position;
+//! - `read_ahead`: entries read ahead and the read in flight, within the
+//!   broker-wide read-ahead budget;
 //! - `seek`: finding positions by message id or publish time.
 //!
 //! Dependencies point down that list; this module only re-exports. A
@@ -33,6 +35,7 @@ mod command;
 mod consumers;
 mod delayed;
 mod dispatcher;
+mod read_ahead;
 mod reader;
 mod redelivery;
 mod seek;
@@ -42,5 +45,6 @@ pub(crate) use command::{
 };
 pub(crate) use delayed::now_ms;
 pub(crate) use dispatcher::spawn;
+pub(crate) use read_ahead::SubscriptionReads;
 pub(crate) use reader::READ_BATCH_ENTRIES_MAX;
 pub(crate) use seek::{first_published_at_or_after, resolve_seek};

@@ -110,6 +110,7 @@ impl Topic {
         dedup_enabled: bool,
         compaction: Compaction,
         limits: TopicLimits,
+        reads: crate::subscription::SubscriptionReads,
     ) -> Arc<Topic> {
         let full_name = name.to_string();
         Arc::new(Topic {
@@ -122,6 +123,7 @@ impl Topic {
             subscriptions: SubscriptionTable::new(
                 limits.consumers_max,
                 limits.consumers_per_subscription_max,
+                reads,
             ),
             policies: PolicyState::default(),
             metrics: Arc::default(),

@@ -24,7 +24,9 @@ use vela_wire::proto::{ServerError, command_subscribe::SubType};
 use crate::compaction::Compaction;
 use crate::error::ServiceError;
 use crate::stats::SubscriptionStats;
-use crate::subscription::{self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionSpec};
+use crate::subscription::{
+    self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionReads, SubscriptionSpec,
+};
 use crate::topic_name::TopicName;
 
 /// Subscriptions on one topic (each is a task and a cursor). When reached:
@@ -94,12 +96,15 @@ pub(crate) struct SubscriptionTable {
     consumers_max: usize,
     /// `TopicLimits::consumers_per_subscription_max`.
     consumers_per_subscription_max: usize,
+    /// The broker's read-ahead budget and read-path stages.
+    reads: SubscriptionReads,
 }
 
 impl SubscriptionTable {
     pub(crate) fn new(
         consumers_max: usize,
         consumers_per_subscription_max: usize,
+        reads: SubscriptionReads,
     ) -> SubscriptionTable {
         SubscriptionTable {
             map: Arc::default(),
@@ -107,6 +112,7 @@ impl SubscriptionTable {
             consumer_count: Arc::new(AtomicUsize::new(0)),
             consumers_max,
             consumers_per_subscription_max,
+            reads,
         }
     }
 
@@ -198,6 +204,7 @@ impl SubscriptionTable {
                         sticky: request.sticky,
                         compaction: request.read_compacted.then(|| Arc::clone(compaction)),
                         consumers_max: self.consumers_per_subscription_max,
+                        reads: self.reads.clone(),
                     },
                     on_end,
                 );

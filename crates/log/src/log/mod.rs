@@ -352,12 +352,24 @@ impl ManagedLog {
                     position = Position::new(position.ledger_id, position.entry_id + 1);
                     continue;
                 }
-                let Some(last_in_ledger) =
-                    positions::last_entry_of(&state.ledgers, position.ledger_id)
+                let Some(ledger) = state
+                    .ledgers
+                    .iter()
+                    .find(|l| l.ledger_id == position.ledger_id)
                 else {
                     break;
                 };
-                let wanted = (entries_max - out.len()) as u64;
+                let Some(last_in_ledger) = ledger.entries.checked_sub(1) else {
+                    break;
+                };
+                // One ledger read stays about within the bytes left: as many
+                // entries as the ledger's mean entry size says fit (at least
+                // one), so a read of large entries is not `entries_max` of
+                // them at once.
+                let mean_entry_bytes = (ledger.size_bytes / ledger.entries).max(1);
+                let bytes_left = bytes_max.saturating_sub(bytes) as u64;
+                let fit = (bytes_left / mean_entry_bytes).max(1);
+                let wanted = ((entries_max - out.len()) as u64).min(fit);
                 // Stop before the first cached entry: it is served from memory.
                 let mut last = last_in_ledger.min(position.entry_id + wanted - 1);
                 if let Some((cached, _)) = state
@@ -381,6 +393,41 @@ impl ManagedLog {
             position = Position::new(ledger_id, last + 1);
         }
         Ok(out)
+    }
+
+    /// Entries at positions `>= from` that the tail cache holds, in order
+    /// and contiguous from the first entry at or after `from`, stopping at
+    /// the first one it does not hold; at most `entries_max` of them and
+    /// about `bytes_max` bytes. Never reads a ledger (empty when the first
+    /// entry is not cached or nothing is there yet). The entries share the
+    /// cache's buffers.
+    pub fn read_cached(
+        &self,
+        from: Position,
+        entries_max: usize,
+        bytes_max: usize,
+    ) -> Vec<LogEntry> {
+        let state = self.shared.state.lock();
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        let mut position = from;
+        while out.len() < entries_max && (out.is_empty() || bytes < bytes_max) {
+            let Some(normalized) =
+                positions::normalize(&state.ledgers, state.last_confirmed, position)
+            else {
+                break;
+            };
+            let Some(data) = state.cache.entries.get(&normalized) else {
+                break;
+            };
+            bytes += data.len();
+            out.push(LogEntry {
+                position: normalized,
+                data: data.clone(),
+            });
+            position = Position::new(normalized.ledger_id, normalized.entry_id + 1);
+        }
+        out
     }
 
     /// Position of the newest confirmed entry.

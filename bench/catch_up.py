@@ -1,0 +1,196 @@
+"""Catch-up read scenarios (issue 27), Vela beside Apache Pulsar in the same
+run, both driven by the same client (`vela perf`):
+
+  backlog-drain    a backlog of N x 1 KiB messages (batched, produced with
+                   every subscription already there), then drained by one
+                   exclusive consumer per receiver queue size (1,000, the
+                   clients' default, and 10,000), each on its own
+                   subscription, one after the other (the first drain reads
+                   a cold backlog, the second one what the first left in
+                   the page cache: the same order on both systems).
+
+bench/run.sh backlog-drain [--systems vela] [--messages N]
+(bench.py hands these scenario names to this module.)
+Prints one table: msg/s and MB/s of each drain on each system, and the
+ratio Vela / Pulsar. Figures only, never a pass/fail on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import bench
+
+SCENARIOS = {
+    "backlog-drain": "drain a backlog of 1 KiB messages, receiver queue 1,000 and 10,000",
+}
+QUEUES = (1000, 10_000)
+MESSAGES_DEFAULT = 1_500_000
+MESSAGE_BYTES = 1024
+
+
+def http_put(url: str) -> int:
+    request = urllib.request.Request(url, method="PUT", data=b"",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def prepare_topic(server: bench.Server, topic_path: str, subscriptions: list) -> None:
+    """Creates the topic and its subscriptions before anything is written,
+    so the backlog is retained on both systems."""
+    base = f"{server.admin_url}/admin/v2/persistent/{topic_path}"
+    status = http_put(base)
+    if status not in (200, 204, 409):
+        raise bench.Fail(f"creating {topic_path} answered {status}")
+    for sub in subscriptions:
+        status = http_put(f"{base}/subscription/{sub}")
+        if status not in (200, 204, 409):
+            raise bench.Fail(f"creating subscription {sub} answered {status}")
+
+
+def perf_json(opts: bench.Options, args: list, log: Path, timeout: float) -> dict:
+    proc = bench.spawn([opts.vela, "perf"] + args + ["--json"], log)
+    try:
+        proc.wait(timeout=timeout)
+    except Exception:
+        bench.stop(proc)
+        raise bench.Fail(f"vela perf {args[0]} did not finish in {timeout:.0f} s; see {log}")
+    if proc.returncode != 0:
+        raise bench.Fail(f"vela perf {args[0]} failed:\n{bench.tail(log)}")
+    return bench.parse_vela_json(log)
+
+
+def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
+    data_dir = opts.data_root / f"backlog-drain-{system}"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    server = bench.SERVERS[system](1, data_dir, opts)
+    row = {"system": system, "messages": messages}
+    topic_path = "public/default/backlog-drain"
+    topic = f"persistent://{topic_path}"
+    try:
+        print(f"   {system}: starting", flush=True)
+        server.start()
+        prepare_topic(server, topic_path, [f"q{q}" for q in QUEUES])
+        produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
+                                    "-s", str(MESSAGE_BYTES), "-o", "1000",
+                                    "-m", str(messages), "-i", "5"],
+                             opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
+        row["produce_msg_s"] = produced["messages_per_s"]
+        print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
+              flush=True)
+        for q in QUEUES:
+            started = time.monotonic()
+            summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
+                                       "-s", f"q{q}", "--subscription-position", "earliest",
+                                       "-q", str(q), "-m", str(messages), "-i", "5"],
+                                opts.log_dir / f"{system}.drain.q{q}.log", timeout=1800)
+            row[f"q{q}_msg_s"] = summary["messages_per_s"]
+            row[f"q{q}_mb_s"] = summary["mb_per_s"]
+            row[f"q{q}_wall_s"] = time.monotonic() - started
+            print(f"   {system}: drain q={q}: {summary['messages_per_s']:.0f} msg/s "
+                  f"({row[f'q{q}_wall_s']:.1f} s wall)", flush=True)
+        if system.startswith("vela"):
+            try:
+                with urllib.request.urlopen(f"{server.admin_url}/admin/v2/vela/read-path",
+                                            timeout=30) as answer:
+                    row["read_path"] = json.loads(answer.read())
+            except OSError as error:
+                print(f"   {system}: no read-path breakdown: {error}")
+    except bench.Fail as error:
+        print(f"   {system}: FAILED: {error}", flush=True)
+        row["failed"] = str(error).splitlines()[0]
+    finally:
+        server.stop()
+        if not opts.keep_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    return row
+
+
+def table(rows: list) -> str:
+    by = {r["system"]: r for r in rows}
+    headers = ["drain", *[r["system"] for r in rows]]
+    if "vela" in by and "pulsar" in by:
+        headers.append("vela / pulsar")
+    lines = [headers]
+    for q in QUEUES:
+        key = f"q{q}_msg_s"
+        line = [f"receiver queue {q:,} (msg/s)"]
+        for r in rows:
+            line.append(f"{r[key]:,.0f}" if key in r else "failed")
+        if "vela" in by and "pulsar" in by:
+            v, p = by["vela"].get(key), by["pulsar"].get(key)
+            line.append(f"{v / p:.2f}x" if v and p else "-")
+        lines.append(line)
+    line = ["produce, batched (msg/s)"]
+    for r in rows:
+        line.append(f"{r['produce_msg_s']:,.0f}" if "produce_msg_s" in r else "failed")
+    if "vela" in by and "pulsar" in by:
+        v, p = by["vela"].get("produce_msg_s"), by["pulsar"].get("produce_msg_s")
+        line.append(f"{v / p:.2f}x" if v and p else "-")
+    lines.append(line)
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(headers))]
+    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+
+
+def read_path_lines(row: dict) -> list:
+    out = []
+    for stage in row.get("read_path", {}).get("stages", []):
+        out.append(f"     {stage['stage']:<22} {stage['scope']:<22} n={stage['count']:<8} "
+                   f"p50 {stage['p50_us'] / 1000:.2f} ms  p99 {stage['p99_us'] / 1000:.2f} ms")
+    return out
+
+
+def main(argv: list) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenarios", nargs="+", choices=list(SCENARIOS))
+    parser.add_argument("--systems", default="vela,pulsar")
+    parser.add_argument("--messages", type=int, default=MESSAGES_DEFAULT,
+                        help=f"messages in the backlog (default {MESSAGES_DEFAULT:,})")
+    parser.add_argument("--data-root", type=Path,
+                        default=bench.ROOT / "target" / "bench-data")
+    parser.add_argument("--out", type=Path, default=bench.ROOT / "target" / "bench-results")
+    parser.add_argument("--vela", type=Path, default=bench.ROOT / "target" / "release" / "vela")
+    parser.add_argument("--keep-data", action="store_true")
+    parser.add_argument("--update-results", action="store_true",
+                        help="(accepted for bench/run.sh; these scenarios write no RESULTS.md)")
+    args = parser.parse_args(argv)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    log_dir = args.out / f"logs-{run_id}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    args.data_root.mkdir(parents=True, exist_ok=True)
+    opts = bench.Options(15, 5, 5, args.data_root.resolve(), args.vela.resolve(),
+                         args.keep_data, False, log_dir)
+    print(f"logs in {log_dir}")
+    state = bench.machine_state()
+    for heavy in state["heavy"]:
+        print(f"  busy: {heavy}")
+    rows = []
+    try:
+        for name in args.scenarios:
+            print(f"\n== {name}: {SCENARIOS[name]} ({args.messages:,} messages) ==", flush=True)
+            for system in systems:
+                rows.append(run_drain(opts, system, args.messages))
+    finally:
+        bench.stop_all_children()
+    print()
+    print(table(rows))
+    for row in rows:
+        lines = read_path_lines(row)
+        if lines:
+            print(f"\n   {row['system']} read path (both drains):")
+            print("\n".join(lines))
+    (args.out / "catch-up-results.json").write_text(json.dumps(rows, indent=1))
+    print(f"\nraw results: {args.out / 'catch-up-results.json'}")
+    return 1 if any("failed" in r for r in rows) else 0
