@@ -226,7 +226,7 @@ pub(crate) struct SubscriptionSpec {
     /// SUBSCRIBE gets ConsumerBusy.
     pub(crate) consumers_max: usize,
     /// The broker's read-ahead budget and read-path stages.
-    pub(crate) reads: super::SubscriptionReads,
+    pub(crate) reads: super::read_ahead::SubscriptionReads,
 }
 
 /// The key of a consumer.
