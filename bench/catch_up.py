@@ -1,6 +1,11 @@
 """Catch-up read scenarios (issue 27), Vela beside Apache Pulsar in the same
 run, both driven by the same client (`vela perf`):
 
+  backlog-while-producing
+                   the same backlog, then a producer at 20k msg/s (batched)
+                   on the same topic: alone for 10 s, then while one consumer
+                   (receiver queue 1,000) drains the backlog; the producer's
+                   latency percentiles before and during the drain.
   backlog-drain    a backlog of N x 1 KiB messages (batched, produced with
                    every subscription already there), then drained by one
                    exclusive consumer per receiver queue size (1,000, the
@@ -28,7 +33,12 @@ import bench
 
 SCENARIOS = {
     "backlog-drain": "drain a backlog of 1 KiB messages, receiver queue 1,000 and 10,000",
+    "backlog-while-producing": "drain a backlog while a producer writes 20k msg/s: "
+                               "producer latency before and during",
 }
+# backlog-while-producing: the producer's rate and how long it runs alone.
+PRODUCER_RATE = 20_000
+PRODUCER_ALONE_S = 10
 QUEUES = (1000, 10_000)
 MESSAGES_DEFAULT = 1_500_000
 MESSAGE_BYTES = 1024
@@ -115,6 +125,72 @@ def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
     return row
 
 
+def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict:
+    data_dir = opts.data_root / f"backlog-while-producing-{system}"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    server = bench.SERVERS[system](1, data_dir, opts)
+    row = {"system": system, "messages": messages}
+    topic_path = "public/default/backlog-while-producing"
+    topic = f"persistent://{topic_path}"
+    logs = opts.log_dir
+    try:
+        print(f"   {system}: starting", flush=True)
+        server.start()
+        prepare_topic(server, topic_path, ["catch-up"])
+        perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
+                         "-s", str(MESSAGE_BYTES), "-o", "1000", "-m", str(messages), "-i", "5"],
+                  logs / f"{system}.bwp.backlog.log", timeout=1800)
+        rate = ["-r", str(PRODUCER_RATE), "-s", str(MESSAGE_BYTES), "-i", "5"]
+        alone = perf_json(opts, ["produce", topic, "-u", server.service_url, *rate,
+                                 "--test-duration", str(PRODUCER_ALONE_S), "--warmup", "2"],
+                          logs / f"{system}.bwp.alone.log", timeout=300)
+        row["alone_latency_ms"] = alone["latency_ms"]
+        during_log = logs / f"{system}.bwp.during.log"
+        producer = bench.spawn([opts.vela, "perf", "produce", topic, "-u", server.service_url,
+                                *rate, "--json"], during_log)
+        started = time.monotonic()
+        drained = perf_json(opts, ["consume", topic, "-u", server.service_url,
+                                   "-s", "catch-up", "--subscription-position", "earliest",
+                                   "-q", "1000", "-m", str(messages), "-i", "5"],
+                            logs / f"{system}.bwp.drain.log", timeout=1800)
+        row["drain_wall_s"] = time.monotonic() - started
+        producer.send_signal(bench.signal.SIGINT)
+        producer.wait(timeout=60)
+        during = bench.parse_vela_json(during_log)
+        row["during_latency_ms"] = during["latency_ms"]
+        row["during_msg_s"] = during["messages_per_s"]
+        row["drain_msg_s"] = drained["messages_per_s"]
+        print(f"   {system}: producer p99 alone {alone['latency_ms']['p99']:.2f} ms, during the "
+              f"drain {during['latency_ms']['p99']:.2f} ms; drain {drained['messages_per_s']:.0f} "
+              f"msg/s ({row['drain_wall_s']:.1f} s)", flush=True)
+    except bench.Fail as error:
+        print(f"   {system}: FAILED: {error}", flush=True)
+        row["failed"] = str(error).splitlines()[0]
+    finally:
+        server.stop()
+        if not opts.keep_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    return row
+
+
+def while_producing_table(rows: list) -> str:
+    headers = ["system", "p50 alone", "p99 alone", "p50 during", "p99 during",
+               "p99 during / alone", "drain msg/s"]
+    lines = [headers]
+    for r in rows:
+        if "failed" in r:
+            lines.append([r["system"], "failed", "", "", "", "", ""])
+            continue
+        a, d = r["alone_latency_ms"], r["during_latency_ms"]
+        lines.append([r["system"], f"{a['p50']:.2f} ms", f"{a['p99']:.2f} ms",
+                      f"{d['p50']:.2f} ms", f"{d['p99']:.2f} ms",
+                      f"{d['p99'] / a['p99']:.2f}x" if a["p99"] else "-",
+                      f"{r['drain_msg_s']:,.0f}"])
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(headers))]
+    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+
+
 def table(rows: list) -> str:
     by = {r["system"]: r for r in rows}
     headers = ["drain", *[r["system"] for r in rows]]
@@ -177,20 +253,30 @@ def main(argv: list) -> int:
     for heavy in state["heavy"]:
         print(f"  busy: {heavy}")
     rows = []
+    producing = []
     try:
         for name in args.scenarios:
             print(f"\n== {name}: {SCENARIOS[name]} ({args.messages:,} messages) ==", flush=True)
             for system in systems:
-                rows.append(run_drain(opts, system, args.messages))
+                if name == "backlog-drain":
+                    rows.append(run_drain(opts, system, args.messages))
+                else:
+                    producing.append(run_while_producing(opts, system, args.messages))
     finally:
         bench.stop_all_children()
-    print()
-    print(table(rows))
+    if rows:
+        print("\nbacklog-drain (vela perf on both systems, 1 bookie):")
+        print(table(rows))
+    if producing:
+        print(f"\nbacklog-while-producing: producer at {PRODUCER_RATE:,} msg/s, latency "
+              "before and during a drain (receiver queue 1,000):")
+        print(while_producing_table(producing))
     for row in rows:
         lines = read_path_lines(row)
         if lines:
             print(f"\n   {row['system']} read path (both drains):")
             print("\n".join(lines))
-    (args.out / "catch-up-results.json").write_text(json.dumps(rows, indent=1))
+    (args.out / "catch-up-results.json").write_text(
+        json.dumps({"backlog-drain": rows, "backlog-while-producing": producing}, indent=1))
     print(f"\nraw results: {args.out / 'catch-up-results.json'}")
-    return 1 if any("failed" in r for r in rows) else 0
+    return 1 if any("failed" in r for r in rows + producing) else 0

@@ -358,7 +358,92 @@ impl Drop for ReadAhead {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
+    use bytes::Bytes;
+    use vela_log::memory::{MemoryBackend, MemoryLedgers};
+    use vela_log::{LogConfig, LogEnv};
+
     use super::*;
+
+    /// A log of `count` 1 KiB entries, none in the tail cache (reads go to
+    /// the ledgers).
+    async fn log_of(count: u8) -> Arc<ManagedLog> {
+        let env = LogEnv::new(
+            Arc::new(vela_meta::MemoryStore::new()),
+            Arc::new(MemoryBackend(MemoryLedgers::new())),
+        );
+        let config = LogConfig {
+            tail_cache_bytes_max: 1,
+            ..LogConfig::default()
+        };
+        let log = ManagedLog::open(&env, "t/ns/persistent/read-ahead", config)
+            .await
+            .unwrap();
+        for i in 0..count {
+            log.append(Bytes::from(vec![i; 1024])).await.unwrap();
+        }
+        log
+    }
+
+    fn reads(budget_bytes: u64) -> SubscriptionReads {
+        SubscriptionReads::new(budget_bytes, Arc::default())
+    }
+
+    /// Read-ahead is reserved in the shared budget and given back as entries
+    /// are taken; a demand read goes without a reservation when the budget
+    /// is used up; entries come out in log order.
+    #[tokio::test]
+    async fn budget_bounds_read_ahead_and_demand_reads_still_progress() {
+        let log = log_of(20).await;
+        let shared = reads(READ_AHEAD_BYTES_PER_READ_MAX as u64);
+        let budget = Arc::clone(&shared.budget);
+        let mut first = ReadAhead::new(shared.clone());
+        let mut second = ReadAhead::new(shared);
+        let start = log.first_position().unwrap();
+        assert!(first.start(&log, start, false));
+        assert_eq!(budget.held_bytes(), READ_AHEAD_BYTES_PER_READ_MAX as u64);
+        assert!(
+            !second.start(&log, start, false),
+            "budget used: no read-ahead"
+        );
+        assert!(second.start(&log, start, true), "a demand read still goes");
+        let result = first.finished().await;
+        assert_eq!(first.complete(result, start), Fetched::Entries);
+        assert_eq!(budget.held_bytes(), 20 * 1024, "only what was read is held");
+        let mut position = start;
+        for i in 0..20u8 {
+            let entry = first.take(position).unwrap();
+            assert_eq!(entry.position, position);
+            assert_eq!(entry.data[0], i);
+            position = log.next_position(position);
+        }
+        assert!(first.take(position).is_none());
+        assert_eq!(budget.held_bytes(), 0);
+        let result = second.finished().await;
+        assert_eq!(second.complete(result, start), Fetched::Entries);
+        assert_eq!(budget.held_bytes(), 0, "a demand read holds no budget");
+        second.clear();
+        assert!(second.is_empty());
+    }
+
+    /// A skip past buffered entries drops them; a put-back entry comes next.
+    #[tokio::test]
+    async fn take_skips_entries_before_the_position_and_put_back_comes_first() {
+        let log = log_of(5).await;
+        let shared = reads(1 << 30);
+        let budget = Arc::clone(&shared.budget);
+        let mut ahead = ReadAhead::new(shared);
+        let start = log.first_position().unwrap();
+        assert!(ahead.start(&log, start, false));
+        let result = ahead.finished().await;
+        assert_eq!(ahead.complete(result, start), Fetched::Entries);
+        let third = log.next_position(log.next_position(start));
+        let entry = ahead.take(third).unwrap();
+        assert_eq!(entry.data[0], 2);
+        ahead.put_back(entry);
+        assert_eq!(ahead.take(third).unwrap().data[0], 2);
+        drop(ahead);
+        assert_eq!(budget.held_bytes(), 0, "dropping gives the budget back");
+    }
 
     #[test]
     fn budget_reserves_only_what_fits_and_releases() {
