@@ -146,8 +146,12 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
                           logs / f"{system}.bwp.alone.log", timeout=300)
         row["alone_latency_ms"] = alone["latency_ms"]
         during_log = logs / f"{system}.bwp.during.log"
+        # The producer warms up (connects, first batches) for 2 s, left out
+        # of its figures, before the drain starts: its summary covers the
+        # drain only.
         producer = bench.spawn([opts.vela, "perf", "produce", topic, "-u", server.service_url,
-                                *rate, "--json"], during_log)
+                                *rate, "--warmup", "2", "--json"], during_log)
+        time.sleep(2.2)
         started = time.monotonic()
         drained = perf_json(opts, ["consume", topic, "-u", server.service_url,
                                    "-s", "catch-up", "--subscription-position", "earliest",
