@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import time
 import urllib.request
 from pathlib import Path
@@ -77,6 +78,73 @@ def perf_json(opts: bench.Options, args: list, log: Path, timeout: float) -> dic
     if proc.returncode != 0:
         raise bench.Fail(f"vela perf {args[0]} failed:\n{bench.tail(log)}")
     return bench.parse_vela_json(log)
+
+
+def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
+                        repeats: int) -> list:
+    """backlog-drain with every system up at once: each gets its backlog,
+    then the systems take turns draining it (`repeats` rounds, each on
+    fresh subscriptions, the order alternating), and the median of each
+    system's drains is reported. On a shared machine the load drifts from
+    one minute to the next; turns spread the drift over both alike."""
+    topic_path = "public/default/backlog-drain"
+    topic = f"persistent://{topic_path}"
+    servers = {}
+    rows = {s: {"system": s, "messages": messages, "runs": {f"q{q}": [] for q in QUEUES}}
+            for s in systems}
+    try:
+        for system in systems:
+            data_dir = opts.data_root / f"backlog-drain-{system}"
+            shutil.rmtree(data_dir, ignore_errors=True)
+            server = bench.SERVERS[system](1, data_dir, opts)
+            print(f"   {system}: starting", flush=True)
+            server.start()
+            servers[system] = server
+            prepare_topic(server, topic_path,
+                          [f"q{q}-r{r}" for r in range(repeats) for q in QUEUES])
+            produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
+                                        "-s", str(MESSAGE_BYTES), "-o", "1000",
+                                        "-m", str(messages), "-i", "5"],
+                                 opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
+            rows[system]["produce_msg_s"] = produced["messages_per_s"]
+            print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
+                  flush=True)
+        for r in range(repeats):
+            order = systems if r % 2 == 0 else list(reversed(systems))
+            for system in order:
+                server = servers[system]
+                for q in QUEUES:
+                    summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
+                                               "-s", f"q{q}-r{r}",
+                                               "--subscription-position", "earliest",
+                                               "-q", str(q), "-m", str(messages), "-i", "5"],
+                                        opts.log_dir / f"{system}.drain.q{q}.r{r}.log",
+                                        timeout=1800)
+                    rows[system]["runs"][f"q{q}"].append(summary["messages_per_s"])
+                    print(f"   round {r + 1}/{repeats} {system}: drain q={q}: "
+                          f"{summary['messages_per_s']:.0f} msg/s", flush=True)
+        for system in systems:
+            for q in QUEUES:
+                runs = rows[system]["runs"][f"q{q}"]
+                rows[system][f"q{q}_msg_s"] = statistics.median(runs)
+            if system.startswith("vela"):
+                try:
+                    with urllib.request.urlopen(
+                            f"{servers[system].admin_url}/admin/v2/vela/read-path",
+                            timeout=30) as answer:
+                        rows[system]["read_path"] = json.loads(answer.read())
+                except OSError as error:
+                    print(f"   {system}: no read-path breakdown: {error}")
+    except bench.Fail as error:
+        print(f"   FAILED: {error}", flush=True)
+        for row in rows.values():
+            row["failed"] = str(error).splitlines()[0]
+    finally:
+        for system, server in servers.items():
+            server.stop()
+            if not opts.keep_data:
+                shutil.rmtree(opts.data_root / f"backlog-drain-{system}", ignore_errors=True)
+    return list(rows.values())
 
 
 def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
@@ -242,6 +310,9 @@ def main(argv: list) -> int:
     parser.add_argument("--out", type=Path, default=bench.ROOT / "target" / "bench-results")
     parser.add_argument("--vela", type=Path, default=bench.ROOT / "target" / "release" / "vela")
     parser.add_argument("--keep-data", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="backlog-drain: rounds of turns, the median reported (default 3; "
+                             "1: one system after the other, each on its own)")
     parser.add_argument("--update-results", action="store_true",
                         help="(accepted for bench/run.sh; these scenarios write no RESULTS.md)")
     args = parser.parse_args(argv)
@@ -262,15 +333,21 @@ def main(argv: list) -> int:
         for name in args.scenarios:
             print(f"\n== {name}: {SCENARIOS[name]} ({args.messages:,} messages) ==", flush=True)
             for system in systems:
-                if name == "backlog-drain":
-                    rows.append(run_drain(opts, system, args.messages))
-                else:
+                if name == "backlog-while-producing":
                     producing.append(run_while_producing(opts, system, args.messages))
+                elif args.repeat <= 1:
+                    rows.append(run_drain(opts, system, args.messages))
+            if name == "backlog-drain" and args.repeat > 1:
+                rows.extend(run_drains_in_turns(opts, systems, args.messages, args.repeat))
     finally:
         bench.stop_all_children()
     if rows:
-        print("\nbacklog-drain (vela perf on both systems, 1 bookie):")
+        print("\nbacklog-drain (vela perf on both systems, 1 bookie; median of "
+              f"{max(args.repeat, 1)} rounds):")
         print(table(rows))
+        for row in rows:
+            for key, runs in row.get("runs", {}).items():
+                print(f"   {row['system']} {key}: " + ", ".join(f"{v:,.0f}" for v in runs))
     if producing:
         print(f"\nbacklog-while-producing: producer at {PRODUCER_RATE:,} msg/s, latency "
               "before and during a drain (receiver queue 1,000):")

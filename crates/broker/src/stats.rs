@@ -89,10 +89,16 @@ pub struct TopicStats {
     pub publishers: Vec<PublisherStats>,
     /// Subscriptions, by name.
     pub subscriptions: Vec<SubscriptionStats>,
+    /// Non-persistent topics: messages dropped as they arrived (the topic's
+    /// or the broker's in-flight bytes full) per second; `None` for
+    /// persistent topics.
+    pub msg_drop_rate: Option<f64>,
+    /// Non-persistent topics: messages dropped as they arrived, in all.
+    pub msg_drop_counter: u64,
 }
 
 /// One producer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PublisherStats {
     /// Producer name.
     pub producer_name: String,
@@ -104,6 +110,9 @@ pub struct PublisherStats {
     pub address: String,
     /// Client version string from CONNECT.
     pub client_version: String,
+    /// Non-persistent topics: its messages dropped as they arrived, per
+    /// second; `None` for persistent topics.
+    pub msg_drop_rate: Option<f64>,
 }
 
 /// One subscription.
@@ -139,6 +148,11 @@ pub struct SubscriptionStats {
     pub read_position: Option<Position>,
     /// Consumers attached.
     pub consumers: Vec<ConsumerStats>,
+    /// Non-persistent subscriptions: messages dropped because no consumer
+    /// could take them, per second; `None` for persistent ones.
+    pub msg_drop_rate: Option<f64>,
+    /// Non-persistent subscriptions: messages dropped, in all.
+    pub msg_drop_counter: u64,
 }
 
 /// One consumer.

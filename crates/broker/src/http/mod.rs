@@ -13,7 +13,8 @@
 //! Routes: `brokers` (health, metrics, write path), `lookup`, `namespaces`
 //! (tenants, clusters, namespaces and their policies), `bundles`,
 //! `permissions` (namespace grants), `topics` (topics, partitioned topics,
-//! stats, subscriptions); `prometheus` writes the metrics text.
+//! stats, subscriptions), `termination` (terminate), `non_persistent`
+//! (non-persistent topics); `prometheus` writes the metrics text.
 //! Layering: the top of the broker: nothing else in the crate uses this
 //! module except `lib.rs` (starting the listener). It reaches the broker
 //! through the service, the admin store and the topics, never a connection.
@@ -25,8 +26,10 @@ mod brokers;
 mod bundles;
 mod lookup;
 mod namespaces;
+mod non_persistent;
 mod permissions;
 mod prometheus;
+mod termination;
 mod topics;
 
 use std::net::SocketAddr;
@@ -120,6 +123,8 @@ fn router(service: Arc<Service>) -> Router {
         .merge(namespaces::routes())
         .merge(bundles::routes())
         .merge(topics::routes())
+        .merge(termination::routes())
+        .merge(non_persistent::routes())
         .merge(permissions::routes())
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&service),

@@ -46,6 +46,10 @@ pub(crate) struct ConsumerInfo {
     pub(crate) epoch: Option<u64>,
     /// Key_Shared allowOutOfOrderDelivery: no fence when joining.
     pub(crate) allow_out_of_order: bool,
+    /// The client understands REACHED_END_OF_TOPIC (see
+    /// `connection::session`: not C++/Python nor Go, which close the
+    /// connection on it).
+    pub(crate) handles_end_of_topic: bool,
 }
 
 /// A consumer is identified by (connection id, consumer id).
@@ -180,6 +184,9 @@ pub(crate) enum SubCommand {
         /// Position.
         reply: oneshot::Sender<Option<Position>>,
     },
+    /// The topic was terminated: consumers that have acknowledged
+    /// everything are told they reached its end (REACHED_END_OF_TOPIC).
+    TopicTerminated,
     /// Close every consumer and stop (topic close / broker shutdown).
     Shutdown {
         /// Answered once stopped.

@@ -27,8 +27,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use vela_log::{LogEntry, ManagedLog, Position};
 use vela_wire::proto::{
-    self, CommandCloseConsumer, CommandMessage, MessageIdData, ServerError, command_ack::AckType,
-    command_subscribe::SubType,
+    self, CommandCloseConsumer, CommandMessage, CommandReachedEndOfTopic, MessageIdData,
+    ServerError, command_ack::AckType, command_subscribe::SubType,
 };
 
 use super::acks::{ACK_SET_WORDS_MAX, Acks};
@@ -88,6 +88,7 @@ pub(crate) fn spawn(
         .consumers_max
         .min(crate::config::CONSUMERS_PER_SUBSCRIPTION_MAX);
     let dispatcher = Dispatcher {
+        terminated: spec.log.is_terminated(),
         name: spec.name,
         topic: spec.topic,
         partition: spec.partition,
@@ -138,6 +139,8 @@ struct Dispatcher {
     reader: Reader,
     ahead: ReadAhead,
     counters: Counters,
+    /// The topic was terminated (its log takes no more entries).
+    terminated: bool,
 }
 
 enum Flow {
@@ -205,6 +208,7 @@ impl Dispatcher {
                 Wake::Read(result) => self.read_finished(result),
             }
             self.dispatch().await;
+            self.tell_end_of_topic().await;
         }
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription stopped");
         on_end(&self.name);
@@ -305,6 +309,7 @@ impl Dispatcher {
             SubCommand::Flow { key, permits } => {
                 if let Some(slot) = self.consumers.get_mut(key) {
                     slot.permits = slot.permits.saturating_add(i64::from(permits));
+                    slot.flowed = true;
                     self.reader.caught_up = false;
                 }
             }
@@ -362,6 +367,7 @@ impl Dispatcher {
             SubCommand::MarkDelete { reply } => {
                 let _ = reply.send(self.acks.mark_delete());
             }
+            SubCommand::TopicTerminated => self.terminated = true,
             SubCommand::Shutdown { reply } => {
                 self.close_all_consumers(None).await;
                 let _ = reply.send(());
@@ -369,6 +375,32 @@ impl Dispatcher {
             }
         }
         Flow::Continue
+    }
+
+    /// A terminated topic whose every entry this subscription acknowledged:
+    /// its consumers are told they reached the end (once each), as Pulsar
+    /// does on termination, after an ack and on reading past the end.
+    /// Clients that close the connection on the command (C++/Python, Go)
+    /// and those below protocol v9 are not told.
+    async fn tell_end_of_topic(&mut self) {
+        if !self.terminated || self.acks.backlog(&self.log) > 0 {
+            return;
+        }
+        for index in 0..self.consumers.len() {
+            let slot = self.consumers.at_mut(index);
+            if slot.told_end_of_topic
+                || !slot.flowed
+                || !slot.info.handles_end_of_topic
+                || slot.info.protocol_version < 9
+            {
+                continue;
+            }
+            slot.told_end_of_topic = true;
+            let frame = codec::encode_command(CommandReachedEndOfTopic {
+                consumer_id: slot.info.consumer_id,
+            });
+            let _ = slot.info.out.send(frame).await;
+        }
     }
 
     /// Acknowledges everything up to `position` (admin skip/expire).
@@ -433,6 +465,8 @@ impl Dispatcher {
                     address: slot.info.address.clone(),
                 })
                 .collect(),
+            msg_drop_rate: None,
+            msg_drop_counter: 0,
         }
     }
 

@@ -327,6 +327,7 @@ impl ProducerTable {
                 access_mode: if reg.exclusive { "Exclusive" } else { "Shared" }.to_string(),
                 address: reg.address.clone(),
                 client_version: reg.client_version.clone(),
+                msg_drop_rate: None,
             })
             .collect();
         publishers.sort_by(|a, b| a.producer_name.cmp(&b.producer_name));
