@@ -26,6 +26,10 @@ pub const SERVER_VERSION: &str = concat!("Vela ", env!("CARGO_PKG_VERSION"));
 /// Cluster name used in generated producer names (`standalone-0-N`).
 pub const CLUSTER_NAME: &str = "standalone";
 
+/// Default of `BrokerConfig::held_entries_max`: 4M entries held by all
+/// subscriptions together; at ~64 bytes of index each, 256 MiB at worst.
+pub const HELD_ENTRIES_PER_BROKER_DEFAULT: usize = 4_000_000;
+
 /// Per-connection bounds. Every field is a limit with a stated behaviour when
 /// reached.
 #[derive(Debug, Clone)]
@@ -266,6 +270,11 @@ pub struct BrokerConfig {
     /// what its consumers wait for. The one read-ahead knob, to be drawn
     /// from the broker-wide memory budget.
     pub read_ahead_bytes_max: u64,
+    /// Entries all subscriptions together hold (out to consumers and not
+    /// acknowledged, to send again, delayed); at it, subscriptions read no
+    /// new entries until acknowledgements free room (Pulsar's
+    /// `maxUnackedMessagesPerBroker`, counted in entries).
+    pub held_entries_max: usize,
     /// Bytes of non-persistent messages in flight, per topic and in all.
     pub non_persistent_limits: NonPersistentLimits,
     /// Advertised listeners (`--advertised-listeners`): lookups naming one
@@ -296,6 +305,7 @@ impl BrokerConfig {
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),
             read_ahead_bytes_max: READ_AHEAD_BYTES_MAX_DEFAULT,
+            held_entries_max: HELD_ENTRIES_PER_BROKER_DEFAULT,
             non_persistent_limits: NonPersistentLimits::default(),
             advertised_listeners: crate::listeners::AdvertisedListeners::default(),
         }

@@ -1,5 +1,5 @@
 //! Catch-up reads through the whole stack: a `vela standalone` whose caches
-//! (the topic's tail cache, the bookie's write and read caches, the
+//! (the broker's entry cache, the bookie's write and read caches, the
 //! subscriptions' read-ahead budget) are all much smaller than the backlog,
 //! so every subscription reads its backlog from entry logs on the bookie,
 //! across several ledgers.
@@ -26,7 +26,7 @@ const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Failure bound for one expected message.
 const RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Messages in the backlog: ~26 MiB of 1 KiB payloads (batched into ~128
-/// KiB entries), past the 8 MiB tail cache, the 11 MiB write cache, the
+/// KiB entries), past the 1 MiB entry cache, the 11 MiB write cache, the
 /// 1 MiB read cache and the 1 MiB read-ahead budget.
 const BACKLOG_MESSAGES: usize = 25_000;
 /// Entries per ledger: the backlog spans several ledgers.
@@ -54,6 +54,7 @@ impl Standalone {
             .args(["--port", "0", "--http-port", "0"])
             .args(["--write-cache-mb", "11", "--read-cache-mb", "1"])
             .args(["--read-ahead-mb", "1", "--flush-interval-ms", "200"])
+            .args(["--managed-ledger-cache-size-mb", "1"])
             .args(["--ledger-max-entries", &LEDGER_ENTRIES_MAX.to_string()])
             .env(
                 "VELA_LOG",

@@ -364,18 +364,15 @@ mod tests {
 
     use super::*;
 
-    /// A log of `count` 1 KiB entries, none in the tail cache (reads go to
+    /// A log of `count` 1 KiB entries, none in the entry cache (reads go to
     /// the ledgers).
     async fn log_of(count: u8) -> Arc<ManagedLog> {
         let env = LogEnv::new(
             Arc::new(vela_meta::MemoryStore::new()),
             Arc::new(MemoryBackend(MemoryLedgers::new())),
         );
-        let config = LogConfig {
-            tail_cache_bytes_max: 1,
-            ..LogConfig::default()
-        };
-        let log = ManagedLog::open(&env, "t/ns/persistent/read-ahead", config)
+        // No reader registered: nothing is cached for one.
+        let log = ManagedLog::open(&env, "t/ns/persistent/read-ahead", LogConfig::default())
             .await
             .unwrap();
         for i in 0..count {

@@ -24,6 +24,7 @@ use vela_wire::proto::{ServerError, command_subscribe::SubType};
 use crate::compaction::Compaction;
 use crate::error::ServiceError;
 use crate::stats::SubscriptionStats;
+use crate::subscription::HeldEntries;
 use crate::subscription::{
     self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionReads, SubscriptionSpec,
 };
@@ -118,6 +119,8 @@ pub(crate) struct SubscriptionTable {
     consumers_per_subscription_max: usize,
     /// The broker's read-ahead budget and read-path stages.
     reads: SubscriptionReads,
+    /// The broker-wide count of entries subscriptions hold.
+    held: Arc<HeldEntries>,
 }
 
 impl SubscriptionTable {
@@ -125,8 +128,10 @@ impl SubscriptionTable {
         consumers_max: usize,
         consumers_per_subscription_max: usize,
         reads: SubscriptionReads,
+        held: Arc<HeldEntries>,
     ) -> SubscriptionTable {
         SubscriptionTable {
+            held,
             map: Arc::default(),
             create: tokio::sync::Mutex::new(0),
             consumer_count: Arc::new(AtomicUsize::new(0)),
@@ -213,6 +218,7 @@ impl SubscriptionTable {
                         compaction: request.read_compacted.then(|| Arc::clone(compaction)),
                         consumers_max: self.consumers_per_subscription_max,
                         reads: self.reads.clone(),
+                        held: Arc::clone(&self.held),
                     },
                     on_end,
                 );
