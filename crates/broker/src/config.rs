@@ -213,6 +213,12 @@ impl Default for PersistenceConfig {
     }
 }
 
+/// Default of `BrokerConfig::read_ahead_bytes_max`: 256 MiB, so 10
+/// subscriptions catch up at full speed at once (each keeps up to three
+/// reads of about 8 MiB ahead); the others read what their consumers wait
+/// for.
+pub const READ_AHEAD_BYTES_MAX_DEFAULT: u64 = 256 * 1024 * 1024;
+
 /// Everything the broker needs to start.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -269,6 +275,11 @@ pub struct BrokerConfig {
     pub connection_caps: ConnectionCaps,
     /// Producers, consumers and publish rate of each topic.
     pub topic_limits: TopicLimits,
+    /// Bytes all subscriptions together may hold read ahead of their
+    /// consumers (catch-up reads); when used up, a subscription reads only
+    /// what its consumers wait for. The one read-ahead knob, to be drawn
+    /// from the broker-wide memory budget.
+    pub read_ahead_bytes_max: u64,
     /// Entries all subscriptions together hold (out to consumers and not
     /// acknowledged, to send again, delayed); at it, subscriptions read no
     /// new entries until acknowledgements free room (Pulsar's
@@ -306,6 +317,7 @@ impl BrokerConfig {
             policy_check_interval: Duration::from_secs(60),
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),
+            read_ahead_bytes_max: READ_AHEAD_BYTES_MAX_DEFAULT,
             held_entries_max: HELD_ENTRIES_PER_BROKER_DEFAULT,
             non_persistent_limits: NonPersistentLimits::default(),
             advertised_listeners: crate::listeners::AdvertisedListeners::default(),

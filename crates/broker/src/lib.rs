@@ -36,9 +36,11 @@
 //! is on; `topic::publish` states why entries keep SEND order without a lock
 //! of the broker's) → the producer's receipt task awaits the append and
 //! answers SEND_RECEIPT in order.
-//! Read path: one task per subscription reads the log in bounded batches and
-//! sends MESSAGE frames (header + the stored entry, never copied) through each
-//! consumer connection's outbound queue.
+//! Read path: one task per subscription keeps a bounded read-ahead of the log
+//! (one read in flight while earlier reads are delivered; all subscriptions
+//! within `BrokerConfig::read_ahead_bytes_max`) and sends MESSAGE frames
+//! (header + the stored entry, never copied) through each consumer
+//! connection's outbound queue.
 //!
 //! Bounds (named constants beside their use): connections in all and per
 //! client IP ([`ConnectionCaps`], checked at accept), topics
@@ -46,7 +48,7 @@
 //! pending SEND count/bytes per connection ([`ConnectionLimits`]), producers,
 //! consumers and publish rate per topic and consumers per subscription
 //! ([`TopicLimits`]), subscriptions per topic, unacked/replay/delayed entries
-//! per subscription, read batch size, ack_set length, name lengths, schema
+//! per subscription, read batch size, read-ahead bytes, ack_set length, name lengths, schema
 //! versions per topic, bytes of non-persistent messages in flight per topic
 //! and in all ([`NonPersistentLimits`]: full → dropped and counted).
 //!

@@ -70,6 +70,9 @@ pub(crate) struct Service {
     /// Bundle ownership in cluster mode (unset: a standalone broker owns
     /// everything).
     pub(crate) ownership: std::sync::OnceLock<Arc<Ownership>>,
+    /// The subscriptions' read-ahead budget (`read_ahead_bytes_max`) and
+    /// read-path stages, shared by every subscription.
+    pub(crate) reads: crate::subscription::SubscriptionReads,
     topics: Mutex<HashMap<String, TopicCell>>,
     /// Entries held by all subscriptions (`BrokerConfig::held_entries_max`).
     pub(crate) held_entries: Arc<HeldEntries>,
@@ -90,6 +93,11 @@ impl Service {
         log_env: LogEnv,
         advertised_url: String,
     ) -> Service {
+        let metrics = crate::metrics::BrokerMetrics::default();
+        let reads = crate::subscription::SubscriptionReads::new(
+            config.read_ahead_bytes_max,
+            Arc::clone(&metrics.reads),
+        );
         Service {
             held_entries: HeldEntries::new(config.held_entries_max),
             np_budget: ByteBudget::new(config.non_persistent_limits.inflight_bytes_max),
@@ -102,7 +110,8 @@ impl Service {
             ),
             log_env,
             advertised_url,
-            metrics: crate::metrics::BrokerMetrics::default(),
+            metrics,
+            reads,
             http_url: std::sync::OnceLock::new(),
             https_url: std::sync::OnceLock::new(),
             ownership: std::sync::OnceLock::new(),
@@ -275,6 +284,7 @@ impl Service {
                     dedup,
                     compaction,
                     self.config.topic_limits,
+                    self.reads.clone(),
                     Arc::clone(&self.held_entries),
                 );
                 if lifecycle.compaction_threshold_bytes.is_some() {
@@ -652,14 +662,24 @@ impl Service {
         Ok(())
     }
 
-    /// Every write-path stage: the broker's publish latency, then the
-    /// registered sources' stages.
+    /// Every write-path and read-path stage: the broker's own (publish
+    /// latency, the subscriptions' reads), then the registered sources'
+    /// stages.
     pub(crate) fn write_path(&self) -> Vec<StageLatency> {
-        let mut stages = vec![StageLatency {
-            stage: Stage::BrokerPublish,
+        let broker = |stage, latency| StageLatency {
+            stage,
             instance: "broker".to_string(),
-            latency: self.metrics.publish_latency.snapshot(),
-        }];
+            latency,
+        };
+        let reads = &self.metrics.reads;
+        let mut stages = vec![
+            broker(
+                Stage::BrokerPublish,
+                self.metrics.publish_latency.snapshot(),
+            ),
+            broker(Stage::DispatcherReadWait, reads.read_wait.snapshot()),
+            broker(Stage::DispatcherRead, reads.read.snapshot()),
+        ];
         let sources: Vec<Arc<dyn WritePathSource>> = self.write_path_sources.lock().clone();
         for source in sources {
             stages.extend(source.stages());
@@ -671,7 +691,24 @@ impl Service {
     /// `STORAGE_METRICS_PER_SOURCE_MAX`.
     pub(crate) fn storage_metrics(&self) -> Vec<crate::metrics::StorageMetric> {
         let sources: Vec<Arc<dyn WritePathSource>> = self.write_path_sources.lock().clone();
-        let mut out = Vec::new();
+        let mut out = vec![
+            crate::metrics::StorageMetric {
+                family: crate::metrics::StorageFamily::ReadAheadBytes,
+                instance: "broker".to_string(),
+                label: Some(("max", self.config.read_ahead_bytes_max.to_string())),
+                value: self.reads.budget.held_bytes() as f64,
+            },
+            crate::metrics::StorageMetric {
+                family: crate::metrics::StorageFamily::ReadBytes,
+                instance: "broker".to_string(),
+                label: Some(("stage", Stage::DispatcherRead.as_str().to_string())),
+                value: self
+                    .metrics
+                    .reads
+                    .read_bytes
+                    .load(std::sync::atomic::Ordering::Relaxed) as f64,
+            },
+        ];
         for source in sources {
             let mut metrics = source.storage_metrics();
             if metrics.len() > crate::metrics::STORAGE_METRICS_PER_SOURCE_MAX {

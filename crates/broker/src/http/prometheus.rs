@@ -292,13 +292,26 @@ fn broker_families(service: &Service, topics: usize, w: &mut Writer) {
         publish.sum as f64 / 1000.0,
     );
 
-    let name = "vela_write_path_latency_seconds";
-    w.family(
-        name,
-        "histogram",
+    let stages = service.write_path();
+    let (read, write): (Vec<_>, Vec<_>) = stages.into_iter().partition(|s| s.stage.is_read());
+    stage_family(
+        "vela_write_path_latency_seconds",
         "Latency of each write-path stage (journal stages: per group or per fdatasync).",
+        &write,
+        w,
     );
-    for stage in service.write_path() {
+    stage_family(
+        "vela_read_path_latency_seconds",
+        "Latency of each read-path stage (dispatcher: per read or per wait; ledger and bookie: per entry).",
+        &read,
+        w,
+    );
+}
+
+/// One histogram family of stage latencies.
+fn stage_family(name: &str, help: &str, stages: &[crate::metrics::StageLatency], w: &mut Writer) {
+    w.family(name, "histogram", help);
+    for stage in stages {
         let stage_name = stage.stage.as_str();
         let instance = stage.instance.as_str();
         for bound in STAGE_EXPORT_BOUNDS_US {

@@ -115,6 +115,7 @@ impl Topic {
         dedup_enabled: bool,
         compaction: Compaction,
         limits: TopicLimits,
+        reads: crate::subscription::SubscriptionReads,
         held: Arc<HeldEntries>,
     ) -> Arc<Topic> {
         let full_name = name.to_string();
@@ -128,6 +129,7 @@ impl Topic {
             subscriptions: SubscriptionTable::new(
                 limits.consumers_max,
                 limits.consumers_per_subscription_max,
+                reads,
                 held,
             ),
             policies: PolicyState::default(),
