@@ -312,6 +312,7 @@ VELA_FLAGS = {
     "authorizationEnabled": lambda v: [] if v == "true" else ["--no-authorization"],
     "authenticationProviders": None,  # checked below: only the token provider exists
     "clusterName": None,  # Vela's standalone cluster is `standalone`, as here
+    "transactionCoordinatorEnabled": lambda v: ["--transaction-coordinator-enabled"] if v == "true" else [],
 }
 
 # CI keys about parts Vela does not have (ZooKeeper, BookKeeper's client, the

@@ -31,6 +31,7 @@ mod permissions;
 mod prometheus;
 mod termination;
 mod topics;
+mod transactions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -126,6 +127,7 @@ fn router(service: Arc<Service>) -> Router {
         .merge(termination::routes())
         .merge(non_persistent::routes())
         .merge(permissions::routes())
+        .merge(transactions::routes())
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&service),
             auth::require,
