@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -64,6 +65,14 @@ func TestTransactionCommitAndAbort(t *testing.T) {
 	}
 	if aborted.GetState() != pulsar.TxnAborted {
 		t.Fatalf("state after abort: %v", aborted.GetState())
+	}
+	// Pulsar's coordinator families on /metrics.
+	status, body := httpDo(t, "GET", "/metrics", nil)
+	for _, family := range []string{"pulsar_txn_committed_count", "pulsar_txn_aborted_count", "pulsar_txn_created_count"} {
+		sample := family + `{cluster="standalone",coordinator_id="0"} `
+		if status != http.StatusOK || !strings.Contains(string(body), sample) {
+			t.Fatalf("/metrics (HTTP %d) has no %s sample", status, family)
+		}
 	}
 }
 

@@ -22,7 +22,7 @@
 //! pending acks of topics are the next step; see ARCHITECTURE.md).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -32,7 +32,7 @@ use vela_log::{AppendFuture, CursorStart, LogConfig, LogEnv, ManagedLog, Persist
 use vela_meta::{IdAllocator, MetadataStore};
 
 use super::record::{Record, TxnStatus};
-use super::types::{TxnAction, TxnError, TxnId, TxnView};
+use super::types::{CoordinatorStats, TxnAction, TxnError, TxnId, TxnView};
 use crate::config::TransactionConfig;
 
 /// The cursor whose acknowledgements free the records of ended transactions.
@@ -93,6 +93,12 @@ pub(crate) struct Coordinator {
     /// The log failed: every request is refused until the coordinator is
     /// opened again.
     failed: AtomicBool,
+    /// Counts since this coordinator opened (Pulsar's `pulsar_txn_*`).
+    created: AtomicU64,
+    committed: AtomicU64,
+    aborted: AtomicU64,
+    timed_out: AtomicU64,
+    appended: AtomicU64,
 }
 
 /// The managed log of coordinator `id` (Pulsar's `__transaction_log_{id}`).
@@ -126,6 +132,11 @@ impl Coordinator {
             seqs,
             state: Mutex::new(State::default()),
             failed: AtomicBool::new(false),
+            created: AtomicU64::new(0),
+            committed: AtomicU64::new(0),
+            aborted: AtomicU64::new(0),
+            timed_out: AtomicU64::new(0),
+            appended: AtomicU64::new(0),
         });
         coordinator.replay().await?;
         let open = coordinator.state.lock().txns.len();
@@ -192,7 +203,10 @@ impl Coordinator {
     /// Waits for a record; a failure stops the coordinator.
     async fn durable(&self, append: AppendFuture) -> Result<Position, TxnError> {
         match append.await {
-            Ok(position) => Ok(position),
+            Ok(position) => {
+                self.appended.fetch_add(1, Ordering::Relaxed);
+                Ok(position)
+            }
             Err(error) => {
                 if !matches!(error, vela_log::LogError::Overloaded(_)) {
                     self.failed.store(true, Ordering::Release);
@@ -248,6 +262,7 @@ impl Coordinator {
         };
         let position = self.durable(append).await?;
         self.record_position(seq, position);
+        self.created.fetch_add(1, Ordering::Relaxed);
         Ok(Some(self.txn_id(seq)))
     }
 
@@ -432,6 +447,11 @@ impl Coordinator {
             state.txns.remove(&seq).map(|txn| txn.positions)
         };
         let _ = done.send(true);
+        let counter = match ended {
+            TxnStatus::Committed => &self.committed,
+            _ => &self.aborted,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
         let mut positions = positions.unwrap_or_default();
         positions.push(position);
         if let Err(error) = self.cursor.ack(&positions) {
@@ -473,7 +493,11 @@ impl Coordinator {
                         seq,
                         "transaction timed out: aborting"
                     );
-                    self.end(seq, TxnAction::Abort, None).await
+                    let result = self.end(seq, TxnAction::Abort, None).await;
+                    if result.is_ok() {
+                        self.timed_out.fetch_add(1, Ordering::Relaxed);
+                    }
+                    result
                 }
                 Some(status) => self.finish(seq, status).await,
             };
@@ -501,6 +525,19 @@ impl Coordinator {
                 .map(|(topic, subs)| (topic.clone(), subs.iter().cloned().collect()))
                 .collect(),
         })
+    }
+
+    /// Its counts and open transactions now.
+    pub(super) fn stats(&self) -> CoordinatorStats {
+        CoordinatorStats {
+            id: self.id,
+            active: self.state.lock().txns.len() as u64,
+            created: self.created.load(Ordering::Relaxed),
+            committed: self.committed.load(Ordering::Relaxed),
+            aborted: self.aborted.load(Ordering::Relaxed),
+            timed_out: self.timed_out.load(Ordering::Relaxed),
+            appended: self.appended.load(Ordering::Relaxed),
+        }
     }
 
     /// Closes the log (the coordinator serves nothing more).
@@ -595,9 +632,6 @@ impl Coordinator {
     /// Appends a record without applying it (what a crash right after the
     /// append leaves).
     pub(super) async fn append_for_test(&self, record: Record) {
-        self.log
-            .append(record.encode())
-            .await
-            .expect("test append");
+        self.log.append(record.encode()).await.expect("test append");
     }
 }

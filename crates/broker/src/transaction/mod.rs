@@ -31,7 +31,7 @@ use vela_meta::MetadataStore;
 
 use crate::config::TransactionConfig;
 use coordinator::Coordinator;
-pub(crate) use types::{TxnAction, TxnError, TxnId, TxnView};
+pub(crate) use types::{CoordinatorStats, TxnAction, TxnError, TxnId, TxnView};
 
 /// The partitioned topic whose partitions name the coordinators (clients
 /// look its partitions up to find each coordinator's broker).
@@ -166,6 +166,19 @@ impl Coordinators {
     /// coordinator is not open here, `Ok(None)` when it is not open.
     pub(crate) fn view(&self, id: TxnId) -> Result<Option<TxnView>, TxnError> {
         Ok(self.get(id.most)?.view(id.least))
+    }
+
+    /// Counts of every coordinator open here, by id.
+    pub(crate) fn stats(&self) -> Vec<CoordinatorStats> {
+        let open: Vec<Arc<Coordinator>> = self
+            .open
+            .lock()
+            .values()
+            .filter_map(|cell| cell.get().cloned())
+            .collect();
+        let mut stats: Vec<CoordinatorStats> = open.iter().map(|c| c.stats()).collect();
+        stats.sort_unstable_by_key(|s| s.id);
+        stats
     }
 
     /// Closes every coordinator's log (broker shutdown).

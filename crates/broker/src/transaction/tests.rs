@@ -117,6 +117,22 @@ async fn commit_abort_and_pulsar_errors() {
             .unwrap_err(),
     );
     assert_eq!(error.code, ServerError::TransactionNotFound);
+    let stats = tcs.stats();
+    assert_eq!(stats.len(), 1);
+    let stats = stats[0];
+    assert_eq!(
+        (
+            stats.id,
+            stats.active,
+            stats.created,
+            stats.committed,
+            stats.aborted
+        ),
+        (1, 0, 2, 1, 1)
+    );
+    // NEW, ADD_PARTITION, ADD_SUBSCRIPTION and two statuses, then NEW and
+    // two statuses.
+    assert_eq!(stats.appended, 5 + 3);
 }
 
 #[tokio::test]
@@ -163,11 +179,15 @@ async fn timed_out_transactions_abort() {
     let id = tcs.new_txn(0, 30, None).await.unwrap().unwrap();
     let kept = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while tcs.view(id).unwrap().is_some() {
+    // Counted once the abort is durable (after the table forgot it).
+    while tcs.stats()[0].timed_out == 0 {
         assert!(tokio::time::Instant::now() < deadline, "never timed out");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    assert!(tcs.view(id).unwrap().is_none());
     assert!(tcs.view(kept).unwrap().is_some());
+    let stats = tcs.stats()[0];
+    assert_eq!((stats.active, stats.timed_out, stats.aborted), (1, 1, 1));
     let error = ServiceError::from(
         tcs.end(id, TxnAction::Commit, None, false)
             .await

@@ -96,3 +96,19 @@ pub(crate) struct TxnView {
     pub(crate) produced: Vec<String>,
     pub(crate) acked: Vec<(String, Vec<String>)>,
 }
+
+/// One coordinator's counts since it opened (`/metrics`: Pulsar's
+/// `pulsar_txn_*` families).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CoordinatorStats {
+    pub(crate) id: u64,
+    /// Transactions not yet ended.
+    pub(crate) active: u64,
+    pub(crate) created: u64,
+    pub(crate) committed: u64,
+    /// Aborted, timed-out ones included (as Pulsar counts).
+    pub(crate) aborted: u64,
+    pub(crate) timed_out: u64,
+    /// Records made durable in its log.
+    pub(crate) appended: u64,
+}
