@@ -138,7 +138,11 @@ impl Coordinator {
             timed_out: AtomicU64::new(0),
             appended: AtomicU64::new(0),
         });
-        coordinator.replay().await?;
+        if let Err(error) = coordinator.replay().await {
+            // Nothing keeps the log open for a retry: the next connect reopens it.
+            coordinator.close().await;
+            return Err(error);
+        }
         let open = coordinator.state.lock().txns.len();
         tracing::info!(coordinator = id, open, "transaction coordinator opened");
         tokio::spawn(tick_loop(
