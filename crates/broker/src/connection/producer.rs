@@ -75,7 +75,9 @@ const TXN_SEND_REFUSED: &str = "Transactional messages are not supported by this
 struct ConnProducer {
     topic: Arc<Topic>,
     name: String,
-    jobs: mpsc::Sender<ReceiptJob>,
+    /// Boxed: a channel allocates its first block of 32 slots up front
+    /// (~3 KiB per producer at the job's size; 256 bytes boxed).
+    jobs: mpsc::Sender<Box<ReceiptJob>>,
 }
 
 /// The producers open on one connection and its pending-send bounds.
@@ -298,10 +300,11 @@ impl Producers {
                 code: ServerError::NotAllowedError,
                 message: TXN_SEND_REFUSED.into(),
             };
-            let _ = producer.jobs.send(job).await;
+            let _ = producer.jobs.send(Box::new(job)).await;
             return Ok(());
         }
         let jobs = producer.jobs.clone();
+        let topic = Arc::clone(&producer.topic);
         let sequence_id = body.sequence_id;
         let highest_sequence_id = body.highest_sequence_id().unwrap_or(0);
         // Size: the frame decoder already refused frames above
@@ -320,6 +323,9 @@ impl Producers {
         ) else {
             return Err(Close("pending-send semaphores closed".into()));
         };
+        // The broker-wide budget of appends in flight (all topics): wait
+        // here too, not reading, while it is full.
+        let append_permit = topic.log.reserve_append(entry.len()).await;
         let Some(producer) = self.map.get(&body.producer_id) else {
             return Ok(());
         };
@@ -334,6 +340,7 @@ impl Producers {
             highest_sequence_id as i64,
             entry,
             messages,
+            append_permit,
         ) {
             DedupCheck::Duplicate => ReceiptJob::Duplicate {
                 sequence_id,
@@ -350,7 +357,7 @@ impl Producers {
                 _permits: (send_permit, bytes_permit),
             },
         };
-        let _ = jobs.send(job).await;
+        let _ = jobs.send(Box::new(job)).await;
         if let Some(pause) = pause {
             tokio::time::sleep(pause).await;
         }
@@ -389,7 +396,7 @@ impl Producers {
             code: ServerError::ChecksumError,
             message: "Checksum failed on the broker".into(),
         };
-        let _ = producer.jobs.send(job).await;
+        let _ = producer.jobs.send(Box::new(job)).await;
         Ok(())
     }
 
@@ -411,9 +418,9 @@ impl Producers {
                 // SUCCESS goes out after every receipt in flight.
                 let _ = producer
                     .jobs
-                    .send(ReceiptJob::Close {
+                    .send(Box::new(ReceiptJob::Close {
                         request_id: body.request_id,
-                    })
+                    }))
                     .await;
                 Ok(())
             }
@@ -433,7 +440,7 @@ async fn refuse(
 
 async fn receipt_loop(
     producer_id: u64,
-    mut jobs: mpsc::Receiver<ReceiptJob>,
+    mut jobs: mpsc::Receiver<Box<ReceiptJob>>,
     out: mpsc::Sender<Outbound>,
     service: Arc<Service>,
 ) {
@@ -442,7 +449,7 @@ async fn receipt_loop(
     // positions, so this producer's receipts name increasing positions.
     let mut last_appended: Option<Position> = None;
     while let Some(job) = jobs.recv().await {
-        let frame = match job {
+        let frame = match *job {
             ReceiptJob::Send {
                 sequence_id,
                 highest_sequence_id,
