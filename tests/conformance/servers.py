@@ -319,6 +319,7 @@ VELA_FLAGS = {
     "basicAuthConf": lambda v: ["--basic-auth-conf", _file_url_path(v)],
     "tlsTrustCertsFilePath": lambda v: ["--tls-trust-certs-file", v],
     "clusterName": None,  # Vela's standalone cluster is `standalone`, as here
+    "transactionCoordinatorEnabled": lambda v: ["--transaction-coordinator-enabled"] if v == "true" else [],
 }
 
 # CI keys about parts Vela does not have (ZooKeeper, BookKeeper's client, the

@@ -291,6 +291,42 @@ pub struct BrokerConfig {
     /// are answered with its URLs; the internal one's URLs are this
     /// broker's own.
     pub advertised_listeners: crate::listeners::AdvertisedListeners,
+    /// The transaction coordinator (`None`: off, Pulsar's default; every
+    /// transaction command is answered NotAllowed).
+    pub transactions: Option<TransactionConfig>,
+}
+
+/// The transaction coordinator's settings and bounds
+/// (`--transaction-coordinator-enabled` and its flags).
+#[derive(Debug, Clone)]
+pub struct TransactionConfig {
+    /// Partitions of `persistent://pulsar/system/transaction_coordinator_assign`:
+    /// one coordinator each, each with its own transaction log.
+    pub coordinators: u32,
+    /// Open transactions per coordinator. When reached: NEW_TXN gets no
+    /// answer, as Pulsar's `maxActiveTransactionsPerCoordinator` (the
+    /// client's operation times out rather than retrying at once).
+    pub open_per_coordinator_max: usize,
+    /// Partitions plus subscriptions one transaction may register. When
+    /// reached: ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN get
+    /// NotAllowedError.
+    pub ops_per_transaction_max: usize,
+    /// Longest timeout a client may ask for (longer requests are cut to it).
+    pub timeout_max: Duration,
+    /// How often each coordinator looks for timed-out transactions.
+    pub timeout_check_interval: Duration,
+}
+
+impl Default for TransactionConfig {
+    fn default() -> TransactionConfig {
+        TransactionConfig {
+            coordinators: 1,
+            open_per_coordinator_max: 100_000,
+            ops_per_transaction_max: 10_000,
+            timeout_max: Duration::from_secs(24 * 3600),
+            timeout_check_interval: Duration::from_secs(1),
+        }
+    }
 }
 
 impl BrokerConfig {
@@ -321,6 +357,7 @@ impl BrokerConfig {
             held_entries_max: HELD_ENTRIES_PER_BROKER_DEFAULT,
             non_persistent_limits: NonPersistentLimits::default(),
             advertised_listeners: crate::listeners::AdvertisedListeners::default(),
+            transactions: None,
         }
     }
 

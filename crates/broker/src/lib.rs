@@ -20,7 +20,7 @@
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `service`, `lifecycle`, `cluster`, `watchers`
+//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -70,7 +70,12 @@
 //! feed per namespace following its topic records) tell pattern consumers
 //! of created and deleted topics at once.
 //!
-//! Not implemented yet: transactions.
+//! Transactions (`transaction`, off unless `BrokerConfig::transactions`):
+//! the coordinators (one per partition of
+//! `pulsar/system/transaction_coordinator_assign`, each with a durable log
+//! replayed on open, timeouts, Pulsar's errors). Not implemented yet: the
+//! per-topic transaction buffer and pending acks; transactional SENDs and
+//! ACKs are refused (NotAllowedError) rather than applied at once.
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
@@ -102,6 +107,7 @@ pub mod tls;
 mod topic;
 mod topic_list;
 pub mod topic_name;
+mod transaction;
 mod watchers;
 
 use std::net::SocketAddr;
@@ -117,7 +123,7 @@ pub use admin::{Admin, AdminError, AuthAction, NamespacePolicies};
 pub use auth::{AuthConfig, Authorization};
 pub use config::{
     BrokerConfig, ConnectionCaps, ConnectionLimits, NonPersistentLimits, PersistenceConfig,
-    PublishRate, TopicLimits,
+    PublishRate, TopicLimits, TransactionConfig,
 };
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
@@ -178,6 +184,12 @@ impl Broker {
         };
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
         service.admin.ensure_defaults().await?;
+        if let Some(transactions) = &service.transactions {
+            service
+                .admin
+                .ensure_coordinator_assign(transactions.count())
+                .await?;
+        }
         tokio::spawn(lifecycle::run(
             Arc::downgrade(&service),
             service.config.policy_check_interval,
@@ -414,6 +426,9 @@ impl BrokerHandle {
             let _ = accept.await;
         }
         let errors = self.service.close_topics().await;
+        if let Some(transactions) = &self.service.transactions {
+            transactions.close().await;
+        }
         // Bundles are free at once for the other brokers (not at session expiry).
         if let Some(ownership) = self.service.ownership.get() {
             ownership.close().await;

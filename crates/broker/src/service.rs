@@ -81,6 +81,8 @@ pub(crate) struct Service {
     /// Bytes of non-persistent messages in flight, broker-wide
     /// (`NonPersistentLimits::inflight_bytes_max`).
     pub(crate) np_budget: Arc<ByteBudget>,
+    /// The transaction coordinators (`None`: transactions are off).
+    pub(crate) transactions: Option<Arc<crate::transaction::Coordinators>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
 }
@@ -98,7 +100,21 @@ impl Service {
             config.read_ahead_bytes_max,
             Arc::clone(&metrics.reads),
         );
+        let transactions = config.transactions.clone().map(|txn| {
+            let persistence = config.default_persistence;
+            Arc::new(crate::transaction::Coordinators::new(
+                txn,
+                log_env.clone(),
+                Arc::clone(&meta),
+                Persistence {
+                    ensemble: persistence.ensemble,
+                    write_quorum: persistence.write_quorum,
+                    ack_quorum: persistence.ack_quorum,
+                },
+            ))
+        });
         Service {
+            transactions,
             held_entries: HeldEntries::new(config.held_entries_max),
             np_budget: ByteBudget::new(config.non_persistent_limits.inflight_bytes_max),
             config,

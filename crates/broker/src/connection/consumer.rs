@@ -269,6 +269,23 @@ impl Consumers {
                 .ack(session, body.consumer_id, body.request_id)
                 .await;
         }
+        // Transactional acks need the subscription's pending acks (not built
+        // yet): refused, never applied before their commit.
+        if body.txnid_most_bits.is_some() || body.txnid_least_bits.is_some() {
+            return session
+                .send(proto::CommandAckResponse {
+                    consumer_id: body.consumer_id,
+                    txnid_least_bits: body.txnid_least_bits,
+                    txnid_most_bits: body.txnid_most_bits,
+                    error: Some(ServerError::NotAllowedError as i32),
+                    message: Some(
+                        "Transactional acknowledgements are not supported by this broker yet"
+                            .into(),
+                    ),
+                    request_id: body.request_id,
+                })
+                .await;
+        }
         let ack_type = proto::command_ack::AckType::try_from(body.ack_type)
             .unwrap_or(proto::command_ack::AckType::Individual);
         let ids = body.message_id;

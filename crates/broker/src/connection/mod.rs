@@ -16,6 +16,8 @@
 //! - `non_persistent`: what producers and consumers of non-persistent
 //!   topics do differently (used by `producer` and `consumer`);
 //! - `schema`: GET_SCHEMA, GET_OR_CREATE_SCHEMA;
+//! - `transaction`: the coordinator's commands (TC_CLIENT_CONNECT,
+//!   NEW_TXN, ADD_PARTITION_TO_TXN, ADD_SUBSCRIPTION_TO_TXN, END_TXN);
 //! - `deferred`: the topic of a PRODUCER or SUBSCRIBE opened off the reader;
 //! - `writer`: the socket writer task.
 //!
@@ -59,6 +61,7 @@ mod producer;
 mod schema;
 mod session;
 mod topic_list;
+mod transaction;
 mod writer;
 
 use std::net::SocketAddr;
@@ -81,6 +84,7 @@ use deferred::{Deferred, DeferredLoads, Loaded, TopicOpening};
 use producer::Producers;
 use session::{Close, Session, required};
 use topic_list::Watchers;
+use transaction::TxnRequests;
 
 /// Read buffer size: one read syscall takes up to this much.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
@@ -169,6 +173,7 @@ async fn serve_halves<R, W>(
         producers: Producers::new(limits.pending_sends_max, limits.pending_send_bytes_max),
         consumers: Consumers::new(),
         watchers: Watchers::new(),
+        txn_requests: TxnRequests::new(),
         deferred: DeferredLoads::new(),
         events_rx,
         read_at: Instant::now(),
@@ -199,6 +204,8 @@ struct Connection {
     producers: Producers,
     consumers: Consumers,
     watchers: Watchers,
+    /// Transaction coordinator requests waiting for their log record.
+    txn_requests: TxnRequests,
     /// PRODUCER and SUBSCRIBE commands waiting for their topic to open.
     deferred: DeferredLoads,
     /// Producers and consumers the broker closed (see `ConnEvent`).
@@ -477,6 +484,30 @@ impl Connection {
             Type::GetOrCreateSchema => {
                 let body = required(command.get_or_create_schema, kind)?;
                 schema::on_get_or_create_schema(session, body).await
+            }
+            Type::TcClientConnectRequest => {
+                let body = required(command.tc_client_connect_request, kind)?;
+                self.txn_requests.on_tc_connect(&self.session, body).await
+            }
+            Type::NewTxn => {
+                let body = required(command.new_txn, kind)?;
+                self.txn_requests.on_new_txn(&self.session, body).await
+            }
+            Type::AddPartitionToTxn => {
+                let body = required(command.add_partition_to_txn, kind)?;
+                self.txn_requests
+                    .on_add_partitions(&self.session, body)
+                    .await
+            }
+            Type::AddSubscriptionToTxn => {
+                let body = required(command.add_subscription_to_txn, kind)?;
+                self.txn_requests
+                    .on_add_subscriptions(&self.session, body)
+                    .await
+            }
+            Type::EndTxn => {
+                let body = required(command.end_txn, kind)?;
+                self.txn_requests.on_end_txn(&self.session, body).await
             }
             other => Err(Close(format!("unsupported command {other:?}"))),
         }

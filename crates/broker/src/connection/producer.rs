@@ -68,6 +68,10 @@ enum ReceiptJob {
 /// and must not close the connection. The oldest is forgotten first.
 const RECENTLY_CLOSED_PRODUCERS_MAX: usize = 1000;
 
+/// SEND_ERROR text for a transactional SEND: topics have no transaction
+/// buffer yet, so such a message is refused rather than stored visible.
+const TXN_SEND_REFUSED: &str = "Transactional messages are not supported by this broker yet";
+
 struct ConnProducer {
     topic: Arc<Topic>,
     name: String,
@@ -294,6 +298,17 @@ impl Producers {
         let Some(producer) = self.map.get(&body.producer_id) else {
             return self.unknown_producer(session, body.producer_id);
         };
+        // Transactional messages need the topic's transaction buffer (not
+        // built yet): refused, never stored visible before their commit.
+        if body.txnid_most_bits().is_some() || body.txnid_least_bits().is_some() {
+            let job = ReceiptJob::Error {
+                sequence_id: body.sequence_id,
+                code: ServerError::NotAllowedError,
+                message: TXN_SEND_REFUSED.into(),
+            };
+            let _ = producer.jobs.send(Box::new(job)).await;
+            return Ok(());
+        }
         let jobs = producer.jobs.clone();
         let topic = Arc::clone(&producer.topic);
         let sequence_id = body.sequence_id;

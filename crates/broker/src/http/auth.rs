@@ -12,7 +12,8 @@
 //! Requirements follow Pulsar's authorization provider: tenant and cluster
 //! writes and the tenant list need a superuser; namespace and topic
 //! administration a tenant admin; reading a topic's stats, metadata or
-//! lookup either grant on its namespace; subscription operations `consume`.
+//! lookup either grant on its namespace; subscription operations `consume`;
+//! `/admin/v3/transactions/...` a superuser.
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -152,6 +153,8 @@ pub(super) fn classify(method: &Method, path: &str) -> Need {
             // so a 404 tells nobody else what exists.
             _ => Need::Superuser,
         },
+        // Transactions of every role: superusers only.
+        ["admin", "v3", "transactions", ..] => Need::Superuser,
         _ => Need::Authenticated,
     }
 }
@@ -180,6 +183,11 @@ mod tests {
         let post = Method::POST;
         let cases = [
             (&get, "/metrics", Need::Open),
+            (
+                &get,
+                "/admin/v3/transactions/transactionMetadata/0/1",
+                Need::Superuser,
+            ),
             (&get, "/admin/v2/brokers/health", Need::Open),
             (&get, "/admin/v2/clusters", Need::Authenticated),
             (&get, "/admin/v2/tenants", Need::Superuser),

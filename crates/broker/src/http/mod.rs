@@ -34,6 +34,7 @@ mod prometheus;
 mod schema_policy;
 mod termination;
 mod topics;
+mod transactions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -159,6 +160,7 @@ fn router(service: Arc<Service>) -> Router {
         .merge(non_persistent::routes())
         .merge(permissions::routes())
         .merge(schema_policy::routes())
+        .merge(transactions::routes())
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&service),
             auth::require,
