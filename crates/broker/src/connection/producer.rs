@@ -260,6 +260,7 @@ impl Producers {
             mpsc::channel(session.service.config.limits.pending_sends_max.max(1) + 1);
         tokio::spawn(receipt_loop(
             body.producer_id,
+            (Arc::clone(&topic), name.clone()),
             jobs_rx,
             session.out.clone(),
             Arc::clone(&session.service),
@@ -352,6 +353,12 @@ impl Producers {
                 sequence_id,
                 highest_sequence_id,
                 _permits: (send_permit, bytes_permit),
+            },
+            // Its first copy is still in flight: the client re-sends later.
+            DedupCheck::Unknown => ReceiptJob::Error {
+                sequence_id,
+                code: ServerError::PersistenceError,
+                message: crate::topic::DEDUP_UNKNOWN_MESSAGE.into(),
             },
             DedupCheck::Appended(append) => ReceiptJob::Send {
                 sequence_id,
@@ -446,6 +453,7 @@ async fn refuse(
 
 async fn receipt_loop(
     producer_id: u64,
+    (topic, producer_name): (Arc<Topic>, String),
     mut jobs: mpsc::Receiver<Box<ReceiptJob>>,
     out: mpsc::Sender<Outbound>,
     service: Arc<Service>,
@@ -466,6 +474,11 @@ async fn receipt_loop(
                 _permits,
             } => match append.await {
                 Ok(position) => {
+                    // Durable: re-sends of it are duplicates from now on.
+                    topic.dedup_persisted(
+                        &producer_name,
+                        (sequence_id as i64).max(highest_sequence_id as i64),
+                    );
                     debug_assert!(
                         last_appended.is_none_or(|last| position > last),
                         "a receipt out of SEND order: {position} after {last_appended:?}"
@@ -495,6 +508,8 @@ async fn receipt_loop(
                     }
                 }
                 Err(e) => {
+                    // Not in the log: the client's re-send must be appended.
+                    topic.dedup_append_failed();
                     metrics
                         .send_errors
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
