@@ -462,6 +462,7 @@ async fn receipt_loop(
     // Appends are issued in SEND order and the log gives increasing
     // positions, so this producer's receipts name increasing positions.
     let mut last_appended: Option<Position> = None;
+    let mut connection_gone = false;
     while let Some(job) = jobs.recv().await {
         let frame = match *job {
             ReceiptJob::Send {
@@ -564,8 +565,11 @@ async fn receipt_loop(
                 return;
             }
         };
-        if out.send(frame).await.is_err() {
-            return;
+        // A closed connection still lets the appends in flight resolve:
+        // deduplication learns from each whether it is durable (else a
+        // re-send on the next connection would be "unknown" for ever).
+        if !connection_gone && out.send(frame).await.is_err() {
+            connection_gone = true;
         }
     }
 }
