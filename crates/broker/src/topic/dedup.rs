@@ -92,8 +92,9 @@ impl Names {
         self.map.get(producer).map(|s| s.pushed)
     }
 
-    fn persisted(&self, producer: &str) -> Option<i64> {
-        self.map.get(producer).map(|s| s.persisted)
+    /// Both sequence ids, in one lookup.
+    fn sequences(&self, producer: &str) -> Option<Sequences> {
+        self.map.get(producer).copied()
     }
 
     /// Records `sequence_id` as pushed (a new name: persisted up to it too
@@ -170,10 +171,11 @@ impl DedupTable {
             return DedupCheck::Appended(append());
         };
         let mut table = table.lock();
-        if sequence_id <= table.persisted(producer).unwrap_or(-1) {
+        let known = table.sequences(producer);
+        if sequence_id <= known.map_or(-1, |s| s.persisted) {
             return DedupCheck::Duplicate;
         }
-        let previous = table.get(producer);
+        let previous = known.map(|s| s.pushed);
         let last = previous.unwrap_or(-1);
         if sequence_id <= last {
             return DedupCheck::Unknown;
@@ -195,7 +197,7 @@ impl DedupTable {
     /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).
     pub(crate) fn last_sequence_id(&self, producer: &str) -> i64 {
         match &self.0 {
-            Some(table) => table.lock().persisted(producer).unwrap_or(-1),
+            Some(table) => table.lock().sequences(producer).map_or(-1, |s| s.persisted),
             None => -1,
         }
     }
@@ -207,8 +209,9 @@ impl DedupTable {
             return;
         };
         let mut table = table.lock();
-        let pushed = table.get(producer).unwrap_or(-1).max(sequence_id);
-        let persisted = table.persisted(producer).unwrap_or(-1).max(sequence_id);
+        let known = table.sequences(producer);
+        let pushed = known.map_or(-1, |s| s.pushed).max(sequence_id);
+        let persisted = known.map_or(-1, |s| s.persisted).max(sequence_id);
         table.set_both(producer, pushed, Some(persisted));
         debug_assert!(persisted <= pushed);
     }
@@ -266,8 +269,9 @@ impl DedupTable {
         let mut table = table.lock();
         for (producer, highest) in rebuilt {
             // Read back from the log: durable.
-            let pushed = table.get(&producer).unwrap_or(-1).max(highest);
-            let persisted = table.persisted(&producer).unwrap_or(-1).max(highest);
+            let known = table.sequences(&producer);
+            let pushed = known.map_or(-1, |s| s.pushed).max(highest);
+            let persisted = known.map_or(-1, |s| s.persisted).max(highest);
             table.set_both(&producer, pushed, Some(persisted));
         }
         Ok(())
