@@ -159,6 +159,34 @@ pub(crate) fn entry_metadata(entry: &Bytes) -> Option<proto::MessageMetadata> {
     proto::MessageMetadata::decode(entry.slice(10..10 + size)).ok()
 }
 
+/// The property a replicated message carries: its position in the source
+/// cluster's log, `ledger:entry` (Pulsar's name).
+pub(crate) const REPL_SOURCE_POSITION_PROPERTY: &str = "__MSG_PROP_REPL_SOURCE_POSITION";
+
+/// A stored entry's MessageMetadata and payload (a slice of the entry, no
+/// copy); `None` if malformed.
+pub(crate) fn split_entry(entry: &Bytes) -> Option<(proto::MessageMetadata, Bytes)> {
+    let metadata = entry_metadata(entry)?;
+    let size = u32::from_be_bytes(entry.get(6..10)?.try_into().ok()?) as usize;
+    let payload = entry.slice(10usize.checked_add(size)?..);
+    Some((metadata, payload))
+}
+
+/// Where a replicated entry came from: the cluster (`replicated_from`) and
+/// its position there (the `__MSG_PROP_REPL_SOURCE_POSITION` property,
+/// `ledger:entry`); `None` for entries produced here or without a
+/// readable position.
+pub(crate) fn entry_replication_source(entry: &[u8]) -> Option<(String, u64, u64)> {
+    let metadata = proto::MessageMetadata::decode(metadata_slice(entry)?).ok()?;
+    let from = metadata.replicated_from?;
+    let position = metadata
+        .properties
+        .iter()
+        .find(|p| p.key == REPL_SOURCE_POSITION_PROPERTY)?;
+    let (ledger_id, entry_id) = position.value.split_once(':')?;
+    Some((from, ledger_id.parse().ok()?, entry_id.parse().ok()?))
+}
+
 fn metadata_slice(entry: &[u8]) -> Option<&[u8]> {
     let size_bytes: [u8; 4] = entry.get(6..10)?.try_into().ok()?;
     let size = u32::from_be_bytes(size_bytes) as usize;

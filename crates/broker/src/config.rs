@@ -23,8 +23,8 @@ pub const FRAME_PADDING_BYTES: usize = 10 * 1024;
 /// Server version string sent in CONNECTED.
 pub const SERVER_VERSION: &str = concat!("Vela ", env!("CARGO_PKG_VERSION"));
 
-/// Cluster name used in generated producer names (`standalone-0-N`).
-pub const CLUSTER_NAME: &str = "standalone";
+/// Default of `BrokerConfig::cluster_name` (Pulsar standalone's name).
+pub const CLUSTER_NAME_DEFAULT: &str = "standalone";
 
 /// Default of `BrokerConfig::held_entries_max`: 4M entries held by all
 /// subscriptions together; at ~64 bytes of index each, 256 MiB at worst.
@@ -235,6 +235,11 @@ pub struct BrokerConfig {
     pub auth: Option<crate::auth::AuthConfig>,
     /// Host put into lookup answers (`pulsar://HOST:PORT`); never 0.0.0.0.
     pub advertised_host: String,
+    /// This cluster's name (Pulsar's `clusterName`): registered in the
+    /// metadata store at start, in generated producer names
+    /// (`{cluster}-0-N`), the `cluster` label of metrics, and what
+    /// replicated messages carry as `replicated_from`.
+    pub cluster_name: String,
     /// Interval between keep-alive PINGs; a connection silent for two intervals
     /// (one unanswered PING) is closed. Pulsar's default is 30 s.
     pub keepalive: Duration,
@@ -294,7 +299,17 @@ pub struct BrokerConfig {
     /// The transaction coordinator (`None`: off, Pulsar's default; every
     /// transaction command is answered NotAllowed).
     pub transactions: Option<TransactionConfig>,
+    /// Bytes of entries all replicators together have sent to remote
+    /// clusters and not yet seen stored (`--replication-inflight-mb`). When
+    /// reached: replicators send nothing more until receipts free room (the
+    /// entries stay in the log, their cursors behind).
+    pub replication_inflight_bytes_max: usize,
 }
+
+/// Default of `BrokerConfig::replication_inflight_bytes_max`: 64 MiB, a
+/// full window (`REPLICATOR_PENDING_MAX`, 1000 entries) of 64 KiB entries,
+/// or many replicators' windows of small ones.
+pub const REPLICATION_INFLIGHT_BYTES_DEFAULT: usize = 64 << 20;
 
 /// The transaction coordinator's settings and bounds
 /// (`--transaction-coordinator-enabled` and its flags).
@@ -338,6 +353,7 @@ impl BrokerConfig {
             tls: None,
             auth: None,
             advertised_host: "127.0.0.1".to_string(),
+            cluster_name: CLUSTER_NAME_DEFAULT.to_string(),
             keepalive: Duration::from_secs(30),
             handshake_timeout: Duration::from_secs(30),
             limits: ConnectionLimits::default(),
@@ -358,6 +374,7 @@ impl BrokerConfig {
             non_persistent_limits: NonPersistentLimits::default(),
             advertised_listeners: crate::listeners::AdvertisedListeners::default(),
             transactions: None,
+            replication_inflight_bytes_max: REPLICATION_INFLIGHT_BYTES_DEFAULT,
         }
     }
 

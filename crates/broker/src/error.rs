@@ -70,6 +70,13 @@ pub enum AdminError {
     /// The operation does not apply to this kind of object (405).
     #[error("{0}")]
     NotAllowed(String),
+    /// A request names something it may not use, e.g. a cluster the
+    /// tenant is not allowed on (Pulsar answers 403 with this message).
+    #[error("{0}")]
+    Forbidden(String),
+    /// A precondition fails; Pulsar's exact 412 message, unprefixed.
+    #[error("{0}")]
+    Precondition(String),
     /// The operation on a topic failed.
     #[error(transparent)]
     Service(#[from] ServiceError),
@@ -115,7 +122,10 @@ impl From<AdminError> for ServiceError {
         let code = match &e {
             AdminError::NotFound(_) => ServerError::TopicNotFound,
             AdminError::Invalid(_) | AdminError::BadRequest(_) => ServerError::InvalidTopicName,
-            AdminError::Exists(_) | AdminError::NotAllowed(_) => ServerError::NotAllowedError,
+            AdminError::Exists(_)
+            | AdminError::NotAllowed(_)
+            | AdminError::Forbidden(_)
+            | AdminError::Precondition(_) => ServerError::NotAllowedError,
             AdminError::Busy(_) => ServerError::ConsumerBusy,
             AdminError::Meta(_) | AdminError::Corrupt { .. } => ServerError::MetadataError,
             AdminError::Service(service) => return service.clone(),

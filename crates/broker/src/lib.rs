@@ -20,7 +20,7 @@
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`
+//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`, `replication`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -65,6 +65,16 @@
 //! every subscription, which gives it to a consumer with permits and room or
 //! drops it (counted); nothing is stored, acks are forgotten.
 //!
+//! Geo-replication (`replication`, layer 4): one replicator per served
+//! topic and remote cluster named by the topic's or its namespace's
+//! replication clusters; it reads the log from the durable cursor
+//! `pulsar.repl.{remote}` and produces each entry, as stored plus
+//! `replicated_from`, to the remote cluster with the native client
+//! (`vela-client`), under the producer name `pulsar.repl.{local}-->{remote}`;
+//! SENDs of such producers are always deduplicated (`topic::dedup`), by the
+//! source position the replicator sends as sequence id. Clusters are
+//! metadata (`admin::clusters`, REST in `http::clusters`).
+//!
 //! Topic lists: GET_TOPICS_OF_NAMESPACE honours the client's mode, pattern
 //! and topics hash (`topic_list`); topic list watchers (`watchers`, one
 //! feed per namespace following its topic records) tell pattern consumers
@@ -99,6 +109,7 @@ pub mod metrics;
 mod nonpersistent;
 pub mod ownership;
 mod policies;
+mod replication;
 pub mod schema;
 mod service;
 pub mod stats;
@@ -182,7 +193,16 @@ impl Broker {
         else {
             return Err(BrokerError::Config("no Pulsar URL to advertise".into()));
         };
+        let local_cluster = admin::ClusterData {
+            broker_service_url: config.advertised_plain_url(),
+            broker_service_url_tls: config.advertised_tls_url(),
+            ..admin::ClusterData::default()
+        };
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
+        service
+            .admin
+            .ensure_cluster(&service.config.cluster_name, &local_cluster)
+            .await?;
         service.admin.ensure_defaults().await?;
         if let Some(transactions) = &service.transactions {
             service
@@ -195,6 +215,10 @@ impl Broker {
             service.config.policy_check_interval,
         ));
         let (shutdown_tx, shutdown_rx) = watch::channel(false);
+        tokio::spawn(replication::run(
+            Arc::downgrade(&service),
+            shutdown_rx.clone(),
+        ));
         let slots = Arc::new(Semaphore::new(service.config.connection_caps.total_max));
         let mut accepts = Vec::new();
         if let Some(listener) = plain {
@@ -361,7 +385,7 @@ impl BrokerHandle {
             return Ok(Some(served.stats()));
         }
         match self.service.served_topic(&name.to_string()) {
-            Some(served) => Ok(Some(served.stats().await)),
+            Some(served) => Ok(Some(self.service.topic_stats(&served).await)),
             None => Ok(None),
         }
     }

@@ -19,7 +19,7 @@ use vela_wire::proto::ServerError;
 
 use crate::admin::{Admin, NamespacePolicies};
 use crate::compaction::Compaction;
-use crate::config::{BrokerConfig, CLUSTER_NAME};
+use crate::config::BrokerConfig;
 use crate::error::ServiceError;
 use crate::inflight::ByteBudget;
 use crate::metrics::{Stage, StageLatency, WritePathSource};
@@ -83,6 +83,15 @@ pub(crate) struct Service {
     pub(crate) np_budget: Arc<ByteBudget>,
     /// The transaction coordinators (`None`: transactions are off).
     pub(crate) transactions: Option<Arc<crate::transaction::Coordinators>>,
+    /// Wakes the replicators' reconciler (`replication`) when clusters or
+    /// replication policies change.
+    pub(crate) replication_wakeup: tokio::sync::Notify,
+    /// Set with a wakeup when policies changed: every served topic's
+    /// replication clusters are read again (a topic opening only wakes).
+    pub(crate) replication_full_pass: std::sync::atomic::AtomicBool,
+    /// Statistics of the running replicators by (topic, remote cluster);
+    /// the reconciler keeps it in step with the replicators it runs.
+    replicators: Mutex<HashMap<(String, String), Arc<crate::stats::ReplicatorStats>>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
 }
@@ -113,12 +122,13 @@ impl Service {
                 },
             ))
         });
+        let admin = Admin::for_cluster(Arc::clone(&meta), &config.cluster_name);
         Service {
             transactions,
             held_entries: HeldEntries::new(config.held_entries_max),
             np_budget: ByteBudget::new(config.non_persistent_limits.inflight_bytes_max),
             config,
-            admin: Admin::new(Arc::clone(&meta)),
+            admin,
             schemas: SchemaRegistry::new(Arc::clone(&meta)),
             topic_watchers: crate::watchers::TopicListWatchers::new(
                 Admin::new(Arc::clone(&meta)),
@@ -135,9 +145,77 @@ impl Service {
             write_path_sources: Mutex::new(Vec::new()),
             topics: Mutex::new(HashMap::new()),
             np_topics: Mutex::new(HashMap::new()),
+            replication_wakeup: tokio::sync::Notify::new(),
+            replication_full_pass: std::sync::atomic::AtomicBool::new(false),
+            replicators: Mutex::new(HashMap::new()),
             producer_names: AtomicU64::new(0),
             conn_ids: AtomicU64::new(1),
         }
+    }
+
+    /// Clusters or replication clusters changed: the replicators follow at
+    /// once (else within the reconciler's interval).
+    pub(crate) fn replication_changed(&self) {
+        self.replication_full_pass.store(true, Ordering::Release);
+        self.replication_wakeup.notify_one();
+    }
+
+    /// The remote clusters `topic` replicates to: its replication clusters
+    /// (its own, else its namespace's) but this one.
+    pub(crate) async fn replication_remotes(
+        &self,
+        topic: &TopicName,
+    ) -> Result<Vec<String>, crate::admin::AdminError> {
+        let local = &self.config.cluster_name;
+        let mut clusters = self.admin.effective_replication(topic, local).await?;
+        clusters.retain(|c| c != local);
+        Ok(clusters)
+    }
+
+    /// Records a running replicator's statistics (topic stats, metrics).
+    pub(crate) fn register_replicator(
+        &self,
+        topic: &str,
+        remote: &str,
+        stats: Arc<crate::stats::ReplicatorStats>,
+    ) {
+        self.replicators
+            .lock()
+            .insert((topic.to_string(), remote.to_string()), stats);
+    }
+
+    /// Keeps the statistics of the replicators `running` says still run.
+    pub(crate) fn retain_replicators(&self, running: impl Fn(&str, &str) -> bool) {
+        self.replicators
+            .lock()
+            .retain(|(topic, remote), _| running(topic, remote));
+    }
+
+    /// A served topic's statistics with its replicators'.
+    pub(crate) async fn topic_stats(&self, topic: &Topic) -> crate::stats::TopicStats {
+        let mut stats = topic.stats().await;
+        stats.replication = self
+            .replicators_of(&topic.full_name)
+            .iter()
+            .map(|(remote, replicator)| replicator.snapshot(remote))
+            .collect();
+        stats
+    }
+
+    /// The replicators of `topic`: (remote cluster, statistics), by remote.
+    pub(crate) fn replicators_of(
+        &self,
+        topic: &str,
+    ) -> Vec<(String, Arc<crate::stats::ReplicatorStats>)> {
+        let mut found: Vec<(String, Arc<crate::stats::ReplicatorStats>)> = self
+            .replicators
+            .lock()
+            .iter()
+            .filter(|((t, _), _)| t == topic)
+            .map(|((_, remote), stats)| (remote.clone(), Arc::clone(stats)))
+            .collect();
+        found.sort_by(|a, b| a.0.cmp(&b.0));
+        found
     }
 
     /// A new connection id.
@@ -145,10 +223,10 @@ impl Service {
         self.conn_ids.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// A unique producer name (`standalone-0-N`, as the Java broker).
+    /// A unique producer name (`{cluster}-0-N`, as the Java broker).
     pub(crate) fn next_producer_name(&self) -> String {
         let n = self.producer_names.fetch_add(1, Ordering::Relaxed);
-        format!("{CLUSTER_NAME}-0-{n}")
+        format!("{}-0-{n}", self.config.cluster_name)
     }
 
     /// The policies of `topic`'s namespace; TopicNotFound when the namespace
@@ -315,6 +393,18 @@ impl Service {
                 }
                 served.set_lifecycle_policies(lifecycle);
                 served.rebuild_dedup().await?;
+                // Replication cursors from the moment the topic opens, so
+                // nothing produced before its replicators start is missed.
+                for remote in self.replication_remotes(topic).await? {
+                    served
+                        .log
+                        .open_cursor(
+                            &crate::topic::replication_cursor_name(&remote),
+                            vela_log::CursorStart::Latest,
+                        )
+                        .await?;
+                }
+                self.replication_wakeup.notify_one();
                 Ok::<_, ServiceError>(served)
             })
             .await?;

@@ -95,6 +95,30 @@ pub struct TopicStats {
     pub msg_drop_rate: Option<f64>,
     /// Non-persistent topics: messages dropped as they arrived, in all.
     pub msg_drop_counter: u64,
+    /// Replicators to remote clusters, by remote cluster.
+    pub replication: Vec<ReplicationStats>,
+}
+
+/// One replicator in a topic's snapshot (Pulsar's `ReplicatorStats`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ReplicationStats {
+    /// The remote cluster.
+    pub remote_cluster: String,
+    /// Messages stored on the remote per second.
+    pub msg_rate_out: f64,
+    /// Bytes stored on the remote per second.
+    pub msg_throughput_out: f64,
+    /// Messages stored on the remote since the replicator started.
+    pub msg_out_counter: u64,
+    /// Bytes stored on the remote since the replicator started.
+    pub bytes_out_counter: u64,
+    /// Entries not replicated yet.
+    pub backlog: u64,
+    /// A producer on the remote is open.
+    pub connected: bool,
+    /// Now minus the publish time of the last entry stored on the remote,
+    /// seconds (0 with nothing left to replicate).
+    pub delay_seconds: u64,
 }
 
 /// One producer.
@@ -168,4 +192,60 @@ pub struct ConsumerStats {
     pub msg_out_counter: u64,
     /// Client address.
     pub address: String,
+}
+
+/// A replicator's live counters (Pulsar's `ReplicatorStats` before rates),
+/// shared by the replicator, which updates them, and the readers of stats
+/// and metrics.
+#[derive(Debug, Default)]
+pub struct ReplicatorStats {
+    /// Messages sent to the remote cluster and stored there (a batch counts
+    /// its messages).
+    pub msg_out: std::sync::atomic::AtomicU64,
+    /// Bytes of entries sent and stored there.
+    pub bytes_out: std::sync::atomic::AtomicU64,
+    /// Entries not replicated yet (the cursor's backlog), as last seen.
+    pub backlog_entries: std::sync::atomic::AtomicU64,
+    /// A producer on the remote cluster is open.
+    pub connected: std::sync::atomic::AtomicBool,
+    /// Publish time (ms) of the last entry the remote stored, for the delay.
+    pub last_stored_publish_time_ms: std::sync::atomic::AtomicU64,
+    /// msg_out, bytes_out → rates.
+    rates: parking_lot::Mutex<Option<RateMeter<2>>>,
+}
+
+impl ReplicatorStats {
+    /// A snapshot for the replicator to `remote_cluster` (rates since the
+    /// previous one, as `RateMeter` computes them).
+    pub fn snapshot(&self, remote_cluster: &str) -> ReplicationStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let msg_out_counter = self.msg_out.load(Relaxed);
+        let bytes_out_counter = self.bytes_out.load(Relaxed);
+        let counters = [msg_out_counter, bytes_out_counter];
+        let [msg_rate_out, msg_throughput_out] = self
+            .rates
+            .lock()
+            .get_or_insert_with(|| RateMeter::new([0, 0]))
+            .rates(Instant::now(), counters);
+        let backlog = self.backlog_entries.load(Relaxed);
+        let last = self.last_stored_publish_time_ms.load(Relaxed);
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let delay_seconds = if backlog == 0 || last == 0 {
+            0
+        } else {
+            now_ms.saturating_sub(last) / 1000
+        };
+        ReplicationStats {
+            remote_cluster: remote_cluster.to_string(),
+            msg_rate_out,
+            msg_throughput_out,
+            msg_out_counter,
+            bytes_out_counter,
+            backlog,
+            connected: self.connected.load(Relaxed),
+            delay_seconds,
+        }
+    }
 }

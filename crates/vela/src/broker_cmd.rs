@@ -50,6 +50,10 @@ pub(crate) struct BrokerArgs {
     /// binding every interface).
     #[arg(long, value_name = "HOST")]
     advertised_host: Option<String>,
+    /// This cluster's name (Pulsar's `clusterName`): recorded with its URLs
+    /// at start, named by replication policies and by replicated messages.
+    #[arg(long, default_value = vela_broker::config::CLUSTER_NAME_DEFAULT, value_name = "NAME")]
+    cluster_name: String,
     /// Time the metadata store keeps this broker's session (its bundles)
     /// after the broker stops answering, ms. Shorter: faster failover; too
     /// short for the machine: spurious failovers. etcd rounds up to whole
@@ -116,6 +120,8 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
 
         let mut config = BrokerConfig::new(SocketAddr::new(args.bind, args.port));
         config.advertised_host = args.advertised_host();
+        config.cluster_name = args.cluster_name.clone();
+        config.replication_inflight_bytes_max = args.memory.replication_inflight_bytes();
         config.default_persistence = persistence;
         config.keepalive = Duration::from_secs(args.keepalive_s);
         // Range-checked by clap: fits usize.

@@ -55,6 +55,11 @@ pub(crate) struct MemoryArgs {
     /// 256 MiB.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=BUDGET_CEILING_MB))]
     max_message_publish_buffer_mb: Option<u64>,
+    /// MiB of entries all replicators together have sent to remote clusters
+    /// and not yet seen stored. When full, replicators wait for receipts
+    /// (the entries stay in the log). Default: 64 MiB.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=BUDGET_CEILING_MB))]
+    replication_inflight_mb: Option<u64>,
 }
 
 impl MemoryArgs {
@@ -74,6 +79,14 @@ impl MemoryArgs {
                     .min(PUBLISH_BUFFER_DEFAULT_BYTES_MAX)
             },
             |mb| mb * MIB,
+        )
+    }
+
+    /// The replicators' in-flight budget in bytes.
+    pub(crate) fn replication_inflight_bytes(&self) -> usize {
+        self.replication_inflight_mb.map_or(
+            vela_broker::config::REPLICATION_INFLIGHT_BYTES_DEFAULT,
+            |mb| usize::try_from(mb * MIB).unwrap_or(usize::MAX),
         )
     }
 
@@ -129,6 +142,7 @@ mod tests {
         let defaults = MemoryArgs {
             managed_ledger_cache_size_mb: None,
             max_message_publish_buffer_mb: None,
+            replication_inflight_mb: None,
         };
         assert!(defaults.cache_bytes() <= CACHE_DEFAULT_BYTES_MAX);
         assert!(defaults.cache_bytes() > 0);
@@ -136,8 +150,14 @@ mod tests {
         let set = MemoryArgs {
             managed_ledger_cache_size_mb: Some(0),
             max_message_publish_buffer_mb: Some(3),
+            replication_inflight_mb: Some(5),
         };
         assert_eq!(set.cache_bytes(), 0);
         assert_eq!(set.publish_buffer_bytes(), 3 * MIB);
+        assert_eq!(set.replication_inflight_bytes(), 5 << 20);
+        assert_eq!(
+            defaults.replication_inflight_bytes(),
+            vela_broker::config::REPLICATION_INFLIGHT_BYTES_DEFAULT
+        );
     }
 }

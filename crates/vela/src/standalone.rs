@@ -114,6 +114,10 @@ pub(crate) struct StandaloneArgs {
     /// when binding every interface).
     #[arg(long, value_name = "HOST")]
     advertised_host: Option<String>,
+    /// This cluster's name (Pulsar's `clusterName`): recorded with its URLs
+    /// at start, named by replication policies and by replicated messages.
+    #[arg(long, default_value = vela_broker::config::CLUSTER_NAME_DEFAULT, value_name = "NAME")]
+    cluster_name: String,
     /// Interval of keep-alive pings to clients, seconds (Pulsar: 30).
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     keepalive_s: u64,
@@ -291,6 +295,8 @@ async fn serve(
 
     let mut config = BrokerConfig::new(SocketAddr::new(args.bind, args.port));
     config.advertised_host = args.advertised_host();
+    config.cluster_name = args.cluster_name.clone();
+    config.replication_inflight_bytes_max = args.memory.replication_inflight_bytes();
     config.default_persistence = persistence;
     config.keepalive = Duration::from_secs(args.keepalive_s);
     args.topics.apply(&mut config)?;

@@ -15,7 +15,7 @@ fuzz_target!(|body: &[u8]| {
     if let Ok(policies) = parse_body::<PoliciesBody>(body, "Policies")
         && let Ok(parsed) = policies.to_policies()
     {
-        let _ = policies_json(&parsed);
+        let _ = policies_json(&parsed, "standalone");
     }
     if let Ok(Some(persistence)) = parse_body::<Option<PersistenceJson>>(body, "PersistencePolicies")
         && let Ok(policy) = persistence.to_policy()
@@ -28,7 +28,7 @@ fuzz_target!(|body: &[u8]| {
             retention: Some(policy),
             ..NamespacePolicies::default()
         };
-        let _ = policies_json(&policies);
+        let _ = policies_json(&policies, "standalone");
     }
     if let Ok(Some(quota)) = parse_body::<Option<BacklogQuotaJson>>(body, "BacklogQuota") {
         let stored = quota.to_quota();

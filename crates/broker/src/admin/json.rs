@@ -14,8 +14,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use vela_log::{LedgerDescription, LedgerSummary, Position};
 
-use super::{AdminError, BacklogQuota, NamespacePolicies, RetentionPolicy, TenantInfo};
-use crate::config::CLUSTER_NAME;
+use super::{
+    AdminError, BacklogQuota, ClusterData, NamespacePolicies, RetentionPolicy, TenantInfo,
+};
 use crate::ownership::LookupUrls;
 use crate::stats::{SubscriptionStats, TopicStats};
 
@@ -193,17 +194,13 @@ impl From<TenantInfo> for TenantInfoJson {
 }
 
 impl TenantInfoJson {
-    /// Checks the clusters as Pulsar does (412) and converts.
+    /// Checks the clusters are named as Pulsar does (412) and converts;
+    /// that they exist is `Admin::check_tenant_clusters`.
     pub fn to_info(&self) -> Result<TenantInfo, AdminError> {
         if self.allowed_clusters.is_empty()
             || self.allowed_clusters.iter().any(|c| c.trim().is_empty())
         {
             return Err(AdminError::Invalid("Clusters can not be empty".into()));
-        }
-        if let Some(unknown) = self.allowed_clusters.iter().find(|c| *c != CLUSTER_NAME) {
-            return Err(AdminError::Invalid(format!(
-                "Clusters do not exist: {unknown}"
-            )));
         }
         Ok(TenantInfo {
             admin_roles: self.admin_roles.clone(),
@@ -243,17 +240,10 @@ struct AuthPoliciesJson {
 }
 
 impl PoliciesBody {
-    /// The namespace policies it asks for.
+    /// The namespace policies it asks for (its replication clusters are
+    /// checked against the stored clusters by the caller:
+    /// `Admin::check_replication_clusters`).
     pub fn to_policies(&self) -> Result<NamespacePolicies, AdminError> {
-        if let Some(unknown) = self
-            .replication_clusters
-            .iter()
-            .find(|c| *c != CLUSTER_NAME)
-        {
-            return Err(AdminError::Invalid(format!(
-                "Invalid cluster id: {unknown}"
-            )));
-        }
         let message_ttl_seconds = match self.message_ttl_in_seconds {
             Some(ttl) => Some(ttl_seconds(ttl)?),
             None => None,
@@ -287,6 +277,8 @@ impl PoliciesBody {
                 .map_err(AdminError::Invalid)?
                 .flatten()
                 .map(|s| s.name().to_string()),
+            replication_clusters: (!self.replication_clusters.is_empty())
+                .then(|| self.replication_clusters.clone()),
         })
     }
 }
@@ -322,8 +314,13 @@ pub fn ttl_seconds(value: i64) -> Result<u32, AdminError> {
     u32::try_from(value).map_err(|_| AdminError::Invalid("Invalid value for message TTL".into()))
 }
 
-/// Pulsar's Policies document for GET on a namespace.
-pub fn policies_json(policies: &NamespacePolicies) -> Value {
+/// Pulsar's Policies document for GET on a namespace of a broker of
+/// cluster `local`.
+pub fn policies_json(policies: &NamespacePolicies, local: &str) -> Value {
+    let replication = policies
+        .replication_clusters
+        .clone()
+        .unwrap_or_else(|| vec![local.to_string()]);
     let backlog: BTreeMap<&String, BacklogQuotaJson> = policies
         .backlog_quotas
         .iter()
@@ -335,7 +332,7 @@ pub fn policies_json(policies: &NamespacePolicies) -> Value {
             "destination_auth": {},
             "subscription_auth_roles": {}
         },
-        "replication_clusters": [CLUSTER_NAME],
+        "replication_clusters": replication,
         "bundles": {"boundaries": ["0x00000000", "0xffffffff"], "numBundles": 1},
         "backlog_quota_map": backlog,
         "clusterDispatchRate": {},
@@ -552,7 +549,7 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
         "waitingPublishers": 0,
         "publishers": publishers,
         "subscriptions": subscriptions,
-        "replication": {},
+        "replication": replication_json(&stats.replication),
         "deduplicationStatus": if stats.deduplication_enabled { "Enabled" } else { "Disabled" },
         "nonContiguousDeletedMessagesRanges": 0,
         "nonContiguousDeletedMessagesRangesSerializedSize": 0,
@@ -570,6 +567,36 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
         map.remove("deduplicationStatus");
     }
     with_drop_rate(document, stats.msg_drop_rate)
+}
+
+/// Pulsar's `replication` map of topic stats: remote cluster →
+/// ReplicatorStats (Vela's replicators only send: the `In` fields are 0).
+fn replication_json(replication: &[crate::stats::ReplicationStats]) -> Value {
+    let map: serde_json::Map<String, Value> = replication
+        .iter()
+        .map(|r| {
+            let doc = json!({
+                "msgRateIn": 0.0,
+                "msgInCount": 0,
+                "bytesInCount": 0,
+                "msgThroughputIn": 0.0,
+                "msgRateOut": r.msg_rate_out,
+                "msgOutCount": r.msg_out_counter,
+                "bytesOutCount": r.bytes_out_counter,
+                "msgThroughputOut": r.msg_throughput_out,
+                "msgRateExpired": 0.0,
+                "replicationBacklog": r.backlog,
+                "connected": r.connected,
+                "replicationDelayInSeconds": r.delay_seconds,
+                "inboundConnection": null,
+                "inboundConnectedSince": null,
+                "outboundConnection": null,
+                "outboundConnectedSince": null,
+            });
+            (r.remote_cluster.clone(), doc)
+        })
+        .collect();
+    Value::Object(map)
 }
 
 /// Sums partitions' stats into one (Pulsar's partitioned-stats aggregate).
@@ -599,6 +626,24 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
             out.msg_drop_rate = Some(out.msg_drop_rate.unwrap_or(0.0) + rate);
         }
         out.msg_drop_counter += p.msg_drop_counter;
+        for r in &p.replication {
+            match out
+                .replication
+                .iter_mut()
+                .find(|o| o.remote_cluster == r.remote_cluster)
+            {
+                Some(o) => {
+                    o.msg_rate_out += r.msg_rate_out;
+                    o.msg_throughput_out += r.msg_throughput_out;
+                    o.msg_out_counter += r.msg_out_counter;
+                    o.bytes_out_counter += r.bytes_out_counter;
+                    o.backlog += r.backlog;
+                    o.connected &= r.connected;
+                    o.delay_seconds = o.delay_seconds.max(r.delay_seconds);
+                }
+                None => out.replication.push(r.clone()),
+            }
+        }
         for s in &p.subscriptions {
             let merged = subscriptions
                 .entry(s.name.clone())
@@ -773,6 +818,46 @@ pub fn lookup_json(owner: &LookupUrls) -> Value {
         "httpUrlTls": owner.http_url_tls.as_deref().unwrap_or(""),
         "nativeUrl": broker_url
     })
+}
+
+/// Pulsar's ClusterData (the URL fields Vela keeps; others are ignored).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterDataJson {
+    /// `http://host:port` of the admin API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_url: Option<String>,
+    /// `https://host:port` of the admin API.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_url_tls: Option<String>,
+    /// `pulsar://host:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_service_url: Option<String>,
+    /// `pulsar+ssl://host:port`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_service_url_tls: Option<String>,
+}
+
+impl From<ClusterData> for ClusterDataJson {
+    fn from(data: ClusterData) -> Self {
+        ClusterDataJson {
+            service_url: data.service_url,
+            service_url_tls: data.service_url_tls,
+            broker_service_url: data.broker_service_url,
+            broker_service_url_tls: data.broker_service_url_tls,
+        }
+    }
+}
+
+impl From<ClusterDataJson> for ClusterData {
+    fn from(json: ClusterDataJson) -> Self {
+        ClusterData {
+            service_url: json.service_url,
+            service_url_tls: json.service_url_tls,
+            broker_service_url: json.broker_service_url,
+            broker_service_url_tls: json.broker_service_url_tls,
+        }
+    }
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@
 //! Never: opens logs or talks to clients; the broker's service decides when
 //! to call these.
 
+mod clusters;
 pub mod json;
 mod records;
 
@@ -29,8 +30,9 @@ pub use crate::error::AdminError;
 use crate::topic_name::{NamespaceName, TopicDomain, TopicName};
 pub use crate::topic_name::{decode_segment, encode_segment};
 pub use records::{
-    AuthAction, BACKLOG_QUOTA_POLICIES, BACKLOG_QUOTA_TYPES, BacklogQuota, ENSEMBLE_MAX,
-    GRANTED_ROLES_MAX, NamespacePolicies, ROLE_BYTES_MAX, RetentionPolicy, TenantInfo,
+    AuthAction, BACKLOG_QUOTA_POLICIES, BACKLOG_QUOTA_TYPES, BacklogQuota, CLUSTERS_MAX,
+    ClusterData, ENSEMBLE_MAX, GRANTED_ROLES_MAX, NamespacePolicies, REPLICATION_CLUSTERS_MAX,
+    ROLE_BYTES_MAX, RetentionPolicy, TenantInfo,
 };
 
 /// Most partitions a partitioned topic may have (Pulsar's
@@ -81,12 +83,22 @@ fn topic_key(kind: &str, topic: &TopicName) -> String {
 #[derive(Debug, Clone)]
 pub struct Admin {
     meta: Arc<dyn MetadataStore>,
+    /// The cluster tenants created by the broker itself are allowed on.
+    local_cluster: Arc<str>,
 }
 
 impl Admin {
-    /// Admin over `meta`.
+    /// Admin over `meta`, of a broker of the cluster `standalone`.
     pub fn new(meta: Arc<dyn MetadataStore>) -> Admin {
-        Admin { meta }
+        Admin::for_cluster(meta, crate::config::CLUSTER_NAME_DEFAULT)
+    }
+
+    /// Admin over `meta`, of a broker of the cluster `local_cluster`.
+    pub fn for_cluster(meta: Arc<dyn MetadataStore>, local_cluster: &str) -> Admin {
+        Admin {
+            meta,
+            local_cluster: Arc::from(local_cluster),
+        }
     }
 
     /// Creates `public` and `public/default` when absent (startup).
@@ -140,7 +152,7 @@ impl Admin {
     pub async fn create_tenant(&self, tenant: &str) -> Result<(), AdminError> {
         let info = TenantInfo {
             admin_roles: Vec::new(),
-            allowed_clusters: vec![crate::config::CLUSTER_NAME.to_string()],
+            allowed_clusters: vec![self.local_cluster.to_string()],
         };
         self.create_tenant_with(tenant, &info).await
     }

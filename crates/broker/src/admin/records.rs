@@ -45,6 +45,11 @@ pub struct NamespacePolicies {
     /// default, FULL).
     #[serde(default)]
     pub schema_compatibility_strategy: Option<String>,
+    /// Clusters the namespace's topics are replicated to and from
+    /// (Pulsar's `replication_clusters`); `None`: only the local cluster.
+    /// Checked against the stored clusters when set (`admin::clusters`).
+    #[serde(default)]
+    pub replication_clusters: Option<Vec<String>>,
 }
 
 /// An action a role may be granted on a namespace (Pulsar's `AuthAction`,
@@ -187,4 +192,131 @@ pub struct TenantInfo {
     /// Clusters the tenant may use.
     #[serde(default)]
     pub allowed_clusters: Vec<String>,
+}
+
+/// A cluster's URLs (Pulsar's ClusterData), as stored under
+/// `/admin/clusters/{cluster}`: how brokers of other clusters reach it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterData {
+    /// `http://host:port` of its admin API.
+    #[serde(default)]
+    pub service_url: Option<String>,
+    /// `https://host:port` of its admin API.
+    #[serde(default)]
+    pub service_url_tls: Option<String>,
+    /// `pulsar://host:port`: what replicators connect to.
+    #[serde(default)]
+    pub broker_service_url: Option<String>,
+    /// `pulsar+ssl://host:port`.
+    #[serde(default)]
+    pub broker_service_url_tls: Option<String>,
+}
+
+/// Clusters one metadata store records. Each is a small record read when
+/// replication policies are checked and when replicators start; a bound
+/// keeps a stray script from filling the store. When reached: creating
+/// another cluster is refused (412).
+pub const CLUSTERS_MAX: usize = 1000;
+
+/// Clusters one namespace or topic may replicate to (a replicator, with its
+/// cursor and producer, runs per topic and remote cluster). When exceeded:
+/// the policy is refused (412).
+pub const REPLICATION_CLUSTERS_MAX: usize = 32;
+
+impl ClusterData {
+    /// Checks each URL present has its scheme, as Pulsar's
+    /// `ClusterDataImpl.checkPropertiesIfPresent` (400 with its message).
+    pub fn validate(&self) -> Result<(), AdminError> {
+        let checks: [(&Option<String>, &[&str], &str); 4] = [
+            (
+                &self.service_url,
+                &["http"],
+                "Illegal service url, example: http://pulsar.example.com:8080",
+            ),
+            (
+                &self.service_url_tls,
+                &["https"],
+                "Illegal service tls url, example: https://pulsar.example.com:8443",
+            ),
+            (
+                &self.broker_service_url,
+                &["pulsar"],
+                "Illegal broker service url, example: pulsar://pulsar.example.com:6650",
+            ),
+            (
+                &self.broker_service_url_tls,
+                &["pulsar+ssl"],
+                "Illegal broker service tls url, example: pulsar+ssl://pulsar.example.com:6651",
+            ),
+        ];
+        for (url, schemes, message) in checks {
+            let Some(url) = url.as_deref().filter(|u| !u.is_empty()) else {
+                continue;
+            };
+            if !url_has_scheme_and_host(url, schemes) {
+                return Err(AdminError::BadRequest(message.to_string()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `scheme://host[:port][/...]` with one of `schemes`, a non-empty host and
+/// a numeric port when one is given (a comma-separated host list passes
+/// when each host does).
+fn url_has_scheme_and_host(url: &str, schemes: &[&str]) -> bool {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return false;
+    };
+    if !schemes.contains(&scheme) {
+        return false;
+    }
+    let authority = rest.split('/').next().unwrap_or_default();
+    !authority.is_empty()
+        && authority.split(',').all(|host_port| {
+            let (host, port) = match host_port.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (host_port, None),
+            };
+            !host.is_empty() && port.is_none_or(|p| p.parse::<u16>().is_ok())
+        })
+}
+
+#[cfg(test)]
+mod cluster_tests {
+    use super::*;
+
+    fn data(broker: &str) -> ClusterData {
+        ClusterData {
+            broker_service_url: Some(broker.to_string()),
+            ..ClusterData::default()
+        }
+    }
+
+    #[test]
+    fn cluster_urls_are_checked_by_scheme_as_pulsar_checks_them() {
+        assert!(data("pulsar://127.0.0.1:6650").validate().is_ok());
+        assert!(data("pulsar://a:6650,b:6650").validate().is_ok());
+        for bad in [
+            "http://127.0.0.1:6650",
+            "pulsar+ssl://h:6651",
+            "pulsar://",
+            "pulsar://h:port",
+            "fdsafasfasdf",
+        ] {
+            let Err(AdminError::BadRequest(message)) = data(bad).validate() else {
+                panic!("{bad} passed");
+            };
+            assert!(
+                message.starts_with("Illegal broker service url"),
+                "{message}"
+            );
+        }
+        let tls = ClusterData {
+            service_url_tls: Some("http://h:8443".into()),
+            ..ClusterData::default()
+        };
+        assert!(tls.validate().is_err());
+        assert!(ClusterData::default().validate().is_ok());
+    }
 }

@@ -175,6 +175,17 @@ impl Consumers {
                 "subscription name empty or longer than NAME_BYTES_MAX",
             ));
         }
+        if body
+            .subscription
+            .starts_with(crate::topic::REPLICATOR_PREFIX)
+        {
+            // The replicators' cursors: a consumer acking one would drop
+            // what is still to replicate (Pulsar refuses them too).
+            return Err(ServiceError::new(
+                ServerError::NotAllowedError,
+                "Subscription with reserved subscription name attempted",
+            ));
+        }
         if topic_name.domain == TopicDomain::NonPersistent {
             let sub_type = SubType::try_from(body.sub_type).map_err(|_| {
                 ServiceError::new(ServerError::NotAllowedError, "unknown subscription type")

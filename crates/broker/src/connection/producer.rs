@@ -243,6 +243,17 @@ impl Producers {
             return Ok(success);
         }
         let topic = session.service.topic(&topic_name, true).await?;
+        if body
+            .producer_name
+            .as_deref()
+            .is_some_and(crate::topic::is_replicator)
+        {
+            // Its last sequence id must reflect what earlier replicators
+            // sent before it is told one.
+            topic
+                .prepare_replicator(&session.service.config.cluster_name)
+                .await?;
+        }
         let admission = Admitting::new(session, body, &topic_name, |name| {
             topic.last_sequence_id(name)
         })

@@ -82,7 +82,10 @@ impl From<AdminError> for ApiError {
         let status = match &error {
             AdminError::NotFound(_) => StatusCode::NOT_FOUND,
             AdminError::Exists(_) => StatusCode::CONFLICT,
-            AdminError::Invalid(_) | AdminError::Busy(_) => StatusCode::PRECONDITION_FAILED,
+            AdminError::Invalid(_) | AdminError::Busy(_) | AdminError::Precondition(_) => {
+                StatusCode::PRECONDITION_FAILED
+            }
+            AdminError::Forbidden(_) => StatusCode::FORBIDDEN,
             AdminError::BadRequest(_) => StatusCode::BAD_REQUEST,
             AdminError::NotAllowed(_) => StatusCode::METHOD_NOT_ALLOWED,
             AdminError::Service(service) => service_status(service),

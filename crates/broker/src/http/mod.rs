@@ -11,7 +11,8 @@
 //! Served over plain HTTP or, with the broker's TLS certificate, HTTPS
 //! (`tls::HttpsListener`).
 //! Routes: `brokers` (health, metrics, write path), `lookup`, `namespaces`
-//! (tenants, clusters, namespaces and their policies), `bundles`,
+//! (tenants, namespaces and their policies), `clusters` (clusters, and
+//! the replication clusters of namespaces and topics), `bundles`,
 //! `permissions` (namespace grants), `schema_policy` (the
 //! `schemaCompatibilityStrategy` routes, namespace and topic), `topics`
 //! (topics, partitioned topics, stats, subscriptions), `termination`
@@ -26,6 +27,7 @@ mod api;
 mod auth;
 mod brokers;
 mod bundles;
+mod clusters;
 mod lookup;
 mod namespaces;
 mod non_persistent;
@@ -74,12 +76,28 @@ impl HttpServer {
         };
         // Lookups and the cluster registration name the first listener of
         // each scheme.
-        let _ = url_cell.set(format!(
+        let url = format!(
             "{}://{}:{}",
             scheme.as_str(),
             service.config.advertised_host,
             local_addr.port()
-        ));
+        );
+        let _ = url_cell.set(url.clone());
+        // The local cluster's record gains its admin URL (when it has none).
+        let data = match scheme {
+            ListenerScheme::Https => crate::admin::ClusterData {
+                service_url_tls: Some(url),
+                ..Default::default()
+            },
+            ListenerScheme::Http => crate::admin::ClusterData {
+                service_url: Some(url),
+                ..Default::default()
+            },
+        };
+        service
+            .admin
+            .ensure_cluster(&service.config.cluster_name, &data)
+            .await?;
         let router = router(service)
             .layer(axum::Extension(scheme))
             .into_make_service_with_connect_info::<TransportIdentity>();
@@ -154,6 +172,7 @@ fn router(service: Arc<Service>) -> Router {
         .merge(brokers::routes())
         .merge(lookup::routes())
         .merge(namespaces::routes())
+        .merge(clusters::routes())
         .merge(bundles::routes())
         .merge(topics::routes())
         .merge(termination::routes())

@@ -13,7 +13,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::get;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::api::{ApiError, ApiResult, Params, Shared, flag, namespace_of, no_content};
 use crate::admin::NamespacePolicies;
@@ -21,13 +21,11 @@ use crate::admin::json::{
     self, BacklogQuotaJson, PersistenceJson, PoliciesBody, RetentionJson, TenantInfoJson,
     parse_body,
 };
-use crate::config::CLUSTER_NAME;
 use crate::service::Service;
 use crate::topic_name::NamespaceName;
 
 pub(super) fn routes() -> Router<Arc<Service>> {
     Router::new()
-        .route("/admin/v2/clusters", get(clusters))
         .route("/admin/v2/tenants", get(tenants))
         .route(
             "/admin/v2/tenants/{tenant}",
@@ -84,10 +82,6 @@ pub(super) fn routes() -> Router<Arc<Service>> {
         )
 }
 
-async fn clusters() -> axum::Json<Value> {
-    axum::Json(json!([CLUSTER_NAME]))
-}
-
 async fn tenants(State(service): Shared) -> ApiResult<axum::Json<Vec<String>>> {
     Ok(axum::Json(service.admin.tenants().await?))
 }
@@ -117,6 +111,7 @@ async fn create_tenant(
     check_tenant_name(&tenant)?;
     let info: Option<TenantInfoJson> = parse_body(&body, "TenantInfo")?;
     let info = info.unwrap_or_default().to_info()?;
+    service.admin.check_tenant_clusters(&info).await?;
     match service.admin.create_tenant_with(&tenant, &info).await {
         Err(crate::admin::AdminError::Exists(_)) => {
             Err(ApiError::new(StatusCode::CONFLICT, "Tenant already exist"))
@@ -135,6 +130,7 @@ async fn update_tenant(
 ) -> ApiResult<StatusCode> {
     let info: Option<TenantInfoJson> = parse_body(&body, "TenantInfo")?;
     let info = info.unwrap_or_default().to_info()?;
+    service.admin.check_tenant_clusters(&info).await?;
     service.admin.update_tenant(&tenant, &info).await?;
     no_content()
 }
@@ -203,7 +199,10 @@ async fn get_namespace(
 ) -> ApiResult<axum::Json<Value>> {
     let ns = namespace_of(&tenant, &namespace)?;
     let policies = policies_of(&service, &ns).await?;
-    Ok(axum::Json(json::policies_json(&policies)))
+    Ok(axum::Json(json::policies_json(
+        &policies,
+        &service.config.cluster_name,
+    )))
 }
 
 async fn create_namespace(
@@ -213,12 +212,19 @@ async fn create_namespace(
 ) -> ApiResult<StatusCode> {
     let ns = namespace_of(&tenant, &namespace)?;
     let body: Option<PoliciesBody> = parse_body(&body, "Policies")?;
-    let policies = match body {
+    let mut policies = match body {
         Some(body) => body.to_policies()?,
         None => NamespacePolicies::default(),
     };
     if !service.admin.tenant_exists(&tenant).await? {
         return Err(ApiError::not_found("Tenant does not exist"));
+    }
+    if let Some(clusters) = &policies.replication_clusters {
+        let checked = service
+            .admin
+            .check_replication_clusters(&tenant, clusters)
+            .await?;
+        policies.replication_clusters = Some(checked);
     }
     match service.admin.create_namespace(&ns, policies).await {
         Err(crate::admin::AdminError::Exists(_)) => Err(ApiError::new(

@@ -29,7 +29,6 @@ use std::fmt::Write as _;
 
 use vela_metrics::Snapshot;
 
-use crate::config::CLUSTER_NAME;
 use crate::metrics::{PULSAR_LATENCY_BUCKETS, StorageFamily, StorageMetric, pulsar_buckets};
 use crate::service::Service;
 use crate::stats::TopicStats;
@@ -113,7 +112,7 @@ pub(super) async fn render(service: &Service) -> String {
     let mut rows = Vec::new();
     for name in service.served_topics() {
         let stats = if let Some(topic) = service.served_topic(&name) {
-            topic.stats().await
+            service.topic_stats(&topic).await
         } else if let Some(topic) = service.served_non_persistent(&name) {
             topic.stats()
         } else {
@@ -124,7 +123,7 @@ pub(super) async fn render(service: &Service) -> String {
             .unwrap_or_default();
         rows.push(TopicRow {
             labels: vec![
-                ("cluster".into(), CLUSTER_NAME.into()),
+                ("cluster".into(), service.config.cluster_name.clone()),
                 ("namespace".into(), namespace),
                 ("topic".into(), name),
             ],
@@ -135,7 +134,11 @@ pub(super) async fn render(service: &Service) -> String {
     broker_families(service, rows.len(), &mut w);
     transaction_families(service, &mut w);
     memory_families(service, &mut w);
-    storage_families(&service.storage_metrics(), &mut w);
+    storage_families(
+        &service.config.cluster_name,
+        &service.storage_metrics(),
+        &mut w,
+    );
     topic_families(&rows, &mut w);
     drop_families(service, &rows, &mut w);
     w.out
@@ -186,7 +189,10 @@ fn transaction_families(service: &Service, w: &mut Writer) {
         w.family(name, "gauge", help);
         for coordinator in &stats {
             let id = coordinator.id.to_string();
-            let l = labels(&[("cluster", CLUSTER_NAME), ("coordinator_id", &id)]);
+            let l = labels(&[
+                ("cluster", service.config.cluster_name.as_str()),
+                ("coordinator_id", &id),
+            ]);
             w.sample(name, &l, field(coordinator) as f64);
         }
     }
@@ -195,7 +201,7 @@ fn transaction_families(service: &Service, w: &mut Writer) {
 /// The broker-wide memory budgets: the entry cache (Pulsar's
 /// `pulsar_ml_cache_*` names where they exist) and the publish buffer.
 fn memory_families(service: &Service, w: &mut Writer) {
-    let cluster = labels(&[("cluster", CLUSTER_NAME)]);
+    let cluster = labels(&[("cluster", service.config.cluster_name.as_str())]);
     let cache = service.log_env.cache().stats();
     let budget = service.log_env.append_budget();
     let held = &service.held_entries;
@@ -274,7 +280,7 @@ fn memory_families(service: &Service, w: &mut Writer) {
 }
 
 /// The storage metrics, one family block each (header once, then samples).
-fn storage_families(metrics: &[StorageMetric], w: &mut Writer) {
+fn storage_families(cluster: &str, metrics: &[StorageMetric], w: &mut Writer) {
     for family in StorageFamily::ALL {
         let mut samples = metrics.iter().filter(|m| m.family == family).peekable();
         if samples.peek().is_none() {
@@ -282,10 +288,7 @@ fn storage_families(metrics: &[StorageMetric], w: &mut Writer) {
         }
         w.family(family.name(), family.kind(), family.help());
         for metric in samples {
-            let mut pairs = vec![
-                ("cluster", CLUSTER_NAME),
-                ("instance", metric.instance.as_str()),
-            ];
+            let mut pairs = vec![("cluster", cluster), ("instance", metric.instance.as_str())];
             if let Some((key, value)) = &metric.label {
                 pairs.push((key, value.as_str()));
             }
@@ -295,7 +298,7 @@ fn storage_families(metrics: &[StorageMetric], w: &mut Writer) {
 }
 
 fn broker_families(service: &Service, topics: usize, w: &mut Writer) {
-    let cluster = labels(&[("cluster", CLUSTER_NAME)]);
+    let cluster = labels(&[("cluster", service.config.cluster_name.as_str())]);
     let snapshot = service.metrics.snapshot();
     w.family(
         "pulsar_active_connections",
@@ -333,7 +336,10 @@ fn broker_families(service: &Service, topics: usize, w: &mut Writer) {
     for q in SUMMARY_QUANTILES {
         let value = publish.quantile(q);
         let quantile = format!("{q}");
-        let l = labels(&[("cluster", CLUSTER_NAME), ("quantile", &quantile)]);
+        let l = labels(&[
+            ("cluster", service.config.cluster_name.as_str()),
+            ("quantile", &quantile),
+        ]);
         w.sample("pulsar_broker_publish_latency", &l, value / 1000.0);
     }
     w.sample(
@@ -485,6 +491,57 @@ fn topic_families(rows: &[TopicRow], w: &mut Writer) {
     }
     storage_write_latency(rows, w);
     subscription_families(rows, w);
+    replication_families(rows, w);
+}
+
+/// Each replicator of each topic, with Pulsar's `pulsar_replication_*`
+/// names and a `remote_cluster` label.
+fn replication_families(rows: &[TopicRow], w: &mut Writer) {
+    type Get = fn(&crate::stats::ReplicationStats) -> f64;
+    let families: [(&str, &str, Get); 6] = [
+        (
+            "pulsar_replication_rate_out",
+            "Messages replicated to the remote cluster per second.",
+            |r| r.msg_rate_out,
+        ),
+        (
+            "pulsar_replication_throughput_out",
+            "Bytes replicated to the remote cluster per second.",
+            |r| r.msg_throughput_out,
+        ),
+        (
+            "pulsar_replication_backlog",
+            "Entries not yet replicated to the remote cluster.",
+            |r| r.backlog as f64,
+        ),
+        (
+            "pulsar_replication_connected_count",
+            "1 while the replicator's producer on the remote cluster is open.",
+            |r| f64::from(u8::from(r.connected)),
+        ),
+        (
+            "pulsar_replication_delay_in_seconds",
+            "Age of the last entry the remote cluster stored, while a backlog remains.",
+            |r| r.delay_seconds as f64,
+        ),
+        (
+            "pulsar_replication_rate_in",
+            "Messages replicated from the remote cluster per second (not measured: 0).",
+            |_| 0.0,
+        ),
+    ];
+    for (name, help, get) in families {
+        if rows.iter().all(|row| row.stats.replication.is_empty()) {
+            return;
+        }
+        w.family(name, "gauge", help);
+        for row in rows {
+            for replication in &row.stats.replication {
+                let labels = row.labels(&[("remote_cluster", &replication.remote_cluster)]);
+                w.sample(name, &labels, get(replication));
+            }
+        }
+    }
 }
 
 fn storage_write_latency(rows: &[TopicRow], w: &mut Writer) {
@@ -535,7 +592,7 @@ fn storage_write_latency(rows: &[TopicRow], w: &mut Writer) {
 /// `pulsar_subscription_msg_drop_rate`, and Vela's counters) and the bytes
 /// in flight broker-wide.
 fn drop_families(service: &Service, rows: &[TopicRow], w: &mut Writer) {
-    let cluster = labels(&[("cluster", CLUSTER_NAME)]);
+    let cluster = labels(&[("cluster", service.config.cluster_name.as_str())]);
     let name = "vela_non_persistent_inflight_bytes";
     w.family(
         name,
@@ -651,7 +708,7 @@ mod tests {
             metric(StorageFamily::CorruptReads, "b0", None, 1.0),
         ];
         let mut w = Writer { out: String::new() };
-        storage_families(&metrics, &mut w);
+        storage_families("standalone", &metrics, &mut w);
         assert_eq!(
             w.out
                 .matches("# TYPE vela_corrupt_reads_total counter")

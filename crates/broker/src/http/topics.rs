@@ -304,7 +304,7 @@ async fn delete_partitioned(
 async fn stats(State(service): Shared, Path(path): TopicPath) -> ApiResult<axum::Json<Value>> {
     let topic = topic_from(&path)?;
     let served = open(&service, &topic).await?;
-    let stats = served.stats().await;
+    let stats = service.topic_stats(&served).await;
     Ok(axum::Json(json::topic_stats_json(
         &stats,
         &owner_broker(&service),
@@ -325,7 +325,7 @@ async fn partitioned_stats(
     let mut partitions = Vec::with_capacity(n as usize);
     for index in 0..n {
         let served = open(&service, &topic.partition(index)).await?;
-        partitions.push(served.stats().await);
+        partitions.push(service.topic_stats(&served).await);
     }
     let per_partition = flag_unless_false(&params, "perPartition");
     Ok(axum::Json(json::partitioned_stats_json(

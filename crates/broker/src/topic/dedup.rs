@@ -233,49 +233,135 @@ impl DedupTable {
     /// highest sequence id are in each entry's metadata), so a restarted
     /// broker still drops the re-sends of producers that reconnect.
     pub(crate) async fn rebuild(&self, log: &ManagedLog) -> Result<(), vela_log::LogError> {
-        let Some(table) = &self.0 else {
+        if self.0.is_none() {
             return Ok(());
-        };
-        let Some(last) = log.last_confirmed() else {
-            return Ok(());
-        };
-        let mut start = last;
-        for _ in 1..DEDUP_REBUILD_ENTRIES_MAX {
-            match log.previous_position(start) {
-                Some(previous) => start = previous,
-                None => break,
-            }
         }
         let mut rebuilt: HashMap<String, i64> = HashMap::new();
-        let mut from = start;
-        loop {
-            let entries = log
-                .read(from, READ_BATCH_ENTRIES_MAX, REBUILD_READ_BYTES_MAX)
-                .await?;
-            let Some(newest) = entries.last().map(|e| e.position) else {
-                break;
-            };
-            for entry in &entries {
-                if let Some((producer, highest)) = codec::entry_producer_sequence(&entry.data) {
-                    let slot = rebuilt.entry(producer).or_insert(-1);
-                    *slot = (*slot).max(highest);
-                }
+        scan_newest(log, |entry| {
+            if let Some((producer, highest)) = codec::entry_producer_sequence(entry) {
+                let slot = rebuilt.entry(producer).or_insert(-1);
+                *slot = (*slot).max(highest);
             }
-            if newest >= last {
-                break;
-            }
-            from = log.next_position(newest);
+        })
+        .await?;
+        self.record_durable(rebuilt);
+        Ok(())
+    }
+
+    /// The table of replicators' producers (`REPLICATOR_PREFIX` names):
+    /// rebuilt from the newest `DEDUP_REBUILD_ENTRIES_MAX` entries that
+    /// came from other clusters. Each carries its cluster (`replicated_from`)
+    /// and its source position (`codec::REPL_SOURCE_POSITION_PROPERTY`), which its
+    /// replicator sent as the sequence id ([`replicated_sequence_id`]).
+    pub(crate) async fn rebuild_replicated(
+        &self,
+        log: &ManagedLog,
+        local_cluster: &str,
+    ) -> Result<(), vela_log::LogError> {
+        if self.0.is_none() {
+            return Ok(());
         }
+        let mut rebuilt: HashMap<String, i64> = HashMap::new();
+        scan_newest(log, |entry| {
+            let Some((from, ledger_id, entry_id)) = codec::entry_replication_source(entry) else {
+                return;
+            };
+            let Some(sequence_id) = replicated_sequence_id(ledger_id, entry_id) else {
+                return;
+            };
+            let producer = replicator_producer_name(&from, local_cluster);
+            let slot = rebuilt.entry(producer).or_insert(-1);
+            *slot = (*slot).max(sequence_id);
+        })
+        .await?;
+        self.record_durable(rebuilt);
+        Ok(())
+    }
+
+    /// Records sequence ids read back from the log (durable).
+    fn record_durable(&self, rebuilt: HashMap<String, i64>) {
+        let Some(table) = &self.0 else {
+            return;
+        };
         let mut table = table.lock();
         for (producer, highest) in rebuilt {
-            // Read back from the log: durable.
             let known = table.sequences(&producer);
             let pushed = known.map_or(-1, |s| s.pushed).max(highest);
             let persisted = known.map_or(-1, |s| s.persisted).max(highest);
             table.set_both(&producer, pushed, Some(persisted));
         }
-        Ok(())
     }
+}
+
+/// Prefix of the replicators' producer names and cursors (Pulsar's
+/// `replicatorPrefix` default).
+pub(crate) const REPLICATOR_PREFIX: &str = "pulsar.repl";
+
+/// The producer name of `from`'s replicator producing to `to`, as Pulsar
+/// names it: `pulsar.repl.{from}-->{to}`.
+pub(crate) fn replicator_producer_name(from: &str, to: &str) -> String {
+    format!("{REPLICATOR_PREFIX}.{from}-->{to}")
+}
+
+/// The name of the cursor replicating to `remote` (Pulsar's
+/// `pulsar.repl.{remote}`).
+pub(crate) fn replication_cursor_name(remote: &str) -> String {
+    format!("{REPLICATOR_PREFIX}.{remote}")
+}
+
+/// True for a replicator's producer (`pulsar.repl.` names): its SENDs are
+/// always deduplicated, on the topic's replicated table.
+pub(crate) fn is_replicator(producer: &str) -> bool {
+    producer
+        .strip_prefix(REPLICATOR_PREFIX)
+        .is_some_and(|rest| rest.starts_with('.'))
+}
+
+/// The sequence id a replicator sends for the entry at (`ledger_id`,
+/// `entry_id`) of its source log: the position packed into 63 bits,
+/// increasing with the position, so the receiving side's dedup drops a
+/// re-send after a replicator restart. `None` when the position does not
+/// fit (ledger ids ≥ 2^31 or entry ids ≥ 2^32: never with a ledger id
+/// counter and `ledger_entries_max` entries a ledger).
+pub(crate) fn replicated_sequence_id(ledger_id: u64, entry_id: u64) -> Option<i64> {
+    if ledger_id >= 1 << 31 || entry_id >= 1 << 32 {
+        return None;
+    }
+    i64::try_from((ledger_id << 32) | entry_id).ok()
+}
+
+/// Reads the newest `DEDUP_REBUILD_ENTRIES_MAX` entries, oldest first.
+async fn scan_newest(
+    log: &ManagedLog,
+    mut each: impl FnMut(&[u8]),
+) -> Result<(), vela_log::LogError> {
+    let Some(last) = log.last_confirmed() else {
+        return Ok(());
+    };
+    let mut start = last;
+    for _ in 1..DEDUP_REBUILD_ENTRIES_MAX {
+        match log.previous_position(start) {
+            Some(previous) => start = previous,
+            None => break,
+        }
+    }
+    let mut from = start;
+    loop {
+        let entries = log
+            .read(from, READ_BATCH_ENTRIES_MAX, REBUILD_READ_BYTES_MAX)
+            .await?;
+        let Some(newest) = entries.last().map(|e| e.position) else {
+            break;
+        };
+        for entry in &entries {
+            each(&entry.data);
+        }
+        if newest >= last {
+            break;
+        }
+        from = log.next_position(newest);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -388,6 +474,76 @@ mod tests {
             table.last_sequence_id(&format!("p{}", DEDUP_PRODUCERS_MAX + 9)),
             1
         );
+    }
+
+    #[test]
+    fn replicated_sequence_ids_follow_source_positions() {
+        let a = replicated_sequence_id(7, 49_999).unwrap();
+        let b = replicated_sequence_id(8, 0).unwrap();
+        let c = replicated_sequence_id(8, 1).unwrap();
+        assert!(a < b && b < c);
+        assert_eq!(replicated_sequence_id(1 << 31, 0), None);
+        assert_eq!(replicated_sequence_id(0, 1 << 32), None);
+        assert!(replicated_sequence_id((1 << 31) - 1, (1 << 32) - 1).is_some());
+        assert!(is_replicator("pulsar.repl.a-->b"));
+        assert!(!is_replicator("pulsar.replx"));
+        assert!(!is_replicator("standalone-0-1"));
+        assert_eq!(replicator_producer_name("a", "b"), "pulsar.repl.a-->b");
+    }
+
+    /// A stored entry replicated from `from` at source (`ledger`, `entry`),
+    /// or a local one (`from` = `None`).
+    fn stored(from: Option<&str>, source: (u64, u64)) -> Bytes {
+        use prost::Message as _;
+        let mut metadata = vela_wire::proto::MessageMetadata {
+            producer_name: "p".into(),
+            sequence_id: 5,
+            publish_time: 1,
+            ..Default::default()
+        };
+        if let Some(from) = from {
+            metadata.replicated_from = Some(from.into());
+            metadata.properties.push(vela_wire::proto::KeyValue {
+                key: codec::REPL_SOURCE_POSITION_PROPERTY.into(),
+                value: format!("{}:{}", source.0, source.1),
+            });
+        }
+        vela_wire::build_stored_entry(&metadata.encode_to_vec(), b"payload")
+    }
+
+    #[tokio::test]
+    async fn the_replicated_table_is_rebuilt_from_source_positions() {
+        let log = open_log().await;
+        for entry in [
+            stored(Some("a"), (3, 7)),
+            stored(None, (0, 0)),
+            stored(Some("a"), (4, 0)),
+            stored(Some("c"), (9, 9)),
+        ] {
+            log.append(entry).await.unwrap();
+        }
+        let table = DedupTable::new(true);
+        table.rebuild_replicated(&log, "b").await.unwrap();
+        let from_a = replicator_producer_name("a", "b");
+        assert_eq!(
+            table.last_sequence_id(&from_a),
+            replicated_sequence_id(4, 0).unwrap()
+        );
+        assert_eq!(
+            table.last_sequence_id(&replicator_producer_name("c", "b")),
+            replicated_sequence_id(9, 9).unwrap()
+        );
+        assert_eq!(
+            table.last_sequence_id("p"),
+            -1,
+            "local producers are not in it"
+        );
+        // A replicator's resend of what the log holds is a duplicate.
+        let resend =
+            table.check_and_append(&from_a, replicated_sequence_id(3, 7).unwrap(), 0, || {
+                log.append(Bytes::from_static(b"entry"))
+            });
+        assert!(matches!(resend, DedupCheck::Duplicate));
     }
 
     #[tokio::test]

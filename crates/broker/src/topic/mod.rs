@@ -72,7 +72,10 @@ use publish::Publisher;
 use quota::PolicyState;
 use subscriptions::SubscriptionTable;
 
-pub(crate) use dedup::{DEDUP_UNKNOWN_MESSAGE, DedupCheck};
+pub(crate) use dedup::{
+    DEDUP_UNKNOWN_MESSAGE, DedupCheck, REPLICATOR_PREFIX, is_replicator, replicated_sequence_id,
+    replication_cursor_name, replicator_producer_name,
+};
 pub(crate) use producers::{Admission, ProducerReg, ProducerTable};
 pub(crate) use subscriptions::{ConsumerSlot, SubscribeRequest};
 pub(crate) use throttle::PublishThrottle;
@@ -90,6 +93,11 @@ pub(crate) struct Topic {
     publisher: Publisher,
     /// Producer name → highest sequence id appended (deduplication).
     dedup: DedupTable,
+    /// The same for replicators' producers (`pulsar.repl.` names): always
+    /// on, so a replicator's re-sends after a restart are dropped; rebuilt
+    /// from the log when the first one attaches (`repl_dedup_ready`).
+    repl_dedup: DedupTable,
+    repl_dedup_ready: tokio::sync::OnceCell<()>,
     /// Registered and waiting producers.
     producers: ProducerTable,
     /// Running subscription tasks and the consumer count.
@@ -126,6 +134,8 @@ impl Topic {
             log,
             publisher: Publisher::new(limits.publish_rate),
             dedup: DedupTable::new(dedup_enabled),
+            repl_dedup: DedupTable::new(true),
+            repl_dedup_ready: tokio::sync::OnceCell::new(),
             subscriptions: SubscriptionTable::new(
                 limits.consumers_max,
                 limits.consumers_per_subscription_max,
@@ -161,25 +171,49 @@ impl Topic {
         permit: AppendPermit,
     ) -> DedupCheck {
         // A duplicate drops `permit`: its bytes go back at once.
-        self.dedup
+        self.dedup_of(producer)
             .check_and_append(producer, sequence_id, highest_sequence_id, || {
                 self.publisher.publish(&self.log, entry, messages, permit)
             })
     }
 
+    /// The table deduplicating `producer`'s SENDs.
+    fn dedup_of(&self, producer: &str) -> &DedupTable {
+        if is_replicator(producer) {
+            &self.repl_dedup
+        } else {
+            &self.dedup
+        }
+    }
+
     /// `producer`'s SENDs up to `sequence_id` are durable (deduplication).
     pub(crate) fn dedup_persisted(&self, producer: &str, sequence_id: i64) {
-        self.dedup.mark_persisted(producer, sequence_id);
+        self.dedup_of(producer)
+            .mark_persisted(producer, sequence_id);
     }
 
     /// An append failed: deduplication forgets what is not durable.
     pub(crate) fn dedup_append_failed(&self) {
         self.dedup.append_failed();
+        self.repl_dedup.append_failed();
     }
 
     /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).
     pub(crate) fn last_sequence_id(&self, producer: &str) -> i64 {
-        self.dedup.last_sequence_id(producer)
+        self.dedup_of(producer).last_sequence_id(producer)
+    }
+
+    /// Before a replicator's producer (of a cluster replicating into this
+    /// one, `local_cluster`) is admitted: the replicated table is rebuilt
+    /// from the log once, so what earlier replicators sent is known.
+    pub(crate) async fn prepare_replicator(
+        &self,
+        local_cluster: &str,
+    ) -> Result<(), vela_log::LogError> {
+        self.repl_dedup_ready
+            .get_or_try_init(|| self.repl_dedup.rebuild_replicated(&self.log, local_cluster))
+            .await
+            .map(|_| ())
     }
 
     /// Deduplication after a (re)open: rebuilds the table from the log's
@@ -373,6 +407,7 @@ impl Topic {
     /// Names of the durable subscriptions (cursors) and the readers now.
     pub(crate) fn subscription_names(&self) -> Vec<String> {
         let mut names = self.log.cursor_names();
+        names.retain(|name| !name.starts_with(REPLICATOR_PREFIX));
         names.extend(self.subscriptions.names());
         names.sort();
         names.dedup();

@@ -31,7 +31,10 @@ impl Topic {
         // Durable subscriptions without consumers have no task: their
         // cursor still holds a backlog.
         for name in self.log.cursor_names() {
-            if subscriptions.iter().any(|s| s.name == name) {
+            // Replicators' cursors are replication, not subscriptions.
+            if subscriptions.iter().any(|s| s.name == name)
+                || name.starts_with(super::dedup::REPLICATOR_PREFIX)
+            {
                 continue;
             }
             if let Some(cursor) = self.log.cursor(&name) {
@@ -90,6 +93,8 @@ impl Topic {
             subscriptions,
             msg_drop_rate: None,
             msg_drop_counter: 0,
+            // The service adds its replicators (`Service::topic_stats`).
+            replication: Vec::new(),
         }
     }
 }

@@ -15,19 +15,22 @@
 //!
 //! Map: here the command line and its dispatch; `api`: the HTTP client,
 //! REST paths, pulsar-admin's units and the output, shared by one module
-//! per command family: `tenants`, `namespaces` (and their policies),
+//! per command family: `clusters` (and replication-cluster lists),
+//! `tenants`, `namespaces` (and their policies),
 //! `topics` (and subscriptions), `tokens` (local), `write_path`.
 
 use clap::{Args, Subcommand};
 
 mod api;
+mod clusters;
 mod namespaces;
 mod tenants;
 mod tokens;
 mod topics;
 mod write_path;
 
-use api::{Api, ApiArgs, out, print_json};
+use api::{Api, ApiArgs, out};
+use clusters::{ClustersCmd, clusters};
 use namespaces::{NamespacesCmd, namespaces};
 use tenants::{TenantsCmd, tenants};
 use tokens::{TokensCmd, tokens};
@@ -45,7 +48,7 @@ pub(crate) struct AdminArgs {
 
 #[derive(Debug, Subcommand)]
 enum AdminCommand {
-    /// Clusters (Vela has one: standalone).
+    /// Clusters (the local one and those namespaces replicate to).
     #[command(subcommand)]
     Clusters(ClustersCmd),
     /// Tenants.
@@ -77,12 +80,6 @@ enum AdminCommand {
 }
 
 #[derive(Debug, Subcommand)]
-enum ClustersCmd {
-    /// List clusters.
-    List,
-}
-
-#[derive(Debug, Subcommand)]
 enum BrokersCmd {
     /// Check the broker answers.
     Healthcheck,
@@ -95,9 +92,7 @@ pub(crate) fn run(args: AdminArgs) -> anyhow::Result<()> {
     let api = Api::new(&args.api)?;
     match args.command {
         AdminCommand::Tokens(_) => Ok(()),
-        AdminCommand::Clusters(ClustersCmd::List) => {
-            print_json(&api.get_json("/admin/v2/clusters")?)
-        }
+        AdminCommand::Clusters(cmd) => clusters(&api, cmd),
         AdminCommand::Brokers(BrokersCmd::Healthcheck) => {
             out(&api.call("GET", "/admin/v2/brokers/health", None)?)
         }

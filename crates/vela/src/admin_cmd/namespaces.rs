@@ -36,6 +36,15 @@ pub(super) enum NamespacesCmd {
     },
     /// Create a namespace.
     Create { namespace: String },
+    /// Set the clusters the namespace's topics are replicated among.
+    SetClusters {
+        namespace: String,
+        /// Comma-separated cluster names (the local one included).
+        #[arg(short = 'c', long)]
+        clusters: String,
+    },
+    /// Show the namespace's replication clusters.
+    GetClusters { namespace: String },
     /// Delete an empty namespace.
     Delete { namespace: String },
     /// List the namespace's bundles (hash ranges of topic names).
@@ -148,6 +157,13 @@ pub(super) fn namespaces(api: &Api, cmd: NamespacesCmd) -> anyhow::Result<()> {
             print_json(&api.get_json(&format!("{}/topics", namespace_path(&namespace)?))?)
         }
         N::Policies { namespace } => print_json(&api.get_json(&namespace_path(&namespace)?)?),
+        N::SetClusters {
+            namespace,
+            clusters,
+        } => super::clusters::set_replication(api, &namespace_path(&namespace)?, &clusters),
+        N::GetClusters { namespace } => {
+            super::clusters::get_replication(api, &namespace_path(&namespace)?, "")
+        }
         N::Permissions { namespace } => {
             print_json(&api.get_json(&format!("{}/permissions", namespace_path(&namespace)?))?)
         }

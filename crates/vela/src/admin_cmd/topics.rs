@@ -18,6 +18,22 @@ pub(super) enum TopicsCmd {
     ListPartitionedTopics { namespace: String },
     /// Create a non-partitioned topic.
     Create { topic: String },
+    /// Set a topic's own replication clusters (over its namespace's).
+    SetReplicationClusters {
+        topic: String,
+        /// Comma-separated cluster names.
+        #[arg(short = 'c', long)]
+        clusters: String,
+    },
+    /// Show a topic's own replication clusters (`null`: its namespace's).
+    GetReplicationClusters {
+        topic: String,
+        /// The clusters that apply: the namespace's when the topic has none.
+        #[arg(long)]
+        applied: bool,
+    },
+    /// Remove a topic's own replication clusters.
+    RemoveReplicationClusters { topic: String },
     /// Create a partitioned topic.
     CreatePartitionedTopic {
         topic: String,
@@ -162,6 +178,19 @@ pub(super) fn topics(api: &Api, cmd: TopicsCmd) -> anyhow::Result<()> {
     let done = |r: anyhow::Result<String>| r.map(|_| ());
     match cmd {
         T::List { namespace } => print_json(&api.get_json(&namespace_topics_path(&namespace)?)?),
+        T::SetReplicationClusters { topic, clusters } => {
+            super::clusters::set_replication(api, &topic_path(&topic)?, &clusters)
+        }
+        T::GetReplicationClusters { topic, applied } => super::clusters::get_replication(
+            api,
+            &topic_path(&topic)?,
+            if applied { "?applied=true" } else { "" },
+        ),
+        T::RemoveReplicationClusters { topic } => done(api.call(
+            "DELETE",
+            &format!("{}/replication", topic_path(&topic)?),
+            None,
+        )),
         T::ListPartitionedTopics { namespace } => print_json(&api.get_json(&format!(
             "{}/partitioned",
             namespace_topics_path(&namespace)?

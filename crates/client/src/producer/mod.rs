@@ -13,6 +13,8 @@
 //! than the client's memory limit), waits while holding its state lock, or
 //! reorders frames.
 
+mod entry;
+
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;

@@ -1,0 +1,368 @@
+//! Geo-replication: one replicator per served topic (partition) and remote
+//! cluster, as Pulsar's `PersistentReplicator`, started and stopped as the
+//! replication clusters of namespaces and topics change.
+//!
+//! Owns: the reconciler task ([`run`]): the running replicators, one
+//! `vela_client::Client` per remote cluster (from its `brokerServiceUrl`,
+//! `admin::clusters`), the broker-wide budget of bytes replicators have in
+//! flight, and deleting the `pulsar.repl.{remote}` cursor of a remote no
+//! longer wanted. Each replicator (`replicator`) reads its topic's log from
+//! its durable cursor and produces to the same topic in the remote cluster.
+//! Guarantees: a topic whose replication clusters include a remote has its
+//! cursor from the moment it opens (`Service::topic` creates it), so
+//! nothing produced here is missed; a replicator is running for it within
+//! `RECONCILE_INTERVAL` (at once after a REST change, which wakes the
+//! reconciler); a remote no longer named stops its replicator and loses
+//! its cursor within the same time.
+//! Bounds: `REPLICATOR_PENDING_MAX` entries in flight per replicator, and
+//! `BrokerConfig::replication_inflight_bytes_max` bytes in flight over all
+//! (past it replicators wait for receipts: back-pressure, never a queue);
+//! one replicator per (served topic, remote), so their number follows the
+//! served topics (`service::TOPICS_MAX`) times `REPLICATION_CLUSTERS_MAX`.
+//! Never: replicates a message that came from another cluster (no
+//! ping-pong), creates the remote's namespace, or blocks a worker.
+
+mod replicator;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::sync::{Semaphore, watch};
+use vela_client::{Client, ClientConfig};
+use vela_log::CursorStart;
+
+use crate::service::Service;
+use crate::stats::ReplicatorStats;
+use crate::topic::{REPLICATOR_PREFIX, Topic, replication_cursor_name as cursor_name};
+use replicator::Replicator;
+
+/// How often served topics are compared with the replicators running: new
+/// topics are looked at each time (a store read or two each), every topic
+/// on every `FULL_PASS_EVERY`-th pass (policies changed on another broker
+/// of the cluster).
+const RECONCILE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Every this many passes, all served topics' replication clusters are read
+/// again (~30 s).
+const FULL_PASS_EVERY: u32 = 30;
+
+/// How long after start a broker serving every bundle (standalone) opens
+/// the topics that replicate, so replication resumes after a restart
+/// without waiting for a client to load them. Later than the start of a
+/// cluster broker, which joins its cluster right after starting: a broker
+/// owning bundles (cluster mode) loads nothing (its topics load on lookup).
+const RESUME_AFTER_START: Duration = Duration::from_secs(5);
+
+struct Running {
+    topic: Arc<Topic>,
+    replicator: Replicator,
+}
+
+/// A remote cluster's client, made from its broker URL.
+struct Remote {
+    url: String,
+    client: Client,
+}
+
+/// The reconciler's state: owned by its task, no lock.
+struct Reconciler {
+    running: HashMap<(String, String), Running>,
+    remotes: HashMap<String, Remote>,
+    /// Remote clusters of each served topic, as last read.
+    wanted: HashMap<String, Vec<String>>,
+    budget: Arc<Semaphore>,
+    passes: u32,
+}
+
+/// The reconciler: runs until `shutdown`, then stops every replicator.
+pub(crate) async fn run(service: Weak<Service>, mut shutdown: watch::Receiver<bool>) {
+    let budget = match service.upgrade() {
+        Some(service) => service.config.replication_inflight_bytes_max,
+        None => return,
+    };
+    let started = tokio::time::Instant::now();
+    let mut resumed = false;
+    let mut state = Reconciler {
+        running: HashMap::new(),
+        remotes: HashMap::new(),
+        wanted: HashMap::new(),
+        budget: Arc::new(Semaphore::new(budget.clamp(1, Semaphore::MAX_PERMITS))),
+        passes: 0,
+    };
+    loop {
+        let Some(service) = service.upgrade() else {
+            break;
+        };
+        // A policy changed: read every topic's clusters again.
+        let asked = service
+            .replication_full_pass
+            .swap(false, std::sync::atomic::Ordering::AcqRel);
+        let full = asked || state.passes.is_multiple_of(FULL_PASS_EVERY);
+        state.passes = state.passes.wrapping_add(1);
+        if !resumed && started.elapsed() >= RESUME_AFTER_START {
+            resumed = true;
+            resume_replicated_topics(&service).await;
+        }
+        state.reconcile(&service, full).await;
+        tokio::select! {
+            _ = service.replication_wakeup.notified() => {}
+            _ = tokio::time::sleep(RECONCILE_INTERVAL) => {}
+            _ = shutdown.changed() => break,
+        }
+    }
+    let stopping: Vec<Running> = state.running.drain().map(|(_, r)| r).collect();
+    stop_all(stopping).await;
+}
+
+/// Opens every topic that replicates (standalone only; bounded by
+/// `TOPICS_MAX`: opens past it are refused and logged).
+async fn resume_replicated_topics(service: &Service) {
+    if service.ownership.get().is_some() {
+        return;
+    }
+    let topics = match service
+        .admin
+        .replicated_topics(&service.config.cluster_name)
+        .await
+    {
+        Ok(topics) => topics,
+        Err(error) => {
+            tracing::warn!(%error, "replicated topics not listed: they resume when loaded");
+            return;
+        }
+    };
+    for name in topics {
+        let Ok(topic) = crate::topic_name::TopicName::parse(&name) else {
+            continue;
+        };
+        if let Err(error) = service.topic(&topic, false).await {
+            tracing::warn!(topic = %name, %error, "replicated topic not loaded");
+        }
+    }
+}
+
+/// Stops replicators: all told first, then all waited for.
+async fn stop_all(replicators: Vec<Running>) -> Vec<Arc<Topic>> {
+    for running in &replicators {
+        running.replicator.signal_stop();
+    }
+    let mut topics = Vec::with_capacity(replicators.len());
+    for running in replicators {
+        running.replicator.join().await;
+        topics.push(running.topic);
+    }
+    topics
+}
+
+impl Reconciler {
+    async fn reconcile(&mut self, service: &Arc<Service>, full: bool) {
+        if full {
+            self.forget_moved_remotes(service).await;
+        }
+        let topics = service.served_topic_handles();
+        let served: HashSet<String> = topics.iter().map(|t| t.full_name.clone()).collect();
+        self.wanted.retain(|name, _| served.contains(name));
+        for topic in &topics {
+            if !full && self.wanted.contains_key(&topic.full_name) {
+                continue;
+            }
+            match service.replication_remotes(&topic.name).await {
+                Ok(remotes) => {
+                    self.wanted.insert(topic.full_name.clone(), remotes);
+                }
+                Err(error) => {
+                    tracing::warn!(topic = %topic.full_name, %error, "replication clusters unreadable");
+                }
+            }
+        }
+        // Stop what is no longer wanted, or whose topic was reopened, or
+        // whose replicator ended (it is started again below).
+        let by_name: HashMap<&str, &Arc<Topic>> =
+            topics.iter().map(|t| (t.full_name.as_str(), t)).collect();
+        let stale: Vec<(String, String)> = self
+            .running
+            .iter()
+            .filter(|((name, remote), running)| {
+                let current = by_name
+                    .get(name.as_str())
+                    .is_some_and(|t| Arc::ptr_eq(t, &running.topic));
+                let wanted = self
+                    .wanted
+                    .get(name)
+                    .is_some_and(|remotes| remotes.contains(remote));
+                !current || !wanted || running.replicator.is_finished()
+            })
+            .map(|(key, _)| key.clone())
+            .collect();
+        let stopping: Vec<Running> = stale
+            .iter()
+            .filter_map(|key| self.running.remove(key))
+            .collect();
+        let stopped_topics = stop_all(stopping).await;
+        for (key, topic) in stale.iter().zip(stopped_topics) {
+            let still_served = by_name.contains_key(key.0.as_str());
+            let unwanted = !self
+                .wanted
+                .get(&key.0)
+                .is_some_and(|remotes| remotes.contains(&key.1));
+            if still_served && unwanted {
+                delete_cursor(&topic, &key.1).await;
+            }
+        }
+        // Start what is wanted and not running.
+        let mut urls: HashMap<String, Option<String>> = HashMap::new();
+        for topic in &topics {
+            let Some(remotes) = self.wanted.get(&topic.full_name).cloned() else {
+                continue;
+            };
+            for remote in remotes {
+                let key = (topic.full_name.clone(), remote.clone());
+                if self.running.contains_key(&key) {
+                    continue;
+                }
+                let Some(client) = self.client(service, &remote, &mut urls).await else {
+                    continue;
+                };
+                let cursor = match topic
+                    .log
+                    .open_cursor(&cursor_name(&remote), CursorStart::Latest)
+                    .await
+                {
+                    Ok(cursor) => cursor,
+                    Err(error) => {
+                        tracing::warn!(topic = %topic.full_name, %remote, %error, "replication cursor not opened");
+                        continue;
+                    }
+                };
+                let stats = Arc::new(ReplicatorStats::default());
+                service.register_replicator(&topic.full_name, &remote, Arc::clone(&stats));
+                let replicator = Replicator::start(replicator::Context {
+                    topic: Arc::clone(topic),
+                    local: service.config.cluster_name.clone(),
+                    remote: remote.clone(),
+                    client,
+                    cursor,
+                    budget: Arc::clone(&self.budget),
+                    stats,
+                });
+                tracing::info!(topic = %topic.full_name, %remote, "replicator started");
+                self.running.insert(
+                    key,
+                    Running {
+                        topic: Arc::clone(topic),
+                        replicator,
+                    },
+                );
+            }
+        }
+        service.retain_replicators(|topic, remote| {
+            self.running
+                .contains_key(&(topic.to_string(), remote.to_string()))
+        });
+        if full {
+            // Cursors of remotes no longer named (changed while this broker
+            // did not serve the topic).
+            for topic in &topics {
+                // Unknown (policies unreadable): keep everything.
+                let Some(wanted) = self.wanted.get(&topic.full_name) else {
+                    continue;
+                };
+                for name in topic.log.cursor_names() {
+                    let Some(remote) = name.strip_prefix(&format!("{REPLICATOR_PREFIX}.")) else {
+                        continue;
+                    };
+                    if !wanted.iter().any(|r| r == remote) {
+                        delete_cursor(topic, remote).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Remotes whose broker URL changed (or that are gone): their clients
+    /// are dropped and their replicators stopped (started again with a new
+    /// client on this pass).
+    async fn forget_moved_remotes(&mut self, service: &Service) {
+        let mut moved = Vec::new();
+        for (remote, known) in &self.remotes {
+            let url = match service.admin.cluster(remote).await {
+                Ok(data) => data.and_then(|d| d.broker_service_url),
+                Err(_) => continue,
+            };
+            if url.as_deref() != Some(known.url.as_str()) {
+                moved.push(remote.clone());
+            }
+        }
+        for remote in moved {
+            self.remotes.remove(&remote);
+            let keys: Vec<(String, String)> = self
+                .running
+                .keys()
+                .filter(|(_, r)| *r == remote)
+                .cloned()
+                .collect();
+            let stopping: Vec<Running> = keys
+                .iter()
+                .filter_map(|key| self.running.remove(key))
+                .collect();
+            stop_all(stopping).await;
+        }
+    }
+
+    /// The client of `remote`, made (again) when its broker URL is new.
+    async fn client(
+        &mut self,
+        service: &Service,
+        remote: &str,
+        urls: &mut HashMap<String, Option<String>>,
+    ) -> Option<Client> {
+        if !urls.contains_key(remote) {
+            let url = match service.admin.cluster(remote).await {
+                Ok(Some(data)) => data.broker_service_url.filter(|u| !u.is_empty()),
+                Ok(None) => None,
+                Err(error) => {
+                    tracing::warn!(%remote, %error, "cluster record unreadable");
+                    None
+                }
+            };
+            urls.insert(remote.to_string(), url);
+        }
+        let Some(url) = urls.get(remote).cloned().flatten() else {
+            tracing::warn!(%remote, "no brokerServiceUrl for the cluster: not replicating to it");
+            return None;
+        };
+        if let Some(known) = self.remotes.get(remote)
+            && known.url == url
+        {
+            return Some(known.client.clone());
+        }
+        match Client::new(&url, ClientConfig::default()) {
+            Ok(client) => {
+                self.remotes.insert(
+                    remote.to_string(),
+                    Remote {
+                        url,
+                        client: client.clone(),
+                    },
+                );
+                Some(client)
+            }
+            Err(error) => {
+                tracing::warn!(%remote, %url, %error, "cannot replicate to this URL");
+                None
+            }
+        }
+    }
+}
+
+async fn delete_cursor(topic: &Topic, remote: &str) {
+    match topic.log.delete_cursor(&cursor_name(remote)).await {
+        Ok(()) => {
+            tracing::info!(topic = %topic.full_name, %remote, "replication stopped; cursor deleted")
+        }
+        Err(error) => {
+            tracing::warn!(topic = %topic.full_name, %remote, %error, "replication cursor not deleted")
+        }
+    }
+}

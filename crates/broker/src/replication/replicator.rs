@@ -1,0 +1,484 @@
+//! One replicator: a topic's log, read from its durable cursor
+//! `pulsar.repl.{remote}`, produced to the same topic of the remote cluster
+//! by a producer named `pulsar.repl.{local}-->{remote}` (Pulsar's names).
+//!
+//! Owns: its task, its producer on the remote, the entries in flight (at
+//! most `REPLICATOR_PENDING_MAX`, each holding its bytes of the broker-wide
+//! budget until the remote stored it).
+//! Guarantees: entries reach the remote in log order, each as stored here
+//! (key, properties, event and publish time, batches as they are) plus
+//! `replicated_from = {local}` and the property
+//! `__MSG_PROP_REPL_SOURCE_POSITION = ledger:entry`; the cursor moves past
+//! an entry only after the remote stored it (or the entry is not to be
+//! replicated), in order, so a restart resends from the first entry not
+//! known stored; each SEND carries the entry's position as its sequence id
+//! (`topic::replicated_sequence_id`), which the remote's deduplication of
+//! replicator producers uses to drop the resends: exactly once.
+//! Skipped (acknowledged, not sent): entries that came from another cluster
+//! (`replicated_from`: never sent back), entries whose `replicate_to`
+//! leaves the remote out, markers, entries whose metadata does not parse.
+//! Reconnects: the client reconnects and resends a producer's pending
+//! entries by itself; a producer that cannot be created or fails is
+//! replaced after a back-off from `BACKOFF_MIN` doubling to `BACKOFF_MAX`
+//! (Pulsar's 100 ms to 1 min), resending from the cursor.
+//! Never: holds a lock across an await, sends an entry out of order, or
+//! waits for budget while receipts are pending unprocessed.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinHandle;
+use vela_client::{Client, ProducerOptions, SendFuture};
+use vela_log::{Cursor, LogEntry, LogError, ManagedLog, Position};
+use vela_wire::proto::{KeyValue, MessageMetadata};
+
+use crate::codec::{self, REPL_SOURCE_POSITION_PROPERTY};
+use crate::stats::ReplicatorStats;
+use crate::topic::{Topic, replicated_sequence_id, replicator_producer_name};
+
+/// Entries one replicator has sent and not yet seen stored (Pulsar's
+/// `replicationProducerQueueSize`, 1000). When reached: it reads no more
+/// until receipts come back.
+pub(crate) const REPLICATOR_PENDING_MAX: usize = 1000;
+
+/// Entries per read of the log (Pulsar's replicator reads 100 at a time).
+const READ_ENTRIES_MAX: usize = 100;
+
+/// Bytes per read of the log (about; at least one entry is read).
+const READ_BYTES_MAX: usize = 4 << 20;
+
+/// First pause before replacing a failed producer; doubles up to
+/// `BACKOFF_MAX` (Pulsar's replicator back-off: 100 ms to 1 min).
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// A producer that worked this long resets the back-off.
+const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(10);
+
+/// How long closing the remote producer may take before it is dropped
+/// (its connection's end closes it on the remote).
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Pause when the broker-wide budget is full and this replicator has
+/// nothing in flight to wait for.
+const BUDGET_RETRY: Duration = Duration::from_millis(10);
+
+/// What a replicator needs.
+pub(super) struct Context {
+    pub(super) topic: Arc<Topic>,
+    pub(super) local: String,
+    pub(super) remote: String,
+    pub(super) client: Client,
+    pub(super) cursor: Arc<Cursor>,
+    pub(super) budget: Arc<Semaphore>,
+    pub(super) stats: Arc<ReplicatorStats>,
+}
+
+/// A running replicator.
+pub(super) struct Replicator {
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Replicator {
+    pub(super) fn start(context: Context) -> Replicator {
+        let (stop, stopped) = watch::channel(false);
+        let task = tokio::spawn(run(context, stopped));
+        Replicator { stop, task }
+    }
+
+    /// True once its task ended by itself (its log closed).
+    pub(super) fn is_finished(&self) -> bool {
+        self.task.is_finished()
+    }
+
+    /// Tells it to stop (it closes its producer, waiting at most
+    /// `CLOSE_TIMEOUT`); `join` waits for that. Several are told first and
+    /// joined after, so stopping many takes as long as the slowest.
+    pub(super) fn signal_stop(&self) {
+        let _ = self.stop.send(true);
+    }
+
+    /// Waits for its task to end (after `signal_stop`).
+    pub(super) async fn join(self) {
+        let _ = self.task.await;
+    }
+}
+
+/// Why replication from one producer ended.
+#[derive(Debug, thiserror::Error)]
+enum Ended {
+    #[error("stopped")]
+    Stopped,
+    #[error("log: {0}")]
+    Log(#[from] LogError),
+    #[error("remote: {0}")]
+    Remote(#[from] vela_client::ClientError),
+    #[error("position {0} does not fit a replication sequence id")]
+    Unreplicable(Position),
+}
+
+async fn run(context: Context, mut stop: watch::Receiver<bool>) {
+    let name = replicator_producer_name(&context.local, &context.remote);
+    let mut backoff = BACKOFF_MIN;
+    loop {
+        if *stop.borrow() || context.topic.log.is_closed() {
+            return;
+        }
+        let options = ProducerOptions {
+            name: Some(name.clone()),
+            batching: None,
+            max_pending_messages: REPLICATOR_PENDING_MAX,
+            block_if_queue_full: true,
+            send_timeout: None,
+            ..ProducerOptions::default()
+        };
+        let created = tokio::select! {
+            created = context.client.create_producer(&context.topic.full_name, options) => created,
+            _ = stop.changed() => return,
+        };
+        match created {
+            Ok(producer) => {
+                let since = Instant::now();
+                context.stats.connected.store(true, Ordering::Relaxed);
+                let ended = replicate(&context, &producer, &mut stop).await;
+                context.stats.connected.store(false, Ordering::Relaxed);
+                let _ = tokio::time::timeout(CLOSE_TIMEOUT, producer.close()).await;
+                match ended {
+                    Ended::Stopped => return,
+                    error => tracing::warn!(
+                        topic = %context.topic.full_name, remote = %context.remote, %error,
+                        "replication interrupted; resuming from the cursor"
+                    ),
+                }
+                if since.elapsed() >= BACKOFF_RESET_AFTER {
+                    backoff = BACKOFF_MIN;
+                }
+            }
+            Err(error) => tracing::warn!(
+                topic = %context.topic.full_name, remote = %context.remote, %error,
+                retry_in = ?backoff, "replication producer not created"
+            ),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(backoff) => {}
+            _ = stop.changed() => return,
+        }
+        backoff = (backoff * 2).min(BACKOFF_MAX);
+    }
+}
+
+/// An entry taken from the log, sent or skipped, not yet acknowledged.
+struct InFlight {
+    position: Position,
+    /// `None`: skipped (acknowledged as soon as everything before it is).
+    send: Option<SendFuture>,
+    messages: u64,
+    bytes: u64,
+    publish_time_ms: u64,
+    _budget: Option<OwnedSemaphorePermit>,
+}
+
+/// What to do with an entry.
+enum Prepared {
+    Skip,
+    Send {
+        sequence_id: i64,
+        /// Boxed: far larger than `Skip`.
+        metadata: Box<MessageMetadata>,
+        payload: Bytes,
+    },
+}
+
+/// Sends the log from the cursor until stopped or something fails.
+async fn replicate(
+    context: &Context,
+    producer: &vela_client::Producer,
+    stop: &mut watch::Receiver<bool>,
+) -> Ended {
+    let log = &context.topic.log;
+    let mut next = match context.cursor.mark_delete_position() {
+        Some(acked) => log.next_position(acked),
+        None => log.first_position().unwrap_or(Position::new(0, 0)),
+    };
+    let mut in_flight: VecDeque<InFlight> = VecDeque::new();
+    let mut unsent: VecDeque<LogEntry> = VecDeque::new();
+    loop {
+        // Send what was read, within the window and the budget.
+        while in_flight.len() < REPLICATOR_PENDING_MAX {
+            let Some(entry) = unsent.front() else {
+                break;
+            };
+            let item = match prepare(context, entry) {
+                Err(ended) => return ended,
+                Ok(Prepared::Skip) => skipped(entry.position),
+                Ok(Prepared::Send {
+                    sequence_id,
+                    metadata,
+                    payload,
+                }) => {
+                    let sequence_id = sequence_id as u64;
+                    if sequence_id < producer.next_sequence_id() {
+                        // The remote said it stored it already.
+                        skipped(entry.position)
+                    } else {
+                        let bytes = entry.data.len();
+                        let permits = u32::try_from(bytes.max(1)).unwrap_or(u32::MAX);
+                        let Ok(budget) =
+                            Arc::clone(&context.budget).try_acquire_many_owned(permits)
+                        else {
+                            break;
+                        };
+                        let messages = metadata.num_messages_in_batch.unwrap_or(1).max(1) as u64;
+                        let publish_time_ms = metadata.publish_time;
+                        match producer.send_entry(sequence_id, *metadata, payload).await {
+                            Ok(send) => InFlight {
+                                position: entry.position,
+                                send: Some(send),
+                                messages,
+                                bytes: bytes as u64,
+                                publish_time_ms,
+                                _budget: Some(budget),
+                            },
+                            Err(error) => return error.into(),
+                        }
+                    }
+                }
+            };
+            in_flight.push_back(item);
+            unsent.pop_front();
+        }
+        // Acknowledge, in order, what needs no receipt.
+        while in_flight.front().is_some_and(|f| f.send.is_none()) {
+            if let Some(done) = in_flight.pop_front()
+                && let Err(error) = settle(context, done)
+            {
+                return error;
+            }
+        }
+        let waiting_receipt = in_flight.front().is_some();
+        let may_read = unsent.is_empty() && in_flight.len() < REPLICATOR_PENDING_MAX;
+        let budget_full = !unsent.is_empty() && !waiting_receipt;
+        tokio::select! {
+            biased;
+            _ = stop.changed() => return Ended::Stopped,
+            stored = front_receipt(&mut in_flight), if waiting_receipt => {
+                if let Err(error) = stored {
+                    return error.into();
+                }
+                if let Some(done) = in_flight.pop_front()
+                    && let Err(error) = settle(context, done)
+                {
+                    return error;
+                }
+            }
+            read = read_from(log, next), if may_read => match read {
+                Ok(entries) => {
+                    if let Some(last) = entries.last() {
+                        next = log.next_position(last.position);
+                    }
+                    unsent.extend(entries);
+                }
+                Err(error) => return error.into(),
+            },
+            _ = tokio::time::sleep(BUDGET_RETRY), if budget_full => {}
+        }
+        context
+            .stats
+            .backlog_entries
+            .store(context.cursor.backlog_entries(), Ordering::Relaxed);
+    }
+}
+
+fn skipped(position: Position) -> InFlight {
+    InFlight {
+        position,
+        send: None,
+        messages: 0,
+        bytes: 0,
+        publish_time_ms: 0,
+        _budget: None,
+    }
+}
+
+/// The front entry's receipt.
+async fn front_receipt(
+    in_flight: &mut VecDeque<InFlight>,
+) -> Result<vela_client::MessageId, vela_client::ClientError> {
+    match in_flight.front_mut().and_then(|f| f.send.as_mut()) {
+        Some(send) => send.await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The entry is stored on the remote (or skipped): the cursor moves past it.
+fn settle(context: &Context, done: InFlight) -> Result<(), Ended> {
+    context.cursor.ack_cumulative(done.position)?;
+    if done.send.is_some() {
+        let stats = &context.stats;
+        stats.msg_out.fetch_add(done.messages, Ordering::Relaxed);
+        stats.bytes_out.fetch_add(done.bytes, Ordering::Relaxed);
+        stats
+            .last_stored_publish_time_ms
+            .store(done.publish_time_ms, Ordering::Relaxed);
+    }
+    Ok(())
+}
+
+/// The next entries at `from` on, waiting for one to be written.
+async fn read_from(log: &ManagedLog, from: Position) -> Result<Vec<LogEntry>, LogError> {
+    log.wait_for_entry_at(from).await;
+    if log.is_closed() {
+        return Err(LogError::Closed(log.name().to_string()));
+    }
+    let entries = log.read(from, READ_ENTRIES_MAX, READ_BYTES_MAX).await?;
+    if entries.is_empty() {
+        // Nothing readable there yet (a ledger switch in progress): do not
+        // spin.
+        tokio::time::sleep(BUDGET_RETRY).await;
+    }
+    Ok(entries)
+}
+
+/// Decides what to do with an entry and rewrites its metadata for the
+/// remote.
+fn prepare(context: &Context, entry: &LogEntry) -> Result<Prepared, Ended> {
+    match decide(entry, &context.local, &context.remote) {
+        Ok(prepared) => prepared,
+        Err(Unparsable) => {
+            tracing::warn!(
+                topic = %context.topic.full_name, position = %entry.position,
+                "entry metadata unreadable: not replicated"
+            );
+            Ok(Prepared::Skip)
+        }
+    }
+}
+
+/// An entry whose metadata does not parse.
+struct Unparsable;
+
+/// `decide`'s work, without the replicator: skip, or what to send.
+fn decide(
+    entry: &LogEntry,
+    local: &str,
+    remote: &str,
+) -> Result<Result<Prepared, Ended>, Unparsable> {
+    let Some((mut metadata, payload)) = codec::split_entry(&entry.data) else {
+        return Err(Unparsable);
+    };
+    let elsewhere =
+        !metadata.replicate_to.is_empty() && !metadata.replicate_to.iter().any(|c| c == remote);
+    if metadata.replicated_from.is_some() || metadata.marker_type.is_some() || elsewhere {
+        return Ok(Ok(Prepared::Skip));
+    }
+    let position = entry.position;
+    let Some(sequence_id) = replicated_sequence_id(position.ledger_id, position.entry_id) else {
+        return Ok(Err(Ended::Unreplicable(position)));
+    };
+    metadata.replicated_from = Some(local.to_string());
+    metadata.properties.push(KeyValue {
+        key: REPL_SOURCE_POSITION_PROPERTY.to_string(),
+        value: format!("{}:{}", position.ledger_id, position.entry_id),
+    });
+    metadata.txnid_least_bits = None;
+    metadata.txnid_most_bits = None;
+    Ok(Ok(Prepared::Send {
+        sequence_id,
+        metadata: Box::new(metadata),
+        payload,
+    }))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use prost::Message as _;
+
+    use super::*;
+
+    fn entry(metadata: &MessageMetadata, position: Position) -> LogEntry {
+        LogEntry {
+            position,
+            data: vela_wire::build_stored_entry(&metadata.encode_to_vec(), b"body"),
+        }
+    }
+
+    fn produced() -> MessageMetadata {
+        MessageMetadata {
+            producer_name: "a-0-1".into(),
+            sequence_id: 3,
+            publish_time: 1_700_000_000_123,
+            partition_key: Some("k".into()),
+            event_time: Some(42),
+            num_messages_in_batch: Some(4),
+            properties: vec![KeyValue {
+                key: "user".into(),
+                value: "v".into(),
+            }],
+            txnid_most_bits: Some(1),
+            txnid_least_bits: Some(2),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_local_entry_is_sent_as_stored_plus_its_origin() {
+        let at = Position::new(7, 11);
+        let Ok(Ok(Prepared::Send {
+            sequence_id,
+            metadata,
+            payload,
+        })) = decide(&entry(&produced(), at), "a", "b")
+        else {
+            panic!("not sent");
+        };
+        assert_eq!(sequence_id, replicated_sequence_id(7, 11).unwrap());
+        assert_eq!(&payload[..], b"body");
+        let mut expected = produced();
+        expected.replicated_from = Some("a".into());
+        expected.properties.push(KeyValue {
+            key: REPL_SOURCE_POSITION_PROPERTY.into(),
+            value: "7:11".into(),
+        });
+        expected.txnid_most_bits = None;
+        expected.txnid_least_bits = None;
+        assert_eq!(*metadata, expected);
+    }
+
+    #[test]
+    fn replicated_marked_and_elsewhere_entries_are_skipped() {
+        let at = Position::new(1, 0);
+        let skipped = |metadata: MessageMetadata| {
+            matches!(
+                decide(&entry(&metadata, at), "a", "b"),
+                Ok(Ok(Prepared::Skip))
+            )
+        };
+        let mut replicated = produced();
+        replicated.replicated_from = Some("c".into());
+        assert!(skipped(replicated), "never sent on (or back)");
+        let mut marker = produced();
+        marker.marker_type = Some(20);
+        assert!(skipped(marker));
+        let mut elsewhere = produced();
+        elsewhere.replicate_to = vec!["a".into(), "c".into()];
+        assert!(skipped(elsewhere));
+        let mut here_too = produced();
+        here_too.replicate_to = vec!["b".into()];
+        assert!(!skipped(here_too));
+        let garbage = LogEntry {
+            position: at,
+            data: Bytes::from_static(b"not an entry"),
+        };
+        assert!(decide(&garbage, "a", "b").is_err());
+        assert!(matches!(
+            decide(&entry(&produced(), Position::new(1 << 40, 0)), "a", "b"),
+            Ok(Err(Ended::Unreplicable(_)))
+        ));
+    }
+}
