@@ -71,15 +71,14 @@ impl PolicyState {
 
 /// The durable subscriptions (name, cursor) the policies apply to. Not the
 /// `__compaction` cursor (as in Pulsar): it is no consumer, and moving it by
-/// TTL or eviction would let the log trim what the next compaction needs;
-/// nor the replicators' `pulsar.repl.*` cursors.
+/// TTL or eviction would let the log trim what the next compaction needs.
+/// The replicators' `pulsar.repl.*` cursors are in (as Pulsar applies TTL
+/// and backlog quotas to replicators): a remote cluster down for long holds
+/// a backlog the quota bounds.
 pub(crate) fn policy_subscriptions(log: &ManagedLog) -> Vec<(String, Arc<Cursor>)> {
     log.cursor_names()
         .into_iter()
         .filter(|name| name != COMPACTION_SUBSCRIPTION)
-        // Replicators' cursors: TTL and eviction would drop what is still
-        // to replicate (their backlog is bounded by retention instead).
-        .filter(|name| !name.starts_with(super::dedup::REPLICATOR_PREFIX))
         .filter_map(|name| log.cursor(&name).map(|cursor| (name, cursor)))
         .collect()
 }
