@@ -13,6 +13,8 @@
 //! - kill -9 of `a` while producing, restart: `b` holds every message `a`
 //!   acknowledged, once, in order (the replicator resends from its cursor;
 //!   `b` drops what it stored already).
+//! - `b` down for a while, back on other ports (its record updated on `a`):
+//!   `a` kept the backlog; `b`'s log ends with every message once, in order.
 //! - The admin API's clusters and replication routes answer Pulsar's codes;
 //!   topic stats and metrics show each replicator (Pulsar's shapes).
 //!
@@ -470,6 +472,68 @@ async fn a_killed_source_resumes_without_losing_or_repeating() {
         next += 1;
     }
     drop(a);
+}
+
+/// Sends messages `range` of tag `outage` and waits for every receipt.
+async fn send_range(producer: &mut Producer<TokioExecutor>, range: std::ops::Range<usize>) {
+    let mut receipts = Vec::new();
+    for index in range {
+        receipts.push(
+            producer
+                .send_non_blocking(payload("outage", index))
+                .await
+                .unwrap(),
+        );
+    }
+    for receipt in receipts {
+        tokio::time::timeout(RECEIVE_TIMEOUT, receipt)
+            .await
+            .expect("a receipt")
+            .expect("stored on a");
+    }
+}
+
+/// The remote cluster down for a while (kill -9), then back on other ports
+/// (its record updated on the source): the source kept the backlog, and
+/// the remote's log ends up with every message once, in order.
+#[tokio::test]
+async fn a_remote_down_for_a_while_gets_everything_when_back() {
+    const BEFORE: usize = 100;
+    const DURING: usize = 200;
+    let b_dir = tempfile::tempdir().unwrap();
+    let a = Standalone::start(&["--cluster-name", "a"]);
+    let b = Standalone::start_in(b_dir.path(), &["--cluster-name", "b"]);
+    add_cluster(&a, "b", &b);
+    add_cluster(&b, "a", &a);
+    replicated_namespace(&a);
+    replicated_namespace(&b);
+    let topic = topic("outage");
+    let client_a = client(&a).await;
+    let mut producer = producer(&client_a, &topic, None).await;
+    send_range(&mut producer, 0..BEFORE).await;
+    b.kill_9();
+    // `a` takes these while `b` is gone: they wait in its log.
+    send_range(&mut producer, BEFORE..BEFORE + DURING).await;
+    let b = Standalone::start_in(b_dir.path(), &["--cluster-name", "b"]);
+    vela_admin(
+        &a,
+        &[
+            "clusters",
+            "update",
+            "b",
+            "--broker-url",
+            b.pulsar_url.trim_end_matches('/'),
+        ],
+    );
+    let client_b = client(&b).await;
+    let mut on_b = subscribe(&client_b, &topic).await;
+    for index in 0..BEFORE + DURING {
+        let message = next_message(&mut on_b).await;
+        assert_eq!(tag_and_index(&message), ("outage".to_owned(), index));
+    }
+    send_tagged(&mut producer, "fence", 1).await;
+    let (tag, _) = tag_and_index(&next_message(&mut on_b).await);
+    assert_eq!(tag, "fence", "a message arrived twice");
 }
 
 /// The clusters and replication routes answer as Pulsar's do.
