@@ -157,6 +157,7 @@ impl Broker {
         };
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
         service.admin.ensure_defaults().await?;
+        http::load_dynamic_config(&service).await?;
         tokio::spawn(lifecycle::run(
             Arc::downgrade(&service),
             service.config.policy_check_interval,

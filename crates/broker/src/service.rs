@@ -63,6 +63,9 @@ pub(crate) struct Service {
     /// Bundle ownership in cluster mode (unset: a standalone broker owns
     /// everything).
     pub(crate) ownership: std::sync::OnceLock<Arc<Ownership>>,
+    /// Policies set by the broker's dynamic configuration, by policy key
+    /// (`http::brokers` keeps them in the store and here).
+    dynamic: Mutex<std::collections::BTreeMap<String, serde_json::Value>>,
     topics: Mutex<HashMap<String, TopicCell>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
@@ -88,10 +91,37 @@ impl Service {
             ownership: std::sync::OnceLock::new(),
             meta: Arc::clone(&meta),
             write_path_sources: Mutex::new(Vec::new()),
+            dynamic: Mutex::new(std::collections::BTreeMap::new()),
             topics: Mutex::new(HashMap::new()),
             producer_names: AtomicU64::new(0),
             conn_ids: AtomicU64::new(1),
         }
+    }
+
+    /// The policies the broker's dynamic configuration sets, by policy key.
+    pub(crate) fn dynamic_policies(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        self.dynamic.lock().clone()
+    }
+
+    /// Replaces them and applies them to every served topic.
+    pub(crate) async fn set_dynamic_policies(
+        &self,
+        policies: std::collections::BTreeMap<String, serde_json::Value>,
+    ) -> Result<(), ServiceError> {
+        *self.dynamic.lock() = policies;
+        let mut namespaces: Vec<crate::topic_name::NamespaceName> = self
+            .served_topic_handles()
+            .iter()
+            .map(|t| t.name.namespace.clone())
+            .collect();
+        namespaces.sort_by_key(|ns| ns.to_string());
+        namespaces.dedup();
+        for ns in namespaces {
+            if let Some(policies) = self.admin.namespace_policies(&ns).await? {
+                self.apply_policies(&ns, &policies);
+            }
+        }
+        Ok(())
     }
 
     /// A new connection id.
@@ -203,11 +233,25 @@ impl Service {
             }
             Arc::clone(topics.entry(full_name.clone()).or_default())
         };
-        let persistence = policies.persistence_or(self.config.default_persistence);
-        let dedup = policies.deduplication_enabled.unwrap_or(false);
-        let lifecycle = TopicPolicies::from_namespace(&policies);
         let served = cell
             .get_or_try_init(|| async {
+                if !exists {
+                    self.check_topic_quota(topic, &policies, 1).await?;
+                }
+                let record = self.admin.topic_record(topic).await?;
+                let lifecycle =
+                    TopicPolicies::resolve(&policies, &record, &self.dynamic_policies());
+                let persistence =
+                    lifecycle
+                        .persistence
+                        .map_or(self.config.default_persistence, |(e, w, a)| {
+                            crate::config::PersistenceConfig {
+                                ensemble: e,
+                                write_quorum: w,
+                                ack_quorum: a,
+                            }
+                        });
+                let dedup = lifecycle.deduplication.unwrap_or(false);
                 self.admin.register_topic(topic).await?;
                 let config = LogConfig {
                     persistence: Persistence {
@@ -236,6 +280,7 @@ impl Service {
                 if lifecycle.compaction_threshold_bytes.is_some() {
                     crate::compaction::compaction_cursor(&served.log).await?;
                 }
+                served.set_policy_record(record);
                 served.set_lifecycle_policies(lifecycle);
                 served.rebuild_dedup().await?;
                 Ok::<_, ServiceError>(served)
@@ -409,17 +454,18 @@ impl Service {
         Ok(())
     }
 
-    /// Applies a namespace's (new) policies to its served topics: the
+    /// Applies a namespace's (new) policies to its served topics, each
+    /// resolved with the topic's own (topic > namespace > broker): the
     /// persistence reaches each topic's next ledger (the open one keeps its
-    /// replication, as in Pulsar); TTL, backlog quotas and retention apply
-    /// from the next lifecycle pass. Deduplication changes apply when a topic
-    /// next opens.
+    /// replication, as in Pulsar); the publish rate applies at once, count
+    /// limits at the next PRODUCER or SUBSCRIBE, TTL, backlog quotas and
+    /// retention from the next lifecycle pass. Deduplication changes apply
+    /// when a topic next opens.
     pub(crate) fn apply_policies(
         &self,
         ns: &crate::topic_name::NamespaceName,
         policies: &NamespacePolicies,
     ) {
-        let persistence = policies.persistence_or(self.config.default_persistence);
         let served: Vec<Arc<Topic>> = self
             .topics
             .lock()
@@ -427,19 +473,95 @@ impl Service {
             .filter_map(|c| c.get().cloned())
             .filter(|t| t.name.namespace == *ns)
             .collect();
-        let lifecycle = TopicPolicies::from_namespace(policies);
         for topic in served {
-            topic.log.set_retention(lifecycle.retention);
-            topic.set_lifecycle_policies(lifecycle.clone());
-            let result = topic.log.set_persistence(Persistence {
-                ensemble: persistence.ensemble,
-                write_quorum: persistence.write_quorum,
-                ack_quorum: persistence.ack_quorum,
-            });
-            if let Err(error) = result {
-                tracing::warn!(topic = %topic.full_name, %error, "persistence not applied");
-            }
+            let record = topic.policy_record();
+            self.apply_to(&topic, policies, record);
         }
+    }
+
+    /// Applies a topic's (new) own policies to it, or to each served
+    /// partition of a partitioned topic, as `apply_policies` does.
+    pub(crate) async fn apply_topic_record(
+        &self,
+        topic: &TopicName,
+        record: &crate::admin::TopicRecord,
+    ) -> Result<(), ServiceError> {
+        let base = topic.base();
+        let served: Vec<Arc<Topic>> = self
+            .topics
+            .lock()
+            .values()
+            .filter_map(|c| c.get().cloned())
+            .filter(|t| t.name.base() == base)
+            .collect();
+        if served.is_empty() {
+            return Ok(());
+        }
+        let policies = self.namespace_policies_of(topic).await?;
+        for served in served {
+            self.apply_to(&served, &policies, record.clone());
+        }
+        Ok(())
+    }
+
+    fn apply_to(
+        &self,
+        topic: &Topic,
+        policies: &NamespacePolicies,
+        record: crate::admin::TopicRecord,
+    ) {
+        let resolved = TopicPolicies::resolve(policies, &record, &self.dynamic_policies());
+        let persistence = resolved.persistence.map_or(
+            self.config.default_persistence,
+            |(ensemble, write_quorum, ack_quorum)| crate::config::PersistenceConfig {
+                ensemble,
+                write_quorum,
+                ack_quorum,
+            },
+        );
+        topic.log.set_retention(resolved.retention);
+        topic.set_policy_record(record);
+        topic.set_lifecycle_policies(resolved);
+        let result = topic.log.set_persistence(Persistence {
+            ensemble: persistence.ensemble,
+            write_quorum: persistence.write_quorum,
+            ack_quorum: persistence.ack_quorum,
+        });
+        if let Err(error) = result {
+            tracing::warn!(topic = %topic.full_name, %error, "persistence not applied");
+        }
+    }
+
+    /// Refuses `adding` new topics named `topic` past their namespace's
+    /// `maxTopicsPerNamespace` (partitions count one each, as in Pulsar).
+    pub(crate) async fn check_topic_quota(
+        &self,
+        topic: &TopicName,
+        policies: &NamespacePolicies,
+        adding: usize,
+    ) -> Result<(), ServiceError> {
+        let dynamic = self.dynamic_policies();
+        let max = policies
+            .policies
+            .get("maxTopicsPerNamespace")
+            .or_else(|| dynamic.get("maxTopicsPerNamespace"))
+            .and_then(crate::admin::policy_specs::int_of)
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n > 0);
+        let Some(max) = max else {
+            return Ok(());
+        };
+        let existing = self.admin.topics_of_namespace(&topic.namespace).await?;
+        if existing.iter().any(|t| *t == topic.to_string()) {
+            return Ok(());
+        }
+        if existing.len().saturating_add(adding) > max {
+            return Err(ServiceError::new(
+                ServerError::NotAllowedError,
+                "Exceed maximum number of topics in namespace",
+            ));
+        }
+        Ok(())
     }
 
     /// Registers a source of write-path stages (ledger client, bookies).

@@ -244,7 +244,7 @@ impl PoliciesBody {
                 .compaction_threshold
                 .and_then(|b| u64::try_from(b).ok()),
             // Grants are changed through the permissions routes only.
-            permissions: Default::default(),
+            ..Default::default()
         })
     }
 }

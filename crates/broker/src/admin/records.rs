@@ -40,7 +40,31 @@ pub struct NamespacePolicies {
     /// `auth_policies.namespace_auth`); enforced when authorization is on.
     #[serde(default)]
     pub permissions: BTreeMap<String, BTreeSet<AuthAction>>,
+    /// Policies kept as Pulsar's JSON values, by `policy_specs` key (checked
+    /// by their spec when set).
+    #[serde(default)]
+    pub policies: BTreeMap<String, serde_json::Value>,
+    /// Free key-values (Pulsar's namespace `properties`), at most
+    /// `PROPERTIES_MAX`.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Roles allowed to use each subscription name (Pulsar's
+    /// `auth_policies.subscription_auth_roles`), at most
+    /// `SUBSCRIPTION_GRANTS_MAX` subscriptions.
+    #[serde(default)]
+    pub subscription_roles: BTreeMap<String, BTreeSet<String>>,
 }
+
+/// Properties one namespace or topic may carry; each key and value at most
+/// `PROPERTY_BYTES_MAX`. They live in one metadata record read at every
+/// topic load. When reached: a new key is refused (412).
+pub const PROPERTIES_MAX: usize = 256;
+/// Longest property key or value, bytes.
+pub const PROPERTY_BYTES_MAX: usize = 1024;
+/// Subscriptions with role grants on one namespace (each a map entry in the
+/// namespace's record). When reached: a grant on a new subscription is
+/// refused (412).
+pub const SUBSCRIPTION_GRANTS_MAX: usize = 1000;
 
 /// An action a role may be granted on a namespace (Pulsar's `AuthAction`,
 /// same JSON names). Only `produce` and `consume` mean anything here; the
@@ -143,6 +167,24 @@ impl NamespacePolicies {
                         .into(),
                 ));
             }
+        }
+        if self.properties.len() > PROPERTIES_MAX {
+            return Err(AdminError::Invalid(format!(
+                "a namespace carries at most PROPERTIES_MAX ({PROPERTIES_MAX}) properties"
+            )));
+        }
+        if self.subscription_roles.len() > SUBSCRIPTION_GRANTS_MAX {
+            return Err(AdminError::Invalid(format!(
+                "grants on at most SUBSCRIPTION_GRANTS_MAX ({SUBSCRIPTION_GRANTS_MAX}) \
+                 subscriptions"
+            )));
+        }
+        if let Some(unknown) = self
+            .policies
+            .keys()
+            .find(|k| super::policy_specs::spec_of(k).is_none())
+        {
+            return Err(AdminError::BadRequest(format!("unknown policy {unknown}")));
         }
         for (kind, quota) in &self.backlog_quotas {
             if !BACKLOG_QUOTA_TYPES.contains(&kind.as_str()) {

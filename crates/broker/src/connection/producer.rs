@@ -299,6 +299,19 @@ impl Producers {
         let messages = body.num_messages().unwrap_or(1).max(1) as u32;
         // Publish rate: past it, this connection stops reading for the pause
         // (Pulsar's throttling: TCP back-pressure, nothing refused).
+        if let Some(max) = producer.topic.message_size_max()
+            && entry.len() > max
+        {
+            // The topic's maxMessageSize policy (Pulsar answers the SEND
+            // with NotAllowedError; the entry is not stored).
+            let job = ReceiptJob::Error {
+                sequence_id,
+                code: ServerError::NotAllowedError,
+                message: "Exceed maximum message size".into(),
+            };
+            let _ = jobs.send(job).await;
+            return Ok(());
+        }
         let pause = producer.topic.publish_pause(messages, entry.len());
         let issued = Instant::now();
         let job = match producer.topic.publish(

@@ -13,7 +13,10 @@
 //! Routes: `brokers` (health, metrics, write path), `lookup`, `namespaces`
 //! (tenants, clusters, namespaces and their policies), `bundles`,
 //! `permissions` (namespace grants), `topics` (topics, partitioned topics,
-//! stats, subscriptions); `prometheus` writes the metrics text.
+//! stats, subscriptions), `topic_policies` (topic-level policies and
+//! properties), `namespace_policies` (namespace policies kept as Pulsar's
+//! JSON, properties, subscription grants); `prometheus` writes the metrics
+//! text.
 //! Layering: the top of the broker: nothing else in the crate uses this
 //! module except `lib.rs` (starting the listener). It reaches the broker
 //! through the service, the admin store and the topics, never a connection.
@@ -21,12 +24,15 @@
 
 mod api;
 mod auth;
+mod broker_config;
 mod brokers;
 mod bundles;
 mod lookup;
+mod namespace_policies;
 mod namespaces;
 mod permissions;
 mod prometheus;
+mod topic_policies;
 mod topics;
 
 use std::net::SocketAddr;
@@ -40,6 +46,7 @@ use tokio::task::JoinHandle;
 use crate::error::BrokerError;
 use crate::service::Service;
 use api::ListenerScheme;
+pub(crate) use broker_config::load as load_dynamic_config;
 
 /// A running HTTP listener.
 #[derive(Debug)]
@@ -121,6 +128,8 @@ fn router(service: Arc<Service>) -> Router {
         .merge(bundles::routes())
         .merge(topics::routes())
         .merge(permissions::routes())
+        .merge(topic_policies::routes())
+        .merge(namespace_policies::routes())
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&service),
             auth::require,

@@ -170,9 +170,16 @@ async fn list_partitioned(
     ))
 }
 
-async fn create_topic(State(service): Shared, Path(path): TopicPath) -> ApiResult<StatusCode> {
+async fn create_topic(
+    State(service): Shared,
+    Path(path): TopicPath,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let topic = topic_from(&path)?;
+    let properties: Option<BTreeMap<String, String>> = parse_body(&body, "topic properties")?;
+    super::topic_policies::check_topic_quota(&service, &topic, 1).await?;
     service.admin.create_topic(&topic).await?;
+    super::topic_policies::store_properties(&service, &topic, properties).await?;
     // Pulsar creates the managed ledger at once: open the topic here.
     service.topic(&topic, false).await?;
     no_content()
@@ -198,6 +205,9 @@ async fn delete_topic(
         ));
     }
     service.delete_topic(&topic).await?;
+    if topic.partition.is_none() {
+        service.admin.delete_topic_record(&topic).await?;
+    }
     no_content()
 }
 
@@ -235,10 +245,20 @@ async fn create_partitioned(
 ) -> ApiResult<StatusCode> {
     let topic = topic_from(&path)?;
     let partitions = partitions_from_body(&body)?;
+    super::topic_policies::check_topic_quota(&service, &topic, partitions as usize).await?;
     service
         .admin
         .create_partitioned_topic(&topic, partitions)
         .await?;
+    let value: Option<Value> = parse_body(&body, "the number of partitions")?;
+    let properties = match value.as_ref().and_then(|v| v.get("properties")) {
+        Some(Value::Null) | None => None,
+        Some(map) => Some(
+            serde_json::from_value::<BTreeMap<String, String>>(map.clone())
+                .map_err(|e| ApiError::bad_request(format!("cannot parse properties: {e}")))?,
+        ),
+    };
+    super::topic_policies::store_properties(&service, &topic, properties).await?;
     no_content()
 }
 
@@ -288,6 +308,7 @@ async fn delete_partitioned(
         }
     }
     service.admin.delete_partitioned_metadata(&topic).await?;
+    service.admin.delete_topic_record(&topic).await?;
     no_content()
 }
 

@@ -225,6 +225,9 @@ pub(crate) struct SubscriptionSpec {
     /// and 10k consumers is far beyond any real subscription). When reached:
     /// SUBSCRIBE gets ConsumerBusy.
     pub(crate) consumers_max: usize,
+    /// Whether entries with a future `deliver_at_time` wait (the topic's
+    /// delayed-delivery policy, changed while the subscription runs).
+    pub(crate) delayed_delivery: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The key of a consumer.

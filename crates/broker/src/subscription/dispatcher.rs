@@ -90,6 +90,7 @@ pub(crate) fn spawn(
         consumers: Consumers::new(spec.sub_type, spec.sticky, consumers_max),
         outstanding: Outstanding::default(),
         delayed: Delayed::default(),
+        delayed_delivery: spec.delayed_delivery,
         reader: Reader::new(Arc::clone(&spec.log), read_position, spec.compaction),
         log: spec.log,
         counters: Counters {
@@ -117,6 +118,8 @@ struct Counters {
 }
 
 struct Dispatcher {
+    /// Whether delayed delivery is on (topic policy).
+    delayed_delivery: Arc<std::sync::atomic::AtomicBool>,
     name: String,
     /// Full topic name (for logs).
     topic: String,
@@ -598,7 +601,12 @@ impl Dispatcher {
                     progressed = true;
                     continue;
                 }
-                if let Some(due_ms) = delayed::due_later(self.consumers.sub_type(), &entry.data) {
+                if let Some(due_ms) = delayed::due_later(
+                    self.consumers.sub_type(),
+                    self.delayed_delivery
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                    &entry.data,
+                ) {
                     // Delayed delivery: held until due, then replayed.
                     self.delayed.hold(due_ms, pos);
                     self.reader.move_past(pos);

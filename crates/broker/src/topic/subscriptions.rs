@@ -137,6 +137,7 @@ impl SubscriptionTable {
         compaction: &Arc<Compaction>,
         request: &SubscribeRequest,
         info: ConsumerInfo,
+        delayed_delivery: &Arc<std::sync::atomic::AtomicBool>,
     ) -> Result<(SubscriptionHandle, ConsumerSlot), ServiceError> {
         let slot = self.reserve_consumer()?;
         let mut generation = self.create.lock().await;
@@ -198,6 +199,7 @@ impl SubscriptionTable {
                         sticky: request.sticky,
                         compaction: request.read_compacted.then(|| Arc::clone(compaction)),
                         consumers_max: self.consumers_per_subscription_max,
+                        delayed_delivery: Arc::clone(delayed_delivery),
                     },
                     on_end,
                 );
@@ -256,6 +258,11 @@ impl SubscriptionTable {
         let (reply, answer) = oneshot::channel();
         handle.tx.send(command(reply)).await.ok()?;
         Some(answer.await.ok())
+    }
+
+    /// Consumers attached now, over all subscriptions.
+    pub(crate) fn consumer_count(&self) -> usize {
+        self.consumer_count.load(Ordering::Acquire)
     }
 
     /// Names of the subscriptions with a task now.
