@@ -104,6 +104,8 @@ pub struct PublisherStats {
     pub address: String,
     /// Client version string from CONNECT.
     pub client_version: String,
+    /// PRODUCER's metadata.
+    pub metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// One subscription.
@@ -139,6 +141,8 @@ pub struct SubscriptionStats {
     pub read_position: Option<Position>,
     /// Consumers attached.
     pub consumers: Vec<ConsumerStats>,
+    /// Exclusive and Failover: the consumer the dispatcher delivers to.
+    pub active_consumer: Option<String>,
 }
 
 /// One consumer.
@@ -154,4 +158,10 @@ pub struct ConsumerStats {
     pub msg_out_counter: u64,
     /// Client address.
     pub address: String,
+    /// Client version string from CONNECT.
+    pub client_version: String,
+    /// Wall-clock time of its last FLOW, ms.
+    pub last_flow_ms: u64,
+    /// SUBSCRIBE's metadata.
+    pub metadata: std::collections::BTreeMap<String, String>,
 }

@@ -113,13 +113,13 @@ impl From<RetentionJson> for RetentionPolicy {
 #[serde(rename_all = "camelCase")]
 pub struct BacklogQuotaJson {
     /// Deprecated name of `limitSize`.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "int_or_string")]
     pub limit: Option<i64>,
     /// Backlog bytes allowed.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "int_or_string")]
     pub limit_size: Option<i64>,
     /// Age of the oldest unacknowledged message allowed, seconds.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "int_or_string")]
     pub limit_time: Option<i32>,
     /// What happens when exceeded.
     #[serde(default)]
@@ -148,6 +148,24 @@ impl BacklogQuotaJson {
                 .unwrap_or_else(|| "producer_request_hold".to_string()),
         }
     }
+}
+
+/// A number given as a JSON number or a string holding one (Jackson coerces
+/// both; the Go client's tests send `"limit": "10240"`).
+fn int_or_string<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<i64>,
+{
+    let value: Option<Value> = Option::deserialize(deserializer)?;
+    let number = match &value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => super::policy_specs::int_of(v),
+    };
+    number
+        .and_then(|n| T::try_from(n).ok())
+        .map(Some)
+        .ok_or_else(|| serde::de::Error::custom(format!("not a number in range: {value:?}")))
 }
 
 /// Pulsar's TenantInfo.
@@ -340,11 +358,11 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
                 "blockedConsumerOnUnackedMsgs": false,
                 "address": c.address,
                 "connectedSince": "",
-                "clientVersion": "",
+                "clientVersion": c.client_version,
                 "lastAckedTimestamp": 0,
                 "lastConsumedTimestamp": 0,
-                "lastConsumedFlowTimestamp": 0,
-                "metadata": {}
+                "lastConsumedFlowTimestamp": c.last_flow_ms,
+                "metadata": c.metadata
             })
         })
         .collect();
@@ -365,7 +383,7 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
         "msgInReplay": 0,
         "unackedMessages": sub.unacked_messages,
         "type": sub.sub_type,
-        "activeConsumerName": sub.consumers.first().map(|c| c.consumer_name.clone()),
+        "activeConsumerName": sub.active_consumer,
         "msgRateExpired": 0.0,
         "totalMsgExpired": sub.msg_expired_counter,
         "lastExpireTimestamp": 0,
@@ -407,7 +425,7 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
                 "address": p.address,
                 "connectedSince": "",
                 "clientVersion": p.client_version,
-                "metadata": {}
+                "metadata": p.metadata
             })
         })
         .collect();

@@ -22,7 +22,7 @@ use vela_wire::proto::{
 };
 
 use super::deferred::{Deferred, TopicOpening};
-use super::session::{Close, NAME_BYTES_MAX, Session};
+use super::session::{Close, NAME_BYTES_MAX, Session, client_metadata};
 use crate::authorization::TopicAction;
 use crate::codec;
 use crate::error::ServiceError;
@@ -203,6 +203,8 @@ impl Consumers {
             address: session.peer.to_string(),
             epoch: body.consumer_epoch,
             allow_out_of_order,
+            metadata: client_metadata(&body.metadata)?,
+            client_version: session.client_version.clone(),
         };
         let (sub, slot) = topic.subscribe(&request, info).await?;
         tracing::debug!(conn = session.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");

@@ -26,7 +26,7 @@ use vela_wire::proto::{self, MessageIdData, ServerError};
 use vela_wire::{Command, SendCommand};
 
 use super::deferred::{Deferred, TopicOpening};
-use super::session::{Close, NAME_BYTES_MAX, Session};
+use super::session::{Close, NAME_BYTES_MAX, Session, client_metadata};
 use crate::authorization::TopicAction;
 use crate::codec::{self, Outbound};
 use crate::error::ServiceError;
@@ -181,6 +181,20 @@ impl Producers {
             .authorize(&topic_name.namespace, TopicAction::Produce)
             .await?;
         let topic = session.service.topic(&topic_name, true).await?;
+        if let Some(subscription) = body
+            .initial_subscription_name
+            .as_deref()
+            .filter(|s| !s.is_empty())
+        {
+            // Pulsar's ServerCnx.handleProducer: the producer creates the
+            // subscription (at the earliest entry) so nothing it sends is
+            // lost to a consumer that subscribes later (the dead-letter
+            // topic's initial subscription); it needs consume permission.
+            session
+                .authorize(&topic_name.namespace, TopicAction::Consume)
+                .await?;
+            topic.create_initial_subscription(subscription).await?;
+        }
         let schema_version = match &body.schema {
             Some(s) if !schema::is_empty_schema(s) => Some(
                 session
@@ -214,6 +228,7 @@ impl Producers {
             events: session.events_tx.clone(),
             address: session.peer.to_string(),
             client_version: session.client_version.clone(),
+            metadata: client_metadata(&body.metadata)?,
         };
         let exclusive = access_mode != proto::ProducerAccessMode::Shared;
         let last_sequence_id = topic.last_sequence_id(&name);

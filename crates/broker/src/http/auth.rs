@@ -139,6 +139,8 @@ pub(super) fn classify(method: &Method, path: &str) -> Need {
                 namespace(tenant, ns, TopicAction::Lookup)
             }
             ["namespaces", tenant, ..] => Need::TenantAdmin(tenant.to_string()),
+            ["schemas", tenant, ns, _topic, ..] if read => namespace(tenant, ns, TopicAction::Lookup),
+            ["schemas", tenant, ..] => Need::TenantAdmin(tenant.to_string()),
             [domain, tenant, ns, rest @ ..] if is_domain(domain) => match rest {
                 [] | ["partitioned"] if read => namespace(tenant, ns, TopicAction::Lookup),
                 [
@@ -146,6 +148,9 @@ pub(super) fn classify(method: &Method, path: &str) -> Need {
                     "partitions" | "stats" | "partitioned-stats" | "internalStats",
                 ] if read => namespace(tenant, ns, TopicAction::Lookup),
                 [_topic, "subscriptions"] if read => namespace(tenant, ns, TopicAction::Consume),
+                [_topic, "ledger" | "messageid" | "lastMessageId", ..] if read => {
+                    namespace(tenant, ns, TopicAction::Consume)
+                }
                 [_topic, "subscription" | "all_subscription", ..] => {
                     namespace(tenant, ns, TopicAction::Consume)
                 }

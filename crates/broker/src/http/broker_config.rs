@@ -63,15 +63,9 @@ fn policy_value(name: &str, text: &str) -> Result<(&'static str, Value), ApiErro
         ));
     };
     let value = if name == "allowAutoSubscriptionCreation" {
-        match text {
-            "true" | "false" => json!({ "allowAutoSubscriptionCreation": text == "true" }),
-            _ => {
-                return Err(ApiError::new(
-                    StatusCode::PRECONDITION_FAILED,
-                    format!("invalid value {text} for {name}: true or false"),
-                ));
-            }
-        }
+        // Java's Boolean.valueOf, as Pulsar parses it: "true" in any case,
+        // anything else is false.
+        json!({ "allowAutoSubscriptionCreation": text.eq_ignore_ascii_case("true") })
     } else {
         Value::String(text.to_string())
     };
@@ -162,6 +156,7 @@ async fn values(State(service): Shared) -> ApiResult<axum::Json<BTreeMap<String,
     Ok(axum::Json(read(&service).await?.0))
 }
 
+/// Pulsar answers 200 here (not 204).
 async fn update(
     State(service): Shared,
     Path((name, value)): Path<(String, String)>,
@@ -170,7 +165,8 @@ async fn update(
     write(&service, |settings| {
         settings.insert(name.clone(), value.clone());
     })
-    .await
+    .await?;
+    Ok(StatusCode::OK)
 }
 
 async fn remove(State(service): Shared, Path(name): Path<String>) -> ApiResult<StatusCode> {

@@ -29,6 +29,7 @@ pub(super) fn routes() -> Router<Arc<Service>> {
         .route("/metrics/", get(metrics))
         .route("/admin/v2/vela/write-path", get(write_path))
         .route("/admin/v2/brokers/leaderBroker", get(leader_broker))
+        .route("/admin/v2/brokers", get(local_brokers))
         .route("/admin/v2/brokers/{cluster}", get(active_brokers))
         .merge(super::broker_config::routes())
 }
@@ -57,6 +58,12 @@ async fn active_brokers(
             "Cluster {cluster} does not exist"
         )));
     }
+    let brokers = brokers_now(&service).await?;
+    Ok(axum::Json(brokers.into_iter().map(|b| b.id).collect()))
+}
+
+/// `GET /admin/v2/brokers`: the ids of the local cluster's active brokers.
+async fn local_brokers(State(service): Shared) -> ApiResult<axum::Json<Vec<String>>> {
     let brokers = brokers_now(&service).await?;
     Ok(axum::Json(brokers.into_iter().map(|b| b.id).collect()))
 }

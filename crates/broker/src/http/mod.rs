@@ -14,7 +14,9 @@
 //! (tenants, clusters, namespaces and their policies), `bundles`,
 //! `permissions` (namespace grants), `topics` (topics, partitioned topics,
 //! stats, subscriptions), `topic_policies` (topic-level policies and
-//! properties), `namespace_policies` (namespace policies kept as Pulsar's
+//! properties), `messages` (entries by id, peek, id by time), `schemas`
+//! (the schema registry),
+//! `namespace_policies` (namespace policies kept as Pulsar's
 //! JSON, properties, subscription grants); `prometheus` writes the metrics
 //! text.
 //! Layering: the top of the broker: nothing else in the crate uses this
@@ -28,10 +30,12 @@ mod broker_config;
 mod brokers;
 mod bundles;
 mod lookup;
+mod messages;
 mod namespace_policies;
 mod namespaces;
 mod permissions;
 mod prometheus;
+mod schemas;
 mod topic_policies;
 mod topics;
 
@@ -129,6 +133,8 @@ fn router(service: Arc<Service>) -> Router {
         .merge(topics::routes())
         .merge(permissions::routes())
         .merge(topic_policies::routes())
+        .merge(messages::routes())
+        .merge(schemas::routes())
         .merge(namespace_policies::routes())
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&service),

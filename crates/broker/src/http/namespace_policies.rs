@@ -53,6 +53,14 @@ pub(super) fn routes() -> Router<Arc<Service>> {
         .route(
             &format!("{N}/permissions/subscription/{{subscription}}"),
             post(grant_subscription).delete(revoke_subscription),
+        )
+        .route(
+            &format!("{N}/permissions/{{subscription}}/{{role}}"),
+            axum::routing::delete(revoke_subscription_role),
+        )
+        .route(
+            &format!("{N}/removeOffloadPolicies"),
+            axum::routing::delete(remove_offload_policies),
         );
     for spec in POLICY_SPECS {
         let Some(route) = spec.namespace_route else {
@@ -267,6 +275,18 @@ async fn grant_subscription(
     .await
 }
 
+/// Pulsar's `DELETE .../removeOffloadPolicies`.
+async fn remove_offload_policies(
+    State(service): Shared,
+    Path((tenant, namespace)): NsPath,
+) -> ApiResult<StatusCode> {
+    update(&service, &tenant, &namespace, |p| {
+        p.policies.remove("offloadPolicies");
+        Ok(())
+    })
+    .await
+}
+
 /// Revokes `?role=`'s use of a subscription name.
 async fn revoke_subscription(
     State(service): Shared,
@@ -274,7 +294,25 @@ async fn revoke_subscription(
     Query(params): Params,
 ) -> ApiResult<StatusCode> {
     let role = params.get("role").cloned().unwrap_or_default();
-    update(&service, &tenant, &namespace, |p| {
+    revoke(&service, &tenant, &namespace, subscription, role).await
+}
+
+/// Pulsar's `DELETE .../permissions/{subscription}/{role}`.
+async fn revoke_subscription_role(
+    State(service): Shared,
+    Path((tenant, namespace, subscription, role)): Path<(String, String, String, String)>,
+) -> ApiResult<StatusCode> {
+    revoke(&service, &tenant, &namespace, subscription, role).await
+}
+
+async fn revoke(
+    service: &Service,
+    tenant: &str,
+    namespace: &str,
+    subscription: String,
+    role: String,
+) -> ApiResult<StatusCode> {
+    update(service, tenant, namespace, |p| {
         if let Some(roles) = p.subscription_roles.get_mut(&subscription) {
             roles.remove(&role);
             if roles.is_empty() {

@@ -312,10 +312,27 @@ async fn delete_partitioned(
     no_content()
 }
 
-async fn stats(State(service): Shared, Path(path): TopicPath) -> ApiResult<axum::Json<Value>> {
+/// `excludePublishers` / `excludeConsumers`: stats without those lists.
+fn exclude(stats: &mut crate::stats::TopicStats, params: &std::collections::HashMap<String, String>) {
+    if flag(params, "excludePublishers") {
+        stats.publishers.clear();
+    }
+    if flag(params, "excludeConsumers") {
+        for subscription in &mut stats.subscriptions {
+            subscription.consumers.clear();
+        }
+    }
+}
+
+async fn stats(
+    State(service): Shared,
+    Path(path): TopicPath,
+    Query(params): Params,
+) -> ApiResult<axum::Json<Value>> {
     let topic = topic_from(&path)?;
     let served = open(&service, &topic).await?;
-    let stats = served.stats().await;
+    let mut stats = served.stats().await;
+    exclude(&mut stats, &params);
     Ok(axum::Json(json::topic_stats_json(
         &stats,
         &owner_broker(&service),
@@ -336,7 +353,9 @@ async fn partitioned_stats(
     let mut partitions = Vec::with_capacity(n as usize);
     for index in 0..n {
         let served = open(&service, &topic.partition(index)).await?;
-        partitions.push(served.stats().await);
+        let mut stats = served.stats().await;
+        exclude(&mut stats, &params);
+        partitions.push(stats);
     }
     // Pulsar's default is perPartition=true.
     let per_partition = params

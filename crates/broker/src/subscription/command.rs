@@ -46,6 +46,10 @@ pub(crate) struct ConsumerInfo {
     pub(crate) epoch: Option<u64>,
     /// Key_Shared allowOutOfOrderDelivery: no fence when joining.
     pub(crate) allow_out_of_order: bool,
+    /// SUBSCRIBE's `metadata` (bounded by the connection), for stats.
+    pub(crate) metadata: std::collections::BTreeMap<String, String>,
+    /// Client version string from CONNECT, for stats.
+    pub(crate) client_version: String,
 }
 
 /// A consumer is identified by (connection id, consumer id).

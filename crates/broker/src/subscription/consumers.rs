@@ -37,6 +37,8 @@ pub(super) struct Slot {
     pub(super) unacked: u64,
     /// Messages sent to it.
     pub(super) msg_out: u64,
+    /// Wall-clock time of its last FLOW, ms (0: none yet).
+    pub(super) last_flow_ms: u64,
 }
 
 /// Who the next entry may go to.
@@ -198,6 +200,7 @@ impl Consumers {
             info,
             fence,
             permits: 0,
+            last_flow_ms: 0,
             unacked: 0,
             msg_out: 0,
         });
@@ -234,6 +237,15 @@ impl Consumers {
         }
         self.active = None;
         slots
+    }
+
+    /// Exclusive and Failover: the name of the consumer entries go to.
+    pub(super) fn active_name(&self) -> Option<String> {
+        let active = self.active?;
+        self.slots
+            .iter()
+            .find(|s| key_of(&s.info) == active)
+            .map(|s| s.info.name.clone())
     }
 
     /// True for Exclusive and Failover (one active consumer at a time).

@@ -218,6 +218,7 @@ impl Dispatcher {
             SubCommand::Flow { key, permits } => {
                 if let Some(slot) = self.consumers.get_mut(key) {
                     slot.permits = slot.permits.saturating_add(i64::from(permits));
+                    slot.last_flow_ms = delayed::now_ms();
                     self.reader.caught_up = false;
                 }
             }
@@ -344,8 +345,12 @@ impl Dispatcher {
                     unacked_messages: slot.unacked,
                     msg_out_counter: slot.msg_out,
                     address: slot.info.address.clone(),
+                    client_version: slot.info.client_version.clone(),
+                    last_flow_ms: slot.last_flow_ms,
+                    metadata: slot.info.metadata.clone(),
                 })
                 .collect(),
+            active_consumer: self.consumers.active_name(),
         }
     }
 

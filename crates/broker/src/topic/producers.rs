@@ -46,6 +46,8 @@ pub(crate) struct ProducerReg {
     pub(crate) address: String,
     /// Client version (stats).
     pub(crate) client_version: String,
+    /// PRODUCER's `metadata` (bounded by the connection), for stats.
+    pub(crate) metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// Outcome of registering a producer.
@@ -327,6 +329,7 @@ impl ProducerTable {
                 access_mode: if reg.exclusive { "Exclusive" } else { "Shared" }.to_string(),
                 address: reg.address.clone(),
                 client_version: reg.client_version.clone(),
+                metadata: reg.metadata.clone(),
             })
             .collect();
         publishers.sort_by(|a, b| a.producer_name.cmp(&b.producer_name));
