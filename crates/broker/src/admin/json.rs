@@ -375,7 +375,7 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
         "messageAckRate": 0.0,
         "chunkedMessageRate": 0,
         "msgBacklog": sub.msg_backlog,
-        "backlogSize": -1,
+        "backlogSize": 0,
         "earliestMsgPublishTimeInBacklog": 0,
         "msgBacklogNoDelayed": sub.msg_backlog,
         "blockedSubscriptionOnUnackedMsgs": false,

@@ -139,7 +139,9 @@ pub(super) fn classify(method: &Method, path: &str) -> Need {
                 namespace(tenant, ns, TopicAction::Lookup)
             }
             ["namespaces", tenant, ..] => Need::TenantAdmin(tenant.to_string()),
-            ["schemas", tenant, ns, _topic, ..] if read => namespace(tenant, ns, TopicAction::Lookup),
+            ["schemas", tenant, ns, _topic, ..] if read => {
+                namespace(tenant, ns, TopicAction::Lookup)
+            }
             ["schemas", tenant, ..] => Need::TenantAdmin(tenant.to_string()),
             [domain, tenant, ns, rest @ ..] if is_domain(domain) => match rest {
                 [] | ["partitioned"] if read => namespace(tenant, ns, TopicAction::Lookup),

@@ -9,6 +9,8 @@
 //! (`ledger:entry`), `X-Pulsar-publish-time`, `X-Pulsar-Property` (the
 //! properties as JSON: header names lose case), and for a batch
 //! `X-Pulsar-num-batch-message`.
+//! A peek on a subscription that does not exist creates it at the earliest
+//! entry (as Pulsar's `getSubscriptionReference`).
 //! Bounds: a peek scans at most `PEEK_SCAN_ENTRIES_MAX` entries; a payload
 //! is uncompressed to at most the broker's largest message.
 //! Never: changes a cursor.
@@ -52,7 +54,10 @@ pub(super) fn routes() -> Router<Arc<Service>> {
 }
 
 /// A served, existing (non-partitioned or partition) topic.
-async fn served(service: &Service, path: &(String, String, String, String)) -> ApiResult<(TopicName, Arc<Topic>)> {
+async fn served(
+    service: &Service,
+    path: &(String, String, String, String),
+) -> ApiResult<(TopicName, Arc<Topic>)> {
     let topic = topic_of(&path.0, &path.1, &path.2, &path.3)?;
     if topic.partition.is_none() && service.admin.partitions(&topic).await?.is_some() {
         return Err(ApiError::new(
@@ -87,7 +92,8 @@ fn iso_time(ms: u64) -> String {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let day_of_era = z.rem_euclid(146_097);
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
     let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
     let mp = (5 * day_of_year + 2) / 153;
     let day = day_of_year - (153 * mp + 2) / 5 + 1;
@@ -104,7 +110,10 @@ fn entry_response(service: &Service, position: Position, entry: &Bytes) -> ApiRe
     let corrupt = || {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
-            format!("entry {}:{} is unreadable", position.ledger_id, position.entry_id),
+            format!(
+                "entry {}:{} is unreadable",
+                position.ledger_id, position.entry_id
+            ),
         )
     };
     let metadata = crate::codec::entry_metadata(entry).ok_or_else(corrupt)?;
@@ -192,6 +201,20 @@ async fn peek(
     )>,
 ) -> ApiResult<Response> {
     let (_, served) = served(&service, &(domain, tenant, namespace, topic)).await?;
+    if served.log.cursor(&subscription).is_none() {
+        // As Pulsar's getSubscriptionReference: a peek on a subscription
+        // that does not exist creates it at the earliest entry.
+        match served
+            .create_subscription(
+                &subscription,
+                crate::topic::cursor_admin::SubscriptionStart::Earliest,
+            )
+            .await
+        {
+            Ok(()) | Err(crate::admin::AdminError::Exists(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     let Some(cursor) = served.log.cursor(&subscription) else {
         return Err(ApiError::not_found("Subscription not found"));
     };
@@ -233,8 +256,7 @@ async fn id_by_time(
     )>,
 ) -> ApiResult<Response> {
     let (name, served) = served(&service, &(domain, tenant, namespace, topic)).await?;
-    let position =
-        crate::subscription::first_published_at_or_after(&served.log, timestamp).await?;
+    let position = crate::subscription::first_published_at_or_after(&served.log, timestamp).await?;
     if read_at(&served.log, position).await?.is_none() {
         return Err(ApiError::not_found(format!(
             "Message ID not found for timestamp {timestamp}"

@@ -52,7 +52,7 @@ pub(super) fn routes() -> Router<Arc<Service>> {
         )
         .route(
             &format!("{N}/permissions/subscription/{{subscription}}"),
-            post(grant_subscription).delete(revoke_subscription),
+            post(grant_subscription).delete(revoke_named_subscription),
         )
         .route(
             &format!("{N}/permissions/{{subscription}}/{{role}}"),
@@ -287,14 +287,19 @@ async fn remove_offload_policies(
     .await
 }
 
-/// Revokes `?role=`'s use of a subscription name.
-async fn revoke_subscription(
+/// `DELETE .../permissions/subscription/{x}` is Pulsar's
+/// `permissions/{subscription}/{role}` for the subscription named
+/// "subscription" (the only DELETE route of that shape), unless `?role=`
+/// names the role, then `{x}` is the subscription.
+async fn revoke_named_subscription(
     State(service): Shared,
-    Path((tenant, namespace, subscription)): Path<(String, String, String)>,
+    Path((tenant, namespace, last)): Path<(String, String, String)>,
     Query(params): Params,
 ) -> ApiResult<StatusCode> {
-    let role = params.get("role").cloned().unwrap_or_default();
-    revoke(&service, &tenant, &namespace, subscription, role).await
+    match params.get("role").cloned() {
+        Some(role) => revoke(&service, &tenant, &namespace, last, role).await,
+        None => revoke(&service, &tenant, &namespace, "subscription".into(), last).await,
+    }
 }
 
 /// Pulsar's `DELETE .../permissions/{subscription}/{role}`.

@@ -120,7 +120,11 @@ async fn latest(
     Path((tenant, namespace, local)): Path<(String, String, String)>,
 ) -> ApiResult<axum::Json<Value>> {
     let topic = topic(&tenant, &namespace, &local)?;
-    let (version, schema) = service.schemas.get(&topic, None).await?.ok_or_else(not_found)?;
+    let (version, schema) = service
+        .schemas
+        .get(&topic, None)
+        .await?
+        .ok_or_else(not_found)?;
     Ok(axum::Json(
         schema_json(&service, &topic, version, &schema).await?,
     ))
@@ -166,9 +170,9 @@ struct PostSchema {
     #[serde(rename = "type")]
     kind: String,
     #[serde(default)]
-    schema: String,
+    schema: Option<String>,
     #[serde(default)]
-    properties: BTreeMap<String, String>,
+    properties: Option<BTreeMap<String, String>>,
 }
 
 fn schema_from(topic: &TopicName, body: &[u8]) -> ApiResult<proto::Schema> {
@@ -176,10 +180,11 @@ fn schema_from(topic: &TopicName, body: &[u8]) -> ApiResult<proto::Schema> {
     let post = post.ok_or_else(|| ApiError::bad_request("the schema payload is missing"))?;
     Ok(proto::Schema {
         name: topic.local.clone(),
-        schema_data: post.schema.into_bytes().into(),
+        schema_data: post.schema.unwrap_or_default().into_bytes().into(),
         r#type: type_of(&post.kind)? as i32,
         properties: post
             .properties
+            .unwrap_or_default()
             .into_iter()
             .map(|(key, value)| proto::KeyValue { key, value })
             .collect(),
@@ -248,5 +253,7 @@ async fn delete(
 ) -> ApiResult<axum::Json<Value>> {
     let topic = topic(&tenant, &namespace, &local)?;
     let deleted = service.schemas.delete_all(&topic).await?;
-    Ok(axum::Json(json!({ "version": deleted.map_or(-1, |v| v as i64) })))
+    Ok(axum::Json(
+        json!({ "version": deleted.map_or(-1, |v| v as i64) }),
+    ))
 }

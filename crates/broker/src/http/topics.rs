@@ -313,7 +313,10 @@ async fn delete_partitioned(
 }
 
 /// `excludePublishers` / `excludeConsumers`: stats without those lists.
-fn exclude(stats: &mut crate::stats::TopicStats, params: &std::collections::HashMap<String, String>) {
+fn exclude(
+    stats: &mut crate::stats::TopicStats,
+    params: &std::collections::HashMap<String, String>,
+) {
     if flag(params, "excludePublishers") {
         stats.publishers.clear();
     }
