@@ -424,3 +424,33 @@ def test_messages_read_back_over_rest(pb, pc):
     assert json.loads(body)["entryId"] == first.entry_id()
     producer.close()
     consumer.close()
+
+
+def test_vela_admin_policy_commands(pb, pc):
+    import subprocess
+
+    from velaproc import vela_binary
+
+    def admin(*args):
+        done = subprocess.run(
+            [vela_binary(), "admin", "--admin-url", pb.http_url, *args],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert done.returncode == 0, (args, done.stderr)
+        return done.stdout.strip()
+
+    topic = "persistent://%s/cli" % new_namespace(pb)
+    admin("topics", "create", topic)
+    admin("topic-policies", "set", "maxProducers", topic, "1")
+    assert admin("topic-policies", "get", "maxProducers", topic) == "1"
+    p = pc.create_producer(topic)
+    with pytest.raises(pulsar.ProducerBusy):
+        pc.create_producer(topic)
+    p.close()
+    admin("topic-policies", "remove", "maxProducers", topic)
+    assert admin("topic-policies", "get", "maxProducers", topic) == ""
+    assert "maxProducers" in admin("topic-policies", "list").split()
+    admin("topics", "update-properties", topic, "-p", "k=v")
+    assert json.loads(admin("topics", "get-properties", topic)) == {"k": "v"}
+    assert "leaderBroker" not in admin("brokers", "leader-broker")
+    assert json.loads(admin("brokers", "leader-broker"))["brokerId"]
