@@ -20,7 +20,7 @@
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `subscription`, `topic`
-//! 4. the service: `service`, `lifecycle`, `cluster`
+//! 4. the service: `service`, `lifecycle`, `cluster`, `policy_watch`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -75,6 +75,7 @@ mod lifecycle;
 pub mod metrics;
 pub mod ownership;
 mod policies;
+mod policy_watch;
 pub mod schema;
 mod service;
 pub mod stats;
@@ -158,6 +159,9 @@ impl Broker {
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
         service.admin.ensure_defaults().await?;
         http::load_dynamic_config(&service).await?;
+        policy_watch::start(&service)
+            .await
+            .map_err(|e| BrokerError::Config(format!("watching stored policies: {e}")))?;
         tokio::spawn(lifecycle::run(
             Arc::downgrade(&service),
             service.config.policy_check_interval,
