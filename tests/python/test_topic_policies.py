@@ -454,3 +454,30 @@ def test_vela_admin_policy_commands(pb, pc):
     assert json.loads(admin("topics", "get-properties", topic)) == {"k": "v"}
     assert "leaderBroker" not in admin("brokers", "leader-broker")
     assert json.loads(admin("brokers", "leader-broker"))["brokerId"]
+
+
+@pytest.mark.parametrize("scope", ["consumer", "subscription"])
+def test_unacked_limit_holds_deliveries_until_acks(pb, pc, scope):
+    topic = "persistent://%s/unacked" % new_namespace(pb)
+    create_topic(pb, topic)
+    what = "maxUnackedMessagesOnConsumer" if scope == "consumer" else "maxUnackedMessagesOnSubscription"
+    set_topic_policy(pb, topic, what, 3)
+    consumer = pc.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared)
+    publish(pc, topic, 10, size=10)
+    got = [consumer.receive(timeout_millis=10000) for _ in range(3)]
+    with pytest.raises(pulsar.Timeout):
+        consumer.receive(timeout_millis=1500)
+    consumer.acknowledge(got[0])
+    assert consumer.receive(timeout_millis=10000).data().startswith(b"000003")
+    consumer.close()
+
+
+def test_schema_validation_enforced_refuses_producers_without_schema(pb, pc):
+    ns = new_namespace(pb)
+    topic = "persistent://%s/enforced" % ns
+    pc.create_producer(topic, schema=pulsar.schema.StringSchema()).close()
+    pc.create_producer(topic).close()  # not enforced yet: bytes producers pass
+    set_ns_policy(pb, ns, "schemaValidationEnforced", True)
+    with pytest.raises(pulsar.IncompatibleSchema):
+        pc.create_producer(topic)
+    pc.create_producer(topic, schema=pulsar.schema.StringSchema()).close()

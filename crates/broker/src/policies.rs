@@ -117,6 +117,12 @@ pub(crate) struct PolicyLimits {
     pub(crate) delayed_delivery: Option<bool>,
     /// Whether a SUBSCRIBE may create its subscription (`None`: yes).
     pub(crate) auto_subscription_creation: Option<bool>,
+    /// Producers without a schema are refused on a topic that has one.
+    pub(crate) schema_validation_enforced: bool,
+    /// Entries out and unacknowledged per consumer before it gets no more.
+    pub(crate) unacked_per_consumer_max: Option<u64>,
+    /// The same per subscription.
+    pub(crate) unacked_per_subscription_max: Option<u64>,
 }
 
 impl Default for TopicPolicies {
@@ -214,6 +220,12 @@ impl TopicPolicies {
             publish_rate,
             message_size_max: count("maxMessageSize"),
             delayed_delivery,
+            unacked_per_consumer_max: count("maxUnackedMessagesOnConsumer").map(|n| n as u64),
+            unacked_per_subscription_max: count("maxUnackedMessagesOnSubscription")
+                .map(|n| n as u64),
+            schema_validation_enforced: pick("schemaValidationEnforced")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
             auto_subscription_creation: pick("autoSubscriptionCreation")
                 .and_then(|v| v.get("allowAutoSubscriptionCreation"))
                 .and_then(Value::as_bool),

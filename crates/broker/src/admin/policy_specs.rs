@@ -93,11 +93,11 @@ const fn spec(
     }
 }
 
-/// Every policy kept as a JSON value. Policies Vela applies are named in
-/// `policies::TopicPolicies`; the others (offload, replication, dispatch
-/// rates, unacked limits, schema validation, dedup snapshots, inactive
-/// topics, subscription expiry, bookie affinity) are stored and served back
-/// so tools round-trip them; Vela has no such mechanism to apply them to.
+/// Every policy kept as a JSON value. Policies Vela applies are read in
+/// `policies::TopicPolicies::resolve`; the others (offload, replication,
+/// dispatch and subscribe rates, dedup snapshots, inactive topics,
+/// subscription expiry, bookie affinity) are stored and served back so
+/// tools round-trip them; Vela has no such mechanism to apply them to.
 pub const POLICY_SPECS: &[PolicySpec] = &[
     // Topic-level forms of the namespace policies `NamespacePolicies` keeps
     // typed (their namespace routes are `http::namespaces`').

@@ -195,6 +195,18 @@ impl Producers {
                 .await?;
             topic.create_initial_subscription(subscription).await?;
         }
+        let without_schema = body.schema.as_ref().is_none_or(schema::is_empty_schema);
+        if without_schema
+            && topic.lifecycle_policies().limits.schema_validation_enforced
+            && session.service.schemas.has_schema(&topic_name).await?
+        {
+            // The topic's or namespace's schemaValidationEnforced policy.
+            return Err(ServiceError::new(
+                ServerError::IncompatibleSchema,
+                "Producers cannot connect or send message without a schema to topics with a \
+                 schema if SchemaValidationEnforced is enabled",
+            ));
+        }
         let schema_version = match &body.schema {
             Some(s) if !schema::is_empty_schema(s) => Some(
                 session

@@ -90,7 +90,7 @@ pub(crate) fn spawn(
         consumers: Consumers::new(spec.sub_type, spec.sticky, consumers_max),
         outstanding: Outstanding::default(),
         delayed: Delayed::default(),
-        delayed_delivery: spec.delayed_delivery,
+        policy: spec.policy,
         reader: Reader::new(Arc::clone(&spec.log), read_position, spec.compaction),
         log: spec.log,
         counters: Counters {
@@ -118,8 +118,8 @@ struct Counters {
 }
 
 struct Dispatcher {
-    /// Whether delayed delivery is on (topic policy).
-    delayed_delivery: Arc<std::sync::atomic::AtomicBool>,
+    /// The topic's dispatch policies.
+    policy: Arc<super::command::DispatchPolicy>,
     name: String,
     /// Full topic name (for logs).
     topic: String,
@@ -148,7 +148,14 @@ impl Dispatcher {
     ) {
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription started");
         loop {
-            let waiting = self.reader.caught_up && self.consumers.total_permits() > 0;
+            self.consumers.set_unacked_max(
+                self.policy
+                    .unacked_per_consumer_max
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
+            let waiting = self.reader.caught_up
+                && self.consumers.total_permits() > 0
+                && !self.subscription_unacked_full();
             let read_position = self.reader.position();
             let log = Arc::clone(&self.log);
             let next_due = self.delayed.next_due_ms();
@@ -555,16 +562,26 @@ impl Dispatcher {
     }
 
     /// Sends entries while some consumer has permits.
+    /// `maxUnackedMessagesOnSubscription` reached: nothing more goes out
+    /// until acknowledgements come.
+    fn subscription_unacked_full(&self) -> bool {
+        let max = self
+            .policy
+            .unacked_per_subscription_max
+            .load(std::sync::atomic::Ordering::Relaxed);
+        max > 0 && self.outstanding.pending_len() as u64 >= max
+    }
+
     async fn dispatch(&mut self) {
         self.release_due();
-        if self.consumers.is_empty() {
+        if self.consumers.is_empty() || self.subscription_unacked_full() {
             return;
         }
         let outstanding = &self.outstanding;
         self.consumers
             .lift_fences(|fence| outstanding.has_before(fence));
         loop {
-            if self.consumers.total_permits() <= 0 {
+            if self.consumers.total_permits() <= 0 || self.subscription_unacked_full() {
                 return;
             }
             let mut progressed = false;
@@ -608,7 +625,8 @@ impl Dispatcher {
                 }
                 if let Some(due_ms) = delayed::due_later(
                     self.consumers.sub_type(),
-                    self.delayed_delivery
+                    self.policy
+                        .delayed_delivery
                         .load(std::sync::atomic::Ordering::Relaxed),
                     &entry.data,
                 ) {

@@ -38,7 +38,8 @@ mod redelivery;
 mod seek;
 
 pub(crate) use command::{
-    ConnEvent, ConsumerInfo, SeekTarget, SubCommand, SubscriptionHandle, SubscriptionSpec,
+    ConnEvent, ConsumerInfo, DispatchPolicy, SeekTarget, SubCommand, SubscriptionHandle,
+    SubscriptionSpec,
 };
 pub(crate) use delayed::now_ms;
 pub(crate) use dispatcher::spawn;

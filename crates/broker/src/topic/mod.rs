@@ -108,9 +108,9 @@ pub(crate) struct Topic {
     /// broker's (`policy_rate_set` keeps SENDs off the lock when none is).
     policy_rate: Mutex<Option<PublishThrottle>>,
     policy_rate_set: AtomicBool,
-    /// Delayed delivery on (the `delayedDelivery` policy; on by default),
-    /// shared with the subscription tasks.
-    delayed_delivery: Arc<AtomicBool>,
+    /// Delayed delivery and unacknowledged limits, shared with the
+    /// subscription tasks.
+    dispatch_policy: Arc<crate::subscription::DispatchPolicy>,
     /// Largest entry a SEND may carry by policy (`maxMessageSize`; 0: the
     /// broker's frame limit only), read per SEND without a lock.
     message_size_max: AtomicUsize,
@@ -143,7 +143,7 @@ impl Topic {
             compaction: Arc::new(compaction),
             policy_rate: Mutex::new(None),
             policy_rate_set: AtomicBool::new(false),
-            delayed_delivery: Arc::new(AtomicBool::new(true)),
+            dispatch_policy: Arc::default(),
             message_size_max: AtomicUsize::new(0),
         })
     }
@@ -212,8 +212,17 @@ impl Topic {
             policies.limits.message_size_max.unwrap_or(0),
             Ordering::Relaxed,
         );
-        self.delayed_delivery.store(
+        let dispatch = &self.dispatch_policy;
+        dispatch.delayed_delivery.store(
             policies.limits.delayed_delivery.unwrap_or(true),
+            Ordering::Relaxed,
+        );
+        dispatch.unacked_per_consumer_max.store(
+            policies.limits.unacked_per_consumer_max.unwrap_or(0),
+            Ordering::Relaxed,
+        );
+        dispatch.unacked_per_subscription_max.store(
+            policies.limits.unacked_per_subscription_max.unwrap_or(0),
             Ordering::Relaxed,
         );
         self.policies.set_policies(policies);
@@ -305,7 +314,7 @@ impl Topic {
                 &self.compaction,
                 request,
                 info,
-                &self.delayed_delivery,
+                &self.dispatch_policy,
             )
             .await
     }

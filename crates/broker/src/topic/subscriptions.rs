@@ -137,7 +137,7 @@ impl SubscriptionTable {
         compaction: &Arc<Compaction>,
         request: &SubscribeRequest,
         info: ConsumerInfo,
-        delayed_delivery: &Arc<std::sync::atomic::AtomicBool>,
+        policy: &Arc<crate::subscription::DispatchPolicy>,
     ) -> Result<(SubscriptionHandle, ConsumerSlot), ServiceError> {
         let slot = self.reserve_consumer()?;
         let mut generation = self.create.lock().await;
@@ -199,7 +199,7 @@ impl SubscriptionTable {
                         sticky: request.sticky,
                         compaction: request.read_compacted.then(|| Arc::clone(compaction)),
                         consumers_max: self.consumers_per_subscription_max,
-                        delayed_delivery: Arc::clone(delayed_delivery),
+                        policy: Arc::clone(policy),
                     },
                     on_end,
                 );
