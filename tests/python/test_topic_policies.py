@@ -481,3 +481,17 @@ def test_schema_validation_enforced_refuses_producers_without_schema(pb, pc):
     with pytest.raises(pulsar.IncompatibleSchema):
         pc.create_producer(topic)
     pc.create_producer(topic, schema=pulsar.schema.StringSchema()).close()
+
+
+def test_namespace_auto_topic_creation(pb, pc):
+    ns = new_namespace(pb)
+    set_ns_policy(pb, ns, "autoTopicCreation",
+                  {"allowAutoTopicCreation": True, "topicType": "partitioned", "defaultNumPartitions": 3})
+    topic = "persistent://%s/auto-partitioned" % ns
+    pc.create_producer(topic).close()
+    status, body = http(pb, "GET", rest(topic) + "/partitions")
+    assert status == 200 and json.loads(body)["partitions"] == 3, (status, body)
+    set_ns_policy(pb, ns, "autoTopicCreation", {"allowAutoTopicCreation": False})
+    with pytest.raises(pulsar.PulsarException):
+        pc.create_producer("persistent://%s/never-created" % ns)
+    pc.create_producer(topic).close()  # existing topics are unaffected

@@ -155,14 +155,31 @@ impl Service {
 
     /// Partitions to answer in PARTITIONED_METADATA: N for a partitioned
     /// topic, 0 otherwise. Fails when the namespace does not exist.
+    /// With the namespace's `autoTopicCreation` asking for partitioned
+    /// topics, a topic that does not exist yet is created partitioned here
+    /// (as Pulsar answers PARTITIONED_METADATA).
     pub(crate) async fn partitions_of(&self, topic: &TopicName) -> Result<u32, ServiceError> {
-        self.namespace_policies_of(topic).await?;
+        let policies = self.namespace_policies_of(topic).await?;
         // A partition is itself a plain topic (as Pulsar answers): a client
         // opening `t-partition-0` must not look for its partitions.
         if topic.partition.is_some() {
             return Ok(0);
         }
-        Ok(self.admin.partitions(topic).await?.unwrap_or(0))
+        if let Some(n) = self.admin.partitions(topic).await? {
+            return Ok(n);
+        }
+        let auto = AutoCreation::of(&policies, self.config.auto_create_topics);
+        if let AutoCreation::Partitioned(n) = auto
+            && !self.admin.topic_exists(topic).await?
+        {
+            self.check_topic_quota(topic, &policies, n as usize).await?;
+            match self.admin.create_partitioned_topic(topic, n).await {
+                Ok(()) | Err(crate::admin::AdminError::Exists(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            return Ok(self.admin.partitions(topic).await?.unwrap_or(0));
+        }
+        Ok(0)
     }
 
     /// The served topic for `topic`, opening (and with `create`, creating) it.
@@ -209,7 +226,8 @@ impl Service {
             _ => {}
         }
         let exists = partitions.is_some() || self.admin.topic_exists(topic).await?;
-        let may_create = create && self.config.auto_create_topics;
+        let may_create = create
+            && AutoCreation::of(&policies, self.config.auto_create_topics) != AutoCreation::Off;
         if !exists && !may_create {
             return Err(ServiceError::new(
                 ServerError::TopicNotFound,
@@ -629,6 +647,40 @@ impl Service {
             }
         }
         errors
+    }
+}
+
+/// How a topic that does not exist may be created when a client asks for
+/// it: the namespace's `autoTopicCreation` policy, else the broker's flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AutoCreation {
+    Off,
+    NonPartitioned,
+    Partitioned(u32),
+}
+
+impl AutoCreation {
+    fn of(policies: &NamespacePolicies, broker_allows: bool) -> AutoCreation {
+        let Some(policy) = policies.policies.get("autoTopicCreation").and_then(|v| {
+            serde_json::from_value::<crate::admin::policy_specs::AutoTopicCreationJson>(v.clone())
+                .ok()
+        }) else {
+            return if broker_allows {
+                AutoCreation::NonPartitioned
+            } else {
+                AutoCreation::Off
+            };
+        };
+        if !policy.allow_auto_topic_creation {
+            return AutoCreation::Off;
+        }
+        match (policy.topic_type.as_deref(), policy.default_num_partitions) {
+            (Some("partitioned"), Some(n)) => u32::try_from(n)
+                .ok()
+                .filter(|n| (1..=crate::admin::PARTITIONS_MAX).contains(n))
+                .map_or(AutoCreation::NonPartitioned, AutoCreation::Partitioned),
+            _ => AutoCreation::NonPartitioned,
+        }
     }
 }
 
