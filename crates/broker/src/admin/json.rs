@@ -150,6 +150,16 @@ impl BacklogQuotaJson {
     }
 }
 
+/// An integer from a JSON number or a string holding one (Jackson's
+/// coercion, which Pulsar's clients rely on).
+pub fn int_of(value: &Value) -> Option<i64> {
+    match value {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
+}
+
 /// A number given as a JSON number or a string holding one (Jackson coerces
 /// both; the Go client's tests send `"limit": "10240"`).
 fn int_or_string<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
@@ -160,7 +170,7 @@ where
     let value: Option<Value> = Option::deserialize(deserializer)?;
     let number = match &value {
         None | Some(Value::Null) => return Ok(None),
-        Some(v) => super::policy_specs::int_of(v),
+        Some(v) => int_of(v),
     };
     number
         .and_then(|n| T::try_from(n).ok())

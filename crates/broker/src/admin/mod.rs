@@ -33,9 +33,8 @@ pub use crate::topic_name::{decode_segment, encode_segment};
 pub use records::{
     AuthAction, BACKLOG_QUOTA_POLICIES, BACKLOG_QUOTA_TYPES, BacklogQuota, ENSEMBLE_MAX,
     GRANTED_ROLES_MAX, NamespacePolicies, PROPERTIES_MAX, PROPERTY_BYTES_MAX, ROLE_BYTES_MAX,
-    RetentionPolicy, SUBSCRIPTION_GRANTS_MAX, TenantInfo,
+    RetentionPolicy, SUBSCRIPTION_GRANTS_MAX, TenantInfo, TopicRecord,
 };
-pub use topic_policies::TopicRecord;
 
 /// Most partitions a partitioned topic may have (Pulsar's
 /// `maxNumPartitionsPerPartitionedTopic` is unlimited by default; a bound keeps

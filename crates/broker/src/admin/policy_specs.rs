@@ -14,6 +14,10 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+pub use super::json::int_of;
+use super::json::{PersistenceJson, RetentionJson};
+use super::records::NamespacePolicies;
+
 /// A value refused, with Pulsar's status (412 when `precondition`, else 400)
 /// and message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -351,16 +355,6 @@ impl PolicySpec {
     }
 }
 
-/// An integer from a JSON number or a string holding one (Jackson's
-/// coercion, which Pulsar's clients rely on).
-pub fn int_of(value: &Value) -> Option<i64> {
-    match value {
-        Value::Number(n) => n.as_i64(),
-        Value::String(s) => s.trim().parse().ok(),
-        _ => None,
-    }
-}
-
 fn shape<T: for<'de> Deserialize<'de> + Serialize>(
     value: Value,
     what: &str,
@@ -584,8 +578,8 @@ fn bookie_affinity(value: Value) -> Result<Value, Rejected> {
 }
 
 fn retention(value: Value) -> Result<Value, Rejected> {
-    let json: super::json::RetentionJson = shape(value, "RetentionPolicies")?;
-    let policies = super::NamespacePolicies {
+    let json: RetentionJson = shape(value, "RetentionPolicies")?;
+    let policies = NamespacePolicies {
         retention: Some(json.into()),
         ..Default::default()
     };
@@ -596,11 +590,11 @@ fn retention(value: Value) -> Result<Value, Rejected> {
 }
 
 fn persistence(value: Value) -> Result<Value, Rejected> {
-    let json: super::json::PersistenceJson = shape(value, "PersistencePolicies")?;
+    let json: PersistenceJson = shape(value, "PersistencePolicies")?;
     let triple = json
         .to_policy()
         .map_err(|e| Rejected::malformed(e.to_string()))?;
-    let policies = super::NamespacePolicies {
+    let policies = NamespacePolicies {
         persistence: Some(triple),
         ..Default::default()
     };

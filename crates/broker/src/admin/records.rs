@@ -179,13 +179,6 @@ impl NamespacePolicies {
                  subscriptions"
             )));
         }
-        if let Some(unknown) = self
-            .policies
-            .keys()
-            .find(|k| super::policy_specs::spec_of(k).is_none())
-        {
-            return Err(AdminError::BadRequest(format!("unknown policy {unknown}")));
-        }
         for (kind, quota) in &self.backlog_quotas {
             if !BACKLOG_QUOTA_TYPES.contains(&kind.as_str()) {
                 return Err(AdminError::BadRequest(format!(
@@ -212,6 +205,43 @@ impl NamespacePolicies {
             },
             None => default,
         }
+    }
+}
+
+/// What one topic carries beside its data (`admin::topic_policies` keeps
+/// it), as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicRecord {
+    /// Policies by `policy_specs` key, as checked JSON values (only the
+    /// REST layer writes them, each checked by its spec).
+    #[serde(default)]
+    pub policies: BTreeMap<String, serde_json::Value>,
+    /// Backlog quotas by type (`destination_storage`, `message_age`).
+    #[serde(default)]
+    pub backlog_quotas: BTreeMap<String, BacklogQuota>,
+    /// Free key-values (Pulsar's topic properties), at most `PROPERTIES_MAX`.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+impl TopicRecord {
+    /// True when nothing is set (the record is deleted rather than kept).
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty() && self.backlog_quotas.is_empty() && self.properties.is_empty()
+    }
+
+    /// Checks the bounds and the backlog quotas as a namespace's.
+    pub fn validate(&self) -> Result<(), AdminError> {
+        if self.properties.len() > PROPERTIES_MAX {
+            return Err(AdminError::Invalid(format!(
+                "a topic carries at most PROPERTIES_MAX ({PROPERTIES_MAX}) properties"
+            )));
+        }
+        let quotas = NamespacePolicies {
+            backlog_quotas: self.backlog_quotas.clone(),
+            ..Default::default()
+        };
+        quotas.validate()
     }
 }
 

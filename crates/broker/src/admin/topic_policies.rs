@@ -15,59 +15,16 @@
 //!
 //! Never: checks values (`policy_specs`) or applies them (`policies`).
 
-use std::collections::BTreeMap;
-
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use vela_meta::{ExpectedVersion, MetaError};
 
-use super::{Admin, AdminError, BacklogQuota, PROPERTIES_MAX, topic_key};
+use super::records::TopicRecord;
+use super::{Admin, AdminError, topic_key};
 use crate::topic_name::TopicName;
 
 /// Attempts of a read-change-write of one record before giving up (another
 /// admin request changed it each time).
 const UPDATE_ATTEMPTS_MAX: usize = 16;
-
-/// What one topic carries beside its data.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TopicRecord {
-    /// Policies by `policy_specs` key, as checked JSON values.
-    #[serde(default)]
-    pub policies: BTreeMap<String, serde_json::Value>,
-    /// Backlog quotas by type (`destination_storage`, `message_age`).
-    #[serde(default)]
-    pub backlog_quotas: BTreeMap<String, BacklogQuota>,
-    /// Free key-values (Pulsar's topic properties), at most `PROPERTIES_MAX`.
-    #[serde(default)]
-    pub properties: BTreeMap<String, String>,
-}
-
-impl TopicRecord {
-    /// True when nothing is set (the record is deleted rather than kept).
-    pub fn is_empty(&self) -> bool {
-        self.policies.is_empty() && self.backlog_quotas.is_empty() && self.properties.is_empty()
-    }
-
-    fn validate(&self) -> Result<(), AdminError> {
-        if self.properties.len() > PROPERTIES_MAX {
-            return Err(AdminError::Invalid(format!(
-                "a topic carries at most PROPERTIES_MAX ({PROPERTIES_MAX}) properties"
-            )));
-        }
-        if let Some(unknown) = self
-            .policies
-            .keys()
-            .find(|k| super::policy_specs::spec_of(k).is_none())
-        {
-            return Err(AdminError::BadRequest(format!("unknown policy {unknown}")));
-        }
-        let quotas = super::NamespacePolicies {
-            backlog_quotas: self.backlog_quotas.clone(),
-            ..Default::default()
-        };
-        quotas.validate()
-    }
-}
 
 fn record_key(topic: &TopicName) -> String {
     topic_key("topic-policies", &topic.base())
@@ -172,7 +129,9 @@ mod tests {
         assert!(
             admin
                 .update_topic_record(&base, |r| {
-                    r.policies.insert("bogus".into(), 1.into());
+                    r.properties = (0..=super::super::PROPERTIES_MAX)
+                        .map(|i| (i.to_string(), String::new()))
+                        .collect();
                     Ok(())
                 })
                 .await
