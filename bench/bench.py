@@ -103,10 +103,12 @@ def room_gib(path: Path) -> float:
 class Scenario:
     name: str
     title: str
-    kind: str  # "sync", "async" or "e2e"
+    kind: str  # "sync", "async", "e2e" or "fanout" (non-persistent)
     size: int
     compression: str = "none"
     rate: int = 0  # 0: as fast as possible
+    # fanout: subscriptions of the non-persistent topic, one consumer each.
+    subscriptions: int = 0
     # Clients that drive Pulsar in this scenario (Vela is always driven by
     # `vela perf`); see reference_client for the one the ratios use.
     pulsar_clients: tuple = ("pulsar-perf", "vela-perf")
@@ -129,6 +131,10 @@ class Scenario:
         trip; its consumer measures end-to-end latency in whole ms."""
         return "pulsar-perf" if self.kind == "async" else "vela-perf"
 
+    @property
+    def topic_domain(self) -> str:
+        return "non-persistent" if self.kind == "fanout" else "persistent"
+
 
 SCENARIOS = {
     s.name: s
@@ -143,6 +149,15 @@ SCENARIOS = {
         Scenario("async-128-lz4", "async batched 128 B LZ4", "async", 128,
                  compression="lz4"),
         Scenario("e2e-10k", "end-to-end at 10k msg/s", "e2e", 1024, rate=10_000),
+        # Non-persistent fan-out: a batched producer as fast as it goes, one
+        # consumer per subscription; msg/s is what the subscriptions received
+        # in all (a message nobody can take is dropped, as in Pulsar), latency
+        # end to end. Storage plays no part: one setup, driven by vela perf on
+        # both systems.
+        Scenario("np-fanout-1", "non-persistent 1 KiB fan-out to 1 subscription", "fanout",
+                 1024, subscriptions=1, pulsar_clients=("vela-perf",)),
+        Scenario("np-fanout-10", "non-persistent 1 KiB fan-out to 10 subscriptions", "fanout",
+                 1024, subscriptions=10, pulsar_clients=("vela-perf",)),
     ]
 }
 
@@ -160,6 +175,8 @@ class Options:
     verbose: bool
     log_dir: Path
     pmem_root: Path = PMEM_ROOT_DEFAULT
+    # Fan-out scenarios: runs per system, taken in turns (median reported).
+    repeat: int = 3
 
 
 # ------------------------------------------------------------ process care
@@ -237,6 +254,17 @@ def rss_mib(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time `pid` used so far, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # After the command: state is field 3, utime 14 and stime 15 (1-based).
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Fail(Exception):
@@ -440,6 +468,7 @@ class Figures:
     idle_rss_mib: float | None = None
     disk_ms: dict = field(default_factory=dict)  # `vela perf disk` right before
     disk_after_ms: dict = field(default_factory=dict)  # and right after
+    server_cpu_pct: float | None = None  # fan-out: the server's CPU while loaded
     note: str = ""
 
 
@@ -515,9 +544,9 @@ def figures_from_vela(summary: dict, fig: Figures) -> Figures:
 
 def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figures:
     fig = Figures(server.system, server.bookies, "vela-perf")
-    topic = f"persistent://public/default/{sc.name}-{tag}"
+    topic = f"{sc.topic_domain}://public/default/{sc.name}-{tag}"
     base = opts.log_dir / f"{server.data_dir.name}.{tag}"
-    if sc.kind != "e2e":
+    if sc.kind not in ("e2e", "fanout"):
         out = Path(f"{base}.produce.log")
         proc = spawn(vela_perf_produce_cmd(opts, sc, server.service_url, topic,
                                            opts.duration, opts.warmup), out)
@@ -528,23 +557,45 @@ def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figu
     # End to end: the consumer subscribes first, then the producer runs.
     cons_out = Path(f"{base}.consume.log")
     prod_out = Path(f"{base}.produce.log")
-    slack = 3
+    # e2e takes its rate from the producer: the consumer outlasts it to see
+    # the last messages. Fan-out takes its rate from the consumer: its window
+    # ([warm-up + 1, duration + 1] from its start, the producer starting about
+    # 1 s later) is the producer's, so no idle tail dilutes the rate.
+    slack = 1 if sc.kind == "fanout" else 3
     consumer = spawn([opts.vela, "perf", "consume", topic, "-u", server.service_url,
                       "--subscription-position", "latest",
+                      "-n", str(max(sc.subscriptions, 1)),
                       "--test-duration", str(opts.duration + slack),
                       "--warmup", str(opts.warmup + 1), "-i", "5", "--json"], cons_out)
     time.sleep(1.0)
+    cpu_before, started = cpu_seconds(server.pid), time.monotonic()
     producer = spawn(vela_perf_produce_cmd(opts, sc, server.service_url, topic,
                                            opts.duration, opts.warmup), prod_out)
     fig.peak_rss_mib = watch(producer, server, timeout=opts.duration + 120)
+    cpu_after, elapsed = cpu_seconds(server.pid), time.monotonic() - started
     watch(consumer, server, timeout=slack + 60)
     if producer.returncode != 0:
         raise Fail(f"vela perf produce failed:\n{tail(prod_out)}")
     if consumer.returncode != 0:
         raise Fail(f"vela perf consume failed:\n{tail(cons_out)}")
     fig = figures_from_vela(parse_vela_json(cons_out), fig)
-    # The consumer's own rate spans its longer run; report what was sent.
     sent = parse_vela_json(prod_out)
+    if sc.kind == "fanout":
+        # What the subscriptions received in all, per second of the measured
+        # window (the producer's rate times the subscriptions, less drops).
+        fig.note = (f"fan-out: msg/s received over {sc.subscriptions} subscription(s); "
+                    f"producer sent {sent['messages_per_s']:,.0f} msg/s; e2e from a µs send stamp")
+        if cpu_before is not None and cpu_after is not None and elapsed > 0:
+            # The server's whole process (broker, bookies, metadata) while
+            # the producer ran: how much of the shared CPU the server took.
+            used = cpu_after - cpu_before
+            fig.server_cpu_pct = 100.0 * used / elapsed
+            per_msg = (1e6 * used / (fig.messages_per_s * elapsed)
+                       if fig.messages_per_s else None)
+            fig.note += (f"; server CPU {fig.server_cpu_pct:.0f}% of a core"
+                         + (f", {per_msg:.2f} µs per message received" if per_msg else ""))
+        return fig
+    # The consumer's own rate spans its longer run; report what was sent.
     fig.messages_per_s, fig.mb_per_s = sent["messages_per_s"], sent["mb_per_s"]
     fig.note = "e2e: from a µs send stamp in the payload; msg/s: the producer's"
     return fig
@@ -665,9 +716,75 @@ def measure_disk(opts: Options, where: Path) -> dict:
     return summary["latency_ms"]
 
 
+def run_fanout(opts: Options, sc: Scenario, systems: list, bookies: int) -> list:
+    """A fan-out scenario: every system's standalone runs at once and the
+    systems take turns, `opts.repeat` runs each; the run of median msg/s is
+    reported, every run's figures in its note. On a machine shared with
+    other work the load drifts from one minute to the next; turns spread
+    the drift over both systems alike (one system's idle server beside the
+    other's run is the price)."""
+    servers = {}
+    runs = {system: [] for system in systems}
+    rows = []
+    try:
+        for system in systems:
+            data_dir = opts.data_root / f"{sc.name}-{system}-{bookies}b"
+            shutil.rmtree(data_dir, ignore_errors=True)
+            server = SERVERS[system](bookies, data_dir, opts)
+            label = f"{system} {BOOKIE_SETUPS[bookies]}"
+            print(f"   {label}: starting", flush=True)
+            try:
+                server.start()
+            except Fail as error:
+                server.stop()
+                print(f"   {label}: FAILED: {error}", flush=True)
+                rows.append(Figures(system, bookies, "vela-perf",
+                                    note=f"failed: {str(error).splitlines()[0]}"))
+                continue
+            servers[system] = server
+            print(f"   {label}: first ack after {server.ready_ms:.0f} ms, "
+                  f"idle RSS {server.idle_rss_mib:.0f} MiB", flush=True)
+        for turn in range(max(opts.repeat, 1)):
+            for system, server in servers.items():
+                try:
+                    fig = run_vela_perf(opts, sc, server, f"vela-perf-{turn + 1}")
+                except Fail as error:
+                    print(f"   {system} run {turn + 1}: FAILED: {error}", flush=True)
+                    continue
+                fig.ready_ms, fig.idle_rss_mib = server.ready_ms, server.idle_rss_mib
+                runs[system].append(fig)
+                cpu = f", server CPU {fig.server_cpu_pct:.0f}%" if fig.server_cpu_pct else ""
+                print(f"   {system} run {turn + 1}: " + one_line(fig) + cpu, flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
+    for system in servers:
+        done = sorted(runs[system], key=lambda f: f.messages_per_s or 0.0)
+        if not done:
+            rows.append(Figures(system, bookies, "vela-perf", note="failed: every run failed"))
+            continue
+        fig = done[(len(done) - 1) // 2]
+        fig.peak_rss_mib = max((f.peak_rss_mib or 0.0) for f in done) or None
+        each = "; ".join(f"{f.messages_per_s:,.0f} msg/s p99 {f.latency_ms['p99']:.1f} ms"
+                         for f in runs[system])
+        fig.note += f"; median of {len(done)} runs taken in turns with the other system ({each})"
+        rows.append(fig)
+    return rows
+
+
 def run_scenario(opts: Options, sc: Scenario, systems: list, bookie_setups: list) -> dict:
     print(f"\n== {sc.name}: {sc.title} ==", flush=True)
     started_at = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    if sc.kind == "fanout":
+        # Nothing is stored: the journal and the bookies play no part, so
+        # one setup, no pmem, and no disk measurement.
+        systems = [s for s in systems if s != "vela-pmem"]
+        rows = run_fanout(opts, sc, systems, bookie_setups[0])
+        result = {"scenario": sc.name, "title": sc.title, "kind": sc.kind,
+                  "started_at": started_at, "rows": [fig.__dict__ for fig in rows]}
+        print()
+        print(scenario_table(result))
+        return result
     rows = []
     for system in systems:
         for bookies in bookie_setups:
@@ -777,7 +894,7 @@ def scenario_rows(result: dict) -> list:
 
 def scenario_table(result: dict, markdown: bool = False) -> str:
     title = (f"{result['scenario']}: {result['title']} "
-             f"(latency ms{'; end-to-end, from the consumer' if result['kind'] == 'e2e' else ''})")
+             f"(latency ms{'; end-to-end, from the consumer' if result['kind'] in ('e2e', 'fanout') else ''})")
     table = (md_table if markdown else text_table)(SCENARIO_HEADERS, scenario_rows(result))
     notes = [f"{r['system']} {r['bookies']}b {r['client']}: {r['note']}"
              for r in result["rows"] if r["note"]]
@@ -817,6 +934,8 @@ def combined_rows(results: list, bookie_setups: list) -> list:
         for bookies in bookie_setups:
             vela = find_row(res, "vela", bookies)
             pulsar = find_row(res, "pulsar", bookies, sc.reference_client)
+            if sc.kind == "fanout" and not vela and not pulsar:
+                continue  # fan-out runs one setup only: nothing is stored
             vl = vela["latency_ms"] if vela else {}
             pl = pulsar["latency_ms"] if pulsar else {}
             v_rate = vela["messages_per_s"] if vela else None
@@ -954,6 +1073,18 @@ def targets(results: list, sm: dict, bookie_setups: list) -> list:
                 out.append(["sync 1 KiB p99.9 >= 10x lower than Pulsar", setup,
                             f"{r999:.1f}x ({v['latency_ms']['p999']:.3f} vs {p['latency_ms']['p999']:.3f} ms"
                             f"{with_pp('p999')})", verdict(r999 >= 10)])
+        for name in ("np-fanout-1", "np-fanout-10"):
+            fan = by.get(name)
+            v = fan and find_row(fan, "vela", bookies)
+            p = fan and find_row(fan, "pulsar", bookies, "vela-perf")
+            if v and p and v["messages_per_s"] and p["messages_per_s"]:
+                r = v["messages_per_s"] / p["messages_per_s"]
+                vp99, pp99 = v["latency_ms"]["p99"], p["latency_ms"]["p99"]
+                vc, pc = v.get("server_cpu_pct"), p.get("server_cpu_pct")
+                cpu = f", server CPU {vc:.0f}% vs {pc:.0f}% of a core" if vc and pc else ""
+                out.append([f"{name}: msg/s >= 2x Pulsar at a lower p99", setup,
+                            f"{r:.1f}x ({v['messages_per_s']:,.0f} vs {p['messages_per_s']:,.0f} msg/s), "
+                            f"p99 {vp99:.3f} vs {pp99:.3f} ms{cpu}", verdict(r >= 2 and vp99 < pp99)])
         asyn = by.get("async-1k")
         if asyn:
             v = find_row(asyn, "vela", bookies)
@@ -1155,6 +1286,8 @@ def main() -> int:
                         help="seconds of warm-up left out of the figures (default 5; BENCH_WARMUP)")
     parser.add_argument("--long", action="store_true",
                         help="longer runs: 120 s each with 20 s of warm-up, 30 s disk test")
+    parser.add_argument("--repeat", type=int, default=int(os.environ.get("BENCH_REPEAT", 3)),
+                        help="fan-out scenarios: runs per system, in turns (default 3; BENCH_REPEAT)")
     parser.add_argument("--disk-seconds", type=int,
                         default=int(os.environ.get("BENCH_DISK_SECONDS", 5)))
     parser.add_argument("--data-root", type=Path,
@@ -1210,7 +1343,8 @@ def main() -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     args.data_root.mkdir(parents=True, exist_ok=True)
     opts = Options(args.duration, args.warmup, args.disk_seconds, args.data_root.resolve(),
-                   args.vela.resolve(), args.keep_data, False, log_dir, args.pmem_root)
+                   args.vela.resolve(), args.keep_data, False, log_dir, args.pmem_root,
+                   args.repeat)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 

@@ -44,10 +44,14 @@ HTTP_URL="$(grep -o 'http://[0-9.]*:[0-9]*' "$OUT" | head -n1)"
 [ -n "$PULSAR_URL" ] && [ -n "$HTTP_URL" ] || { cat "$OUT" "$DATA.log" >&2; exit 1; }
 
 CP="tests/java-admin/target/classes:$(cat tests/java-admin/target/cp.txt)"
-if java -cp "$CP" vela.AdminCheck "$HTTP_URL" "$PULSAR_URL"; then
-  echo "1 passed, 0 failed"
-else
-  tail -n 40 "$DATA.log" >&2
-  echo "0 passed, 1 failed"
-  exit 1
-fi
+passed=0
+for check in vela.AdminCheck vela.ClientCheck; do
+  if java -cp "$CP" "$check" "$HTTP_URL" "$PULSAR_URL"; then
+    passed=$((passed + 1))
+  else
+    tail -n 40 "$DATA.log" >&2
+    echo "$passed passed, 1 failed ($check)"
+    exit 1
+  fi
+done
+echo "$passed passed, 0 failed"

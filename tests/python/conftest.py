@@ -51,16 +51,12 @@ def _start(extra_args=(), data_dir=None):
     else:
         if data_dir is None:
             data_dir = tempfile.mkdtemp(prefix="vela-standalone-")
-        cmd = [
-            vela_binary(),
-            "standalone",
-            "--data-dir",
-            data_dir,
-            "--port",
-            "0",
-            "--http-port",
-            "0",
-        ] + list(extra_args)
+        cmd = [vela_binary(), "standalone", "--data-dir", data_dir]
+        # Free ports unless the test names its own.
+        for flag in ("--port", "--http-port"):
+            if flag not in extra_args:
+                cmd += [flag, "0"]
+        cmd += list(extra_args)
     return Broker(cmd, data_dir, extra_args)
 
 

@@ -275,6 +275,17 @@ def test_admin_api_statuses(secure):
     assert denied.returncode != 0 and "401" in denied.stderr
 
 
+def test_tls_only_lookups_name_no_plain_url(secure):
+    # --disable-plain-ports: nothing listens on a plain port, so the lookup
+    # has no brokerUrl to give (Pulsar leaves it out; the HTTP answer keeps
+    # the key, empty, for the C++ client) and brokerUrlTls is the one.
+    status, body = secure.http("GET", "/lookup/v2/topic/persistent/%s/looked-up" % secure.ns, secure.admin_token)
+    assert status == 200, (status, body)
+    answer = json.loads(body)
+    assert answer["brokerUrl"] == "" and answer["nativeUrl"] == ""
+    assert answer["brokerUrlTls"] == secure.url
+
+
 def served_certificate(broker, port):
     """DER of the certificate a new TLS connection to `port` is served."""
     context = ssl.create_default_context(cafile=broker.ca_path)

@@ -128,7 +128,7 @@ async fn refuse(mut stream: TcpStream, message: String) {
         message,
     }) {
         codec::Outbound::Simple(bytes) => bytes,
-        codec::Outbound::Message { header, .. } => header,
+        codec::Outbound::Message { header, .. } | codec::Outbound::Charged { header, .. } => header,
         codec::Outbound::Receipt { frame, .. } => frame,
     };
     let write = async {

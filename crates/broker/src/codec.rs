@@ -79,7 +79,7 @@ impl Decoder {
 }
 
 /// An outbound frame: one or two buffers (header, then a stored entry).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) enum Outbound {
     /// A simple command frame.
     Simple(Bytes),
@@ -89,6 +89,16 @@ pub(crate) enum Outbound {
         header: Bytes,
         /// The stored entry, shared with the log's tail cache.
         entry: Bytes,
+    },
+    /// A MESSAGE of a non-persistent topic: its bytes count against the
+    /// in-flight budgets until the writer has written it.
+    Charged {
+        /// Size prefix and command.
+        header: Bytes,
+        /// The entry as its producer sent it.
+        entry: Bytes,
+        /// Given back once written (or dropped unwritten).
+        charge: crate::inflight::Charge,
     },
     /// A SEND_RECEIPT; its publish latency is recorded once it is written.
     Receipt {
@@ -123,6 +133,17 @@ pub(crate) fn encode_message(message: proto::CommandMessage, entry: Bytes) -> Ou
         header: header.freeze(),
         entry,
     }
+}
+
+/// The size prefix and command of a MESSAGE frame around `entry_bytes`.
+pub(crate) fn message_header(message: proto::CommandMessage, entry_bytes: usize) -> Bytes {
+    let command: BaseCommand = message.into();
+    let command_size = command.encoded_len();
+    let mut header = BytesMut::with_capacity(8 + command_size);
+    header.put_u32((4 + command_size + entry_bytes) as u32);
+    header.put_u32(command_size as u32);
+    let _ = command.encode(&mut header);
+    header.freeze()
 }
 
 /// Decodes the MessageMetadata of a stored entry (`None` if malformed; the

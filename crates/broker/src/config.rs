@@ -158,6 +158,36 @@ impl Default for TopicLimits {
     }
 }
 
+/// Bytes of non-persistent messages in flight: handed to a consumer's
+/// connection and not yet written to its socket (Pulsar bounds the same
+/// thing with the connection's writability). Counted once per delivery, so
+/// a message fanned out to N subscriptions counts N times (an upper bound
+/// of the memory held: the bytes themselves are shared). When a bound is
+/// reached messages are dropped and counted, never queued: a message
+/// arriving at a full topic or broker is dropped for every subscription
+/// (its producer gets the receipt (-1, -1), as Pulsar answers a message it
+/// drops), one that does not fit for one subscription is dropped for it
+/// (its `msgDropRate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NonPersistentLimits {
+    /// In flight per topic (`--max-non-persistent-inflight-bytes-per-topic`).
+    /// 64 MiB is 64k 1 KiB messages: far more than ten consumers' receiver
+    /// queues (1000 messages each by default) hold.
+    pub topic_inflight_bytes_max: u64,
+    /// In flight over every non-persistent topic of the broker
+    /// (`--max-non-persistent-inflight-bytes`).
+    pub inflight_bytes_max: u64,
+}
+
+impl Default for NonPersistentLimits {
+    fn default() -> Self {
+        NonPersistentLimits {
+            topic_inflight_bytes_max: 64 * 1024 * 1024,
+            inflight_bytes_max: 512 * 1024 * 1024,
+        }
+    }
+}
+
 /// Replication of new ledgers: (ensemble, write quorum, ack quorum).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PersistenceConfig {
@@ -225,6 +255,12 @@ pub struct BrokerConfig {
     pub connection_caps: ConnectionCaps,
     /// Producers, consumers and publish rate of each topic.
     pub topic_limits: TopicLimits,
+    /// Bytes of non-persistent messages in flight, per topic and in all.
+    pub non_persistent_limits: NonPersistentLimits,
+    /// Advertised listeners (`--advertised-listeners`): lookups naming one
+    /// are answered with its URLs; the internal one's URLs are this
+    /// broker's own.
+    pub advertised_listeners: crate::listeners::AdvertisedListeners,
 }
 
 impl BrokerConfig {
@@ -248,14 +284,44 @@ impl BrokerConfig {
             policy_check_interval: Duration::from_secs(60),
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),
+            non_persistent_limits: NonPersistentLimits::default(),
+            advertised_listeners: crate::listeners::AdvertisedListeners::default(),
         }
     }
 
-    /// `pulsar+ssl://host:port` of the TLS listener, when there is one
-    /// (the bound port once the broker started).
+    /// The URL of a scheme this broker publishes as its own, as Pulsar's
+    /// `getInternalListener`: the internal listener's, else the first
+    /// listener having one, else `None` (the broker's own port then).
+    pub(crate) fn listener_url(
+        &self,
+        url: impl Fn(&crate::listeners::AdvertisedListener) -> &Option<String>,
+    ) -> Option<String> {
+        let listeners = &self.advertised_listeners;
+        let internal = listeners
+            .internal
+            .as_ref()
+            .and_then(|name| listeners.listeners.get(name))
+            .and_then(|l| url(l).clone());
+        internal.or_else(|| listeners.listeners.values().find_map(|l| url(l).clone()))
+    }
+
+    /// `pulsar://host:port` this broker publishes: the internal advertised
+    /// listener's, else its plain listener's (the bound port once the
+    /// broker started); `None` without a plain port (TLS only).
+    pub fn advertised_plain_url(&self) -> Option<String> {
+        self.listener_url(|l| &l.service_url).or_else(|| {
+            self.pulsar_addr
+                .map(|addr| format!("pulsar://{}:{}", self.advertised_host, addr.port()))
+        })
+    }
+
+    /// `pulsar+ssl://host:port` this broker publishes: the internal
+    /// advertised listener's, else its TLS listener's, when there is one.
     pub fn advertised_tls_url(&self) -> Option<String> {
-        self.pulsar_tls_addr
-            .map(|addr| format!("pulsar+ssl://{}:{}", self.advertised_host, addr.port()))
+        self.listener_url(|l| &l.service_url_tls).or_else(|| {
+            self.pulsar_tls_addr
+                .map(|addr| format!("pulsar+ssl://{}:{}", self.advertised_host, addr.port()))
+        })
     }
 
     /// This broker's id in a cluster: `host:port` of its Pulsar listener

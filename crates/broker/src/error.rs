@@ -95,6 +95,15 @@ impl ServiceError {
     }
 }
 
+/// What a producer of a terminated topic is answered (Pulsar's
+/// `TopicTerminatedException` message).
+pub(crate) fn topic_terminated() -> ServiceError {
+    ServiceError::new(
+        ServerError::TopicTerminatedError,
+        "Topic was already terminated",
+    )
+}
+
 impl From<InvalidName> for ServiceError {
     fn from(e: InvalidName) -> Self {
         ServiceError::new(ServerError::InvalidTopicName, e.to_string())
@@ -123,6 +132,7 @@ impl From<vela_log::LogError> for ServiceError {
                 ServerError::ServiceNotReady
             }
             vela_log::LogError::Overloaded(_) => ServerError::TooManyRequests,
+            vela_log::LogError::Terminated(_) => return topic_terminated(),
             _ => ServerError::PersistenceError,
         };
         ServiceError::new(code, e.to_string())

@@ -17,10 +17,10 @@
 //! Layering (bottom first). A module uses only modules of its own layer or
 //! below, and no two modules use each other, directly or not, at any depth
 //! (`tests/layering.rs` checks both against this list):
-//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`
+//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
-//! 3. topics: `compaction`, `subscription`, `topic`
-//! 4. the service: `service`, `lifecycle`, `cluster`, `policy_watch`
+//! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
+//! 4. the service: `service`, `lifecycle`, `cluster`, `watchers`, `policy_watch`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -47,14 +47,28 @@
 //! consumers and publish rate per topic and consumers per subscription
 //! ([`TopicLimits`]), subscriptions per topic, unacked/replay/delayed entries
 //! per subscription, read batch size, ack_set length, name lengths, schema
-//! versions per topic.
+//! versions per topic, bytes of non-persistent messages in flight per topic
+//! and in all ([`NonPersistentLimits`]: full → dropped and counted).
 //!
 //! Security (off by default): TLS listeners (`tls`), token authentication
 //! (`auth`) and authorization (`authorization`), checked at each command
 //! handler and by the HTTP layer.
 //!
-//! Not implemented yet: transactions, topic watchers, non-persistent topics,
-//! topic termination.
+//! Termination: a terminated topic's log takes no more entries (persisted
+//! in its record); producers are closed and refused (TopicTerminatedError),
+//! subscriptions tell their consumers REACHED_END_OF_TOPIC once everything
+//! is acknowledged.
+//!
+//! Non-persistent topics (`nonpersistent`): a SEND is handed at once to
+//! every subscription, which gives it to a consumer with permits and room or
+//! drops it (counted); nothing is stored, acks are forgotten.
+//!
+//! Topic lists: GET_TOPICS_OF_NAMESPACE honours the client's mode, pattern
+//! and topics hash (`topic_list`); topic list watchers (`watchers`, one
+//! feed per namespace following its topic records) tell pattern consumers
+//! of created and deleted topics at once.
+//!
+//! Not implemented yet: transactions.
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
@@ -70,9 +84,12 @@ pub mod config;
 mod connection;
 mod error;
 mod http;
+mod inflight;
 pub mod key_shared;
 mod lifecycle;
+pub mod listeners;
 pub mod metrics;
+mod nonpersistent;
 pub mod ownership;
 mod policies;
 mod policy_watch;
@@ -82,7 +99,9 @@ pub mod stats;
 mod subscription;
 pub mod tls;
 mod topic;
+mod topic_list;
 pub mod topic_name;
+mod watchers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -96,7 +115,8 @@ use vela_meta::MetadataStore;
 pub use admin::{Admin, AdminError, AuthAction, NamespacePolicies};
 pub use auth::{AuthConfig, Authorization};
 pub use config::{
-    BrokerConfig, ConnectionCaps, ConnectionLimits, PersistenceConfig, PublishRate, TopicLimits,
+    BrokerConfig, ConnectionCaps, ConnectionLimits, NonPersistentLimits, PersistenceConfig,
+    PublishRate, TopicLimits,
 };
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
@@ -145,16 +165,15 @@ impl Broker {
         // lookups answer with them.
         config.pulsar_addr = plain.as_ref().map(TcpListener::local_addr).transpose()?;
         config.pulsar_tls_addr = secure.as_ref().map(TcpListener::local_addr).transpose()?;
-        let (local, advertised_url) = match (config.pulsar_addr, config.pulsar_tls_addr) {
-            (Some(local), _) => (
-                local,
-                format!("pulsar://{}:{}", config.advertised_host, local.port()),
-            ),
-            (None, Some(local)) => (
-                local,
-                format!("pulsar+ssl://{}:{}", config.advertised_host, local.port()),
-            ),
-            (None, None) => return Err(BrokerError::Config("no Pulsar listener bound".into())),
+        let Some(local) = config.pulsar_addr.or(config.pulsar_tls_addr) else {
+            return Err(BrokerError::Config("no Pulsar listener bound".into()));
+        };
+        // The plain URL, else (TLS only) the TLS one.
+        let Some(advertised_url) = config
+            .advertised_plain_url()
+            .or_else(|| config.advertised_tls_url())
+        else {
+            return Err(BrokerError::Config("no Pulsar URL to advertise".into()));
         };
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
         service.admin.ensure_defaults().await?;
@@ -329,6 +348,9 @@ impl BrokerHandle {
     /// Statistics of a served topic (`None` when it is not served now).
     pub async fn topic_stats(&self, topic: &str) -> Result<Option<stats::TopicStats>, BrokerError> {
         let name = TopicName::parse(topic)?;
+        if let Some(served) = self.service.served_non_persistent(&name.to_string()) {
+            return Ok(Some(served.stats()));
+        }
         match self.service.served_topic(&name.to_string()) {
             Some(served) => Ok(Some(served.stats().await)),
             None => Ok(None),
@@ -363,6 +385,15 @@ impl BrokerHandle {
             return Ok(());
         }
         Ok(self.service.delete_topic(&name).await?)
+    }
+
+    /// Terminates a (non-partitioned or partition) persistent topic: it
+    /// takes no more messages, also after a restart. Answers the
+    /// (ledger, entry) of its last message, `None` when it has none.
+    pub async fn terminate_topic(&self, topic: &str) -> Result<Option<(u64, u64)>, BrokerError> {
+        let name = TopicName::parse(topic)?;
+        let last = self.service.topic(&name, false).await?.terminate().await?;
+        Ok(last.map(|p| (p.ledger_id, p.entry_id)))
     }
 
     /// Subscriptions of a topic (durable ones and the readers attached now);

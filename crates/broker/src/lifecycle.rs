@@ -1,6 +1,7 @@
 //! The periodic pass applying namespace policies to served topics over
 //! time: message TTL, backlog quotas (Pulsar's three policies), the
-//! compaction threshold and retention trimming.
+//! compaction threshold and retention trimming; and dropping the
+//! non-persistent topics nobody uses (Pulsar's inactive-topic cleanup).
 //!
 //! Owns: the pass over every served topic (`run`, one task per broker) and
 //! what it does to one topic (`enforce`). The policies themselves are
@@ -33,6 +34,7 @@ pub(crate) async fn run(service: Weak<Service>, interval: Duration) {
         let Some(service) = service.upgrade() else {
             return;
         };
+        service.drop_idle_non_persistent_topics().await;
         let topics = service.served_topic_handles();
         drop(service);
         for topic in topics {

@@ -21,7 +21,9 @@ use crate::admin::{Admin, NamespacePolicies};
 use crate::compaction::Compaction;
 use crate::config::{BrokerConfig, CLUSTER_NAME};
 use crate::error::ServiceError;
+use crate::inflight::ByteBudget;
 use crate::metrics::{Stage, StageLatency, WritePathSource};
+use crate::nonpersistent::NonPersistentTopic;
 use crate::ownership::{
     BrokerInfo, BundleRange, LoadReport, LookupAnswer, Ownership, OwnershipError,
 };
@@ -46,6 +48,8 @@ pub(crate) struct Service {
     pub(crate) admin: Admin,
     /// Schemas.
     pub(crate) schemas: SchemaRegistry,
+    /// Topic list watchers (WATCH_TOPIC_LIST).
+    pub(crate) topic_watchers: crate::watchers::TopicListWatchers,
     /// Logs.
     pub(crate) log_env: LogEnv,
     /// `pulsar://host:port` returned by lookups.
@@ -67,6 +71,11 @@ pub(crate) struct Service {
     /// (`http::brokers` keeps them in the store and here).
     dynamic: Mutex<std::collections::BTreeMap<String, serde_json::Value>>,
     topics: Mutex<HashMap<String, TopicCell>>,
+    /// Non-persistent topics served (nothing to open: created in place).
+    np_topics: Mutex<HashMap<String, Arc<NonPersistentTopic>>>,
+    /// Bytes of non-persistent messages in flight, broker-wide
+    /// (`NonPersistentLimits::inflight_bytes_max`).
+    pub(crate) np_budget: Arc<ByteBudget>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
 }
@@ -80,9 +89,14 @@ impl Service {
         advertised_url: String,
     ) -> Service {
         Service {
+            np_budget: ByteBudget::new(config.non_persistent_limits.inflight_bytes_max),
             config,
             admin: Admin::new(Arc::clone(&meta)),
             schemas: SchemaRegistry::new(Arc::clone(&meta)),
+            topic_watchers: crate::watchers::TopicListWatchers::new(
+                Admin::new(Arc::clone(&meta)),
+                Arc::clone(&meta),
+            ),
             log_env,
             advertised_url,
             metrics: crate::metrics::BrokerMetrics::default(),
@@ -93,6 +107,7 @@ impl Service {
             write_path_sources: Mutex::new(Vec::new()),
             dynamic: Mutex::new(std::collections::BTreeMap::new()),
             topics: Mutex::new(HashMap::new()),
+            np_topics: Mutex::new(HashMap::new()),
             producer_names: AtomicU64::new(0),
             conn_ids: AtomicU64::new(1),
         }
@@ -198,7 +213,7 @@ impl Service {
         if topic.domain == TopicDomain::NonPersistent {
             return Err(ServiceError::new(
                 ServerError::NotAllowedError,
-                "non-persistent topics are not supported",
+                format!("{topic} is a non-persistent topic"),
             ));
         }
         let policies = self.namespace_policies_of(topic).await?;
@@ -243,7 +258,9 @@ impl Service {
             if stale {
                 topics.remove(&full_name);
             }
-            if !topics.contains_key(&full_name) && topics.len() >= TOPICS_MAX {
+            if !topics.contains_key(&full_name)
+                && topics.len() + self.np_topics.lock().len() >= TOPICS_MAX
+            {
                 return Err(ServiceError::new(
                     ServerError::ServiceNotReady,
                     "TOPICS_MAX topics are served already",
@@ -307,20 +324,147 @@ impl Service {
         Ok(Arc::clone(served))
     }
 
+    /// The served non-persistent topic for `topic`, created in place (there
+    /// is nothing to open) when `create`, auto-creation or its partitioned
+    /// metadata allows. Served under the same rules as persistent topics:
+    /// namespace, bundle ownership, partition range, `TOPICS_MAX`.
+    pub(crate) async fn non_persistent_topic(
+        &self,
+        topic: &TopicName,
+        create: bool,
+    ) -> Result<Arc<NonPersistentTopic>, ServiceError> {
+        debug_assert_eq!(topic.domain, TopicDomain::NonPersistent);
+        let full_name = topic.to_string();
+        if let Some(served) = self.np_topics.lock().get(&full_name)
+            && !served.is_closed()
+        {
+            return Ok(Arc::clone(served));
+        }
+        self.namespace_policies_of(topic).await?;
+        if let Some(ownership) = self.ownership.get() {
+            ownership
+                .check_owned(topic)
+                .await
+                .map_err(ownership_error)?;
+        }
+        let partitions = self.admin.partitions(topic).await?;
+        let partition_of_metadata = match (topic.partition, partitions) {
+            (Some(index), Some(n)) if index >= n => {
+                return Err(ServiceError::new(
+                    ServerError::TopicNotFound,
+                    format!("partition {index} of a topic with {n} partitions"),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ServiceError::new(
+                    ServerError::NotAllowedError,
+                    format!("{topic} is a partitioned topic: use its partitions"),
+                ));
+            }
+            (Some(_), Some(_)) => true,
+            _ => false,
+        };
+        let may_create = create && self.config.auto_create_topics;
+        if !(partition_of_metadata || may_create) {
+            return Err(ServiceError::new(
+                ServerError::TopicNotFound,
+                format!("Topic {topic} not found"),
+            ));
+        }
+        let persistent = self.topics.lock().len();
+        let mut served = self.np_topics.lock();
+        if let Some(existing) = served.get(&full_name)
+            && !existing.is_closed()
+        {
+            return Ok(Arc::clone(existing));
+        }
+        if persistent + served.len() >= TOPICS_MAX {
+            return Err(ServiceError::new(
+                ServerError::ServiceNotReady,
+                "TOPICS_MAX topics are served already",
+            ));
+        }
+        let created = NonPersistentTopic::new(
+            topic.clone(),
+            self.config.topic_limits,
+            self.config.non_persistent_limits.topic_inflight_bytes_max,
+            Arc::clone(&self.np_budget),
+        );
+        served.insert(full_name.clone(), Arc::clone(&created));
+        tracing::info!(topic = %full_name, "non-persistent topic created");
+        Ok(created)
+    }
+
+    /// The non-persistent topic if it is served now.
+    pub(crate) fn served_non_persistent(&self, full_name: &str) -> Option<Arc<NonPersistentTopic>> {
+        self.np_topics
+            .lock()
+            .get(full_name)
+            .filter(|t| !t.is_closed())
+            .cloned()
+    }
+
+    /// Full names of the non-persistent topics of `ns` served now, sorted;
+    /// with `active_only` only those with producers or subscriptions
+    /// (what Pulsar's GET_TOPICS_OF_NAMESPACE lists).
+    pub(crate) fn non_persistent_topics_of(
+        &self,
+        ns: &crate::topic_name::NamespaceName,
+        active_only: bool,
+    ) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .np_topics
+            .lock()
+            .values()
+            .filter(|t| &t.name.namespace == ns && !t.is_closed())
+            .filter(|t| !active_only || t.is_active())
+            .map(|t| t.full_name.clone())
+            .collect();
+        names.sort();
+        names
+    }
+
+    /// Closes and forgets the non-persistent topics nobody uses (no
+    /// producer, no consumer): the lifecycle pass's garbage collection, as
+    /// Pulsar deletes inactive topics. Their subscriptions go with them.
+    pub(crate) async fn drop_idle_non_persistent_topics(&self) {
+        let idle: Vec<Arc<NonPersistentTopic>> = {
+            let mut served = self.np_topics.lock();
+            let names: Vec<String> = served
+                .iter()
+                .filter(|(_, t)| t.is_closed() || !t.has_clients())
+                .map(|(name, _)| name.clone())
+                .collect();
+            names.iter().filter_map(|n| served.remove(n)).collect()
+        };
+        for topic in idle {
+            topic.close().await;
+            tracing::debug!(topic = %topic.full_name, "idle non-persistent topic dropped");
+        }
+    }
+
     /// This broker's URLs as lookups answer them and its cluster
     /// registration publishes them: the Pulsar URL (plain, else TLS), the
-    /// TLS one, the admin URL (plain, else HTTPS) and the HTTPS one. Read
-    /// after the HTTP listeners started.
+    /// TLS one, the admin URL (plain, else HTTPS) and the HTTPS one (each
+    /// the internal advertised listener's when it has one), and its
+    /// advertised listeners. Read after the HTTP listeners started.
     pub(crate) fn me(&self) -> BrokerInfo {
-        let https_url = self.https_url.get().cloned();
-        let http_url = self.http_url.get().cloned().or_else(|| https_url.clone());
+        let config = &self.config;
+        let https_url = config
+            .listener_url(|l| &l.https_url)
+            .or_else(|| self.https_url.get().cloned());
+        let http_url = config
+            .listener_url(|l| &l.http_url)
+            .or_else(|| self.http_url.get().cloned())
+            .or_else(|| https_url.clone());
         BrokerInfo {
-            id: self.config.broker_id(),
+            id: config.broker_id(),
             service_url: self.advertised_url.clone(),
-            service_url_tls: self.config.advertised_tls_url(),
+            service_url_tls: config.advertised_tls_url(),
             http_url: http_url.unwrap_or_default(),
             http_url_tls: https_url,
             load: LoadReport::default(),
+            listeners: config.advertised_listeners.listeners.clone(),
         }
     }
 
@@ -382,7 +526,8 @@ impl Service {
         Ok(unloaded)
     }
 
-    /// Full names of the topics served now, sorted.
+    /// Full names of the topics served now (persistent and
+    /// non-persistent), sorted.
     pub(crate) fn served_topics(&self) -> Vec<String> {
         let mut names: Vec<String> = self
             .topics
@@ -391,6 +536,7 @@ impl Service {
             .filter(|(_, c)| c.get().is_some())
             .map(|(n, _)| n.clone())
             .collect();
+        names.extend(self.np_topics.lock().keys().cloned());
         names.sort();
         names
     }
@@ -427,7 +573,15 @@ impl Service {
                 tracing::info!(topic = full_name, "topic unloaded");
                 Ok(true)
             }
-            None => Ok(false),
+            None => {
+                let np = self.np_topics.lock().remove(full_name);
+                let Some(topic) = np else {
+                    return Ok(false);
+                };
+                topic.close().await;
+                tracing::info!(topic = full_name, "non-persistent topic unloaded");
+                Ok(true)
+            }
         }
     }
 
@@ -435,6 +589,19 @@ impl Service {
     /// cursors and ledgers deleted, registration removed.
     pub(crate) async fn delete_topic(&self, topic: &TopicName) -> Result<(), ServiceError> {
         let full_name = topic.to_string();
+        if topic.domain == TopicDomain::NonPersistent {
+            // Nothing is stored: closing its clients is all there is.
+            let served = self.np_topics.lock().remove(&full_name);
+            let Some(served) = served else {
+                return Err(ServiceError::new(
+                    ServerError::TopicNotFound,
+                    format!("Topic {topic} not found"),
+                ));
+            };
+            served.close().await;
+            tracing::info!(topic = %full_name, "non-persistent topic deleted");
+            return Ok(());
+        }
         let served = self
             .topics
             .lock()
@@ -645,6 +812,11 @@ impl Service {
             if let Err(e) = topic.close().await {
                 errors.push(e);
             }
+        }
+        let np: Vec<Arc<NonPersistentTopic>> =
+            self.np_topics.lock().drain().map(|(_, t)| t).collect();
+        for topic in np {
+            topic.close().await;
         }
         errors
     }

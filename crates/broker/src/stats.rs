@@ -89,10 +89,16 @@ pub struct TopicStats {
     pub publishers: Vec<PublisherStats>,
     /// Subscriptions, by name.
     pub subscriptions: Vec<SubscriptionStats>,
+    /// Non-persistent topics: messages dropped as they arrived (the topic's
+    /// or the broker's in-flight bytes full) per second; `None` for
+    /// persistent topics.
+    pub msg_drop_rate: Option<f64>,
+    /// Non-persistent topics: messages dropped as they arrived, in all.
+    pub msg_drop_counter: u64,
 }
 
 /// One producer.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PublisherStats {
     /// Producer name.
     pub producer_name: String,
@@ -106,6 +112,9 @@ pub struct PublisherStats {
     pub client_version: String,
     /// PRODUCER's metadata.
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// Non-persistent topics: its messages dropped as they arrived, per
+    /// second; `None` for persistent topics.
+    pub msg_drop_rate: Option<f64>,
 }
 
 /// One subscription.
@@ -143,6 +152,11 @@ pub struct SubscriptionStats {
     pub consumers: Vec<ConsumerStats>,
     /// Exclusive and Failover: the consumer the dispatcher delivers to.
     pub active_consumer: Option<String>,
+    /// Non-persistent subscriptions: messages dropped because no consumer
+    /// could take them, per second; `None` for persistent ones.
+    pub msg_drop_rate: Option<f64>,
+    /// Non-persistent subscriptions: messages dropped, in all.
+    pub msg_drop_counter: u64,
 }
 
 /// One consumer.

@@ -34,7 +34,8 @@ async fn handshake_advertises_version_size_and_flags() {
         flags.supports_get_partitioned_metadata_without_auto_creation,
         Some(true)
     );
-    assert_ne!(flags.supports_topic_watchers, Some(true));
+    // Topic list watchers are served (as Pulsar 4.0's default).
+    assert_eq!(flags.supports_topic_watchers, Some(true));
     client.send(proto::CommandPing {}).await;
     assert!(client.recv().await.command.pong.is_some());
     broker.shutdown().await.unwrap();

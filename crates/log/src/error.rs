@@ -17,6 +17,9 @@ pub enum LogError {
     /// The log is closed (topic unloaded or deleted).
     #[error("log {0} is closed")]
     Closed(String),
+    /// The log was terminated: it takes no more appends.
+    #[error("log {0} is terminated")]
+    Terminated(String),
     /// Appends waiting for a new ledger exceed their byte bound.
     #[error("log {0}: too many appends waiting for a ledger rollover")]
     Overloaded(String),

@@ -35,6 +35,9 @@ pub(crate) struct LedgerInfo {
 pub(crate) struct LogInfo {
     pub(crate) version: u32,
     pub(crate) ledgers: Vec<LedgerInfo>,
+    /// Terminated (Pulsar's topic termination): no append is ever accepted.
+    #[serde(default)]
+    pub(crate) terminated: bool,
 }
 
 /// Individually acknowledged entries of one ledger: `first..=last`.
@@ -139,6 +142,7 @@ mod tests {
                 created_unix_ms: 1,
                 closed_unix_ms: None,
             }],
+            terminated: true,
         };
         let bytes = serde_json::to_vec(&info).unwrap();
         assert_eq!(serde_json::from_slice::<LogInfo>(&bytes).unwrap(), info);

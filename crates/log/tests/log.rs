@@ -125,6 +125,42 @@ async fn closed_log_refuses_appends() {
 }
 
 #[tokio::test]
+async fn terminated_log_refuses_appends_also_after_a_reopen() {
+    let (env, _) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/term", small_ledgers())
+        .await
+        .unwrap();
+    // A subscription keeps the entries (without one they count as consumed).
+    log.open_cursor("keep", CursorStart::Earliest)
+        .await
+        .unwrap();
+    let positions = append_all(&log, 0..5).await;
+    // Appends in flight when it terminates still complete.
+    let in_flight = log.append(entry(5));
+    let last = log.terminate().await.unwrap();
+    let tail = in_flight.await.unwrap();
+    assert_eq!(last, Some(tail));
+    assert!(positions.iter().all(|p| *p < tail));
+    assert!(log.is_terminated() && !log.is_closed());
+    assert!(matches!(
+        log.append(entry(6)).await,
+        Err(LogError::Terminated(_))
+    ));
+    assert_eq!(log.terminate().await.unwrap(), Some(tail), "idempotent");
+    log.close().await.unwrap();
+    let reopened = ManagedLog::open(&env, "t/ns/persistent/term", small_ledgers())
+        .await
+        .unwrap();
+    assert!(reopened.is_terminated());
+    assert_eq!(reopened.last_confirmed(), Some(tail));
+    assert!(matches!(
+        reopened.append(entry(7)).await,
+        Err(LogError::Terminated(_))
+    ));
+    assert_eq!(read_all(&reopened).await.len(), 6);
+}
+
+#[tokio::test]
 async fn cursor_acks_advance_mark_delete_and_survive_reopen() {
     let (env, _) = env_with_ledgers();
     let log = ManagedLog::open(&env, "t/ns/persistent/d", small_ledgers())

@@ -72,6 +72,8 @@ pub(crate) struct BrokerArgs {
     #[command(flatten)]
     limits: LimitArgs,
     #[command(flatten)]
+    listeners: crate::listener_args::ListenerArgs,
+    #[command(flatten)]
     bookie_tls: crate::bookie_tls_args::BookieTlsClientArgs,
 }
 
@@ -114,6 +116,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         args.topics.apply(&mut config);
         args.security.apply(args.bind, &mut config)?;
         args.limits.apply(&mut config);
+        args.listeners.apply(&mut config)?;
         let mut signals = StopSignals::install()?;
         let broker = Broker::start(config, store.clone(), log_env)
             .await

@@ -1,6 +1,7 @@
 //! Broker limits shared by `vela standalone` and `vela broker`: connections in
 //! all and per client IP, producers and consumers per topic, consumers per
-//! subscription, the largest message, and each topic's publish rate.
+//! subscription, the largest message, each topic's publish rate, and the
+//! bytes of non-persistent messages in flight.
 //!
 //! Owns: the flag names (Pulsar's setting names where there is one), their
 //! ranges (clap rejects a bad value naming the flag), and copying them into
@@ -11,7 +12,7 @@ use vela_broker::config::{
     CONNECTIONS_MAX_DEFAULT, CONSUMERS_PER_SUBSCRIPTION_MAX, CONSUMERS_PER_TOPIC_MAX,
     MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX,
 };
-use vela_broker::{BrokerConfig, ConnectionCaps, PublishRate, TopicLimits};
+use vela_broker::{BrokerConfig, ConnectionCaps, NonPersistentLimits, PublishRate, TopicLimits};
 
 /// Hard ceiling of `--max-connections`: each connection is two tasks and a
 /// 64 KiB buffer, so 1M is ~64 GiB of buffers at worst.
@@ -64,6 +65,19 @@ pub(crate) struct LimitArgs {
     /// --publish-max-msg-rate-per-topic). Default: no limit.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     publish_max_byte_rate_per_topic: Option<u64>,
+    /// Bytes of non-persistent messages in flight (handed to consumers'
+    /// connections, not yet written), over all non-persistent topics. Full:
+    /// arriving messages are dropped and counted (their producers get the
+    /// receipt -1:-1), as Pulsar drops what it cannot deliver.
+    #[arg(long, default_value_t = NonPersistentLimits::default().inflight_bytes_max,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_non_persistent_inflight_bytes: u64,
+    /// Bytes of one non-persistent topic's messages in flight. Full: its
+    /// arriving messages are dropped; one that does not fit for one
+    /// subscription is dropped for it (its msgDropRate).
+    #[arg(long, default_value_t = NonPersistentLimits::default().topic_inflight_bytes_max,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    max_non_persistent_inflight_bytes_per_topic: u64,
 }
 
 impl LimitArgs {
@@ -87,5 +101,9 @@ impl LimitArgs {
             },
         };
         config.max_message_size_bytes = to_usize(self.max_message_size);
+        config.non_persistent_limits = NonPersistentLimits {
+            topic_inflight_bytes_max: self.max_non_persistent_inflight_bytes_per_topic,
+            inflight_bytes_max: self.max_non_persistent_inflight_bytes,
+        };
     }
 }

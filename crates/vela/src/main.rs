@@ -13,6 +13,7 @@ mod broker_cmd;
 mod doctor;
 mod ledgers_cmd;
 mod limit_args;
+mod listener_args;
 mod perf;
 mod persistence_args;
 mod process;

@@ -129,6 +129,8 @@ pub(crate) struct StandaloneArgs {
     security: SecurityArgs,
     #[command(flatten)]
     limits: LimitArgs,
+    #[command(flatten)]
+    listeners: crate::listener_args::ListenerArgs,
 }
 
 impl StandaloneArgs {
@@ -285,6 +287,7 @@ async fn serve(
     args.topics.apply(&mut config);
     args.security.apply(args.bind, &mut config)?;
     args.limits.apply(&mut config);
+    args.listeners.apply(&mut config)?;
     let mut signals = StopSignals::install()?;
     let broker = Broker::start(config, store.clone(), log_env)
         .await

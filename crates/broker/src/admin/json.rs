@@ -16,7 +16,7 @@ use vela_log::{LedgerDescription, LedgerSummary, Position};
 
 use super::{AdminError, BacklogQuota, NamespacePolicies, RetentionPolicy, TenantInfo};
 use crate::config::CLUSTER_NAME;
-use crate::ownership::BrokerInfo;
+use crate::ownership::LookupUrls;
 use crate::stats::{SubscriptionStats, TopicStats};
 
 /// Parses a JSON body (an empty body parses as JSON `null`).
@@ -342,11 +342,32 @@ impl MessageIdJson {
     }
 }
 
+/// A message id as Pulsar's admin API writes a `MessageIdImpl` (e.g. the
+/// answer of `terminate`): no partition, no batch.
+pub fn message_id_json(ledger_id: i64, entry_id: i64) -> Value {
+    json!({
+        "ledgerId": ledger_id,
+        "entryId": entry_id,
+        "partitionIndex": -1,
+        "batchSize": 0,
+        "batchIndex": -1,
+    })
+}
+
 fn position_text(position: Option<Position>) -> String {
     match position {
         Some(p) => format!("{}:{}", p.ledger_id, p.entry_id),
         None => "-1:-1".to_string(),
     }
+}
+
+/// Adds `msgDropRate` to a non-persistent topic's, publisher's or
+/// subscription's document (Pulsar's `NonPersistent*Stats`).
+fn with_drop_rate(mut document: Value, rate: Option<f64>) -> Value {
+    if let (Value::Object(map), Some(rate)) = (&mut document, rate) {
+        map.insert("msgDropRate".into(), json!(rate));
+    }
+    document
 }
 
 fn subscription_json(sub: &SubscriptionStats) -> Value {
@@ -376,7 +397,7 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
             })
         })
         .collect();
-    json!({
+    let document = json!({
         "msgRateOut": sub.msg_rate_out,
         "msgThroughputOut": sub.msg_throughput_out,
         "bytesOutCounter": sub.bytes_out_counter,
@@ -414,7 +435,8 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
         "filterAcceptedMsgCount": 0,
         "filterRejectedMsgCount": 0,
         "filterRescheduledMsgCount": 0
-    })
+    });
+    with_drop_rate(document, sub.msg_drop_rate)
 }
 
 /// Pulsar's TopicStats document.
@@ -423,7 +445,7 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
         .publishers
         .iter()
         .map(|p| {
-            json!({
+            let document = json!({
                 "accessMode": p.access_mode,
                 "msgRateIn": 0.0,
                 "msgThroughputIn": 0.0,
@@ -436,7 +458,8 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
                 "connectedSince": "",
                 "clientVersion": p.client_version,
                 "metadata": p.metadata
-            })
+            });
+            with_drop_rate(document, p.msg_drop_rate)
         })
         .collect();
     let subscriptions: serde_json::Map<String, Value> = stats
@@ -455,7 +478,7 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
         .map(|s| s.msg_backlog)
         .max()
         .unwrap_or(0);
-    json!({
+    let mut document = json!({
         "msgRateIn": stats.msg_rate_in,
         "msgThroughputIn": stats.msg_throughput_in,
         "msgRateOut": stats.msg_rate_out,
@@ -497,7 +520,12 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
             "lastCompactionDurationTimeInMills": 0
         },
         "ownerBroker": owner_broker
-    })
+    });
+    if let (Value::Object(map), Some(_)) = (&mut document, stats.msg_drop_rate) {
+        // Nothing is stored: no deduplication status (as Pulsar's document).
+        map.remove("deduplicationStatus");
+    }
+    with_drop_rate(document, stats.msg_drop_rate)
 }
 
 /// Sums partitions' stats into one (Pulsar's partitioned-stats aggregate).
@@ -523,6 +551,10 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
         out.publish_latency.merge(&p.publish_latency);
         out.storage_write_latency.merge(&p.storage_write_latency);
         out.publishers.extend(p.publishers.iter().cloned());
+        if let Some(rate) = p.msg_drop_rate {
+            out.msg_drop_rate = Some(out.msg_drop_rate.unwrap_or(0.0) + rate);
+        }
+        out.msg_drop_counter += p.msg_drop_counter;
         for s in &p.subscriptions {
             let merged = subscriptions
                 .entry(s.name.clone())
@@ -541,6 +573,10 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
             merged.msg_throughput_out += s.msg_throughput_out;
             merged.msg_rate_redeliver += s.msg_rate_redeliver;
             merged.msg_expired_counter += s.msg_expired_counter;
+            if let Some(rate) = s.msg_drop_rate {
+                merged.msg_drop_rate = Some(merged.msg_drop_rate.unwrap_or(0.0) + rate);
+            }
+            merged.msg_drop_counter += s.msg_drop_counter;
             merged.consumers.extend(s.consumers.iter().cloned());
         }
     }
@@ -679,16 +715,19 @@ pub fn internal_stats_json(input: &InternalStatsInput<'_>) -> Value {
 }
 
 /// Pulsar's LookupData of `owner` (`brokerUrlSsl` is the old name of
-/// `brokerUrlTls`; a URL the broker lacks is `""`).
-pub fn lookup_json(owner: &BrokerInfo) -> Value {
+/// `brokerUrlTls`). A URL the broker lacks is `""`, never left out: the C++
+/// client refuses an answer without `brokerUrl`, also a TLS client of a
+/// TLS-only broker.
+pub fn lookup_json(owner: &LookupUrls) -> Value {
+    let broker_url = owner.service_url.as_deref().unwrap_or("");
     let broker_url_tls = owner.service_url_tls.as_deref().unwrap_or("");
     json!({
-        "brokerUrl": owner.service_url,
+        "brokerUrl": broker_url,
         "brokerUrlTls": broker_url_tls,
         "brokerUrlSsl": broker_url_tls,
         "httpUrl": owner.http_url,
         "httpUrlTls": owner.http_url_tls.as_deref().unwrap_or(""),
-        "nativeUrl": owner.service_url
+        "nativeUrl": broker_url
     })
 }
 

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
 
 pub use crate::error::AdminError;
-use crate::topic_name::{NamespaceName, TopicName};
+use crate::topic_name::{NamespaceName, TopicDomain, TopicName};
 pub use crate::topic_name::{decode_segment, encode_segment};
 pub use records::{
     AuthAction, BACKLOG_QUOTA_POLICIES, BACKLOG_QUOTA_TYPES, BacklogQuota, ENSEMBLE_MAX,
@@ -411,12 +411,13 @@ impl Admin {
         }
     }
 
-    /// Base names of the namespace's partitioned topics, sorted.
+    /// Base names of the namespace's partitioned topics of `domain`, sorted.
     pub async fn partitioned_topics_of_namespace(
         &self,
         ns: &NamespaceName,
+        domain: TopicDomain,
     ) -> Result<Vec<String>, AdminError> {
-        let domain = "persistent";
+        let domain = domain.as_str();
         let dir = format!("{}/{domain}", namespace_dir("partitioned-topics", ns));
         let mut out: Vec<String> = self
             .meta
@@ -506,6 +507,14 @@ impl Admin {
             }
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Where the records of the namespace's persistent topics live: the
+    /// created topics and the partitioned ones (topic list watchers follow
+    /// both).
+    pub(crate) fn topic_list_paths(&self, ns: &NamespaceName) -> [String; 2] {
+        ["topics", "partitioned-topics"]
+            .map(|kind| format!("{}/persistent", namespace_dir(kind, ns)))
     }
 
     /// True if the (non-partitioned or partition) topic was created.

@@ -22,14 +22,18 @@ use vela_wire::proto::{
 };
 
 use super::deferred::{Deferred, TopicOpening};
+use super::non_persistent::{self, NpConsumer};
 use super::session::{Close, NAME_BYTES_MAX, Session, client_metadata};
 use crate::authorization::TopicAction;
 use crate::codec;
 use crate::error::ServiceError;
+use crate::nonpersistent::Notices;
 use crate::schema;
-use crate::subscription::{ConsumerInfo, SeekTarget, SubCommand, SubscriptionHandle};
+use crate::subscription::{
+    ConsumerInfo, ConsumerStatsSnapshot, SeekTarget, SubCommand, SubscriptionHandle,
+};
 use crate::topic::{ConsumerSlot, SubscribeRequest, Topic};
-use crate::topic_name::TopicName;
+use crate::topic_name::{TopicDomain, TopicName};
 
 struct ConnConsumer {
     topic: Arc<Topic>,
@@ -41,18 +45,27 @@ struct ConnConsumer {
 /// The consumers open on one connection.
 pub(super) struct Consumers {
     map: HashMap<u64, ConnConsumer>,
+    /// Consumers of non-persistent topics.
+    np: HashMap<u64, NpConsumer>,
 }
 
 impl Consumers {
     pub(super) fn new() -> Consumers {
         Consumers {
             map: HashMap::new(),
+            np: HashMap::new(),
         }
     }
 
     /// The broker closed this consumer (seek, unsubscribe, topic close).
     pub(super) fn closed(&mut self, consumer_id: u64) {
         self.map.remove(&consumer_id);
+        self.np.remove(&consumer_id);
+    }
+
+    /// Consumers open on this connection.
+    fn len(&self) -> usize {
+        self.map.len() + self.np.len()
     }
 
     /// Detaches every consumer (the connection is closing): each
@@ -65,6 +78,10 @@ impl Consumers {
                 reply: None,
             };
             let _ = consumer.sub.tx.send(command).await;
+        }
+        let consumers: Vec<(u64, NpConsumer)> = self.np.drain().collect();
+        for (consumer_id, consumer) in consumers {
+            consumer.detach((conn_id, consumer_id)).await;
         }
     }
 
@@ -81,6 +98,23 @@ impl Consumers {
             TopicOpening::Opened(Ok(())) => None,
             TopicOpening::Opened(Err(e)) => return refuse(session, &body, e).await,
         };
+        if let Some(existing) = self.np.get(&body.consumer_id) {
+            if existing.subscription() == body.subscription
+                && TopicName::parse(&body.topic)
+                    .is_ok_and(|t| t.to_string() == existing.topic_name())
+            {
+                return session.send_success(request_id).await;
+            }
+            return session
+                .send_error(
+                    request_id,
+                    ServiceError::new(
+                        ServerError::ConsumerBusy,
+                        "consumer id already in use on this connection",
+                    ),
+                )
+                .await;
+        }
         if let Some(existing) = self.map.get(&body.consumer_id) {
             if existing.sub.name == body.subscription
                 && TopicName::parse(&body.topic)
@@ -98,7 +132,7 @@ impl Consumers {
                 )
                 .await;
         }
-        if self.map.len() >= session.service.config.limits.consumers_max {
+        if self.len() >= session.service.config.limits.consumers_max {
             return session
                 .send_error(
                     request_id,
@@ -121,16 +155,24 @@ impl Consumers {
             return Ok(());
         }
         match self.create_consumer(session, &body).await {
-            Ok(()) => session.send_success(request_id).await,
+            Ok(notices) => {
+                session.send_success(request_id).await?;
+                // ACTIVE_CONSUMER_CHANGE after SUCCESS, as Pulsar sends them.
+                for (out, frame) in notices {
+                    let _ = out.send(frame).await;
+                }
+                Ok(())
+            }
             Err(e) => refuse(session, &body, e).await,
         }
     }
 
+    /// Attaches the consumer; what to send once SUBSCRIBE is answered.
     async fn create_consumer(
         &mut self,
         session: &Session,
         body: &proto::CommandSubscribe,
-    ) -> Result<(), ServiceError> {
+    ) -> Result<Notices, ServiceError> {
         let topic_name = TopicName::parse(&body.topic)?;
         session
             .authorize(&topic_name.namespace, TopicAction::Consume)
@@ -140,6 +182,17 @@ impl Consumers {
                 ServerError::NotAllowedError,
                 "subscription name empty or longer than NAME_BYTES_MAX",
             ));
+        }
+        if topic_name.domain == TopicDomain::NonPersistent {
+            let sub_type = SubType::try_from(body.sub_type).map_err(|_| {
+                ServiceError::new(ServerError::NotAllowedError, "unknown subscription type")
+            })?;
+            let info = consumer_info(session, body)?;
+            let (consumer, notices) =
+                non_persistent::subscribe(session, body, &topic_name, sub_type, info).await?;
+            self.np.insert(body.consumer_id, consumer);
+            debug_assert!(self.len() <= session.service.config.limits.consumers_max);
+            return Ok(notices);
         }
         let topic = session
             .service
@@ -163,48 +216,15 @@ impl Consumers {
         } else {
             reader_start(body.start_message_id.as_ref())
         };
-        let (sticky, sticky_ranges) = match &body.key_shared_meta {
-            Some(meta) if meta.key_shared_mode == proto::KeySharedMode::Sticky as i32 => {
-                let ranges: Vec<(i32, i32)> =
-                    meta.hash_ranges.iter().map(|r| (r.start, r.end)).collect();
-                (true, Some(ranges))
-            }
-            _ => (false, None),
-        };
-        let allow_out_of_order = body
-            .key_shared_meta
-            .as_ref()
-            .and_then(|m| m.allow_out_of_order_delivery)
-            .unwrap_or(false);
+        let info = consumer_info(session, body)?;
         let request = SubscribeRequest {
             subscription: body.subscription.clone(),
             sub_type,
             durable,
             initial_earliest: body.initial_position == Some(InitialPosition::Earliest as i32),
             reader_start,
-            sticky,
+            sticky: info.sticky_ranges.is_some(),
             read_compacted: body.read_compacted.unwrap_or(false),
-        };
-        let info = ConsumerInfo {
-            conn_id: session.id,
-            consumer_id: body.consumer_id,
-            name: body
-                .consumer_name
-                .as_deref()
-                .unwrap_or_default()
-                .chars()
-                .take(NAME_BYTES_MAX)
-                .collect(),
-            priority_level: body.priority_level.unwrap_or(0),
-            out: session.out.clone(),
-            events: session.events_tx.clone(),
-            protocol_version: session.protocol_version,
-            sticky_ranges,
-            address: session.peer.to_string(),
-            epoch: body.consumer_epoch,
-            allow_out_of_order,
-            metadata: client_metadata(&body.metadata)?,
-            client_version: session.client_version.clone(),
         };
         let (sub, slot) = topic.subscribe(&request, info).await?;
         tracing::debug!(conn = session.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");
@@ -218,7 +238,7 @@ impl Consumers {
         );
         debug_assert!(previous.is_none(), "a consumer id registered twice");
         debug_assert!(self.map.len() <= session.service.config.limits.consumers_max);
-        Ok(())
+        Ok(Vec::new())
     }
 
     pub(super) async fn on_flow(
@@ -227,6 +247,10 @@ impl Consumers {
         body: proto::CommandFlow,
     ) -> Result<(), Close> {
         let permits = body.message_permits;
+        if let Some(consumer) = self.np.get(&body.consumer_id) {
+            consumer.flow((session.id, body.consumer_id), permits);
+            return Ok(());
+        }
         self.forward_to_subscription(session.id, body.consumer_id, |key| SubCommand::Flow {
             key,
             permits,
@@ -239,6 +263,11 @@ impl Consumers {
         session: &Session,
         body: proto::CommandAck,
     ) -> Result<(), Close> {
+        if let Some(consumer) = self.np.get(&body.consumer_id) {
+            return consumer
+                .ack(session, body.consumer_id, body.request_id)
+                .await;
+        }
         let ack_type = proto::command_ack::AckType::try_from(body.ack_type)
             .unwrap_or(proto::command_ack::AckType::Individual);
         let ids = body.message_id;
@@ -257,6 +286,9 @@ impl Consumers {
         session: &Session,
         body: proto::CommandRedeliverUnacknowledgedMessages,
     ) -> Result<(), Close> {
+        if self.np.contains_key(&body.consumer_id) {
+            return Ok(()); // nothing is kept to send again
+        }
         let ids = body.message_ids;
         let epoch = body.consumer_epoch;
         self.forward_to_subscription(session.id, body.consumer_id, |key| SubCommand::Redeliver {
@@ -291,6 +323,9 @@ impl Consumers {
         body: proto::CommandCloseConsumer,
     ) -> Result<(), Close> {
         let (consumer_id, request_id) = (body.consumer_id, body.request_id);
+        if let Some(consumer) = self.np.remove(&consumer_id) {
+            consumer.detach((session.id, consumer_id)).await;
+        }
         if let Some(consumer) = self.map.remove(&consumer_id) {
             let (reply, done) = oneshot::channel();
             let command = SubCommand::Remove {
@@ -309,6 +344,16 @@ impl Consumers {
         session: &Session,
         body: proto::CommandUnsubscribe,
     ) -> Result<(), Close> {
+        if let Some(consumer) = self.np.get(&body.consumer_id) {
+            let key = (session.id, body.consumer_id);
+            return match consumer.unsubscribe(key, body.force.unwrap_or(false)).await {
+                Ok(()) => {
+                    self.np.remove(&body.consumer_id);
+                    session.send_success(body.request_id).await
+                }
+                Err(e) => session.send_error(body.request_id, e).await,
+            };
+        }
         let Some(consumer) = self.map.get(&body.consumer_id) else {
             return session
                 .send_error(
@@ -341,6 +386,10 @@ impl Consumers {
         session: &Session,
         body: proto::CommandSeek,
     ) -> Result<(), Close> {
+        if self.np.contains_key(&body.consumer_id) {
+            // Nothing to go back to; Pulsar answers SUCCESS too.
+            return session.send_success(body.request_id).await;
+        }
         let Some(consumer) = self.map.get(&body.consumer_id) else {
             return session
                 .send_error(
@@ -394,6 +443,10 @@ impl Consumers {
         body: proto::CommandGetLastMessageId,
     ) -> Result<(), Close> {
         let (consumer_id, request_id) = (body.consumer_id, body.request_id);
+        if self.np.contains_key(&consumer_id) {
+            let error = non_persistent::no_last_message_id();
+            return session.send_error(request_id, error).await;
+        }
         let Some(consumer) = self.map.get(&consumer_id) else {
             return session
                 .send_error(
@@ -455,6 +508,21 @@ impl Consumers {
         body: proto::CommandConsumerStats,
     ) -> Result<(), Close> {
         let (consumer_id, request_id) = (body.consumer_id, body.request_id);
+        if let Some(consumer) = self.np.get(&consumer_id) {
+            let snapshot = consumer.stats((session.id, consumer_id));
+            return session
+                .send(consumer_stats_response(
+                    request_id,
+                    snapshot.map(|s| ConsumerStatsSnapshot {
+                        available_permits: s.available_permits,
+                        unacked_messages: 0,
+                        backlog: 0,
+                        name: s.consumer_name,
+                        address: s.address,
+                    }),
+                ))
+                .await;
+        }
         let snapshot = match self.map.get(&consumer_id) {
             Some(consumer) => {
                 let (reply, answer) = oneshot::channel();
@@ -466,31 +534,82 @@ impl Consumers {
             }
             None => None,
         };
-        let response = match snapshot {
-            Some(s) => proto::CommandConsumerStatsResponse {
-                request_id,
-                consumer_name: Some(s.name),
-                available_permits: Some(u64::try_from(s.available_permits.max(0)).unwrap_or(0)),
-                unacked_messages: Some(s.unacked_messages),
-                blocked_consumer_on_unacked_msgs: Some(false),
-                address: Some(s.address),
-                msg_backlog: Some(s.backlog),
-                msg_rate_out: Some(0.0),
-                msg_throughput_out: Some(0.0),
-                msg_rate_redeliver: Some(0.0),
-                msg_rate_expired: Some(0.0),
-                message_ack_rate: Some(0.0),
-                ..proto::CommandConsumerStatsResponse::default()
-            },
-            None => proto::CommandConsumerStatsResponse {
-                request_id,
-                error_code: Some(ServerError::ConsumerNotFound as i32),
-                error_message: Some("unknown consumer".into()),
-                ..proto::CommandConsumerStatsResponse::default()
-            },
-        };
-        session.send(response).await
+        session
+            .send(consumer_stats_response(request_id, snapshot))
+            .await
     }
+}
+
+/// CONSUMER_STATS_RESPONSE for a snapshot (ConsumerNotFound without one).
+fn consumer_stats_response(
+    request_id: u64,
+    snapshot: Option<ConsumerStatsSnapshot>,
+) -> proto::CommandConsumerStatsResponse {
+    match snapshot {
+        Some(s) => proto::CommandConsumerStatsResponse {
+            request_id,
+            consumer_name: Some(s.name),
+            available_permits: Some(u64::try_from(s.available_permits.max(0)).unwrap_or(0)),
+            unacked_messages: Some(s.unacked_messages),
+            blocked_consumer_on_unacked_msgs: Some(false),
+            address: Some(s.address),
+            msg_backlog: Some(s.backlog),
+            msg_rate_out: Some(0.0),
+            msg_throughput_out: Some(0.0),
+            msg_rate_redeliver: Some(0.0),
+            msg_rate_expired: Some(0.0),
+            message_ack_rate: Some(0.0),
+            ..proto::CommandConsumerStatsResponse::default()
+        },
+        None => proto::CommandConsumerStatsResponse {
+            request_id,
+            error_code: Some(ServerError::ConsumerNotFound as i32),
+            error_message: Some("unknown consumer".into()),
+            ..proto::CommandConsumerStatsResponse::default()
+        },
+    }
+}
+
+/// A consumer as SUBSCRIBE describes it (names bounded, Key_Shared STICKY
+/// ranges, whether its client understands REACHED_END_OF_TOPIC, its
+/// metadata: refused past `CLIENT_METADATA_ENTRIES_MAX`).
+fn consumer_info(
+    session: &Session,
+    body: &proto::CommandSubscribe,
+) -> Result<ConsumerInfo, ServiceError> {
+    let sticky_ranges = match &body.key_shared_meta {
+        Some(meta) if meta.key_shared_mode == proto::KeySharedMode::Sticky as i32 => {
+            Some(meta.hash_ranges.iter().map(|r| (r.start, r.end)).collect())
+        }
+        _ => None,
+    };
+    let allow_out_of_order = body
+        .key_shared_meta
+        .as_ref()
+        .and_then(|m| m.allow_out_of_order_delivery)
+        .unwrap_or(false);
+    Ok(ConsumerInfo {
+        conn_id: session.id,
+        consumer_id: body.consumer_id,
+        name: body
+            .consumer_name
+            .as_deref()
+            .unwrap_or_default()
+            .chars()
+            .take(NAME_BYTES_MAX)
+            .collect(),
+        priority_level: body.priority_level.unwrap_or(0),
+        out: session.out.clone(),
+        events: session.events_tx.clone(),
+        protocol_version: session.protocol_version,
+        sticky_ranges,
+        address: session.peer.to_string(),
+        epoch: body.consumer_epoch,
+        allow_out_of_order,
+        handles_end_of_topic: session.handles_end_of_topic(),
+        metadata: client_metadata(&body.metadata)?,
+        client_version: session.client_version.clone(),
+    })
 }
 
 async fn refuse(

@@ -14,7 +14,8 @@
 //! Bounds: `DEFERRED_LOADS_MAX` loads per connection; past it a command
 //! opens its topic inline, as before, which stops reading the connection
 //! (back-pressure).
-//! Never: creates a producer or consumer (the handlers do, on the reader).
+//! Never: creates a producer or consumer (the handlers do, on the reader);
+//! defers a non-persistent topic's (made in place, nothing to open).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,7 +26,7 @@ use vela_wire::proto::{self, ServerError};
 use super::session::{self, Session};
 use crate::authorization::TopicAction;
 use crate::error::ServiceError;
-use crate::topic_name::TopicName;
+use crate::topic_name::{TopicDomain, TopicName};
 
 /// Topic loads of one connection's PRODUCER and SUBSCRIBE commands running
 /// off its read loop at once. Past it a command loads inline again, which
@@ -102,6 +103,10 @@ impl DeferredLoads {
         let Ok(name) = TopicName::parse(topic) else {
             return false;
         };
+        if name.domain == TopicDomain::NonPersistent {
+            // Nothing to open: a non-persistent topic is made in place.
+            return false;
+        }
         if session
             .service
             .served_topic(&name.to_string())

@@ -1,6 +1,6 @@
 //! Lookup commands: where a topic is served and what it is. LOOKUP (this
-//! broker, or a redirect to the bundle's owner), PARTITIONED_METADATA and
-//! GET_TOPICS_OF_NAMESPACE, each after the role's `lookup` check.
+//! broker, or a redirect to the bundle's owner) and PARTITIONED_METADATA,
+//! each after the role's `lookup` check.
 //! Never: opens a topic (a lookup only names the broker that will).
 
 use vela_wire::proto::ServerError;
@@ -13,7 +13,7 @@ use super::session::{Close, Session};
 use crate::authorization::TopicAction;
 use crate::error::ServiceError;
 use crate::ownership::LookupAnswer;
-use crate::topic_name::{NamespaceName, TopicName};
+use crate::topic_name::TopicName;
 
 pub(super) async fn on_partitioned_metadata(
     session: &Session,
@@ -27,7 +27,15 @@ pub(super) async fn on_partitioned_metadata(
             .await?;
         let partitions = session.service.partitions_of(&topic).await?;
         let auto_create = body.metadata_auto_creation_enabled.unwrap_or(true);
-        if partitions == 0 && !auto_create && !session.service.admin.topic_exists(&topic).await? {
+        let served_now = session
+            .service
+            .served_non_persistent(&topic.to_string())
+            .is_some();
+        if partitions == 0
+            && !auto_create
+            && !served_now
+            && !session.service.admin.topic_exists(&topic).await?
+        {
             return Err(ServiceError::new(
                 ServerError::TopicNotFound,
                 format!("Topic {topic} does not exist"),
@@ -61,25 +69,35 @@ pub(super) async fn on_lookup(
 ) -> Result<(), Close> {
     let request_id = body.request_id;
     let authoritative = body.authoritative.unwrap_or(false);
+    // Go and C++ always send the field, often empty: that is no listener.
+    let listener = body
+        .advertised_listener_name
+        .as_deref()
+        .filter(|n| !n.trim().is_empty());
     let result = async {
         let topic = TopicName::parse(&body.topic)?;
         session
             .authorize(&topic.namespace, TopicAction::Lookup)
             .await?;
-        session.service.lookup(&topic, authoritative).await
+        let (owner, response) = match session.service.lookup(&topic, authoritative).await? {
+            LookupAnswer::Connect(owner) => (owner, LookupType::Connect),
+            LookupAnswer::Redirect(chosen) => (chosen, LookupType::Redirect),
+        };
+        // As Pulsar: a listener the owner does not have is ServiceNotReady.
+        let urls = owner
+            .urls_for(listener)
+            .map_err(|message| ServiceError::new(ServerError::ServiceNotReady, message))?;
+        Ok::<_, ServiceError>((urls, response))
     }
     .await;
     let response = match result {
-        Ok(answer) => {
-            let (owner, response) = match answer {
-                LookupAnswer::Connect(owner) => (owner, LookupType::Connect),
-                LookupAnswer::Redirect(chosen) => (chosen, LookupType::Redirect),
-            };
+        Ok((urls, response)) => {
             proto::CommandLookupTopicResponse {
                 // A `pulsar+ssl://` client follows the TLS URL: each broker's
-                // registration carries its own.
-                broker_service_url_tls: owner.service_url_tls,
-                broker_service_url: Some(owner.service_url),
+                // registration carries its own. A TLS-only broker has no
+                // plain URL (absent, as Pulsar's).
+                broker_service_url_tls: urls.service_url_tls,
+                broker_service_url: urls.service_url,
                 response: Some(response as i32),
                 request_id,
                 authoritative: Some(true),
@@ -100,35 +118,4 @@ pub(super) async fn on_lookup(
         },
     };
     session.send(response).await
-}
-
-pub(super) async fn on_topics_of_namespace(
-    session: &Session,
-    body: proto::CommandGetTopicsOfNamespace,
-) -> Result<(), Close> {
-    let request_id = body.request_id;
-    let result = async {
-        let ns = NamespaceName::parse(&body.namespace)?;
-        session.authorize(&ns, TopicAction::Lookup).await?;
-        let mode = body.mode.unwrap_or(0);
-        if mode == proto::command_get_topics_of_namespace::Mode::NonPersistent as i32 {
-            return Ok(Vec::new());
-        }
-        Ok::<_, ServiceError>(session.service.admin.topics_of_namespace(&ns).await?)
-    }
-    .await;
-    match result {
-        Ok(topics) => {
-            session
-                .send(proto::CommandGetTopicsOfNamespaceResponse {
-                    request_id,
-                    topics,
-                    filtered: Some(false),
-                    topics_hash: None,
-                    changed: Some(true),
-                })
-                .await
-        }
-        Err(e) => session.send_error(request_id, e).await,
-    }
 }

@@ -5,10 +5,16 @@
 //! `Connection::handle`):
 //! - `session`: handshake, authentication and its refresh, authorization
 //!   checks, the outbound queue (`Session`, `Close`);
-//! - `lookup`: LOOKUP, PARTITIONED_METADATA, GET_TOPICS_OF_NAMESPACE;
+//! - `lookup`: LOOKUP, PARTITIONED_METADATA;
+//! - `topic_list`: GET_TOPICS_OF_NAMESPACE and topic list watchers
+//!   (WATCH_TOPIC_LIST, WATCH_TOPIC_LIST_CLOSE);
 //! - `producer`: PRODUCER, SEND and its receipts, CLOSE_PRODUCER;
+//! - `admission`: what every producer shares (the PRODUCER admission
+//!   request, the SEND_RECEIPT frame);
 //! - `consumer`: SUBSCRIBE, FLOW, ACK, redelivery, seek, unsubscribe,
 //!   CLOSE_CONSUMER, last message id, consumer stats;
+//! - `non_persistent`: what producers and consumers of non-persistent
+//!   topics do differently (used by `producer` and `consumer`);
 //! - `schema`: GET_SCHEMA, GET_OR_CREATE_SCHEMA;
 //! - `deferred`: the topic of a PRODUCER or SUBSCRIBE opened off the reader;
 //! - `writer`: the socket writer task.
@@ -44,12 +50,15 @@
 //! The same code serves plain TCP and TLS streams (`serve`, `serve_tls`).
 //! Never: blocks a tokio worker, or writes to the socket outside the writer.
 
+mod admission;
 mod consumer;
 mod deferred;
 mod lookup;
+mod non_persistent;
 mod producer;
 mod schema;
 mod session;
+mod topic_list;
 mod writer;
 
 use std::net::SocketAddr;
@@ -70,6 +79,7 @@ use consumer::Consumers;
 use deferred::{Deferred, DeferredLoads, Loaded, TopicOpening};
 use producer::Producers;
 use session::{Close, Session, required};
+use topic_list::Watchers;
 
 /// Read buffer size: one read syscall takes up to this much.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
@@ -146,6 +156,7 @@ async fn serve_halves<R, W>(
         session: Session::new(service, id, peer, out, events_tx),
         producers: Producers::new(limits.pending_sends_max, limits.pending_send_bytes_max),
         consumers: Consumers::new(),
+        watchers: Watchers::new(),
         deferred: DeferredLoads::new(),
         events_rx,
         read_at: Instant::now(),
@@ -175,6 +186,7 @@ struct Connection {
     session: Session,
     producers: Producers,
     consumers: Consumers,
+    watchers: Watchers,
     /// PRODUCER and SUBSCRIBE commands waiting for their topic to open.
     deferred: DeferredLoads,
     /// Producers and consumers the broker closed (see `ConnEvent`).
@@ -370,7 +382,15 @@ impl Connection {
             Type::Lookup => lookup::on_lookup(session, required(command.lookup_topic, kind)?).await,
             Type::GetTopicsOfNamespace => {
                 let body = required(command.get_topics_of_namespace, kind)?;
-                lookup::on_topics_of_namespace(session, body).await
+                topic_list::on_topics_of_namespace(session, body).await
+            }
+            Type::WatchTopicList => {
+                let body = required(command.watch_topic_list, kind)?;
+                self.watchers.on_watch(&self.session, body).await
+            }
+            Type::WatchTopicListClose => {
+                let body = required(command.watch_topic_list_close, kind)?;
+                self.watchers.on_close(&self.session, body).await
             }
             Type::Producer => {
                 let body = required(command.producer, kind)?;
@@ -452,6 +472,7 @@ impl Connection {
 
     /// Detaches every producer and consumer of this connection.
     async fn cleanup(&mut self) {
+        self.watchers.cleanup();
         self.producers.cleanup(self.session.id);
         self.consumers.cleanup(self.session.id).await;
     }

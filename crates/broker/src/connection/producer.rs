@@ -15,25 +15,27 @@
 //! Never: waits for an append on the reader task, or answers a SEND out of
 //! order.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use vela_log::{AppendFuture, Position};
-use vela_wire::proto::{self, MessageIdData, ServerError};
+use vela_wire::proto::{self, ServerError};
 use vela_wire::{Command, SendCommand};
 
+use super::admission::{Admitting, receipt};
 use super::deferred::{Deferred, TopicOpening};
-use super::session::{Close, NAME_BYTES_MAX, Session, client_metadata};
+use super::non_persistent::{self, NpProducer};
+use super::session::{Close, Session};
 use crate::authorization::TopicAction;
 use crate::codec::{self, Outbound};
 use crate::error::ServiceError;
 use crate::schema;
 use crate::service::Service;
-use crate::topic::{Admission, DedupCheck, ProducerReg, Topic};
-use crate::topic_name::TopicName;
+use crate::topic::{Admission, DedupCheck, Topic};
+use crate::topic_name::{TopicDomain, TopicName};
 
 enum ReceiptJob {
     Send {
@@ -61,6 +63,12 @@ enum ReceiptJob {
     },
 }
 
+/// Producer ids closed recently on one connection whose SENDs are ignored
+/// (Pulsar's `recentlyClosedProducers`): SENDs the client had in flight
+/// when the broker closed its producer (unload, termination) are expected
+/// and must not close the connection. The oldest is forgotten first.
+const RECENTLY_CLOSED_PRODUCERS_MAX: usize = 1000;
+
 struct ConnProducer {
     topic: Arc<Topic>,
     name: String,
@@ -70,6 +78,11 @@ struct ConnProducer {
 /// The producers open on one connection and its pending-send bounds.
 pub(super) struct Producers {
     map: HashMap<u64, ConnProducer>,
+    /// Producers of non-persistent topics (no receipt task: their SENDs
+    /// are answered at once).
+    np: HashMap<u64, NpProducer>,
+    /// Ids closed recently, oldest first (`RECENTLY_CLOSED_PRODUCERS_MAX`).
+    recently_closed: VecDeque<u64>,
     /// SENDs not yet answered (`ConnectionLimits::pending_sends_max`).
     pending_sends: Arc<Semaphore>,
     /// Bytes of SEND frames not yet answered
@@ -81,6 +94,8 @@ impl Producers {
     pub(super) fn new(pending_sends_max: usize, pending_send_bytes_max: usize) -> Producers {
         Producers {
             map: HashMap::new(),
+            np: HashMap::new(),
+            recently_closed: VecDeque::new(),
             pending_sends: Arc::new(Semaphore::new(pending_sends_max)),
             pending_bytes: Arc::new(Semaphore::new(pending_send_bytes_max)),
         }
@@ -90,6 +105,35 @@ impl Producers {
     /// dropping the job sender lets the receipt task finish what is in flight.
     pub(super) fn closed(&mut self, producer_id: u64) {
         self.map.remove(&producer_id);
+        self.np.remove(&producer_id);
+        self.remember_closed(producer_id);
+    }
+
+    fn remember_closed(&mut self, producer_id: u64) {
+        if self.recently_closed.len() >= RECENTLY_CLOSED_PRODUCERS_MAX {
+            self.recently_closed.pop_front();
+        }
+        self.recently_closed.push_back(producer_id);
+        debug_assert!(self.recently_closed.len() <= RECENTLY_CLOSED_PRODUCERS_MAX);
+    }
+
+    /// A SEND for a producer this connection does not have: ignored when
+    /// it was closed recently (in flight then), else the connection closes.
+    fn unknown_producer(&self, session: &Session, producer_id: u64) -> Result<(), Close> {
+        if self.recently_closed.contains(&producer_id) {
+            tracing::debug!(
+                conn = session.id,
+                producer_id,
+                "SEND for a recently closed producer ignored"
+            );
+            return Ok(());
+        }
+        Err(Close(format!("SEND for unknown producer id {producer_id}")))
+    }
+
+    /// Producers open on this connection.
+    fn len(&self) -> usize {
+        self.map.len() + self.np.len()
     }
 
     /// Detaches every producer (the connection is closing).
@@ -98,6 +142,9 @@ impl Producers {
             producer
                 .topic
                 .remove_producer(&producer.name, conn_id, producer_id);
+        }
+        for (producer_id, producer) in self.np.drain() {
+            producer.detach(conn_id, producer_id);
         }
     }
 
@@ -116,6 +163,9 @@ impl Producers {
             TopicOpening::Opened(Ok(())) => None,
             TopicOpening::Opened(Err(e)) => return refuse(session, &body, e).await,
         };
+        if let Some(existing) = self.np.get(&producer_id) {
+            return non_persistent::producer_retry(session, existing, &body).await;
+        }
         if let Some(existing) = self.map.get(&producer_id) {
             // A retry of a PRODUCER that already succeeded on this connection.
             if existing.topic.full_name
@@ -146,7 +196,7 @@ impl Producers {
                 )
                 .await;
         }
-        if self.map.len() >= session.service.config.limits.producers_max {
+        if self.len() >= session.service.config.limits.producers_max {
             return session
                 .send_error(
                     request_id,
@@ -180,6 +230,13 @@ impl Producers {
         session
             .authorize(&topic_name.namespace, TopicAction::Produce)
             .await?;
+        if topic_name.domain == TopicDomain::NonPersistent {
+            let (producer, success) =
+                non_persistent::create_producer(session, body, &topic_name).await?;
+            self.np.insert(body.producer_id, producer);
+            debug_assert!(self.len() <= session.service.config.limits.producers_max);
+            return Ok(success);
+        }
         let topic = session.service.topic(&topic_name, true).await?;
         if let Some(subscription) = body
             .initial_subscription_name
@@ -207,64 +264,19 @@ impl Producers {
                  schema if SchemaValidationEnforced is enabled",
             ));
         }
-        let schema_version = match &body.schema {
-            Some(s) if !schema::is_empty_schema(s) => Some(
-                session
-                    .service
-                    .schemas
-                    .get_or_create(&topic_name, s)
-                    .await?,
-            ),
-            _ => None,
-        };
-        let name = match body.producer_name.as_deref() {
-            Some(name) if name.len() > NAME_BYTES_MAX => {
-                return Err(ServiceError::new(
-                    ServerError::NotAllowedError,
-                    "producer name longer than NAME_BYTES_MAX",
-                ));
-            }
-            Some(name) if !name.is_empty() => name.to_string(),
-            _ => session.service.next_producer_name(),
-        };
-        let access_mode = body
-            .producer_access_mode
-            .and_then(|m| proto::ProducerAccessMode::try_from(m).ok())
-            .unwrap_or(proto::ProducerAccessMode::Shared);
-        let reg = ProducerReg {
-            conn_id: session.id,
-            producer_id: body.producer_id,
-            epoch: body.epoch.unwrap_or(0),
-            exclusive: false,
-            out: session.out.clone(),
-            events: session.events_tx.clone(),
-            address: session.peer.to_string(),
-            client_version: session.client_version.clone(),
-            metadata: client_metadata(&body.metadata)?,
-        };
-        let exclusive = access_mode != proto::ProducerAccessMode::Shared;
-        let last_sequence_id = topic.last_sequence_id(&name);
-        let success = proto::CommandProducerSuccess {
-            request_id: body.request_id,
-            producer_name: name.clone(),
-            last_sequence_id: Some(last_sequence_id),
-            // The Java client reads schema_version unconditionally; the Java
-            // broker sends an empty one for a topic without schema.
-            schema_version: Some(
-                schema_version
-                    .map(schema::encode_version)
-                    .unwrap_or_default(),
-            ),
-            topic_epoch: exclusive.then_some(0),
-            producer_ready: Some(true),
-        };
-        // A waiting producer's "not ready" answer is queued by the topic
-        // under its lock, so it always precedes the later "ready" one.
-        let not_ready = codec::encode_command(proto::CommandProducerSuccess {
-            producer_ready: Some(false),
-            ..success.clone()
-        });
-        let admission = topic.add_producer(&name, reg, access_mode, body.request_id, not_ready)?;
+        let admission = Admitting::new(session, body, &topic_name, |name| {
+            topic.last_sequence_id(name)
+        })
+        .await?;
+        let name = admission.name.clone();
+        let success = admission.success.clone();
+        let admission = topic.add_producer(
+            &name,
+            admission.reg,
+            admission.access_mode,
+            body.request_id,
+            admission.not_ready,
+        )?;
         let (jobs, jobs_rx) =
             mpsc::channel(session.service.config.limits.pending_sends_max.max(1) + 1);
         tokio::spawn(receipt_loop(
@@ -283,7 +295,7 @@ impl Producers {
             },
         );
         debug_assert!(previous.is_none(), "a producer id registered twice");
-        debug_assert!(self.map.len() <= session.service.config.limits.producers_max);
+        debug_assert!(self.len() <= session.service.config.limits.producers_max);
         Ok((admission == Admission::Ready).then_some(success))
     }
 
@@ -295,11 +307,11 @@ impl Producers {
         entry: Bytes,
         frame_bytes: usize,
     ) -> Result<(), Close> {
+        if let Some(producer) = self.np.get(&body.producer_id) {
+            return producer.on_send(session, body, entry).await;
+        }
         let Some(producer) = self.map.get(&body.producer_id) else {
-            return Err(Close(format!(
-                "SEND for unknown producer id {}",
-                body.producer_id
-            )));
+            return self.unknown_producer(session, body.producer_id);
         };
         let jobs = producer.jobs.clone();
         let sequence_id = body.sequence_id;
@@ -384,11 +396,18 @@ impl Producers {
             sequence_id = send.sequence_id,
             "SEND checksum mismatch"
         );
+        if self.np.contains_key(&send.producer_id) {
+            return session
+                .send(proto::CommandSendError {
+                    producer_id: send.producer_id,
+                    sequence_id: send.sequence_id,
+                    error: ServerError::ChecksumError as i32,
+                    message: "Checksum failed on the broker".into(),
+                })
+                .await;
+        }
         let Some(producer) = self.map.get(&send.producer_id) else {
-            return Err(Close(format!(
-                "SEND for unknown producer id {}",
-                send.producer_id
-            )));
+            return self.unknown_producer(session, send.producer_id);
         };
         let job = ReceiptJob::Error {
             sequence_id: send.sequence_id,
@@ -404,6 +423,11 @@ impl Producers {
         session: &Session,
         body: proto::CommandCloseProducer,
     ) -> Result<(), Close> {
+        self.remember_closed(body.producer_id);
+        if let Some(producer) = self.np.remove(&body.producer_id) {
+            producer.detach(session.id, body.producer_id);
+            return session.send_success(body.request_id).await;
+        }
         match self.map.remove(&body.producer_id) {
             Some(producer) => {
                 producer
@@ -494,7 +518,10 @@ async fn receipt_loop(
                         producer_id,
                         sequence_id,
                         error: error.code as i32,
-                        message: format!("persistence failure: {}", error.message),
+                        message: match error.code {
+                            ServerError::TopicTerminatedError => error.message,
+                            _ => format!("persistence failure: {}", error.message),
+                        },
                     })
                 }
             },
@@ -538,23 +565,4 @@ async fn receipt_loop(
             return;
         }
     }
-}
-
-fn receipt(
-    producer_id: u64,
-    sequence_id: u64,
-    highest_sequence_id: u64,
-    ledger_id: u64,
-    entry_id: u64,
-) -> Outbound {
-    codec::encode_command(proto::CommandSendReceipt {
-        producer_id,
-        sequence_id,
-        message_id: Some(MessageIdData {
-            ledger_id,
-            entry_id,
-            ..MessageIdData::default()
-        }),
-        highest_sequence_id: Some(highest_sequence_id),
-    })
 }

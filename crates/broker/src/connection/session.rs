@@ -201,6 +201,7 @@ impl Session {
             max_message_size: Some(self.service.config.max_message_size_bytes as i32),
             feature_flags: Some(proto::FeatureFlags {
                 supports_get_partitioned_metadata_without_auto_creation: Some(true),
+                supports_topic_watchers: Some(true),
                 ..proto::FeatureFlags::default()
             }),
         })
@@ -285,6 +286,16 @@ impl Session {
         self.auth.principal = Some(fresh);
         self.auth.challenge_pending = false;
         Ok(())
+    }
+
+    /// Whether REACHED_END_OF_TOPIC may be sent: the command exists since
+    /// protocol v9, but the C++ client (and Python on it) and the Go client
+    /// have no case for it and close the connection when it comes (their
+    /// dispatch switches' default branch), so they are never sent it.
+    pub(super) fn handles_end_of_topic(&self) -> bool {
+        self.protocol_version >= 9
+            && !self.client_version.starts_with("Pulsar-CPP-")
+            && !self.client_version.starts_with("Pulsar-Go-")
     }
 
     /// Checks that this connection's role may do `action` on `ns`'s topics

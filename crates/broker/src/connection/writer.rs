@@ -29,13 +29,14 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
     let budget = frames_per_wakeup.max(1);
     let mut batch: Vec<Bytes> = Vec::with_capacity(budget * 2);
     let mut timings: Vec<crate::metrics::PublishTiming> = Vec::with_capacity(budget);
+    let mut charges: Vec<crate::inflight::Charge> = Vec::with_capacity(budget);
     while let Some(first) = frames.recv().await {
-        push_frame(&mut batch, &mut timings, first);
+        push_frame(&mut batch, &mut timings, &mut charges, first);
         let mut count = 1;
         while count < budget {
             match frames.try_recv() {
                 Ok(frame) => {
-                    push_frame(&mut batch, &mut timings, frame);
+                    push_frame(&mut batch, &mut timings, &mut charges, frame);
                     count += 1;
                 }
                 Err(_) => break,
@@ -49,6 +50,8 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
         for timing in timings.drain(..) {
             timing.record(written, &service.metrics.publish_latency);
         }
+        // Written: the in-flight bytes of non-persistent messages come back.
+        charges.clear();
         batch.clear();
     }
     let _ = writer.shutdown().await;
@@ -57,6 +60,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
 fn push_frame(
     batch: &mut Vec<Bytes>,
     timings: &mut Vec<crate::metrics::PublishTiming>,
+    charges: &mut Vec<crate::inflight::Charge>,
     frame: Outbound,
 ) {
     match frame {
@@ -64,6 +68,15 @@ fn push_frame(
         Outbound::Message { header, entry } => {
             batch.push(header);
             batch.push(entry);
+        }
+        Outbound::Charged {
+            header,
+            entry,
+            charge,
+        } => {
+            batch.push(header);
+            batch.push(entry);
+            charges.push(charge);
         }
         Outbound::Receipt { frame, timing } => {
             batch.push(frame);

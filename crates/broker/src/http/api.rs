@@ -139,26 +139,22 @@ pub(crate) fn flag(params: &HashMap<String, String>, name: &str) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
-/// The persistent topic named by REST path segments; `non-persistent`
-/// topics are not supported (405).
+/// The topic named by REST path segments (`persistent` or
+/// `non-persistent`; a route that only persistent topics have refuses the
+/// other when it opens the topic: 405).
 pub(crate) fn topic_of(
     domain: &str,
     tenant: &str,
     namespace: &str,
     topic: &str,
 ) -> ApiResult<TopicName> {
-    match domain {
-        "persistent" => {}
-        "non-persistent" => {
-            return Err(ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "non-persistent topics are not supported",
-            ));
-        }
-        other => return Err(ApiError::not_found(format!("unknown topic domain {other}"))),
+    if !matches!(domain, "persistent" | "non-persistent") {
+        return Err(ApiError::not_found(format!(
+            "unknown topic domain {domain}"
+        )));
     }
     Ok(TopicName::parse(&format!(
-        "persistent://{tenant}/{namespace}/{topic}"
+        "{domain}://{tenant}/{namespace}/{topic}"
     ))?)
 }
 

@@ -13,12 +13,12 @@
 //! Routes: `brokers` (health, metrics, write path), `lookup`, `namespaces`
 //! (tenants, clusters, namespaces and their policies), `bundles`,
 //! `permissions` (namespace grants), `topics` (topics, partitioned topics,
-//! stats, subscriptions), `topic_policies` (topic-level policies and
+//! stats, subscriptions), `termination` (terminate), `non_persistent`
+//! (non-persistent topics), `topic_policies` (topic-level policies and
 //! properties), `messages` (entries by id, peek, id by time), `schemas`
-//! (the schema registry),
-//! `namespace_policies` (namespace policies kept as Pulsar's
-//! JSON, properties, subscription grants); `prometheus` writes the metrics
-//! text.
+//! (the schema registry), `namespace_policies` (namespace policies kept as
+//! Pulsar's JSON, properties, subscription grants); `prometheus` writes the
+//! metrics text.
 //! Layering: the top of the broker: nothing else in the crate uses this
 //! module except `lib.rs` (starting the listener). It reaches the broker
 //! through the service, the admin store and the topics, never a connection.
@@ -33,9 +33,11 @@ mod lookup;
 mod messages;
 mod namespace_policies;
 mod namespaces;
+mod non_persistent;
 mod permissions;
 mod prometheus;
 mod schemas;
+mod termination;
 mod topic_policies;
 mod topics;
 
@@ -131,6 +133,8 @@ fn router(service: Arc<Service>) -> Router {
         .merge(namespaces::routes())
         .merge(bundles::routes())
         .merge(topics::routes())
+        .merge(termination::routes())
+        .merge(non_persistent::routes())
         .merge(permissions::routes())
         .merge(topic_policies::routes())
         .merge(messages::routes())

@@ -263,13 +263,31 @@ async fn namespace_topics(
 ) -> ApiResult<axum::Json<Vec<String>>> {
     let ns = namespace_of(&tenant, &namespace)?;
     policies_of(&service, &ns).await?;
-    if params
-        .get("mode")
-        .is_some_and(|m| m.eq_ignore_ascii_case("NON_PERSISTENT"))
-    {
-        return Ok(axum::Json(Vec::new()));
+    let mode = params.get("mode").map(|m| m.to_ascii_uppercase());
+    let mode = mode.as_deref().unwrap_or("PERSISTENT");
+    let mut topics = Vec::new();
+    if mode != "NON_PERSISTENT" {
+        topics.extend(service.admin.topics_of_namespace(&ns).await?);
     }
-    Ok(axum::Json(service.admin.topics_of_namespace(&ns).await?))
+    if mode == "NON_PERSISTENT" || mode == "ALL" {
+        // As Pulsar: the non-persistent topics served here, and every
+        // partition of the non-persistent partitioned topics.
+        let mut np = service.non_persistent_topics_of(&ns, false);
+        let domain = crate::topic_name::TopicDomain::NonPersistent;
+        for base in service
+            .admin
+            .partitioned_topics_of_namespace(&ns, domain)
+            .await?
+        {
+            let base = crate::topic_name::TopicName::parse(&base)?;
+            let n = service.admin.partitions(&base).await?.unwrap_or(0);
+            np.extend((0..n).map(|i| base.partition(i).to_string()));
+        }
+        np.sort();
+        np.dedup();
+        topics.extend(np);
+    }
+    Ok(axum::Json(topics))
 }
 
 /// A policy's value, or 204 without a body when unset (Pulsar's answer for

@@ -106,7 +106,11 @@ impl TopicRow {
 pub(super) async fn render(service: &Service) -> String {
     let mut rows = Vec::new();
     for name in service.served_topics() {
-        let Some(topic) = service.served_topic(&name) else {
+        let stats = if let Some(topic) = service.served_topic(&name) {
+            topic.stats().await
+        } else if let Some(topic) = service.served_non_persistent(&name) {
+            topic.stats()
+        } else {
             continue;
         };
         let namespace = TopicName::parse(&name)
@@ -118,13 +122,14 @@ pub(super) async fn render(service: &Service) -> String {
                 ("namespace".into(), namespace),
                 ("topic".into(), name),
             ],
-            stats: topic.stats().await,
+            stats,
         });
     }
     let mut w = Writer { out: String::new() };
     broker_families(service, rows.len(), &mut w);
     storage_families(&service.storage_metrics(), &mut w);
     topic_families(&rows, &mut w);
+    drop_families(service, &rows, &mut w);
     w.out
 }
 
@@ -370,6 +375,54 @@ fn storage_write_latency(rows: &[TopicRow], w: &mut Writer) {
     for row in rows {
         let sum_ms = latency(row).sum as f64 / 1000.0;
         w.sample("pulsar_storage_write_latency_sum", &row.labels(&[]), sum_ms);
+    }
+}
+
+/// Non-persistent topics: messages dropped (Pulsar's
+/// `pulsar_subscription_msg_drop_rate`, and Vela's counters) and the bytes
+/// in flight broker-wide.
+fn drop_families(service: &Service, rows: &[TopicRow], w: &mut Writer) {
+    let cluster = labels(&[("cluster", CLUSTER_NAME)]);
+    let name = "vela_non_persistent_inflight_bytes";
+    w.family(
+        name,
+        "gauge",
+        "Bytes of non-persistent messages handed to connections, not yet written.",
+    );
+    w.sample(name, &cluster, service.np_budget.used_bytes() as f64);
+    let name = "vela_non_persistent_dropped_messages_total";
+    w.family(
+        name,
+        "counter",
+        "Non-persistent messages dropped as they arrived (in-flight bytes full).",
+    );
+    for row in rows.iter().filter(|r| r.stats.msg_drop_rate.is_some()) {
+        w.sample(name, &row.labels(&[]), row.stats.msg_drop_counter as f64);
+    }
+    let dropping = |row: &&TopicRow| row.stats.msg_drop_rate.is_some();
+    let name = "pulsar_subscription_msg_drop_rate";
+    w.family(
+        name,
+        "gauge",
+        "Non-persistent messages no consumer could take, per second.",
+    );
+    for row in rows.iter().filter(dropping) {
+        for sub in &row.stats.subscriptions {
+            let l = row.labels(&[("subscription", sub.name.as_str())]);
+            w.sample(name, &l, sub.msg_drop_rate.unwrap_or(0.0));
+        }
+    }
+    let name = "vela_subscription_dropped_messages_total";
+    w.family(
+        name,
+        "counter",
+        "Non-persistent messages no consumer could take.",
+    );
+    for row in rows.iter().filter(dropping) {
+        for sub in &row.stats.subscriptions {
+            let l = row.labels(&[("subscription", sub.name.as_str())]);
+            w.sample(name, &l, sub.msg_drop_counter as f64);
+        }
     }
 }
 

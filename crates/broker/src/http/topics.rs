@@ -3,8 +3,9 @@
 //!
 //! A subscription operation on a partitioned topic's base name applies to
 //! every partition, as in Pulsar (except skip, which Pulsar refuses with 405).
-//! Non-persistent topics do not exist in Vela: listing them answers `[]`,
-//! anything else 405.
+//! Non-persistent topics have their own routes (`non_persistent`); their
+//! partitioned metadata is served here, like persistent topics'; a route
+//! that opens a persistent topic answers 405 for a non-persistent one.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use crate::service::Service;
 use crate::subscription::SeekTarget;
 use crate::topic::Topic;
 use crate::topic::cursor_admin::SubscriptionStart;
-use crate::topic_name::{NamespaceName, TopicName};
+use crate::topic_name::{NamespaceName, TopicDomain, TopicName};
 
 /// Ledgers whose metadata internal stats describes (`?metadata=true`), newest
 /// first: each is one metadata-store read.
@@ -162,11 +163,16 @@ async fn list_partitioned(
     Path((domain, tenant, namespace)): Path<(String, String, String)>,
 ) -> ApiResult<axum::Json<Vec<String>>> {
     let ns = namespace_checked(&service, &tenant, &namespace).await?;
-    if domain != "persistent" {
-        return Ok(axum::Json(Vec::new()));
-    }
+    let domain = match domain.as_str() {
+        "persistent" => TopicDomain::Persistent,
+        "non-persistent" => TopicDomain::NonPersistent,
+        _ => return Ok(axum::Json(Vec::new())),
+    };
     Ok(axum::Json(
-        service.admin.partitioned_topics_of_namespace(&ns).await?,
+        service
+            .admin
+            .partitioned_topics_of_namespace(&ns, domain)
+            .await?,
     ))
 }
 

@@ -38,7 +38,8 @@ pub use bundle::{
 };
 use bundle::{HASH_END, even_boundaries};
 pub use records::{
-    BROKERS_PATH, BrokerInfo, LOAD_REPORT_INTERVAL, LoadReport, LookupAnswer, OwnershipError,
+    BROKERS_PATH, BrokerInfo, LOAD_REPORT_INTERVAL, LoadReport, LookupAnswer, LookupUrls,
+    OwnershipError,
 };
 use records::{BundlesRecord, broker_key, bundles_key, decode, encode, owner_key};
 
@@ -526,6 +527,7 @@ mod tests {
             http_url: format!("http://{id}"),
             http_url_tls: None,
             load: LoadReport::default(),
+            listeners: std::collections::BTreeMap::new(),
         }
     }
 

@@ -40,6 +40,62 @@ pub struct BrokerInfo {
     /// Load, for placing unowned bundles.
     #[serde(default)]
     pub load: LoadReport,
+    /// Its advertised listeners by name (lookups naming one get its URLs).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub listeners: std::collections::BTreeMap<String, crate::listeners::AdvertisedListener>,
+}
+
+/// The URLs a lookup answers for a broker, maybe through one of its
+/// advertised listeners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookupUrls {
+    /// `pulsar://host:port` (Pulsar's brokerServiceUrl); `None` for a
+    /// broker (or listener) without a plain port.
+    pub service_url: Option<String>,
+    /// `pulsar+ssl://host:port` (brokerServiceUrlTls).
+    pub service_url_tls: Option<String>,
+    /// `http://host:port` of its admin API.
+    pub http_url: String,
+    /// `https://host:port` of its admin API.
+    pub http_url_tls: Option<String>,
+}
+
+impl BrokerInfo {
+    /// `service_url` when it is a plain `pulsar://` URL (a TLS-only broker
+    /// publishes none: Pulsar's brokerServiceUrl is then absent).
+    pub fn plain_service_url(&self) -> Option<&str> {
+        Some(self.service_url.as_str()).filter(|url| url.starts_with("pulsar://"))
+    }
+
+    /// Its URLs for a lookup naming `listener` (its own without one); the
+    /// error is Pulsar's message for a listener it does not have. A
+    /// listener's Pulsar URLs replace the broker's; its HTTP URLs too when
+    /// it has them.
+    pub fn urls_for(&self, listener: Option<&str>) -> Result<LookupUrls, String> {
+        let Some(name) = listener else {
+            return Ok(LookupUrls {
+                service_url: self.plain_service_url().map(String::from),
+                service_url_tls: self.service_url_tls.clone(),
+                http_url: self.http_url.clone(),
+                http_url_tls: self.http_url_tls.clone(),
+            });
+        };
+        let Some(found) = self.listeners.get(name) else {
+            return Err(crate::listeners::unknown_listener(name));
+        };
+        Ok(LookupUrls {
+            service_url: found.service_url.clone(),
+            service_url_tls: found.service_url_tls.clone(),
+            http_url: found
+                .http_url
+                .clone()
+                .unwrap_or_else(|| self.http_url.clone()),
+            http_url_tls: found
+                .https_url
+                .clone()
+                .or_else(|| self.http_url_tls.clone()),
+        })
+    }
 }
 
 /// A broker's load as the others see it.
@@ -139,4 +195,47 @@ pub(super) fn decode<T: serde::de::DeserializeOwned>(
 pub(super) fn encode<T: Serialize>(value: &T) -> Bytes {
     // Plain structs of strings and numbers always serialize.
     Bytes::from(serde_json::to_vec(value).unwrap_or_default())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod listener_tests {
+    use super::*;
+
+    fn broker(service_url: &str, tls: Option<&str>) -> BrokerInfo {
+        BrokerInfo {
+            id: "h:1".into(),
+            service_url: service_url.into(),
+            service_url_tls: tls.map(String::from),
+            http_url: "http://h:8080".into(),
+            http_url_tls: None,
+            load: LoadReport::default(),
+            listeners: crate::listeners::parse_advertised_listeners(
+                "lan:pulsar+ssl://10.0.0.9:6651",
+                None,
+            )
+            .unwrap()
+            .listeners,
+        }
+    }
+
+    #[test]
+    fn a_tls_only_broker_answers_no_plain_url() {
+        let tls_only = broker("pulsar+ssl://h:6651", Some("pulsar+ssl://h:6651"));
+        let urls = tls_only.urls_for(None).unwrap();
+        assert_eq!(urls.service_url, None);
+        assert_eq!(urls.service_url_tls.as_deref(), Some("pulsar+ssl://h:6651"));
+        let plain = broker("pulsar://h:6650", None).urls_for(None).unwrap();
+        assert_eq!(plain.service_url.as_deref(), Some("pulsar://h:6650"));
+        let lan = tls_only.urls_for(Some("lan")).unwrap();
+        assert_eq!(
+            (lan.service_url, lan.service_url_tls.as_deref()),
+            (None, Some("pulsar+ssl://10.0.0.9:6651"))
+        );
+        assert_eq!(lan.http_url, "http://h:8080");
+        assert_eq!(
+            tls_only.urls_for(Some("wan")).unwrap_err(),
+            "the broker do not have wan listener"
+        );
+    }
 }

@@ -50,6 +50,10 @@ pub(crate) struct ConsumerInfo {
     pub(crate) metadata: std::collections::BTreeMap<String, String>,
     /// Client version string from CONNECT, for stats.
     pub(crate) client_version: String,
+    /// The client understands REACHED_END_OF_TOPIC (see
+    /// `connection::session`: not C++/Python nor Go, which close the
+    /// connection on it).
+    pub(crate) handles_end_of_topic: bool,
 }
 
 /// A consumer is identified by (connection id, consumer id).
@@ -184,6 +188,9 @@ pub(crate) enum SubCommand {
         /// Position.
         reply: oneshot::Sender<Option<Position>>,
     },
+    /// The topic was terminated: consumers that have acknowledged
+    /// everything are told they reached its end (REACHED_END_OF_TOPIC).
+    TopicTerminated,
     /// Close every consumer and stop (topic close / broker shutdown).
     Shutdown {
         /// Answered once stopped.

@@ -14,35 +14,41 @@ use std::collections::HashSet;
 use vela_log::{LogEntry, Position};
 use vela_wire::proto::{CommandActiveConsumerChange, ServerError, command_subscribe::SubType};
 
+use tokio::sync::mpsc;
+
 use super::command::{ConsumerInfo, ConsumerKey, key_of};
-use crate::codec;
+use crate::codec::{self, Outbound};
 use crate::error::ServiceError;
 use crate::key_shared::{self, KeySharedSelector};
 
 /// One attached consumer.
 #[derive(Debug)]
-pub(super) struct Slot {
-    pub(super) info: ConsumerInfo,
+pub(crate) struct Slot {
+    pub(crate) info: ConsumerInfo,
     /// Current consumer epoch (raised by redeliver-all).
-    pub(super) epoch: Option<u64>,
+    pub(crate) epoch: Option<u64>,
     /// Key_Shared: a consumer that joined while entries were out gets no
     /// entry at or after this position until every earlier entry is acked
     /// (the Java broker's "recently joined consumers"), so a key moving to it
     /// cannot overtake its own earlier messages.
-    pub(super) fence: Option<Position>,
+    pub(crate) fence: Option<Position>,
     /// Messages it may still take (FLOW adds; a batch takes its message
     /// count, which may leave it negative).
-    pub(super) permits: i64,
+    pub(crate) permits: i64,
     /// Entries out to it and not acknowledged.
-    pub(super) unacked: u64,
+    pub(crate) unacked: u64,
     /// Messages sent to it.
-    pub(super) msg_out: u64,
+    pub(crate) msg_out: u64,
     /// Wall-clock time of its last FLOW, ms (0: none yet).
-    pub(super) last_flow_ms: u64,
+    pub(crate) last_flow_ms: u64,
+    /// It sent a FLOW (it is ready for frames: nothing is sent before).
+    pub(crate) flowed: bool,
+    /// It was told the topic ended (REACHED_END_OF_TOPIC), at most once.
+    pub(crate) told_end_of_topic: bool,
 }
 
 /// Who the next entry may go to.
-pub(super) enum Route {
+pub(crate) enum Route {
     Deliver(usize),
     /// Key_Shared: the entry's consumer cannot take it now; keep it in replay.
     Hold,
@@ -52,7 +58,7 @@ pub(super) enum Route {
 
 /// The consumers of one subscription.
 #[derive(Debug)]
-pub(super) struct Consumers {
+pub(crate) struct Consumers {
     slots: Vec<Slot>,
     /// Consumers attached at most (see `SubscriptionSpec::consumers_max`).
     max: usize,
@@ -69,7 +75,7 @@ pub(super) struct Consumers {
 }
 
 impl Consumers {
-    pub(super) fn new(sub_type: SubType, sticky: bool, max: usize) -> Consumers {
+    pub(crate) fn new(sub_type: SubType, sticky: bool, max: usize) -> Consumers {
         let selector = match sub_type {
             SubType::KeyShared if sticky => Some(KeySharedSelector::sticky()),
             SubType::KeyShared => Some(KeySharedSelector::auto_split()),
@@ -97,38 +103,42 @@ impl Consumers {
         slot.permits > 0 && (self.unacked_max == 0 || slot.unacked < self.unacked_max)
     }
 
-    pub(super) fn sub_type(&self) -> SubType {
+    pub(crate) fn sub_type(&self) -> SubType {
         self.sub_type
     }
 
-    pub(super) fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.slots.is_empty()
     }
 
-    pub(super) fn iter(&self) -> impl Iterator<Item = &Slot> {
+    pub(crate) fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Slot> {
         self.slots.iter()
     }
 
-    pub(super) fn get(&self, key: ConsumerKey) -> Option<&Slot> {
+    pub(crate) fn get(&self, key: ConsumerKey) -> Option<&Slot> {
         self.slots.iter().find(|s| key_of(&s.info) == key)
     }
 
-    pub(super) fn get_mut(&mut self, key: ConsumerKey) -> Option<&mut Slot> {
+    pub(crate) fn get_mut(&mut self, key: ConsumerKey) -> Option<&mut Slot> {
         self.slots.iter_mut().find(|s| key_of(&s.info) == key)
     }
 
-    pub(super) fn at_mut(&mut self, index: usize) -> &mut Slot {
+    pub(crate) fn at_mut(&mut self, index: usize) -> &mut Slot {
         &mut self.slots[index]
     }
 
     /// True if any consumer other than `key` is attached.
-    pub(super) fn has_others_than(&self, key: ConsumerKey) -> bool {
+    pub(crate) fn has_others_than(&self, key: ConsumerKey) -> bool {
         self.slots.iter().any(|s| key_of(&s.info) != key)
     }
 
     /// Permits of all consumers that may take entries now (negative ones
     /// count as 0; a consumer at its unacknowledged limit counts 0).
-    pub(super) fn total_permits(&self) -> i64 {
+    pub(crate) fn total_permits(&self) -> i64 {
         self.slots
             .iter()
             .filter(|s| self.unacked_max == 0 || s.unacked < self.unacked_max)
@@ -137,7 +147,7 @@ impl Consumers {
 
     /// The Key_Shared slot of an entry (0 when the subscription is not
     /// Key_Shared).
-    pub(super) fn hash_slot_of(&self, entry: &LogEntry) -> u32 {
+    pub(crate) fn hash_slot_of(&self, entry: &LogEntry) -> u32 {
         if self.selector.is_some() {
             key_shared::entry_slot(&entry.data)
         } else {
@@ -145,14 +155,14 @@ impl Consumers {
         }
     }
 
-    pub(super) fn is_key_shared(&self) -> bool {
+    pub(crate) fn is_key_shared(&self) -> bool {
         self.selector.is_some()
     }
 
     /// Attaches a consumer. The first one decides the type (and the
     /// Key_Shared mode), as in the Java broker. `fence_at`: where a
     /// Key_Shared consumer joining now is fenced (`None`: nothing is out).
-    pub(super) fn attach(
+    pub(crate) fn attach(
         &mut self,
         info: ConsumerInfo,
         sub_type: SubType,
@@ -220,6 +230,8 @@ impl Consumers {
             last_flow_ms: 0,
             unacked: 0,
             msg_out: 0,
+            flowed: false,
+            told_end_of_topic: false,
         });
         assert!(
             self.slots.len() <= self.max,
@@ -233,7 +245,7 @@ impl Consumers {
     }
 
     /// Detaches a consumer; false if it was not attached.
-    pub(super) fn detach(&mut self, key: ConsumerKey) -> bool {
+    pub(crate) fn detach(&mut self, key: ConsumerKey) -> bool {
         let Some(index) = self.slots.iter().position(|s| key_of(&s.info) == key) else {
             return false;
         };
@@ -245,7 +257,7 @@ impl Consumers {
     }
 
     /// Detaches every consumer and returns them.
-    pub(super) fn detach_all(&mut self) -> Vec<Slot> {
+    pub(crate) fn detach_all(&mut self) -> Vec<Slot> {
         let slots = std::mem::take(&mut self.slots);
         if let Some(selector) = &mut self.selector {
             for slot in &slots {
@@ -266,7 +278,7 @@ impl Consumers {
     }
 
     /// True for Exclusive and Failover (one active consumer at a time).
-    pub(super) fn has_active_consumer(&self) -> bool {
+    pub(crate) fn has_active_consumer(&self) -> bool {
         self.sub_type == SubType::Failover || self.sub_type == SubType::Exclusive
     }
 
@@ -275,7 +287,7 @@ impl Consumers {
     /// highest-priority ones (as the Java broker spreads partitions).
     /// Returns the previous active consumer when it changed (its entries
     /// out go to the new one).
-    pub(super) fn choose_active(&mut self, partition: i32) -> Option<ConsumerKey> {
+    pub(crate) fn choose_active(&mut self, partition: i32) -> Option<ConsumerKey> {
         let mut order: Vec<&Slot> = self.slots.iter().collect();
         order.sort_by(|a, b| {
             (a.info.priority_level, &a.info.name).cmp(&(b.info.priority_level, &b.info.name))
@@ -295,25 +307,34 @@ impl Consumers {
     }
 
     /// Failover: tells every consumer (clients ≥ v12) whether it is active.
-    pub(super) async fn announce_active(&self) {
-        if self.sub_type != SubType::Failover {
-            return;
-        }
-        for slot in &self.slots {
-            if slot.info.protocol_version < 12 {
-                continue;
-            }
-            let is_active = Some(key_of(&slot.info)) == self.active;
-            let frame = codec::encode_command(CommandActiveConsumerChange {
-                consumer_id: slot.info.consumer_id,
-                is_active: Some(is_active),
-            });
-            let _ = slot.info.out.send(frame).await;
+    pub(crate) async fn announce_active(&self) {
+        for (out, frame) in self.active_change_frames() {
+            let _ = out.send(frame).await;
         }
     }
 
+    /// Failover: the ACTIVE_CONSUMER_CHANGE frames telling every consumer
+    /// (clients ≥ v12) whether it is active, with where each goes.
+    pub(crate) fn active_change_frames(&self) -> Vec<(mpsc::Sender<Outbound>, Outbound)> {
+        if self.sub_type != SubType::Failover {
+            return Vec::new();
+        }
+        self.slots
+            .iter()
+            .filter(|slot| slot.info.protocol_version >= 12)
+            .map(|slot| {
+                let is_active = Some(key_of(&slot.info)) == self.active;
+                let frame = codec::encode_command(CommandActiveConsumerChange {
+                    consumer_id: slot.info.consumer_id,
+                    is_active: Some(is_active),
+                });
+                (slot.info.out.clone(), frame)
+            })
+            .collect()
+    }
+
     /// Key_Shared: lifts the fences that `still_fenced` no longer holds up.
-    pub(super) fn lift_fences(&mut self, still_fenced: impl Fn(Position) -> bool) {
+    pub(crate) fn lift_fences(&mut self, still_fenced: impl Fn(Position) -> bool) {
         for slot in &mut self.slots {
             if slot.fence.is_some_and(|fence| !still_fenced(fence)) {
                 slot.fence = None;
@@ -322,7 +343,7 @@ impl Consumers {
     }
 
     /// Key_Shared: the index of the consumer owning `slot`.
-    pub(super) fn selected_index(&self, slot: u32) -> Option<usize> {
+    pub(crate) fn selected_index(&self, slot: u32) -> Option<usize> {
         let selector = self.selector.as_ref()?;
         let owner = selector.select(slot % key_shared::HASH_RANGE_SIZE)?;
         self.slots
@@ -332,7 +353,7 @@ impl Consumers {
 
     /// Who takes the entry at `pos` (Key_Shared slot `slot`) now; `stuck`:
     /// Key_Shared consumers already holding back an earlier entry.
-    pub(super) fn route(&mut self, slot: u32, pos: Position, stuck: &HashSet<usize>) -> Route {
+    pub(crate) fn route(&mut self, slot: u32, pos: Position, stuck: &HashSet<usize>) -> Route {
         match self.sub_type {
             SubType::Exclusive | SubType::Failover => {
                 let Some(active) = self.active else {

@@ -22,8 +22,8 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 use vela_log::{LogEntry, ManagedLog, Position};
 use vela_wire::proto::{
-    self, CommandCloseConsumer, CommandMessage, MessageIdData, ServerError, command_ack::AckType,
-    command_subscribe::SubType,
+    self, CommandCloseConsumer, CommandMessage, CommandReachedEndOfTopic, MessageIdData,
+    ServerError, command_ack::AckType, command_subscribe::SubType,
 };
 
 use super::acks::{ACK_SET_WORDS_MAX, Acks};
@@ -82,6 +82,7 @@ pub(crate) fn spawn(
         .consumers_max
         .min(crate::config::CONSUMERS_PER_SUBSCRIPTION_MAX);
     let dispatcher = Dispatcher {
+        terminated: spec.log.is_terminated(),
         name: spec.name,
         topic: spec.topic,
         partition: spec.partition,
@@ -133,6 +134,8 @@ struct Dispatcher {
     delayed: Delayed,
     reader: Reader,
     counters: Counters,
+    /// The topic was terminated (its log takes no more entries).
+    terminated: bool,
 }
 
 enum Flow {
@@ -197,6 +200,7 @@ impl Dispatcher {
                 None => self.reader.caught_up = false,
             }
             self.dispatch().await;
+            self.tell_end_of_topic().await;
         }
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription stopped");
         on_end(&self.name);
@@ -226,6 +230,7 @@ impl Dispatcher {
                 if let Some(slot) = self.consumers.get_mut(key) {
                     slot.permits = slot.permits.saturating_add(i64::from(permits));
                     slot.last_flow_ms = delayed::now_ms();
+                    slot.flowed = true;
                     self.reader.caught_up = false;
                 }
             }
@@ -283,6 +288,7 @@ impl Dispatcher {
             SubCommand::MarkDelete { reply } => {
                 let _ = reply.send(self.acks.mark_delete());
             }
+            SubCommand::TopicTerminated => self.terminated = true,
             SubCommand::Shutdown { reply } => {
                 self.close_all_consumers(None).await;
                 let _ = reply.send(());
@@ -290,6 +296,32 @@ impl Dispatcher {
             }
         }
         Flow::Continue
+    }
+
+    /// A terminated topic whose every entry this subscription acknowledged:
+    /// its consumers are told they reached the end (once each), as Pulsar
+    /// does on termination, after an ack and on reading past the end.
+    /// Clients that close the connection on the command (C++/Python, Go)
+    /// and those below protocol v9 are not told.
+    async fn tell_end_of_topic(&mut self) {
+        if !self.terminated || self.acks.backlog(&self.log) > 0 {
+            return;
+        }
+        for index in 0..self.consumers.len() {
+            let slot = self.consumers.at_mut(index);
+            if slot.told_end_of_topic
+                || !slot.flowed
+                || !slot.info.handles_end_of_topic
+                || slot.info.protocol_version < 9
+            {
+                continue;
+            }
+            slot.told_end_of_topic = true;
+            let frame = codec::encode_command(CommandReachedEndOfTopic {
+                consumer_id: slot.info.consumer_id,
+            });
+            let _ = slot.info.out.send(frame).await;
+        }
     }
 
     /// Acknowledges everything up to `position` (admin skip/expire).
@@ -358,6 +390,8 @@ impl Dispatcher {
                 })
                 .collect(),
             active_consumer: self.consumers.active_name(),
+            msg_drop_rate: None,
+            msg_drop_counter: 0,
         }
     }
 

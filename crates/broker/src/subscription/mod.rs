@@ -18,7 +18,8 @@
 //! - `seek`: finding positions by message id or publish time.
 //!
 //! Dependencies point down that list; this module only re-exports. A
-//! transaction's pending acks belong beside `acks`.
+//! transaction's pending acks belong beside `acks`. `consumers` (who may
+//! take an entry) is shared with non-persistent subscriptions.
 //!
 //! Owns: which consumer gets which entry (Exclusive, Failover, Shared,
 //! Key_Shared), flow-control permits, the entries delivered but not acked,
@@ -38,9 +39,10 @@ mod redelivery;
 mod seek;
 
 pub(crate) use command::{
-    ConnEvent, ConsumerInfo, DispatchPolicy, SeekTarget, SubCommand, SubscriptionHandle,
-    SubscriptionSpec,
+    ConnEvent, ConsumerInfo, ConsumerKey, ConsumerStatsSnapshot, DispatchPolicy, SeekTarget,
+    SubCommand, SubscriptionHandle, SubscriptionSpec, key_of,
 };
+pub(crate) use consumers::{Consumers, Route};
 pub(crate) use delayed::now_ms;
 pub(crate) use dispatcher::spawn;
 pub(crate) use reader::READ_BATCH_ENTRIES_MAX;

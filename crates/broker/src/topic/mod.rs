@@ -16,8 +16,9 @@
 //!   skip, expire, evict);
 //! - `stats`: the statistics snapshot.
 //!
-//! A non-persistent topic would reuse `producers` and sit beside `Topic`
-//! in the service; a transaction buffer would sit beside `publish`.
+//! A non-persistent topic (`nonpersistent`) reuses `producers`, `throttle`
+//! and `ConsumerSlot` and sits beside `Topic` in the service; a
+//! transaction buffer would sit beside `publish`.
 //!
 //! Locks (all short `parking_lot` mutexes, never held across an await,
 //! except `SubscriptionTable::create`, an async mutex held while a
@@ -68,16 +69,15 @@ use crate::stats::RateMeter;
 use crate::subscription::{ConsumerInfo, SubCommand, SubscriptionHandle};
 use crate::topic_name::TopicName;
 use dedup::DedupTable;
-use producers::ProducerTable;
 use publish::Publisher;
 use quota::PolicyState;
 use subscriptions::SubscriptionTable;
-use throttle::PublishThrottle;
 use vela_wire::proto::ServerError;
 
 pub(crate) use dedup::DedupCheck;
-pub(crate) use producers::{Admission, ProducerReg};
+pub(crate) use producers::{Admission, ProducerReg, ProducerTable};
 pub(crate) use subscriptions::{ConsumerSlot, SubscribeRequest};
+pub(crate) use throttle::PublishThrottle;
 
 /// A topic being served.
 #[derive(Debug)]
@@ -114,6 +114,9 @@ pub(crate) struct Topic {
     /// Largest entry a SEND may carry by policy (`maxMessageSize`; 0: the
     /// broker's frame limit only), read per SEND without a lock.
     message_size_max: AtomicUsize,
+    /// A termination began: producers are refused (retriably until the log
+    /// is terminated, then with TopicTerminatedError).
+    terminating: AtomicBool,
 }
 
 impl Topic {
@@ -145,6 +148,7 @@ impl Topic {
             policy_rate_set: AtomicBool::new(false),
             dispatch_policy: Arc::default(),
             message_size_max: AtomicUsize::new(0),
+            terminating: AtomicBool::new(false),
         })
     }
 
@@ -278,6 +282,16 @@ impl Topic {
         request_id: u64,
         not_ready_reply: Outbound,
     ) -> Result<Admission, ServiceError> {
+        if self.log.is_terminated() {
+            return Err(crate::error::topic_terminated());
+        }
+        if self.terminating.load(Ordering::Acquire) {
+            // Retriable: the client asks again and then learns the outcome.
+            return Err(ServiceError::new(
+                vela_wire::proto::ServerError::ServiceNotReady,
+                "topic is being terminated",
+            ));
+        }
         self.policies.admit_producer(&self.log)?;
         if let Some(max) = self.policies.policies().limits.producers_max
             && self.producers.publishers().len() >= max
@@ -371,6 +385,39 @@ impl Topic {
             }
         }
         Ok(())
+    }
+
+    /// Terminates the topic (Pulsar's `terminate`): the log takes no more
+    /// entries, also after a restart (its record says so); producers are
+    /// closed (they come back and are refused with TopicTerminatedError);
+    /// consumers that acknowledged everything are told they reached the
+    /// end. Returns the position of the last entry. Idempotent.
+    ///
+    /// Producers are closed before the log refuses appends, so a client
+    /// sees CLOSE_PRODUCER before any SEND_ERROR of a refused append (both
+    /// go through its connection's one outbound queue): the Go client drops
+    /// a producer on SEND_ERROR TopicTerminatedError without failing its
+    /// pending sends, but fails them with ErrTopicTerminated when the
+    /// producer it re-attaches after CLOSE_PRODUCER is refused. Meanwhile
+    /// producers are refused retriably (`terminating`).
+    pub(crate) async fn terminate(&self) -> Result<Option<vela_log::Position>, ServiceError> {
+        self.terminating.store(true, Ordering::Release);
+        self.producers.disconnect_all();
+        let last = match self.log.terminate().await {
+            Ok(last) => last,
+            Err(error) => {
+                if !self.log.is_terminated() {
+                    self.terminating.store(false, Ordering::Release);
+                }
+                return Err(error.into());
+            }
+        };
+        debug_assert!(self.log.is_terminated());
+        // One admitted just before `terminating` was set.
+        self.producers.disconnect_all();
+        self.subscriptions.topic_terminated().await;
+        tracing::info!(topic = %self.full_name, ?last, "topic terminated");
+        Ok(last)
     }
 
     /// Closes every producer (CLOSE_PRODUCER: clients look up again and

@@ -330,6 +330,7 @@ impl ProducerTable {
                 address: reg.address.clone(),
                 client_version: reg.client_version.clone(),
                 metadata: reg.metadata.clone(),
+                msg_drop_rate: None,
             })
             .collect();
         publishers.sort_by(|a, b| a.producer_name.cmp(&b.producer_name));

@@ -88,6 +88,8 @@ impl Topic {
             storage_write_latency: self.metrics.storage_write_latency.snapshot(),
             publishers,
             subscriptions,
+            msg_drop_rate: None,
+            msg_drop_counter: 0,
         }
     }
 }

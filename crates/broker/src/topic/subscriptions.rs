@@ -57,6 +57,26 @@ pub(crate) struct SubscribeRequest {
 #[derive(Debug)]
 pub(crate) struct ConsumerSlot(Arc<AtomicUsize>);
 
+impl ConsumerSlot {
+    /// Takes a place in `count` for one more consumer, or ConsumerBusy when
+    /// `max` are there.
+    pub(crate) fn reserve(
+        count: &Arc<AtomicUsize>,
+        max: usize,
+    ) -> Result<ConsumerSlot, ServiceError> {
+        let taken = count.fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
+            (now < max).then_some(now + 1)
+        });
+        match taken {
+            Ok(_) => Ok(ConsumerSlot(Arc::clone(count))),
+            Err(_) => Err(ServiceError::new(
+                ServerError::ConsumerBusy,
+                format!("Topic reached max consumers limit ({max})"),
+            )),
+        }
+    }
+}
+
 impl Drop for ConsumerSlot {
     fn drop(&mut self) {
         let before = self.0.fetch_sub(1, Ordering::AcqRel);
@@ -112,19 +132,7 @@ impl SubscriptionTable {
 
     /// Takes a place for one more consumer, or ConsumerBusy at the limit.
     fn reserve_consumer(&self) -> Result<ConsumerSlot, ServiceError> {
-        let max = self.consumers_max;
-        let taken =
-            self.consumer_count
-                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |count| {
-                    (count < max).then_some(count + 1)
-                });
-        match taken {
-            Ok(_) => Ok(ConsumerSlot(Arc::clone(&self.consumer_count))),
-            Err(_) => Err(ServiceError::new(
-                ServerError::ConsumerBusy,
-                format!("Topic reached max consumers limit ({max})"),
-            )),
-        }
+        ConsumerSlot::reserve(&self.consumer_count, self.consumers_max)
     }
 
     /// Attaches a consumer to the subscription of `topic` (whose log and
@@ -284,6 +292,15 @@ impl SubscriptionTable {
             }
         }
         subscriptions
+    }
+
+    /// Tells every running subscription the topic was terminated.
+    pub(crate) async fn topic_terminated(&self) {
+        let handles: Vec<SubscriptionHandle> =
+            self.map.lock().values().map(|e| e.handle.clone()).collect();
+        for handle in handles {
+            let _ = handle.tx.send(SubCommand::TopicTerminated).await;
+        }
     }
 
     /// Stops every subscription task (their consumers get CLOSE_CONSUMER).

@@ -51,6 +51,10 @@ impl Shared {
     /// waited meanwhile). Any failure stops the log.
     async fn roll_over(self: Arc<Self>, old: Arc<dyn OpenLedger>) {
         let meta_guard = self.meta_lock.lock().await;
+        if self.terminated.load(std::sync::atomic::Ordering::Acquire) {
+            let _ = old.close().await; // no next ledger for a terminated log
+            return;
+        }
         if let Err(error) = old.close().await {
             self.fail(error.into());
             return;
@@ -93,6 +97,7 @@ impl Shared {
                 LogInfo {
                     version: format::FORMAT_VERSION,
                     ledgers,
+                    terminated: false,
                 },
                 state.info_version,
             )
@@ -187,6 +192,7 @@ impl Shared {
                 LogInfo {
                     version: format::FORMAT_VERSION,
                     ledgers,
+                    terminated: self.terminated.load(std::sync::atomic::Ordering::Acquire),
                 },
                 state.info_version,
                 trimmed,

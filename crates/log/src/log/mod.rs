@@ -25,6 +25,7 @@ mod tail_cache;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::task::{Context, Poll};
 
@@ -102,6 +103,8 @@ pub(crate) struct Shared {
     meta_lock: tokio::sync::Mutex<()>,
     confirmed: watch::Sender<Option<Position>>,
     cursors: Mutex<HashMap<String, Arc<Cursor>>>,
+    /// Terminated: its queue stopped for good, its record says so.
+    terminated: AtomicBool,
 }
 
 /// A topic's managed log. Cheap to share behind an `Arc`.
@@ -134,6 +137,7 @@ impl ManagedLog {
                 let info = LogInfo {
                     version: format::FORMAT_VERSION,
                     ledgers: Vec::new(),
+                    terminated: false,
                 };
                 let version =
                     env.store
@@ -170,15 +174,20 @@ impl ManagedLog {
             .collect();
         info.ledgers.retain(|ledger| ledger.entries > 0);
 
-        let appender = env.ledgers.create_ledger(config.persistence, name).await?;
-        check_ledger_order(env, name, &info.ledgers, appender.ledger_id()).await?;
-        info.ledgers.push(LedgerInfo {
-            ledger_id: appender.ledger_id(),
-            entries: 0,
-            size_bytes: 0,
-            created_unix_ms: unix_ms(),
-            closed_unix_ms: None,
-        });
+        let appender = match info.terminated {
+            true => None, // no appends ever again: no ledger for them
+            false => Some(env.ledgers.create_ledger(config.persistence, name).await?),
+        };
+        if let Some(appender) = &appender {
+            check_ledger_order(env, name, &info.ledgers, appender.ledger_id()).await?;
+            info.ledgers.push(LedgerInfo {
+                ledger_id: appender.ledger_id(),
+                entries: 0,
+                size_bytes: 0,
+                created_unix_ms: unix_ms(),
+                closed_unix_ms: None,
+            });
+        }
         version =
             env.store
                 .update_json(&key, &info, version)
@@ -241,10 +250,16 @@ impl ManagedLog {
                 meta_lock: tokio::sync::Mutex::new(()),
                 confirmed,
                 cursors: Mutex::new(HashMap::new()),
+                terminated: AtomicBool::new(info.terminated),
             }
         });
-        let attached = shared.queue.set_writer(appender);
-        debug_assert!(attached, "a new log's queue starts open");
+        match appender {
+            Some(appender) => {
+                let attached = shared.queue.set_writer(appender);
+                debug_assert!(attached, "a new log's queue starts open");
+            }
+            None => drop(shared.queue.stop(LogError::Terminated(name.to_string()))),
+        }
 
         let log = Arc::new(ManagedLog { shared });
         for cursor_name in env.store.children(&format::cursors_key(name)).await? {
@@ -452,7 +467,51 @@ impl ManagedLog {
 
     /// True once the log is closed or failed (the broker should reload it).
     pub fn is_closed(&self) -> bool {
-        self.shared.queue.is_stopped()
+        self.shared.queue.is_stopped() && !self.is_terminated()
+    }
+
+    /// True once the log is terminated (persisted: also after a reopen).
+    pub fn is_terminated(&self) -> bool {
+        self.shared.terminated.load(Ordering::Acquire)
+    }
+
+    /// Terminates the log (Pulsar's topic termination): appends handed to
+    /// the ledger complete, every other one fails with `Terminated`, now and
+    /// after a reopen (the record says so). Returns the last confirmed
+    /// position. Idempotent; `Closed` on a closed or failed log.
+    pub async fn terminate(&self) -> Result<Option<Position>, LogError> {
+        let name = &self.shared.name;
+        // Held: no rollover runs (one that waits sees `terminated` first).
+        let _meta = self.shared.meta_lock.lock().await;
+        if self.is_terminated() {
+            return Ok(self.last_confirmed());
+        }
+        if self.shared.queue.is_stopped() {
+            return Err(LogError::Closed(name.clone()));
+        }
+        self.shared.terminated.store(true, Ordering::Release);
+        if let Some(writer) = self.shared.queue.stop(LogError::Terminated(name.clone())) {
+            writer.close().await?;
+        }
+        let (info, version) = {
+            let state = self.shared.state.lock();
+            let ledgers = state.ledgers.clone();
+            let info = LogInfo {
+                version: format::FORMAT_VERSION,
+                ledgers,
+                terminated: true,
+            };
+            (info, state.info_version)
+        };
+        let key = format::log_key(name);
+        let new_version = self
+            .shared
+            .env
+            .store
+            .update_json(&key, &info, version)
+            .await?;
+        self.shared.state.lock().info_version = new_version;
+        Ok(self.last_confirmed())
     }
 
     /// Sizes of the log.
@@ -763,7 +822,7 @@ impl Shared {
     /// The append queue stopped (closed, or a ledger add or rollover
     /// failed): wake tail readers so they see `is_closed`.
     fn stopped(&self, error: &LogError) {
-        if !matches!(error, LogError::Closed(_)) {
+        if !matches!(error, LogError::Closed(_) | LogError::Terminated(_)) {
             tracing::error!(log = self.name, %error, "append failed; the log stops taking appends");
         }
         self.confirmed.send_modify(|_| {});

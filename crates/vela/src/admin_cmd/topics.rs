@@ -1,12 +1,13 @@
 //! `vela admin topics`: topics and partitioned topics, their stats and
-//! subscriptions (create, reset, skip, expire), unload and lookup.
+//! subscriptions (create, reset, skip, expire), unload, terminate and lookup.
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
+use serde_json::Value;
 use vela_broker::TopicName;
 
 use super::api::{
-    Api, encode, message_id_json, namespace_path_in, print_json, seconds, topic_path,
+    Api, encode, message_id_json, namespace_path_in, out, print_json, seconds, topic_path,
 };
 
 #[derive(Debug, Subcommand)]
@@ -123,6 +124,10 @@ pub(super) enum TopicsCmd {
     },
     /// Unload a topic (clients reconnect).
     Unload { topic: String },
+    /// Terminate a topic: it takes no more messages (prints its last id).
+    Terminate { topic: String },
+    /// Terminate every partition of a partitioned topic.
+    PartitionedTerminate { topic: String },
     /// Which broker serves a topic.
     Lookup { topic: String },
     /// The next messages of a subscription (a missing one is created at
@@ -163,6 +168,13 @@ pub(super) enum TopicsCmd {
         #[arg(short = 'k', long = "key")]
         key: String,
     },
+}
+
+/// A message id as Java's `MessageIdImpl.toString()`: `ledger:entry:partition`.
+fn message_id_text(id: &Value) -> String {
+    let field = |name: &str| id.get(name).and_then(Value::as_i64).unwrap_or(-1);
+    let (ledger, entry) = (field("ledgerId"), field("entryId"));
+    format!("{ledger}:{entry}:{}", field("partitionIndex"))
 }
 
 pub(super) fn namespace_topics_path(namespace: &str) -> anyhow::Result<String> {
@@ -333,6 +345,24 @@ pub(super) fn topics(api: &Api, cmd: TopicsCmd) -> anyhow::Result<()> {
         )),
         T::Unload { topic } => {
             done(api.call("PUT", &format!("{}/unload", topic_path(&topic)?), None))
+        }
+        T::Terminate { topic } => {
+            let text = api.call("POST", &format!("{}/terminate", topic_path(&topic)?), None)?;
+            let id = message_id_text(&serde_json::from_str(&text)?);
+            out(&format!("Topic successfully terminated at {id}"))
+        }
+        T::PartitionedTerminate { topic } => {
+            let path = format!("{}/terminate/partitions", topic_path(&topic)?);
+            let ids: std::collections::BTreeMap<u32, Value> =
+                serde_json::from_str(&api.call("POST", &path, None)?)?;
+            let ids: Vec<String> = ids
+                .iter()
+                .map(|(i, id)| format!("{i}={}", message_id_text(id)))
+                .collect();
+            out(&format!(
+                "Topic successfully terminated at {{{}}}",
+                ids.join(", ")
+            ))
         }
         T::Lookup { topic } => {
             let name = TopicName::parse(&topic).with_context(|| format!("bad topic {topic:?}"))?;
