@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -106,7 +107,8 @@ class Scenario:
     kind: str  # "sync", "async", "e2e" or "fanout" (non-persistent)
     size: int
     compression: str = "none"
-    rate: int = 0  # 0: as fast as possible
+    rate: int = 0  # 0: as fast as possible (with topics > 1: over all topics)
+    topics: int = 1  # `vela perf produce -t`: one producer per topic
     # fanout: subscriptions of the non-persistent topic, one consumer each.
     subscriptions: int = 0
     # Clients that drive Pulsar in this scenario (Vela is always driven by
@@ -129,7 +131,9 @@ class Scenario:
         takes the send time before sendAsync blocks on the previous message's
         pending slot, so each latency includes the tail of the previous round
         trip; its consumer measures end-to-end latency in whole ms."""
-        return "pulsar-perf" if self.kind == "async" else "vela-perf"
+        if self.kind == "async" and "pulsar-perf" in self.pulsar_clients:
+            return "pulsar-perf"
+        return "vela-perf"
 
     @property
     def topic_domain(self) -> str:
@@ -149,6 +153,15 @@ SCENARIOS = {
         Scenario("async-128-lz4", "async batched 128 B LZ4", "async", 128,
                  compression="lz4"),
         Scenario("e2e-10k", "end-to-end at 10k msg/s", "e2e", 1024, rate=10_000),
+        # Many topics (issue 19): one fixed aggregate rate spread over 1,
+        # 1,000 and 10,000 topics, batched 1 KiB, `vela perf` driving both
+        # systems (the same client, created 256 producers at a time).
+        Scenario("topics-1", "1 topic, 20k msg/s batched 1 KiB", "async", 1024,
+                 rate=20_000, pulsar_clients=("vela-perf",)),
+        Scenario("topics-1k", "1,000 topics, 20k msg/s in all, batched 1 KiB", "async", 1024,
+                 rate=20_000, topics=1_000, pulsar_clients=("vela-perf",)),
+        Scenario("topics-10k", "10,000 topics, 20k msg/s in all, batched 1 KiB", "async",
+                 1024, rate=20_000, topics=10_000, pulsar_clients=("vela-perf",)),
         # Non-persistent fan-out: a batched producer as fast as it goes, one
         # consumer per subscription; msg/s is what the subscriptions received
         # in all (a message nobody can take is dropped, as in Pulsar), latency
@@ -470,6 +483,8 @@ class Figures:
     disk_after_ms: dict = field(default_factory=dict)  # and right after
     server_cpu_pct: float | None = None  # fan-out: the server's CPU while loaded
     note: str = ""
+    client_cpu_cores: float | None = None  # the client's CPU s per wall s
+    stages_ms: dict = field(default_factory=dict)  # Vela's write-path stages: p50 p99 max
 
 
 SERVERS = {"vela": VelaServer, "vela-pmem": VelaPmemServer, "pulsar": PulsarServer}
@@ -486,6 +501,9 @@ def watch(proc: subprocess.Popen, server: Server, timeout: float,
     deadline = time.monotonic() + timeout
     done_at = None
     while proc.poll() is None:
+        cpu = cpu_seconds(proc.pid)
+        if cpu is not None:
+            CLIENT_CPU[proc.pid] = (cpu, time.monotonic())
         rss = rss_mib(server.pid)
         if rss is not None:
             peak = rss if peak is None else max(peak, rss)
@@ -509,12 +527,86 @@ def watch(proc: subprocess.Popen, server: Server, timeout: float,
     return peak
 
 
+# Client pid -> (CPU seconds, when sampled): the last sample before it ended.
+CLIENT_CPU: dict = {}
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds of `pid` so far, or None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def client_cpu_cores(proc: subprocess.Popen, started: float) -> float | None:
+    """The client's CPU seconds per wall second from its start to its last
+    sample (creating producers included): near 1.0 or above, the run was
+    bound by the client, not the server (they share the machine's cores)."""
+    sample = CLIENT_CPU.pop(proc.pid, None)
+    if sample is None or sample[1] <= started:
+        return None
+    return sample[0] / (sample[1] - started)
+
+
+STAGES_SHOWN = ("broker_publish", "ledger_add", "bookie_add", "journal_fdatasync")
+
+
+def write_path_buckets(server: Server) -> tuple:
+    """Vela's write-path stage histograms now: (bucket bounds in µs,
+    {stage: bucket counts}), the stage's merged row where it has several
+    instances; ({}, {}) when not available."""
+    try:
+        with urllib.request.urlopen(f"{server.admin_url}/admin/v2/vela/write-path",
+                                    timeout=10) as response:
+            body = json.load(response)
+    except (OSError, ValueError):
+        return [], {}
+    stages: dict = {}
+    for row in body.get("stages", []):
+        stages.setdefault(row["stage"], row["buckets"])
+    return body.get("bucket_bounds_us", []), stages
+
+
+def stage_percentiles(bounds: list, before: dict, after: dict) -> dict:
+    """p50, p99 and max (ms, bucket upper bounds) of each stage's samples
+    recorded between two `write_path_buckets` snapshots (taken around the
+    whole client run: producer creation and warm-up included)."""
+    out = {}
+    for stage in STAGES_SHOWN:
+        if stage not in after:
+            continue
+        old = before.get(stage, [0] * len(after[stage]))
+        counts = [a - b for a, b in zip(after[stage], old)]
+        total = sum(counts)
+        if total == 0:
+            continue
+
+        def bound_ms(index: int) -> float:
+            return bounds[index] / 1000.0 if index < len(bounds) else float("inf")
+
+        figures, seen = {}, 0
+        for index, count in enumerate(counts):
+            seen += count
+            for name, q in (("p50", 0.5), ("p99", 0.99)):
+                if name not in figures and seen >= q * total:
+                    figures[name] = bound_ms(index)
+            if count:
+                figures["max"] = bound_ms(index)
+        out[stage] = figures
+    return out
+
+
 def vela_perf_produce_cmd(opts: Options, sc: Scenario, url: str, topic: str,
                           duration: int, warmup: int) -> list:
     cmd = [opts.vela, "perf", "produce", topic, "-u", url,
            "-r", str(sc.rate), "-s", str(sc.size), "-o", str(sc.outstanding),
            "-z", sc.compression, "--test-duration", str(duration),
            "--warmup", str(warmup), "-i", "5", "--json"]
+    if sc.topics > 1:
+        cmd += ["-t", str(sc.topics)]
     if not sc.batching:
         cmd.append("--disable-batching")
     return cmd
@@ -548,11 +640,20 @@ def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figu
     base = opts.log_dir / f"{server.data_dir.name}.{tag}"
     if sc.kind not in ("e2e", "fanout"):
         out = Path(f"{base}.produce.log")
+        bounds, stages_before = write_path_buckets(server)
+        started = time.monotonic()
         proc = spawn(vela_perf_produce_cmd(opts, sc, server.service_url, topic,
                                            opts.duration, opts.warmup), out)
-        fig.peak_rss_mib = watch(proc, server, timeout=opts.duration + 120)
+        # Creating producers comes before the measured run: 10,000 of them
+        # take tens of seconds on a loaded Pulsar.
+        creating_s = sc.topics // 50
+        fig.peak_rss_mib = watch(proc, server, timeout=opts.duration + 120 + creating_s)
+        fig.client_cpu_cores = client_cpu_cores(proc, started)
         if proc.returncode != 0:
             raise Fail(f"vela perf produce failed:\n{tail(out)}")
+        if server.system != "pulsar":
+            _, stages_after = write_path_buckets(server)
+            fig.stages_ms = stage_percentiles(bounds, stages_before, stages_after)
         return figures_from_vela(parse_vela_json(out), fig)
     # End to end: the consumer subscribes first, then the producer runs.
     cons_out = Path(f"{base}.consume.log")
@@ -716,6 +817,15 @@ def measure_disk(opts: Options, where: Path) -> dict:
     return summary["latency_ms"]
 
 
+def space_needed_gib(sc: Scenario, opts: Options, bookies: int) -> float:
+    """Free space a run needs: MIN_FREE_GIB when it sends as fast as it can;
+    at a fixed rate, what it writes (journal and entry logs, per copy) plus
+    the MIN_FREE_DURING_GIB a run stops at."""
+    if sc.rate == 0:
+        return MIN_FREE_GIB
+    copies = 2 if bookies == 3 else 1
+    written = sc.rate * sc.size * opts.duration * 2 * copies / 2**30
+    return min(MIN_FREE_GIB, written + MIN_FREE_DURING_GIB)
 def run_fanout(opts: Options, sc: Scenario, systems: list, bookies: int) -> list:
     """A fan-out scenario: every system's standalone runs at once and the
     systems take turns, `opts.repeat` runs each; the run of median msg/s is
@@ -791,10 +901,11 @@ def run_scenario(opts: Options, sc: Scenario, systems: list, bookie_setups: list
             # The disk's own latency right before this standalone runs on it:
             # on a shared machine it drifts from one minute to the next.
             free_gib = room_gib(opts.data_root)
-            if free_gib < MIN_FREE_GIB:
+            needed_gib = space_needed_gib(sc, opts, bookies)
+            if free_gib < needed_gib:
                 raise Fail(f"only {free_gib:.1f} GiB free in {opts.data_root} before "
                            f"{BOOKIE_DISK_USAGE_MAX:.0%} use (where Vela's bookies turn "
-                           f"read-only); the bench needs {MIN_FREE_GIB} GiB "
+                           f"read-only); this run needs {needed_gib:.1f} GiB "
                            f"(BENCH_DATA=dir elsewhere)")
             disk = measure_disk(opts, opts.data_root)
             print(f"   raw fdatasync of {opts.data_root} (4 KiB blocks, depth 1): "
@@ -854,7 +965,11 @@ def one_line(fig: Figures) -> str:
     return (f"{fmt(fig.messages_per_s, 0)} msg/s, {fmt(fig.mb_per_s, 1)} MB/s, "
             f"p50 {fmt(lat.get('p50'))} p99 {fmt(lat.get('p99'))} "
             f"p99.9 {fmt(lat.get('p999'))} max {fmt(lat.get('max'))} ms"
-            + (f", peak RSS {fmt(fig.peak_rss_mib, 0)} MiB" if fig.peak_rss_mib else ""))
+            + (f", peak RSS {fmt(fig.peak_rss_mib, 0)} MiB" if fig.peak_rss_mib else "")
+            + (f", client CPU {fmt(fig.client_cpu_cores, 2)} cores"
+               if fig.client_cpu_cores is not None else "")
+            + "".join(f"; {stage} p50 {fmt(v.get('p50'))} p99 {fmt(v.get('p99'))} "
+                      f"max {fmt(v.get('max'))} ms" for stage, v in fig.stages_ms.items()))
 
 
 def text_table(headers: list, rows: list) -> str:

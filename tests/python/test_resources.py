@@ -27,7 +27,7 @@ IDLE_CONNECTIONS = 10_000
 READ_BUFFER_BYTES = 64 * KIB
 WRITE_CACHE_MB = 32
 READ_CACHE_MB = 16
-TAIL_CACHE_BYTES = 8 * MIB
+ENTRY_CACHE_MB = 8
 SLACK_BYTES = 64 * MIB
 
 
@@ -90,6 +90,8 @@ def test_slow_consumer_with_a_large_backlog_keeps_memory_bounded():
             str(WRITE_CACHE_MB),
             "--read-cache-mb",
             str(READ_CACHE_MB),
+            "--managed-ledger-cache-size-mb",
+            str(ENTRY_CACHE_MB),
         ]
     )
     try:
@@ -123,11 +125,19 @@ def test_slow_consumer_with_a_large_backlog_keeps_memory_bounded():
             got += 1
             if got % 256 == 0:
                 peak = max(peak, rss_bytes(pid))
-        bound = idle + (WRITE_CACHE_MB + READ_CACHE_MB) * MIB + TAIL_CACHE_BYTES + SLACK_BYTES
+        bound = idle + (WRITE_CACHE_MB + READ_CACHE_MB + ENTRY_CACHE_MB) * MIB + SLACK_BYTES
         print(
             "\nslow consumer, %d MiB backlog: RSS %.1f MiB idle, peak %.1f MiB "
-            "(bound %.1f MiB = idle + write cache %d MiB + read cache %d MiB + tail cache 8 MiB + 64 MiB)"
-            % (backlog_bytes // MIB, idle / MIB, peak / MIB, bound / MIB, WRITE_CACHE_MB, READ_CACHE_MB)
+            "(bound %.1f MiB = idle + write cache %d MiB + read cache %d MiB + entry cache %d MiB + 64 MiB)"
+            % (
+                backlog_bytes // MIB,
+                idle / MIB,
+                peak / MIB,
+                bound / MIB,
+                WRITE_CACHE_MB,
+                READ_CACHE_MB,
+                ENTRY_CACHE_MB,
+            )
         )
         assert peak < bound, (peak, bound)
         assert slow.receive(timeout_millis=10000).data() == payload

@@ -87,7 +87,7 @@ pub(crate) enum Outbound {
     Message {
         /// Size prefix and command.
         header: Bytes,
-        /// The stored entry, shared with the log's tail cache.
+        /// The stored entry (the log caches its own copy for active readers).
         entry: Bytes,
     },
     /// A MESSAGE of a non-persistent topic: its bytes count against the

@@ -26,6 +26,10 @@ pub const SERVER_VERSION: &str = concat!("Vela ", env!("CARGO_PKG_VERSION"));
 /// Cluster name used in generated producer names (`standalone-0-N`).
 pub const CLUSTER_NAME: &str = "standalone";
 
+/// Default of `BrokerConfig::held_entries_max`: 4M entries held by all
+/// subscriptions together; at ~64 bytes of index each, 256 MiB at worst.
+pub const HELD_ENTRIES_PER_BROKER_DEFAULT: usize = 4_000_000;
+
 /// Per-connection bounds. Every field is a limit with a stated behaviour when
 /// reached.
 #[derive(Debug, Clone)]
@@ -255,6 +259,11 @@ pub struct BrokerConfig {
     pub connection_caps: ConnectionCaps,
     /// Producers, consumers and publish rate of each topic.
     pub topic_limits: TopicLimits,
+    /// Entries all subscriptions together hold (out to consumers and not
+    /// acknowledged, to send again, delayed); at it, subscriptions read no
+    /// new entries until acknowledgements free room (Pulsar's
+    /// `maxUnackedMessagesPerBroker`, counted in entries).
+    pub held_entries_max: usize,
     /// Bytes of non-persistent messages in flight, per topic and in all.
     pub non_persistent_limits: NonPersistentLimits,
     /// Advertised listeners (`--advertised-listeners`): lookups naming one
@@ -284,6 +293,7 @@ impl BrokerConfig {
             policy_check_interval: Duration::from_secs(60),
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),
+            held_entries_max: HELD_ENTRIES_PER_BROKER_DEFAULT,
             non_persistent_limits: NonPersistentLimits::default(),
             advertised_listeners: crate::listeners::AdvertisedListeners::default(),
         }

@@ -29,12 +29,15 @@ use crate::ownership::{
 };
 use crate::policies::TopicPolicies;
 use crate::schema::SchemaRegistry;
+use crate::subscription::HeldEntries;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};
 
-/// Topics served at once by one broker. Each holds a log (tail cache up to
-/// `LogConfig::tail_cache_bytes_max`); 100k topics is beyond what one broker
-/// process should carry. When reached: new topics get ServiceNotReady.
+/// Topics served at once by one broker. Each holds a log, its cursors and
+/// subscription tasks (a few KiB idle; cached entries and publishes in
+/// flight draw on the broker-wide budgets, not per topic); 100k topics is
+/// beyond what one broker process should carry. When reached: new topics
+/// get ServiceNotReady.
 pub(crate) const TOPICS_MAX: usize = 100_000;
 
 type TopicCell = Arc<OnceCell<Arc<Topic>>>;
@@ -71,6 +74,8 @@ pub(crate) struct Service {
     /// (`http::brokers` keeps them in the store and here).
     dynamic: Mutex<std::collections::BTreeMap<String, serde_json::Value>>,
     topics: Mutex<HashMap<String, TopicCell>>,
+    /// Entries held by all subscriptions (`BrokerConfig::held_entries_max`).
+    pub(crate) held_entries: Arc<HeldEntries>,
     /// Non-persistent topics served (nothing to open: created in place).
     np_topics: Mutex<HashMap<String, Arc<NonPersistentTopic>>>,
     /// Bytes of non-persistent messages in flight, broker-wide
@@ -89,6 +94,7 @@ impl Service {
         advertised_url: String,
     ) -> Service {
         Service {
+            held_entries: HeldEntries::new(config.held_entries_max),
             np_budget: ByteBudget::new(config.non_persistent_limits.inflight_bytes_max),
             config,
             admin: Admin::new(Arc::clone(&meta)),
@@ -311,6 +317,7 @@ impl Service {
                     dedup,
                     compaction,
                     self.config.topic_limits,
+                    Arc::clone(&self.held_entries),
                 );
                 if lifecycle.compaction_threshold_bytes.is_some() {
                     crate::compaction::compaction_cursor(&served.log).await?;

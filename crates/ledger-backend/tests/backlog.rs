@@ -108,11 +108,8 @@ async fn append_backlog(way: Transport) -> Outcome {
         store.clone(),
         Arc::new(ReplicatedLedgers::new(client.clone())),
     );
-    let config = LogConfig {
-        // Every read goes to the bookie.
-        tail_cache_bytes_max: 0,
-        ..LogConfig::default()
-    };
+    // No reader marks: nothing is cached, every read goes to the bookie.
+    let config = LogConfig::default();
     let log = ManagedLog::open(&env, "t/ns/persistent/backlog", config)
         .await
         .unwrap();

@@ -61,8 +61,7 @@ fn config(persistence: Persistence) -> LogConfig {
     LogConfig {
         persistence,
         ledger_entries_max: 50,
-        // No tail cache: every read goes to the bookies.
-        tail_cache_bytes_max: 0,
+        // No reader marks: nothing is cached, every read goes to the bookies.
         cursor_persist_interval: Duration::from_millis(1),
         ..LogConfig::default()
     }

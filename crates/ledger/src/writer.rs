@@ -125,7 +125,10 @@ enum Command {
 pub struct LedgerWriter {
     ledger_id: LedgerId,
     quorum: Quorum,
-    commands: mpsc::Sender<Command>,
+    /// Boxed: a channel allocates its first block of 32 slots up front, ~3
+    /// KiB per open ledger at a command's size (idle or not); 256 bytes
+    /// boxed, for one small allocation per add.
+    commands: mpsc::Sender<Box<Command>>,
     count_budget: Arc<Semaphore>,
     bytes_budget: Arc<Semaphore>,
     lac: Arc<AtomicU64>,
@@ -322,12 +325,12 @@ impl LedgerWriter {
         payload: Bytes,
         reply: AddReply,
     ) -> Result<(), LedgerError> {
-        let command = Command::Add {
+        let command = Box::new(Command::Add {
             payload,
             reply,
             permits: permit.permits,
             submitted_at: tokio::time::Instant::now(),
-        };
+        });
         // The channel holds more commands than the count budget has permits (plus
         // the one close), and every queued add holds a permit: it is never full.
         match self.commands.try_send(command) {
@@ -336,7 +339,7 @@ impl LedgerWriter {
             | Err(mpsc::error::TrySendError::Closed(command)) => {
                 debug_assert!(self.commands.is_closed(), "writer command queue full");
                 let gone = LedgerError::WriterGone(self.ledger_id);
-                if let Command::Add { reply, .. } = command {
+                if let Command::Add { reply, .. } = *command {
                     reply.send(Err(gone.clone()));
                 }
                 Err(gone)
@@ -354,7 +357,7 @@ impl LedgerWriter {
     pub async fn close(&self) -> Result<LedgerMetadata, LedgerError> {
         let (reply, receiver) = oneshot::channel();
         self.commands
-            .send(Command::Close { reply })
+            .send(Box::new(Command::Close { reply }))
             .await
             .map_err(|_| LedgerError::WriterGone(self.ledger_id))?;
         receiver
@@ -420,11 +423,14 @@ struct WriterTask {
 }
 
 impl WriterTask {
-    async fn run(mut self, mut commands: mpsc::Receiver<Command>) {
+    async fn run(mut self, mut commands: mpsc::Receiver<Box<Command>>) {
         let mut close: Option<oneshot::Sender<Result<LedgerMetadata, LedgerError>>> = None;
         loop {
             if close.is_some() && self.pending.is_empty() {
-                let result = self.close().await;
+                // Boxed (here and for ensemble changes): a parked writer's
+                // task then holds only the loop's own state, not the
+                // largest of these rare futures.
+                let result = Box::pin(self.close()).await;
                 if let Some(reply) = close.take() {
                     let _ = reply.send(result);
                 }
@@ -432,7 +438,7 @@ impl WriterTask {
                 // answered, never dropped.
                 commands.close();
                 while let Ok(command) = commands.try_recv() {
-                    if let Command::Add { reply, .. } = command {
+                    if let Command::Add { reply, .. } = *command {
                         reply.send(Err(LedgerError::LedgerClosed(self.ledger_id)));
                     }
                 }
@@ -449,7 +455,7 @@ impl WriterTask {
                         Err(e) => self.fail(LedgerError::Internal(format!("add task failed: {e}"))),
                     }
                 }
-                command = commands.recv(), if close.is_none() => match command {
+                command = commands.recv(), if close.is_none() => match command.map(|c| *c) {
                     // The writer was dropped: abandon.
                     None => return,
                     Some(Command::Add { payload, reply, permits, submitted_at }) => {
@@ -467,7 +473,7 @@ impl WriterTask {
             }
             if self.broken.is_none()
                 && !self.failed_indices.is_empty()
-                && let Err(e) = self.change_ensemble().await
+                && let Err(e) = Box::pin(self.change_ensemble()).await
             {
                 self.fail(e);
             }

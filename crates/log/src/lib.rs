@@ -5,8 +5,9 @@
 //! previous owner), keeps durable cursors (subscriptions), trims fully consumed
 //! ledgers and caches the tail so consumers at the tail never wait on a bookie.
 //!
-//! Owns: the ledger list and cursor metadata of each log; the tail cache; the
-//! one ordered queue of appends above the ledger writer (`queue`); the
+//! Owns: the ledger list and cursor metadata of each log; the broker-wide
+//! entry cache (`cache`) and append budget (`budget`); the one ordered queue
+//! of appends above the ledger writer (`queue`); the
 //! `LedgerBackend` seam (`backend`) with in-memory ledgers (`memory`, tests).
 //! The backend over the real ledger client is `vela-ledger-backend`'s: this
 //! crate depends on neither the ledger client nor the bookie.
@@ -23,7 +24,9 @@
 //!   appends complete in that order with increasing [`Position`]s. Only
 //!   `EntryTooLarge` and `Overloaded` refuse one append and let later ones
 //!   succeed; any other failure stops the log (every later append fails).
-//! - [`ManagedLog::read`] returns entries from a position on (tail cache first).
+//! - [`ManagedLog::read`] returns entries from a position on (the broker's
+//!   [`EntryCache`] first); [`ManagedLog::register_reader`] marks an active
+//!   reader, for whom confirmed entries are cached.
 //! - [`ManagedLog::open_cursor`] gives a durable [`Cursor`] (a subscription's
 //!   acknowledgement state).
 
@@ -31,6 +34,8 @@ mod position;
 
 pub use position::Position;
 pub mod backend;
+mod budget;
+mod cache;
 mod cursor;
 mod error;
 mod format;
@@ -43,9 +48,15 @@ pub use backend::{
     LedgerBackend, LedgerBackendError, LedgerDescription, OpenLedger, Persistence, RecoveredLedger,
     Reserve,
 };
+pub use budget::{AppendBudget, AppendPermit};
+pub use cache::{
+    ENTRY_OVERHEAD_BYTES, EVICTION_TARGET_PERCENT, EVICTION_TRIGGER_PERCENT, EntryCache,
+    EntryCacheStats, ReadMark,
+};
 pub use cursor::{Cursor, CursorStart};
 pub use error::LogError;
 pub use log::{
-    AppendFuture, LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog, Retention,
+    APPEND_BUDGET_BYTES_DEFAULT, AppendFuture, CacheMisses, ENTRY_CACHE_BYTES_DEFAULT,
+    LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog, Retention,
 };
-pub use queue::{APPEND_QUEUE_BYTES_MAX, LedgerAppender};
+pub use queue::{APPENDER_BYTES_MAX, LedgerAppender};

@@ -1,8 +1,9 @@
 //! `AppendQueue`: the one ordered queue of appends above the ledger writers.
 //!
-//! Owns: the appends not yet handed to a ledger writer, in call order, up to
-//! `bytes_max` payload bytes; the open ledger they go to (none while a
-//! rollover creates the next one) and how full that ledger is.
+//! Owns: the appends not yet handed to a ledger writer, in call order, each
+//! holding its bytes of an `AppendBudget` until it completes; the open ledger
+//! they go to (none while a rollover creates the next one) and how full that
+//! ledger is.
 //!
 //! The ordering invariant, kept here and nowhere else on the write path:
 //! 1. `push` appends under the queue's lock, so the order in which `push`
@@ -20,9 +21,11 @@
 //! number of entries of its ledger completed before it.
 //!
 //! Bound and failure behaviour (the only ones above the ledger writer):
-//! - an append that would take the queue past `bytes_max` is refused at once
-//!   with `LogError::Overloaded` and the queue goes on: back-pressure, nothing
-//!   queued is dropped;
+//! - an append pushed without a permit whose bytes the budget (shared by
+//!   every log of a broker) does not have is refused at once with
+//!   `LogError::Overloaded` and the queue goes on: back-pressure, nothing
+//!   queued is dropped (callers that would rather wait take a permit first,
+//!   `AppendBudget::take`);
 //! - a failed add (after the ledger client's own retries and ensemble
 //!   changes) or `stop` ends the queue: every append still queued fails with
 //!   that error and later ones are refused with it; appends already handed to
@@ -45,16 +48,15 @@ use tokio::sync::Notify;
 use crate::backend::{
     AddCallback, BoxFuture, LedgerBackend, LedgerBackendError, OpenLedger, Persistence, Reserve,
 };
+use crate::budget::{AppendBudget, AppendPermit};
 use crate::error::LogError;
 use crate::position::Position;
 
-/// Payload bytes of appends waiting for a ledger writer, per queue (a log's,
-/// or one `LedgerAppender`'s): about 0.5 s of a 1 Gbit/s link, as much as a
-/// ledger writer keeps in flight. Appends wait here while a rollover creates
-/// the next ledger or the writer's window is full; past this they are refused
-/// (`Overloaded`). The broker's per-connection bounds normally stop producers
-/// long before.
-pub const APPEND_QUEUE_BYTES_MAX: u64 = 64 << 20;
+/// Payload bytes in flight of one `LedgerAppender` (compaction writes one
+/// ledger per topic, one compaction at a time per topic, and waits for its
+/// adds every `COMPACTION_ADDS_IN_FLIGHT_MAX`): its own budget, as much as a
+/// ledger writer keeps in flight. Past it an add is refused (`Overloaded`).
+pub const APPENDER_BYTES_MAX: u64 = 64 << 20;
 
 /// Told once how an append ended: its position once durable, or why not.
 pub(crate) type AppendDone = Box<dyn FnOnce(Result<Position, LogError>) + Send>;
@@ -88,6 +90,8 @@ pub(crate) struct QueueHooks {
 struct Queued {
     data: Bytes,
     done: AppendDone,
+    /// The append's bytes of the budget, given back when it completes.
+    permit: AppendPermit,
 }
 
 /// Entries of one ledger handed to its writer and completed, for the order
@@ -128,7 +132,7 @@ struct State {
 pub(crate) struct AppendQueue {
     /// The log's name, for errors.
     name: String,
-    bytes_max: u64,
+    budget: AppendBudget,
     limits: LedgerLimits,
     hooks: QueueHooks,
     state: Mutex<State>,
@@ -153,13 +157,13 @@ impl AppendQueue {
     /// An empty queue with no writer yet (`set_writer` attaches one).
     pub(crate) fn new(
         name: String,
-        bytes_max: u64,
+        budget: AppendBudget,
         limits: LedgerLimits,
         hooks: QueueHooks,
     ) -> AppendQueue {
         AppendQueue {
             name,
-            bytes_max,
+            budget,
             limits,
             hooks,
             state: Mutex::new(State {
@@ -173,20 +177,26 @@ impl AppendQueue {
         }
     }
 
-    /// Appends `data` at the back; `done` is told how it ended. Refused at
-    /// once (`done` called here, and false returned) when the queue is
-    /// stopped or full.
-    pub(crate) fn push(self: &Arc<Self>, data: Bytes, done: AppendDone) -> bool {
+    /// Appends `data` at the back, holding `permit` (taken from the budget
+    /// here when `None`) until it completes; `done` is told how it ended.
+    /// Refused at once (`done` called here, and false returned) when the
+    /// queue is stopped or the budget has no room.
+    pub(crate) fn push(
+        self: &Arc<Self>,
+        data: Bytes,
+        permit: Option<AppendPermit>,
+        done: AppendDone,
+    ) -> bool {
         let payload_bytes = data.len() as u64;
+        let permit = permit.or_else(|| self.budget.try_take(data.len()));
         let refused = {
             let mut state = self.state.lock();
             if let Writer::Stopped(error) = &state.writer {
                 Some(error.clone())
-            } else if state.bytes + payload_bytes > self.bytes_max {
-                Some(LogError::Overloaded(self.name.clone()))
-            } else {
+            } else if let Some(permit) = permit {
+                debug_assert_eq!(permit.payload_bytes(), data.len());
                 state.bytes += payload_bytes;
-                state.items.push_back(Queued { data, done });
+                state.items.push_back(Queued { data, done, permit });
                 let start = !state.draining && matches!(state.writer, Writer::Open(_));
                 if start {
                     state.draining = true;
@@ -196,6 +206,8 @@ impl AppendQueue {
                     self.drain(None);
                 }
                 return true;
+            } else {
+                Some(LogError::Overloaded(self.name.clone()))
             }
         };
         if let Some(error) = refused {
@@ -329,7 +341,10 @@ impl AppendQueue {
             }
             tally.issued.fetch_add(1, Ordering::Relaxed);
             let ledger_id = writer.ledger_id();
-            writer.add(item.data, self.completion(ledger_id, tally, item.done));
+            writer.add(
+                item.data,
+                self.completion(ledger_id, tally, item.done, item.permit),
+            );
             // Account for it and take the next one, under one lock.
             let full = {
                 let mut state = self.state.lock();
@@ -428,9 +443,24 @@ impl AppendQueue {
         ledger_id: u64,
         tally: Arc<Tally>,
         done: AppendDone,
+        permit: AppendPermit,
     ) -> AddCallback {
         let queue: Weak<AppendQueue> = Arc::downgrade(self);
-        Box::new(move |result| match result {
+        Box::new(move |result| {
+            // The append's bytes go back to the budget once it is told.
+            let _permit = permit;
+            Self::complete(&queue, ledger_id, &tally, done, result);
+        })
+    }
+
+    fn complete(
+        queue: &Weak<AppendQueue>,
+        ledger_id: u64,
+        tally: &Tally,
+        done: AppendDone,
+        result: Result<u64, LedgerBackendError>,
+    ) {
+        match result {
             Ok(entry_id) => {
                 let completed = tally.completed.fetch_add(1, Ordering::Relaxed);
                 // Corruption would follow: positions confirmed out of order.
@@ -448,7 +478,7 @@ impl AppendQueue {
                     queue.stop(error);
                 }
             }
-        })
+        }
     }
 }
 
@@ -487,7 +517,7 @@ impl LedgerAppender {
         let name = format!("ledger {}", writer.ledger_id());
         let queue = Arc::new(AppendQueue::new(
             name,
-            APPEND_QUEUE_BYTES_MAX,
+            AppendBudget::new(APPENDER_BYTES_MAX),
             LedgerLimits::NONE,
             hooks,
         ));
@@ -503,13 +533,14 @@ impl LedgerAppender {
 
     /// Issues an add; never waits. Adds get entry ids in call order and
     /// `done` runs in entry order once the entry is durable. Past
-    /// `APPEND_QUEUE_BYTES_MAX` waiting bytes the add is refused at once; after
+    /// `APPENDER_BYTES_MAX` bytes in flight the add is refused at once; after
     /// a failed add every later one fails too.
     pub fn add(&self, data: Bytes, done: AddCallback) {
         let ledger_id = self.writer.ledger_id();
         // A refusal is told to `done` like any other outcome.
         let _queued = self.queue.push(
             data,
+            None,
             Box::new(move |result: Result<Position, LogError>| {
                 done(
                     result
@@ -658,7 +689,8 @@ mod tests {
             }),
             stopped: Box::new(|_| {}),
         };
-        Arc::new(AppendQueue::new("t".to_string(), bytes_max, limits, hooks))
+        let budget = AppendBudget::new(bytes_max);
+        Arc::new(AppendQueue::new("t".to_string(), budget, limits, hooks))
     }
 
     /// Pushes an append of `bytes` bytes; true when it was queued.
@@ -666,6 +698,7 @@ mod tests {
         let outcomes = Arc::clone(outcomes);
         queue.push(
             Bytes::from(vec![id as u8; bytes]),
+            None,
             Box::new(move |result| outcomes.lock().push((id, result))),
         )
     }
@@ -711,11 +744,12 @@ mod tests {
     #[tokio::test]
     async fn past_the_bound_an_append_is_refused_at_once_and_the_queue_goes_on() {
         let ledger = FakeLedger::new(1, 1);
-        let q = queue(100, LedgerLimits::NONE, Arc::default());
+        let q = queue(140, LedgerLimits::NONE, Arc::default());
         assert!(q.set_writer(Arc::new(Arc::clone(&ledger))));
         let outcomes: Outcomes = Arc::default();
-        // One in flight (not counted: the writer's window bounds it), then
-        // 60 + 40 bytes waiting: the bound is reached, not passed.
+        // Appends hold their bytes until they complete (in flight or
+        // waiting alike): 40 in flight, then 60 + 40 waiting reach the
+        // bound, not pass it.
         assert!(push(&q, &outcomes, 0, 40));
         assert!(push(&q, &outcomes, 1, 60));
         assert!(!push(&q, &outcomes, 2, 41), "refused, and told so at once");

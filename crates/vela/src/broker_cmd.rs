@@ -22,6 +22,7 @@ use vela_ledger_backend::ReplicatedLedgers;
 use vela_log::LogEnv;
 
 use crate::limit_args::LimitArgs;
+use crate::memory_args::MemoryArgs;
 use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::security_args::{HttpListeners, SecurityArgs, pulsar_urls};
@@ -68,6 +69,8 @@ pub(crate) struct BrokerArgs {
     #[command(flatten)]
     topics: TopicArgs,
     #[command(flatten)]
+    memory: MemoryArgs,
+    #[command(flatten)]
     security: SecurityArgs,
     #[command(flatten)]
     limits: LimitArgs,
@@ -104,7 +107,9 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         let transport = BookieClientTransport::new(store.clone(), bookie_client);
         let ledgers = LedgerClient::new(store.clone(), Arc::new(transport), LedgerConfig::default());
         let stages = StandaloneStages::new(ledgers.clone(), Vec::new());
-        let log_env = LogEnv::new(store.clone(), Arc::new(ReplicatedLedgers::new(ledgers)));
+        let log_env = args
+            .memory
+            .apply(LogEnv::new(store.clone(), Arc::new(ReplicatedLedgers::new(ledgers))));
 
         let mut config = BrokerConfig::new(SocketAddr::new(args.bind, args.port));
         config.advertised_host = args.advertised_host();

@@ -10,13 +10,17 @@
 use clap::Args;
 use vela_broker::config::{
     CONNECTIONS_MAX_DEFAULT, CONSUMERS_PER_SUBSCRIPTION_MAX, CONSUMERS_PER_TOPIC_MAX,
-    MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX,
+    HELD_ENTRIES_PER_BROKER_DEFAULT, MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX,
 };
 use vela_broker::{BrokerConfig, ConnectionCaps, NonPersistentLimits, PublishRate, TopicLimits};
 
 /// Hard ceiling of `--max-connections`: each connection is two tasks and a
 /// 64 KiB buffer, so 1M is ~64 GiB of buffers at worst.
 const CONNECTIONS_CEILING: u64 = 1_000_000;
+
+/// Ceiling of `--max-unacked-entries-per-broker`: 1G entries is ~64 GiB of
+/// index.
+const HELD_ENTRIES_CEILING: u64 = 1 << 30;
 
 /// Smallest `--max-message-size`: below it even a message's metadata and a
 /// small batch do not fit.
@@ -65,6 +69,14 @@ pub(crate) struct LimitArgs {
     /// --publish-max-msg-rate-per-topic). Default: no limit.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     publish_max_byte_rate_per_topic: Option<u64>,
+    /// Entries all subscriptions together hold: delivered and not yet
+    /// acknowledged, waiting to be sent again, or delayed (Pulsar's
+    /// maxUnackedMessagesPerBroker, counted in entries; ~64 bytes of index
+    /// each). At it, subscriptions deliver no new entries until
+    /// acknowledgements free room; redeliveries go on.
+    #[arg(long, default_value_t = HELD_ENTRIES_PER_BROKER_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=HELD_ENTRIES_CEILING))]
+    max_unacked_entries_per_broker: u64,
     /// Bytes of non-persistent messages in flight (handed to consumers'
     /// connections, not yet written), over all non-persistent topics. Full:
     /// arriving messages are dropped and counted (their producers get the
@@ -101,6 +113,7 @@ impl LimitArgs {
             },
         };
         config.max_message_size_bytes = to_usize(self.max_message_size);
+        config.held_entries_max = to_usize(self.max_unacked_entries_per_broker);
         config.non_persistent_limits = NonPersistentLimits {
             topic_inflight_bytes_max: self.max_non_persistent_inflight_bytes_per_topic,
             inflight_bytes_max: self.max_non_persistent_inflight_bytes,

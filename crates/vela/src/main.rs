@@ -14,6 +14,7 @@ mod doctor;
 mod ledgers_cmd;
 mod limit_args;
 mod listener_args;
+mod memory_args;
 mod perf;
 mod persistence_args;
 mod process;

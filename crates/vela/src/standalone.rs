@@ -43,6 +43,7 @@ use vela_meta::registry::BookieInfo;
 use vela_meta::{FileStore, MetadataStore};
 
 use crate::limit_args::LimitArgs;
+use crate::memory_args::MemoryArgs;
 use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::registration::Registration;
@@ -125,6 +126,8 @@ pub(crate) struct StandaloneArgs {
     storage: StorageArgs,
     #[command(flatten)]
     topics: TopicArgs,
+    #[command(flatten)]
+    memory: MemoryArgs,
     #[command(flatten)]
     security: SecurityArgs,
     #[command(flatten)]
@@ -278,7 +281,10 @@ async fn serve(
     let transport = LocalBookies::new(bookies.iter().cloned());
     let ledgers = LedgerClient::new(store.clone(), Arc::new(transport), LedgerConfig::default());
     let stages = StandaloneStages::new(ledgers.clone(), bookies.to_vec());
-    let log_env = LogEnv::new(store.clone(), Arc::new(ReplicatedLedgers::new(ledgers)));
+    let log_env = args.memory.apply(LogEnv::new(
+        store.clone(),
+        Arc::new(ReplicatedLedgers::new(ledgers)),
+    ));
 
     let mut config = BrokerConfig::new(SocketAddr::new(args.bind, args.port));
     config.advertised_host = args.advertised_host();

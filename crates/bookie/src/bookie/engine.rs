@@ -243,8 +243,9 @@ fn sync_loop(
         }
         last_checkpoint = Instant::now();
         if last_gc.elapsed() >= gc_interval {
+            let started = Instant::now();
             match storage.gc() {
-                Ok(stats) => tracing::debug!(?stats, "gc pass"),
+                Ok(stats) => tracing::debug!(?stats, elapsed = ?started.elapsed(), "gc pass"),
                 Err(error) => tracing::warn!(%error, "gc pass failed"),
             }
             last_gc = Instant::now();

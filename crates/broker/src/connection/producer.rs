@@ -72,7 +72,9 @@ const RECENTLY_CLOSED_PRODUCERS_MAX: usize = 1000;
 struct ConnProducer {
     topic: Arc<Topic>,
     name: String,
-    jobs: mpsc::Sender<ReceiptJob>,
+    /// Boxed: a channel allocates its first block of 32 slots up front
+    /// (~3 KiB per producer at the job's size; 256 bytes boxed).
+    jobs: mpsc::Sender<Box<ReceiptJob>>,
 }
 
 /// The producers open on one connection and its pending-send bounds.
@@ -314,6 +316,7 @@ impl Producers {
             return self.unknown_producer(session, body.producer_id);
         };
         let jobs = producer.jobs.clone();
+        let topic = Arc::clone(&producer.topic);
         let sequence_id = body.sequence_id;
         let highest_sequence_id = body.highest_sequence_id().unwrap_or(0);
         // Size: the frame decoder already refused frames above
@@ -332,12 +335,13 @@ impl Producers {
         ) else {
             return Err(Close("pending-send semaphores closed".into()));
         };
+        // The broker-wide budget of appends in flight (all topics): wait
+        // here too, not reading, while it is full.
+        let append_permit = topic.log.reserve_append(entry.len()).await;
         let Some(producer) = self.map.get(&body.producer_id) else {
             return Ok(());
         };
         let messages = body.num_messages().unwrap_or(1).max(1) as u32;
-        // Publish rate: past it, this connection stops reading for the pause
-        // (Pulsar's throttling: TCP back-pressure, nothing refused).
         if let Some(max) = producer.topic.message_size_max()
             && entry.len() > max
         {
@@ -348,9 +352,11 @@ impl Producers {
                 code: ServerError::NotAllowedError,
                 message: "Exceed maximum message size".into(),
             };
-            let _ = jobs.send(job).await;
+            let _ = jobs.send(Box::new(job)).await;
             return Ok(());
         }
+        // Publish rate: past it, this connection stops reading for the pause
+        // (Pulsar's throttling: TCP back-pressure, nothing refused).
         let pause = producer.topic.publish_pause(messages, entry.len());
         let issued = Instant::now();
         let job = match producer.topic.publish(
@@ -359,6 +365,7 @@ impl Producers {
             highest_sequence_id as i64,
             entry,
             messages,
+            append_permit,
         ) {
             DedupCheck::Duplicate => ReceiptJob::Duplicate {
                 sequence_id,
@@ -375,7 +382,7 @@ impl Producers {
                 _permits: (send_permit, bytes_permit),
             },
         };
-        let _ = jobs.send(job).await;
+        let _ = jobs.send(Box::new(job)).await;
         if let Some(pause) = pause {
             tokio::time::sleep(pause).await;
         }
@@ -414,7 +421,7 @@ impl Producers {
             code: ServerError::ChecksumError,
             message: "Checksum failed on the broker".into(),
         };
-        let _ = producer.jobs.send(job).await;
+        let _ = producer.jobs.send(Box::new(job)).await;
         Ok(())
     }
 
@@ -436,9 +443,9 @@ impl Producers {
                 // SUCCESS goes out after every receipt in flight.
                 let _ = producer
                     .jobs
-                    .send(ReceiptJob::Close {
+                    .send(Box::new(ReceiptJob::Close {
                         request_id: body.request_id,
-                    })
+                    }))
                     .await;
                 Ok(())
             }
@@ -458,7 +465,7 @@ async fn refuse(
 
 async fn receipt_loop(
     producer_id: u64,
-    mut jobs: mpsc::Receiver<ReceiptJob>,
+    mut jobs: mpsc::Receiver<Box<ReceiptJob>>,
     out: mpsc::Sender<Outbound>,
     service: Arc<Service>,
 ) {
@@ -467,7 +474,7 @@ async fn receipt_loop(
     // positions, so this producer's receipts name increasing positions.
     let mut last_appended: Option<Position> = None;
     while let Some(job) = jobs.recv().await {
-        let frame = match job {
+        let frame = match *job {
             ReceiptJob::Send {
                 sequence_id,
                 highest_sequence_id,

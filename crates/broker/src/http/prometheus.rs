@@ -11,7 +11,10 @@
 //! Families: broker-wide (`pulsar_active_connections`,
 //! `pulsar_broker_publish_latency` summary in ms, `pulsar_broker_topics_count`,
 //! `vela_send_errors_total`, `vela_write_path_latency_seconds` histogram with
-//! `stage` and `instance` labels), the storage families of the registered
+//! `stage` and `instance` labels), the memory budgets
+//! (`pulsar_ml_cache_used_size`, `vela_entry_cache_*`,
+//! `vela_publish_buffer_available_bytes`, `vela_subscription_held_entries`),
+//! the storage families of the registered
 //! sources (`vela_corrupt_reads_total`, `vela_bookie_mode`,
 //! `vela_bookie_disk_usage_ratio`, ...: `metrics::StorageFamily`), then per
 //! topic with Pulsar's names and `cluster`/`namespace`/`topic` labels, then per
@@ -127,10 +130,92 @@ pub(super) async fn render(service: &Service) -> String {
     }
     let mut w = Writer { out: String::new() };
     broker_families(service, rows.len(), &mut w);
+    memory_families(service, &mut w);
     storage_families(&service.storage_metrics(), &mut w);
     topic_families(&rows, &mut w);
     drop_families(service, &rows, &mut w);
     w.out
+}
+
+/// The broker-wide memory budgets: the entry cache (Pulsar's
+/// `pulsar_ml_cache_*` names where they exist) and the publish buffer.
+fn memory_families(service: &Service, w: &mut Writer) {
+    let cluster = labels(&[("cluster", CLUSTER_NAME)]);
+    let cache = service.log_env.cache().stats();
+    let budget = service.log_env.append_budget();
+    let held = &service.held_entries;
+    let gauges: [(&str, &str, &str, f64); 11] = [
+        (
+            "pulsar_ml_cache_used_size",
+            "gauge",
+            "Bytes held by the entry cache over all topics (payloads and per-entry overhead).",
+            cache.used_bytes as f64,
+        ),
+        (
+            "vela_entry_cache_budget_bytes",
+            "gauge",
+            "The entry cache's budget (--managed-ledger-cache-size-mb).",
+            cache.budget_bytes as f64,
+        ),
+        (
+            "vela_entry_cache_entries",
+            "gauge",
+            "Entries held by the entry cache.",
+            cache.entries as f64,
+        ),
+        (
+            "vela_entry_cache_hits_total",
+            "counter",
+            "Entries read from the entry cache.",
+            cache.hits_total as f64,
+        ),
+        (
+            "vela_entry_cache_misses_total",
+            "counter",
+            "Entries read from the bookies.",
+            cache.misses_total as f64,
+        ),
+        (
+            "vela_entry_cache_insert_skipped_total",
+            "counter",
+            "Entries not cached because the budget had no room.",
+            cache.insert_skipped_total as f64,
+        ),
+        (
+            "vela_entry_cache_evicted_passed_total",
+            "counter",
+            "Entries evicted after every active reader had read them.",
+            cache.evicted_passed_total as f64,
+        ),
+        (
+            "vela_entry_cache_evicted_unread_total",
+            "counter",
+            "Entries evicted (oldest first) before an active reader read them.",
+            cache.evicted_unread_total as f64,
+        ),
+        (
+            "vela_publish_buffer_available_bytes",
+            "gauge",
+            "Free bytes of the publish buffer (--max-message-publish-buffer-mb).",
+            budget.available_bytes() as f64,
+        ),
+        (
+            "vela_subscription_held_entries",
+            "gauge",
+            "Entries all subscriptions hold (delivered and unacknowledged, to redeliver, delayed).",
+            held.held() as f64,
+        ),
+        (
+            "vela_subscription_held_entries_max",
+            "gauge",
+            "The bound of vela_subscription_held_entries (--max-unacked-entries-per-broker).",
+            held.max() as f64,
+        ),
+    ];
+    for (name, kind, help, value) in gauges {
+        w.family(name, kind, help);
+        w.sample(name, &cluster, value);
+    }
 }
 
 /// The storage metrics, one family block each (header once, then samples).

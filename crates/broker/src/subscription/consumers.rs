@@ -222,6 +222,11 @@ impl Consumers {
         } else {
             None
         };
+        if self.slots.capacity() == 0 {
+            // Most subscriptions have one consumer: room for one, not the
+            // four a first push reserves (~200 bytes a slot).
+            self.slots.reserve_exact(1);
+        }
         self.slots.push(Slot {
             epoch: info.epoch,
             info,

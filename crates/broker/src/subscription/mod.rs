@@ -13,6 +13,8 @@
 //! - `redelivery`: what is out to consumers (`pending`) and what is to be
 //!   sent again (`replay`), with redelivery counts;
 //! - `delayed`: delayed delivery;
+//! - `held`: the broker-wide count of entries subscriptions hold (out,
+//!   to replay, delayed) and its bound;
 //! - `reader`: where entries are read from (the log, or the compacted view)
 //!   and the read position;
 //! - `seek`: finding positions by message id or publish time.
@@ -34,6 +36,7 @@ mod command;
 mod consumers;
 mod delayed;
 mod dispatcher;
+mod held;
 mod reader;
 mod redelivery;
 mod seek;
@@ -45,5 +48,6 @@ pub(crate) use command::{
 pub(crate) use consumers::{Consumers, Route};
 pub(crate) use delayed::now_ms;
 pub(crate) use dispatcher::spawn;
+pub(crate) use held::HeldEntries;
 pub(crate) use reader::READ_BATCH_ENTRIES_MAX;
 pub(crate) use seek::{first_published_at_or_after, resolve_seek};

@@ -3,7 +3,10 @@
 //! after it; the position new entries are read from; and the pause after a
 //! failed read.
 //!
-//! Owns: [`Reader`]. Guarantees (checked in debug builds): a read returns
+//! Owns: [`Reader`] and its mark on the log's entry cache (`ReadMark`, held
+//! while the subscription has consumers: the log caches what it confirms
+//! for them and drops what every such reader has read).
+//! Guarantees (checked in debug builds): a read returns
 //! entries in log order, none before the position asked for, and the read
 //! position only moves forward except on a seek.
 //! Bounds: `READ_BATCH_ENTRIES_MAX` entries and about
@@ -12,7 +15,7 @@
 
 use std::sync::Arc;
 
-use vela_log::{LogEntry, ManagedLog, Position};
+use vela_log::{LogEntry, ManagedLog, Position, ReadMark};
 
 use crate::compaction::Compaction;
 
@@ -41,6 +44,8 @@ pub(super) struct Reader {
     /// Horizon of the compacted view last read (positions at or before it
     /// follow the compacted ledger, whose ledgers may be trimmed).
     compacted_horizon: Option<Position>,
+    /// This reader's mark on the log's entry cache, while it is active.
+    mark: Option<ReadMark>,
 }
 
 impl Reader {
@@ -56,6 +61,24 @@ impl Reader {
             retry_at: None,
             compaction,
             compacted_horizon: None,
+            mark: None,
+        }
+    }
+
+    /// Whether the subscription reads for consumers now: while it does, the
+    /// log caches new entries for it (see the module doc).
+    pub(super) fn set_active(&mut self, active: bool) {
+        match (&self.mark, active) {
+            (None, true) => self.mark = Some(self.log.register_reader(self.position)),
+            (Some(_), false) => self.mark = None,
+            _ => {}
+        }
+    }
+
+    fn set_position(&mut self, next: Position) {
+        self.position = next;
+        if let Some(mark) = &self.mark {
+            mark.set(next);
         }
     }
 
@@ -69,19 +92,19 @@ impl Reader {
     pub(super) fn move_past(&mut self, pos: Position) {
         let next = self.next_after(pos);
         debug_assert!(next > self.position, "read position moved back");
-        self.position = next;
+        self.set_position(next);
     }
 
     /// An admin ack up to `pos`: reading starts after it if it was behind.
     pub(super) fn skip_through(&mut self, pos: Position) {
         if self.position <= pos {
-            self.position = self.next_after(pos);
+            self.set_position(self.next_after(pos));
         }
     }
 
     /// A seek: reading starts at `next`.
     pub(super) fn seek(&mut self, next: Position) {
-        self.position = next;
+        self.set_position(next);
         self.caught_up = false;
     }
 

@@ -10,10 +10,12 @@
 //! recorded sequence id only moves forward, and an append the log refused
 //! at once is un-recorded (both checked in debug builds); the table is
 //! rebuilt from the newest `DEDUP_REBUILD_ENTRIES_MAX` entries of the log
-//! when the topic opens (no snapshot is kept). Lock: one short mutex, held
-//! while the append is issued (`ManagedLog::append` never waits), a leaf
-//! otherwise (taken under the producer table's lock when a waiting producer
-//! is admitted).
+//! when the topic opens (no snapshot is kept); it holds at most
+//! `DEDUP_PRODUCERS_MAX` names, dropping the one updated longest ago (a
+//! producer silent that long loses its dedup state, as Pulsar drops
+//! inactive producers). Lock: one short mutex, held while the append is
+//! issued (`ManagedLog::append` never waits), a leaf otherwise (taken under
+//! the producer table's lock when a waiting producer is admitted).
 //! Never: waits while holding its lock, or allocates per SEND of a known
 //! producer.
 
@@ -31,6 +33,13 @@ use crate::subscription::READ_BATCH_ENTRIES_MAX;
 /// silent for longer than this many entries lose their dedup state).
 pub(crate) const DEDUP_REBUILD_ENTRIES_MAX: usize = 100_000;
 
+/// Producer names one topic's table keeps (Pulsar's
+/// brokerDeduplicationMaxNumberOfProducers is 10,000): with about 64 bytes a
+/// name, at most ~64 KiB per topic. Live producers are few per topic;
+/// the bound is against the names of producers gone (broker-assigned names
+/// are new on every connection). Past it the name updated longest ago goes.
+pub(crate) const DEDUP_PRODUCERS_MAX: usize = 1000;
+
 /// Bytes per read while rebuilding.
 const REBUILD_READ_BYTES_MAX: usize = 4 << 20;
 
@@ -45,11 +54,56 @@ pub(crate) enum DedupCheck {
 
 /// Producer name → highest sequence id appended (`None`: dedup off).
 #[derive(Debug)]
-pub(crate) struct DedupTable(Option<Mutex<HashMap<String, i64>>>);
+pub(crate) struct DedupTable(Option<Mutex<Names>>);
+
+/// The names, with when each was last updated (a counter).
+#[derive(Debug, Default)]
+pub(crate) struct Names {
+    map: HashMap<String, (i64, u64)>,
+    updates: u64,
+}
+
+impl Names {
+    fn get(&self, producer: &str) -> Option<i64> {
+        self.map.get(producer).map(|(sequence_id, _)| *sequence_id)
+    }
+
+    fn set(&mut self, producer: &str, sequence_id: i64) {
+        self.updates += 1;
+        let stamp = self.updates;
+        if let Some(slot) = self.map.get_mut(producer) {
+            *slot = (sequence_id, stamp);
+            return;
+        }
+        if self.map.len() >= DEDUP_PRODUCERS_MAX {
+            // Rare (a new name with the table full): one scan.
+            let oldest = self
+                .map
+                .iter()
+                .min_by_key(|(_, (_, updated))| *updated)
+                .map(|(name, _)| name.clone());
+            if let Some(oldest) = oldest {
+                self.map.remove(&oldest);
+            }
+        }
+        self.map.insert(producer.to_string(), (sequence_id, stamp));
+        debug_assert!(self.map.len() <= DEDUP_PRODUCERS_MAX);
+    }
+
+    /// Puts back what `get` said before a `set` (`None`: the name goes).
+    fn restore(&mut self, producer: &str, previous: Option<i64>) {
+        match (previous, self.map.get_mut(producer)) {
+            (Some(last), Some(slot)) => slot.0 = last,
+            _ => {
+                self.map.remove(producer);
+            }
+        }
+    }
+}
 
 impl DedupTable {
     pub(crate) fn new(enabled: bool) -> DedupTable {
-        DedupTable(enabled.then(|| Mutex::new(HashMap::new())))
+        DedupTable(enabled.then(|| Mutex::new(Names::default())))
     }
 
     pub(crate) fn is_enabled(&self) -> bool {
@@ -71,30 +125,21 @@ impl DedupTable {
             return DedupCheck::Appended(append());
         };
         let mut table = table.lock();
-        let previous = table.get(producer).copied();
+        let previous = table.get(producer);
         let last = previous.unwrap_or(-1);
         if sequence_id <= last {
             return DedupCheck::Duplicate;
         }
         let recorded = highest_sequence_id.max(sequence_id);
         debug_assert!(recorded > last, "a producer's sequence id moved back");
-        match table.get_mut(producer) {
-            Some(slot) => *slot = recorded,
-            None => {
-                table.insert(producer.to_string(), recorded);
-            }
-        }
+        table.set(producer, recorded);
         let appended = append();
         if appended.is_refused() {
             // Not in the log: a re-send must not be taken for a duplicate.
-            // Nobody recorded since (the lock is held), so this is exact.
-            debug_assert_eq!(table.get(producer), Some(&recorded));
-            match (previous, table.get_mut(producer)) {
-                (Some(last), Some(slot)) => *slot = last,
-                _ => {
-                    table.remove(producer);
-                }
-            }
+            // Nobody recorded since (the lock is held), so this is exact
+            // (but for a name `set` dropped to make room, which stays gone).
+            debug_assert_eq!(table.get(producer), Some(recorded));
+            table.restore(producer, previous);
         }
         DedupCheck::Appended(appended)
     }
@@ -102,7 +147,7 @@ impl DedupTable {
     /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).
     pub(crate) fn last_sequence_id(&self, producer: &str) -> i64 {
         match &self.0 {
-            Some(table) => table.lock().get(producer).copied().unwrap_or(-1),
+            Some(table) => table.lock().get(producer).unwrap_or(-1),
             None => -1,
         }
     }
@@ -147,8 +192,8 @@ impl DedupTable {
         }
         let mut table = table.lock();
         for (producer, highest) in rebuilt {
-            let slot = table.entry(producer).or_insert(-1);
-            *slot = (*slot).max(highest);
+            let known = table.get(&producer).unwrap_or(-1);
+            table.set(&producer, known.max(highest));
         }
         Ok(())
     }
@@ -205,6 +250,27 @@ mod tests {
         assert!(fresh(&off, &log, "p", 0, 0));
         assert!(fresh(&off, &log, "p", 0, 0));
         assert_eq!(off.last_sequence_id("p"), -1);
+    }
+
+    #[tokio::test]
+    async fn the_table_keeps_the_names_updated_last() {
+        let log = open_log().await;
+        let table = DedupTable::new(true);
+        for i in 0..DEDUP_PRODUCERS_MAX + 10 {
+            assert!(fresh(&table, &log, &format!("p{i}"), 1, 1));
+            // p0 stays the most recently updated.
+            assert!(fresh(&table, &log, "p0", i as i64 + 2, i as i64 + 2));
+        }
+        let Some(names) = &table.0 else {
+            panic!("enabled");
+        };
+        assert_eq!(names.lock().map.len(), DEDUP_PRODUCERS_MAX);
+        assert!(table.last_sequence_id("p0") > 1);
+        assert_eq!(table.last_sequence_id("p1"), -1, "the oldest name went");
+        assert_eq!(
+            table.last_sequence_id(&format!("p{}", DEDUP_PRODUCERS_MAX + 9)),
+            1
+        );
     }
 
     #[tokio::test]

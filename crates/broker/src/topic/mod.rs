@@ -55,7 +55,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
-use vela_log::{Cursor, ManagedLog};
+use vela_log::{AppendPermit, Cursor, ManagedLog};
 use vela_wire::proto::ProducerAccessMode;
 
 use crate::admin::TopicRecord;
@@ -66,7 +66,7 @@ use crate::error::ServiceError;
 use crate::metrics::TopicMetrics;
 use crate::policies::{QuotaLimit, QuotaPolicy, TopicPolicies};
 use crate::stats::RateMeter;
-use crate::subscription::{ConsumerInfo, SubCommand, SubscriptionHandle};
+use crate::subscription::{ConsumerInfo, HeldEntries, SubCommand, SubscriptionHandle};
 use crate::topic_name::TopicName;
 use dedup::DedupTable;
 use publish::Publisher;
@@ -127,6 +127,7 @@ impl Topic {
         dedup_enabled: bool,
         compaction: Compaction,
         limits: TopicLimits,
+        held: Arc<HeldEntries>,
     ) -> Arc<Topic> {
         let full_name = name.to_string();
         Arc::new(Topic {
@@ -139,6 +140,7 @@ impl Topic {
             subscriptions: SubscriptionTable::new(
                 limits.consumers_max,
                 limits.consumers_per_subscription_max,
+                held,
             ),
             policies: PolicyState::default(),
             metrics: Arc::default(),
@@ -164,9 +166,10 @@ impl Topic {
     }
 
     /// Appends a stored entry of `producer` unless deduplication finds
-    /// `sequence_id` appended already. The append is issued before this
-    /// returns, in call order (`publish` states the SEND-order invariant);
-    /// its future resolves once the entry is durable.
+    /// `sequence_id` appended already, with its room in the broker's append
+    /// budget (`ManagedLog::reserve_append`). The append is issued before
+    /// this returns, in call order (`publish` states the SEND-order
+    /// invariant); its future resolves once the entry is durable.
     pub(crate) fn publish(
         &self,
         producer: &str,
@@ -174,10 +177,12 @@ impl Topic {
         highest_sequence_id: i64,
         entry: Bytes,
         messages: u32,
+        permit: AppendPermit,
     ) -> DedupCheck {
+        // A duplicate drops `permit`: its bytes go back at once.
         self.dedup
             .check_and_append(producer, sequence_id, highest_sequence_id, || {
-                self.publisher.publish(&self.log, entry, messages)
+                self.publisher.publish(&self.log, entry, messages, permit)
             })
     }
 

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use vela_log::{AppendFuture, ManagedLog};
+use vela_log::{AppendFuture, AppendPermit, ManagedLog};
 
 use super::throttle::PublishThrottle;
 use crate::config::PublishRate;
@@ -73,13 +73,20 @@ impl Publisher {
     }
 
     /// Appends a stored entry to `log`. The append is issued before this
-    /// returns, in call order (the module doc says why no lock is needed);
-    /// the future resolves once the entry is durable.
-    pub(crate) fn publish(&self, log: &ManagedLog, entry: Bytes, messages: u32) -> AppendFuture {
+    /// returns, in call order (the module doc says why no lock is needed),
+    /// holding `permit` (its bytes of the broker's append budget) until it
+    /// completes; the future resolves once the entry is durable.
+    pub(crate) fn publish(
+        &self,
+        log: &ManagedLog,
+        entry: Bytes,
+        messages: u32,
+        permit: AppendPermit,
+    ) -> AppendFuture {
         self.msg_in
             .fetch_add(u64::from(messages), Ordering::Relaxed);
         self.bytes_in
             .fetch_add(entry.len() as u64, Ordering::Relaxed);
-        log.append(entry)
+        log.append_reserved(entry, permit)
     }
 }

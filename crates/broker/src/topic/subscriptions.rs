@@ -24,6 +24,7 @@ use vela_wire::proto::{ServerError, command_subscribe::SubType};
 use crate::compaction::Compaction;
 use crate::error::ServiceError;
 use crate::stats::SubscriptionStats;
+use crate::subscription::HeldEntries;
 use crate::subscription::{self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionSpec};
 use crate::topic_name::TopicName;
 
@@ -114,14 +115,18 @@ pub(crate) struct SubscriptionTable {
     consumers_max: usize,
     /// `TopicLimits::consumers_per_subscription_max`.
     consumers_per_subscription_max: usize,
+    /// The broker-wide count of entries subscriptions hold.
+    held: Arc<HeldEntries>,
 }
 
 impl SubscriptionTable {
     pub(crate) fn new(
         consumers_max: usize,
         consumers_per_subscription_max: usize,
+        held: Arc<HeldEntries>,
     ) -> SubscriptionTable {
         SubscriptionTable {
+            held,
             map: Arc::default(),
             create: tokio::sync::Mutex::new(0),
             consumer_count: Arc::new(AtomicUsize::new(0)),
@@ -208,6 +213,7 @@ impl SubscriptionTable {
                         compaction: request.read_compacted.then(|| Arc::clone(compaction)),
                         consumers_max: self.consumers_per_subscription_max,
                         policy: Arc::clone(policy),
+                        held: Arc::clone(&self.held),
                     },
                     on_end,
                 );

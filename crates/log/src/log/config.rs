@@ -5,8 +5,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{LedgerBackend, Persistence};
-use crate::queue::APPEND_QUEUE_BYTES_MAX;
+use crate::budget::AppendBudget;
+use crate::cache::EntryCache;
 use crate::store::Store;
+
+/// Entry cache of `LogEnv::new` (tests, embedders): the binary sizes its own
+/// from the machine (`--managed-ledger-cache-size-mb`).
+pub const ENTRY_CACHE_BYTES_DEFAULT: u64 = 64 << 20;
+
+/// Append budget of `LogEnv::new` (tests, embedders): the binary sizes its
+/// own (`--max-message-publish-buffer-mb`).
+pub const APPEND_BUDGET_BYTES_DEFAULT: u64 = 256 << 20;
 
 /// How much consumed data a log keeps (Pulsar's retention policy). A fully
 /// consumed, closed ledger is deleted once it is older than `time` (since its
@@ -39,15 +48,6 @@ pub struct LogConfig {
     pub ledger_bytes_max: u64,
     /// Roll over a ledger this old at the next append (Pulsar: 240 min).
     pub ledger_age_max: Duration,
-    /// Bytes of recent entries kept in memory for tail readers.
-    pub tail_cache_bytes_max: usize,
-    /// Bytes of appends allowed to wait for a ledger writer (while a
-    /// rollover creates the next ledger, or while the writer's window of adds
-    /// in flight is full): the bound of the log's one append queue. Beyond it
-    /// an append fails at once with `Overloaded` and the log goes on (the
-    /// broker's own per-connection bounds normally stop producers long
-    /// before). Default `APPEND_QUEUE_BYTES_MAX`.
-    pub append_queue_bytes_max: u64,
     /// Individually acknowledged entries a cursor keeps above its mark-delete
     /// position; beyond it further individual acks are refused.
     pub cursor_acked_entries_max: usize,
@@ -67,8 +67,6 @@ impl Default for LogConfig {
             ledger_entries_max: 50_000,
             ledger_bytes_max: 1 << 30,
             ledger_age_max: Duration::from_secs(240 * 60),
-            tail_cache_bytes_max: 8 << 20,
-            append_queue_bytes_max: APPEND_QUEUE_BYTES_MAX,
             cursor_acked_entries_max: 100_000,
             cursor_persisted_ranges_max: 10_000,
             cursor_persist_interval: Duration::from_millis(100),
@@ -77,20 +75,45 @@ impl Default for LogConfig {
     }
 }
 
-/// Where logs keep their metadata and their ledgers.
+/// Where logs keep their metadata and their ledgers, and the memory they
+/// share: the entry cache and the append budget (one each per broker).
 #[derive(Debug, Clone)]
 pub struct LogEnv {
     pub(crate) store: Store,
     pub(crate) ledgers: Arc<dyn LedgerBackend>,
+    pub(crate) cache: EntryCache,
+    pub(crate) append_budget: AppendBudget,
 }
 
 impl LogEnv {
-    /// Logs over this metadata store and these ledgers.
+    /// Logs over this metadata store and these ledgers, with a cache of
+    /// `ENTRY_CACHE_BYTES_DEFAULT` and an append budget of
+    /// `APPEND_BUDGET_BYTES_DEFAULT` (see `with_memory`).
     pub fn new(meta: Arc<dyn vela_meta::MetadataStore>, ledgers: Arc<dyn LedgerBackend>) -> LogEnv {
         LogEnv {
             store: Store::new(meta),
             ledgers,
+            cache: EntryCache::new(ENTRY_CACHE_BYTES_DEFAULT),
+            append_budget: AppendBudget::new(APPEND_BUDGET_BYTES_DEFAULT),
         }
+    }
+
+    /// The same, with this entry cache and append budget (shared by every
+    /// log opened through it). Set it before opening logs.
+    pub fn with_memory(mut self, cache: EntryCache, append_budget: AppendBudget) -> LogEnv {
+        self.cache = cache;
+        self.append_budget = append_budget;
+        self
+    }
+
+    /// The entry cache shared by the logs.
+    pub fn cache(&self) -> &EntryCache {
+        &self.cache
+    }
+
+    /// The append budget shared by the logs.
+    pub fn append_budget(&self) -> &AppendBudget {
+        &self.append_budget
     }
 
     /// In-memory metadata and ledgers: real semantics, no durability (tests).

@@ -201,11 +201,14 @@ impl Shared {
         let key = format::log_key(&self.name);
         match self.env.store.update_json(&key, &info, version).await {
             Ok(new_version) => {
-                let mut state = self.state.lock();
-                state.info_version = new_version;
-                state.ledgers.drain(..trimmed.len());
-                if let Some(first) = state.ledgers.first().map(|l| l.ledger_id) {
-                    state.cache.remove_ledgers_below(first);
+                let first = {
+                    let mut state = self.state.lock();
+                    state.info_version = new_version;
+                    state.ledgers.drain(..trimmed.len());
+                    state.ledgers.first().map(|l| l.ledger_id)
+                };
+                if let Some(first) = first {
+                    self.cache.remove_ledgers_below(first);
                 }
             }
             Err(error) => {

@@ -1,13 +1,15 @@
 //! `ManagedLog`: one topic's log over a list of ledgers.
 //!
-//! Owns: the log's ledger list, last confirmed position and tail cache
-//! (`State`, behind `state`: a short lock, never held across an `.await` or a
-//! call into a ledger), its one append queue (`queue::AppendQueue`, which
-//! keeps the append order), its cursors, and updates of its metadata record
-//! (`meta_lock`, async: rollover, trimming, close).
+//! Owns: the log's ledger list and last confirmed position (`State`, behind
+//! `state`: a short lock, never held across an `.await` or a call into a
+//! ledger), its share of the broker's entry cache (`cache::LogCache`, its own
+//! lock, never taken together with `state`), its one append queue
+//! (`queue::AppendQueue`, which keeps the append order), its cursors, and
+//! updates of its metadata record (`meta_lock`, async: rollover, trimming,
+//! close).
 //! Modules: `config` (what a log is given), `positions` (position arithmetic
 //! over the ledger list), `ledger_order` (ids increase, wall-clock stamps),
-//! `tail_cache`, `lifecycle` (rollover and trimming).
+//! `lifecycle` (rollover and trimming).
 //!
 //! Append order: `ManagedLog::append` pushes onto the append queue under its
 //! lock, so the order of `append` calls (across threads: the order in which
@@ -20,7 +22,6 @@ mod config;
 mod ledger_order;
 mod lifecycle;
 mod positions;
-mod tail_cache;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -33,9 +34,12 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 
+pub use config::{APPEND_BUDGET_BYTES_DEFAULT, ENTRY_CACHE_BYTES_DEFAULT};
 pub use config::{LogConfig, LogEnv, Retention};
 
 use crate::backend::{LedgerBackendError, LedgerDescription, Persistence};
+use crate::budget::AppendPermit;
+use crate::cache::{LogCache, ReadMark};
 use crate::cursor::{Cursor, CursorLog, CursorSettings, CursorStart};
 use crate::error::LogError;
 use crate::format::{self, LedgerInfo, LogInfo};
@@ -43,7 +47,15 @@ use crate::position::Position;
 use crate::queue::{AppendQueue, LedgerLimits, QueueHooks};
 use crate::store::Version;
 use ledger_order::{check_ledger_order, unix_ms};
-use tail_cache::TailCache;
+
+/// Whether a read caches what it reads from the bookies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMisses {
+    /// Entries read from the bookies are handed out only.
+    Skip,
+    /// They are cached too (read-ahead for a reader behind them).
+    Insert,
+}
 
 /// An entry read from a log.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,7 +95,6 @@ struct State {
     /// ledger being written (or, during a rollover, the one being closed).
     ledgers: Vec<LedgerInfo>,
     last_confirmed: Option<Position>,
-    cache: TailCache,
     info_version: Version,
 }
 
@@ -97,6 +108,8 @@ pub(crate) struct Shared {
     /// Consumed data kept (starts as `config.retention`).
     retention: Mutex<Retention>,
     state: Mutex<State>,
+    /// This log's entries in the broker's entry cache.
+    cache: LogCache,
     /// The one ordered queue of appends not yet handed to a ledger writer;
     /// it holds the writer and decides when a ledger is full.
     queue: Arc<AppendQueue>,
@@ -214,7 +227,8 @@ impl ManagedLog {
             bytes_max: config.ledger_bytes_max,
             age_max: config.ledger_age_max,
         };
-        let queue_bytes_max = config.append_queue_bytes_max;
+        let budget = env.append_budget.clone();
+        let cache = env.cache.register_log();
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
             let (on_full, on_stop) = (weak.clone(), weak.clone());
             let hooks = QueueHooks {
@@ -238,15 +252,10 @@ impl ManagedLog {
                 state: Mutex::new(State {
                     ledgers: info.ledgers,
                     last_confirmed,
-                    cache: TailCache::default(),
                     info_version: version,
                 }),
-                queue: Arc::new(AppendQueue::new(
-                    name.to_string(),
-                    queue_bytes_max,
-                    limits,
-                    hooks,
-                )),
+                cache,
+                queue: Arc::new(AppendQueue::new(name.to_string(), budget, limits, hooks)),
                 meta_lock: tokio::sync::Mutex::new(()),
                 confirmed,
                 cursors: Mutex::new(HashMap::new()),
@@ -291,9 +300,9 @@ impl ManagedLog {
     /// successful append gets a position after those of the successful
     /// appends issued before it, and their futures complete in that order,
     /// each once the entry is durable (Qa bookies). A future that fails:
-    /// - `EntryTooLarge` or `Overloaded` (the append queue holds
-    ///   `append_queue_bytes_max` bytes): at once; only that append is
-    ///   refused, later ones may succeed;
+    /// - `EntryTooLarge` or `Overloaded` (the broker's `AppendBudget` has
+    ///   no room for it): at once; only that append is refused, later ones
+    ///   may succeed;
     /// - a ledger failure, `Fenced` or `Closed`: the log has stopped; every
     ///   append issued after it fails too (`is_closed` turns true: reload the
     ///   log; recovery finds what was durable).
@@ -302,6 +311,24 @@ impl ManagedLog {
     /// returns (`AppendFuture::is_refused`), so a caller that recorded
     /// something for the append under its own lock can undo it there.
     pub fn append(&self, data: Bytes) -> AppendFuture {
+        self.append_holding(data, None)
+    }
+
+    /// Waits for room for an append of `payload_bytes` in the broker's
+    /// `AppendBudget` (first come, first served); the permit goes to
+    /// `append_reserved`. Callers that can wait (the broker, before it reads
+    /// a connection's next frame) never see `Overloaded`.
+    pub async fn reserve_append(&self, payload_bytes: usize) -> AppendPermit {
+        self.shared.env.append_budget.take(payload_bytes).await
+    }
+
+    /// As [`ManagedLog::append`], with room taken before (`reserve_append`):
+    /// never `Overloaded`. The permit is held until the append completes.
+    pub fn append_reserved(&self, data: Bytes, permit: AppendPermit) -> AppendFuture {
+        self.append_holding(data, Some(permit))
+    }
+
+    fn append_holding(&self, data: Bytes, permit: Option<AppendPermit>) -> AppendFuture {
         let (done, receiver) = oneshot::channel();
         let max_bytes = self.shared.env.ledgers.entry_bytes_max();
         if data.len() > max_bytes {
@@ -318,6 +345,7 @@ impl ManagedLog {
         let cached = data.clone();
         let queued = self.shared.queue.push(
             data,
+            permit,
             Box::new(move |result| {
                 let result = match (result, shared.upgrade()) {
                     (Ok(position), Some(shared)) => {
@@ -339,18 +367,35 @@ impl ManagedLog {
     /// Entries at positions `>= from`, up to the last confirmed one, at most
     /// `entries_max` of them and about `bytes_max` bytes (at least one entry is
     /// returned when one is available). Empty when nothing is there yet.
+    /// Cached entries come from memory, the rest from the bookies (not
+    /// cached: see [`ManagedLog::read_caching`]).
     pub async fn read(
         &self,
         from: Position,
         entries_max: usize,
         bytes_max: usize,
     ) -> Result<Vec<LogEntry>, LogError> {
+        self.read_caching(from, entries_max, bytes_max, CacheMisses::Skip)
+            .await
+    }
+
+    /// As [`ManagedLog::read`]; with `CacheMisses::Insert` the entries read
+    /// from the bookies are cached too (within the broker's budget, evicted
+    /// like the rest once every reader passed them): read-ahead for a reader
+    /// that holds a [`ReadMark`] behind them.
+    pub async fn read_caching(
+        &self,
+        from: Position,
+        entries_max: usize,
+        bytes_max: usize,
+        misses: CacheMisses,
+    ) -> Result<Vec<LogEntry>, LogError> {
         let mut out: Vec<LogEntry> = Vec::new();
         let mut bytes = 0usize;
         let mut position = from;
         while out.len() < entries_max && (out.is_empty() || bytes < bytes_max) {
             // Decide under the lock what to read, then read without it.
-            let (ledger_id, first, last) = {
+            let (ledger_id, last_wanted) = {
                 let state = self.shared.state.lock();
                 let Some(normalized) =
                     positions::normalize(&state.ledgers, state.last_confirmed, position)
@@ -358,44 +403,69 @@ impl ManagedLog {
                     break;
                 };
                 position = normalized;
-                if let Some(data) = state.cache.entries.get(&position) {
-                    bytes += data.len();
-                    out.push(LogEntry {
-                        position,
-                        data: data.clone(),
-                    });
-                    position = Position::new(position.ledger_id, position.entry_id + 1);
-                    continue;
-                }
                 let Some(last_in_ledger) =
                     positions::last_entry_of(&state.ledgers, position.ledger_id)
                 else {
                     break;
                 };
                 let wanted = (entries_max - out.len()) as u64;
-                // Stop before the first cached entry: it is served from memory.
-                let mut last = last_in_ledger.min(position.entry_id + wanted - 1);
-                if let Some((cached, _)) = state
-                    .cache
-                    .entries
-                    .range(position..=Position::new(position.ledger_id, last))
-                    .next()
-                {
-                    last = cached.entry_id.saturating_sub(1).max(position.entry_id);
-                }
-                (position.ledger_id, position.entry_id, last)
+                (
+                    position.ledger_id,
+                    last_in_ledger.min(position.entry_id + wanted - 1),
+                )
             };
+            let run = self.shared.cache.run_from(
+                position,
+                last_wanted,
+                entries_max - out.len(),
+                bytes_max.saturating_sub(bytes),
+            );
+            if let Some(&(last_hit, _)) = run.entries.last() {
+                for (hit, data) in run.entries {
+                    bytes += data.len();
+                    out.push(LogEntry {
+                        position: hit,
+                        data,
+                    });
+                }
+                position = Position::new(ledger_id, last_hit.entry_id + 1);
+                continue;
+            }
+            // Stop before the next cached entry: it is served from memory.
+            let first = position.entry_id;
+            let last = run
+                .next_cached
+                .map_or(last_wanted, |cached| cached.entry_id - 1);
+            debug_assert!(first <= last, "a bookie read of {first}..={last}");
             let entries = self.shared.env.ledgers.read(ledger_id, first, last).await?;
+            self.shared.cache.count_misses(entries.len());
             for (offset, data) in entries.into_iter().enumerate() {
+                let read = Position::new(ledger_id, first + offset as u64);
+                if misses == CacheMisses::Insert {
+                    self.shared.cache.insert(read, &data);
+                }
                 bytes += data.len();
                 out.push(LogEntry {
-                    position: Position::new(ledger_id, first + offset as u64),
+                    position: read,
                     data,
                 });
             }
             position = Position::new(ledger_id, last + 1);
         }
         Ok(out)
+    }
+
+    /// Registers an active reader that reads next at `next`: while it is
+    /// held, confirmed entries are cached for it; move it with
+    /// [`ReadMark::set`] as the reader reads (entries every mark passed are
+    /// dropped), drop it when the reader stops.
+    pub fn register_reader(&self, next: Position) -> ReadMark {
+        self.shared.cache.register_reader(next)
+    }
+
+    /// Bytes this log holds in the entry cache now.
+    pub fn cached_bytes(&self) -> u64 {
+        self.shared.cache.bytes()
     }
 
     /// Position of the newest confirmed entry.
@@ -772,10 +842,15 @@ impl Future for AppendFuture {
 }
 
 impl Shared {
-    /// An append is durable at `position`: the ledger list, the last
-    /// confirmed position and the tail cache take it. Confirmations come in
-    /// append order (the queue's invariant).
+    /// An append is durable at `position`: the entry cache (while the log
+    /// has readers), the ledger list and the last confirmed position take
+    /// it. Confirmations come in append order (the queue's invariant).
     fn confirm(&self, position: Position, data: Bytes) {
+        // Cached before it is confirmed: a tail reader woken by the
+        // confirmation finds it in memory.
+        if self.cache.has_readers() {
+            self.cache.insert(position, &data);
+        }
         {
             let mut state = self.state.lock();
             if let Some(ledger) = state
@@ -800,8 +875,6 @@ impl Shared {
             if state.last_confirmed < Some(position) {
                 state.last_confirmed = Some(position);
             }
-            let bytes_max = self.config.tail_cache_bytes_max;
-            state.cache.insert(position, data, bytes_max);
         }
         self.confirmed.send_if_modified(|value| {
             if *value < Some(position) {

@@ -15,9 +15,6 @@ use vela_client::{Client, ClientConfig, ConsumerOptions, InitialPosition, SubTyp
 use super::stats::{Recorder, report_progress};
 use super::{Output, end_to_end_latency, topic_names};
 
-/// How often an idle consumer checks whether the run is over.
-const STOP_POLL: Duration = Duration::from_millis(100);
-
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum SubscriptionTypeArg {
     Exclusive,
@@ -109,32 +106,40 @@ pub(crate) async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
         sub_type,
         SubType::Shared | SubType::KeyShared | SubType::Failover
     );
-    let mut consumers = Vec::new();
-    for topic in &topics {
-        for index in 0..args.num_consumers.max(1) {
-            // Exclusive consumers of one topic need subscriptions of their own.
-            let subscription = if shared || index == 0 {
-                args.subscription.clone()
-            } else {
-                format!("{}-{index}", args.subscription)
-            };
-            let options = ConsumerOptions {
-                subscription,
-                sub_type,
-                initial_position: match args.subscription_position {
-                    PositionArg::Latest => InitialPosition::Latest,
-                    PositionArg::Earliest => InitialPosition::Earliest,
-                },
-                receiver_queue_size: args.receiver_queue_size.max(1),
-                name: None,
-            };
+    let per_topic = args.num_consumers.max(1);
+    let creating = Instant::now();
+    let consumers = super::create_all(topics.len() * per_topic, |i| {
+        let (client, topic, index) = (client.clone(), topics[i / per_topic].clone(), i % per_topic);
+        // Exclusive consumers of one topic need subscriptions of their own.
+        let subscription = if shared || index == 0 {
+            args.subscription.clone()
+        } else {
+            format!("{}-{index}", args.subscription)
+        };
+        let options = ConsumerOptions {
+            subscription,
+            sub_type,
+            initial_position: match args.subscription_position {
+                PositionArg::Latest => InitialPosition::Latest,
+                PositionArg::Earliest => InitialPosition::Earliest,
+            },
+            receiver_queue_size: args.receiver_queue_size.max(1),
+            name: None,
+        };
+        async move {
             let consumer = client
-                .subscribe(topic, options)
+                .subscribe(&topic, options)
                 .await
                 .with_context(|| format!("cannot subscribe to {topic}"))?;
-            consumers.push(Arc::new(consumer));
+            Ok(Arc::new(consumer))
         }
-    }
+    })
+    .await?;
+    eprintln!(
+        "consume: created {} consumer(s) in {:.1} s",
+        consumers.len(),
+        creating.elapsed().as_secs_f64()
+    );
     eprintln!(
         "consume: {} consumer(s) on {} topic(s), {:?}",
         consumers.len(),
@@ -160,15 +165,20 @@ pub(crate) async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
     let mut workers = tokio::task::JoinSet::new();
     for consumer in &consumers {
         let (consumer, recorder, stop) = (Arc::clone(consumer), recorder.clone(), stop.clone());
+        let mut stop = stop;
         workers.spawn(async move {
             while !*stop.borrow() && recorder.total_messages() < messages_max {
-                let message = match consumer.receive_timeout(STOP_POLL).await {
-                    Ok(Some(message)) => message,
-                    Ok(None) => continue,
-                    Err(error) => {
-                        tracing::warn!(%error, "receive failed");
-                        return;
-                    }
+                // Waits for a message or the end of the run (no polling: a
+                // run with 100,000 idle consumers costs nothing).
+                let message = tokio::select! {
+                    received = consumer.receive() => match received {
+                        Ok(message) => message,
+                        Err(error) => {
+                            tracing::warn!(%error, "receive failed");
+                            return;
+                        }
+                    },
+                    _ = stop.changed() => continue,
                 };
                 recorder.record(end_to_end_latency(&message), message.payload.len());
                 if let Err(error) = consumer.ack(&message.id).await {

@@ -149,6 +149,39 @@ fn topic_names(given: &[String], count: usize) -> Vec<String> {
         .collect()
 }
 
+/// Producers or consumers being created at once (lookups and PRODUCER or
+/// SUBSCRIBE round trips in flight): enough to create 100,000 in tens of
+/// seconds, few enough not to flood the broker's connection with commands
+/// (as pulsar-perf, which creates them all asynchronously).
+const CREATE_IN_FLIGHT_MAX: usize = 256;
+
+/// Runs `make(i)` for every `i` in `0..count`, at most
+/// `CREATE_IN_FLIGHT_MAX` at once; the results in index order, or the first
+/// error.
+async fn create_all<T, F, Fut>(count: usize, make: F) -> anyhow::Result<Vec<T>>
+where
+    T: Send + 'static,
+    F: Fn(usize) -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<T>> + Send + 'static,
+{
+    let mut created: Vec<Option<T>> = (0..count).map(|_| None).collect();
+    let mut running = tokio::task::JoinSet::new();
+    let mut next = 0;
+    while next < count || !running.is_empty() {
+        while next < count && running.len() < CREATE_IN_FLIGHT_MAX {
+            let future = make(next);
+            let index = next;
+            running.spawn(async move { (index, future.await) });
+            next += 1;
+        }
+        if let Some(joined) = running.join_next().await {
+            let (index, result) = joined.context("a create task failed")?;
+            created[index] = Some(result?);
+        }
+    }
+    Ok(created.into_iter().flatten().collect())
+}
+
 /// Marks a payload as stamped by `vela perf produce`.
 const STAMP_MAGIC: &[u8; 8] = b"VELAPERF";
 /// Magic plus the send time (µs since the epoch, big-endian).

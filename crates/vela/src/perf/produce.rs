@@ -150,16 +150,28 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         send_timeout: Some(Duration::from_secs(30)),
         name: None,
     };
-    let mut producers = Vec::new();
-    for topic in &topics {
-        for _ in 0..args.num_producers.max(1) {
+    let per_topic = args.num_producers.max(1);
+    let creating = Instant::now();
+    let producers = super::create_all(topics.len() * per_topic, |index| {
+        let (client, topic, options) = (
+            client.clone(),
+            topics[index / per_topic].clone(),
+            options.clone(),
+        );
+        async move {
             let producer = client
-                .create_producer(topic, options.clone())
+                .create_producer(&topic, options)
                 .await
                 .with_context(|| format!("cannot create a producer on {topic}"))?;
-            producers.push(Arc::new(producer));
+            Ok(Arc::new(producer))
         }
-    }
+    })
+    .await?;
+    eprintln!(
+        "produce: created {} producer(s) in {:.1} s",
+        producers.len(),
+        creating.elapsed().as_secs_f64()
+    );
     eprintln!(
         "produce: {} producer(s) on {} topic(s), {} B messages, rate {}, max outstanding {}, batching {}",
         producers.len(),
