@@ -21,6 +21,8 @@ step() { printf '\n=== %s ===\n' "$*"; }
 need_apt=()
 command -v protoc >/dev/null 2>&1 || need_apt+=(protobuf-compiler)
 command -v etcd >/dev/null 2>&1 || need_apt+=(etcd-server)
+# Client certificates of the auth tests: `openssl x509 -req` (version 1 certificates).
+command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
 # The pulsar dev-dependency links the system OpenSSL (native-tls).
 pkg-config --exists openssl 2>/dev/null || need_apt+=(pkg-config libssl-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then

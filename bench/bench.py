@@ -1380,6 +1380,9 @@ def report(results, sm, bookie_setups, opts, machine, before, after, markdown) -
 # ------------------------------------------------------------------- main
 
 def main() -> int:
+    # Catch-up scenarios (bench/catch_up.py) run apart: a backlog, then drains.
+    if len(sys.argv) > 1 and sys.argv[1] in catch_up.SCENARIOS:
+        return catch_up.main(sys.argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenarios", nargs="*", default=["all"],
@@ -1537,4 +1540,5 @@ def report_again(args) -> int:
 
 
 if __name__ == "__main__":
+    import catch_up  # noqa: E402  (bench/catch_up.py; it imports this module)
     sys.exit(main())

@@ -3,7 +3,8 @@
 # go tool from the Go module proxy into target/go: nothing installed
 # globally) against a fresh `vela standalone` with advertised listeners:
 # non-persistent topics, a pattern consumer finding new topics, topic
-# termination, lookups by listener name (tests/go-client).
+# termination, lookups by listener name, transactions (coordinator only so
+# far: open, commit, abort, timeout) (tests/go-client).
 # Called by ./test.sh; needs go (skipped with a note when absent).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -24,6 +25,7 @@ DATA="$(mktemp -d -t vela-go-client-XXXXXX)"
 OUT="$DATA.out"
 "$VELA" standalone --data-dir "$DATA" --port "$PORT" --http-port 0 \
   --advertised-listeners "internal:pulsar://127.0.0.1:$PORT,external:pulsar://localhost:$PORT" \
+  --transaction-coordinator-enabled \
   >"$OUT" 2>"$DATA.log" &
 PID=$!
 cleanup() {

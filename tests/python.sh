@@ -11,6 +11,7 @@ python3 -c 'import pytest' 2>/dev/null || missing+=(pytest)
 python3 -c 'import pytest_timeout' 2>/dev/null || missing+=(pytest-timeout)
 python3 -c 'import prometheus_client' 2>/dev/null || missing+=(prometheus-client)
 python3 -c 'import cryptography' 2>/dev/null || missing+=(cryptography)
+python3 -c "import bcrypt" 2>/dev/null || missing+=(bcrypt)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "installing Python packages: ${missing[*]}"
   python3 -m pip install --quiet --disable-pip-version-check "${missing[@]}"

@@ -183,6 +183,9 @@ def compare(args) -> int:
     for path in args.results:
         data = json.loads(Path(path).read_text())
         label = data["system"] + (f"(auth {data['vela_auth']})" if data.get("vela_auth") not in (None, "ci") else "")
+        # Two runs of one system (before and after a change): both kept.
+        while label in runs:
+            label += "'"
         runs[label] = data
     print_table(runs)
     first, second = list(runs.values())[:2]
@@ -207,9 +210,8 @@ def main() -> int:
         p.add_argument("--systems", default="pulsar,vela", help="pulsar, vela or both, in order")
         p.add_argument("--vela-bin", default=str(ROOT / "target" / "release" / "vela"))
         p.add_argument("--vela-auth", choices=["ci", "none"], default="ci",
-                       help="ci: the CI's authentication flags that Vela has; none: a diagnostic "
-                            "run without authentication (shows failures the missing anonymous "
-                            "role hides)")
+                       help="ci: the CI's authentication (providers, anonymous role, grants); "
+                            "none: a diagnostic run of Vela without authentication")
         p.add_argument("--test-timeout", type=int, default=180 if suite_name == "go" else 300,
                        help="seconds one test may run")
         p.add_argument("--rerun-failed", type=int, default=1,

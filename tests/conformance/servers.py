@@ -301,6 +301,9 @@ VELA_FLAGS = {
     "superUserRoles": lambda v: ["--superuser-roles", v],
     "maxMessageSize": lambda v: ["--max-message-size", v],
     "managedLedgerMaxEntriesPerLedger": lambda v: ["--ledger-max-entries", v],
+    "managedLedgerMaxSizePerLedgerMbytes": lambda v: ["--ledger-max-size-mb", v],
+    "managedLedgerMinLedgerRolloverTimeMinutes": lambda v: ["--ledger-min-rollover-minutes", v],
+    "managedLedgerMaxLedgerRolloverTimeMinutes": lambda v: ["--ledger-max-rollover-minutes", v],
     "keepAliveIntervalSeconds": lambda v: ["--keepalive-s", v],
     # Vela's one policy pass applies TTL, backlog quotas and retention.
     "backlogQuotaCheckIntervalInSeconds": lambda v: ["--policy-check-interval-s", v],
@@ -310,8 +313,13 @@ VELA_FLAGS = {
     "tlsEnabled": None,  # implied by the TLS ports
     "authenticationEnabled": None,  # implied by the token key
     "authorizationEnabled": lambda v: [] if v == "true" else ["--no-authorization"],
-    "authenticationProviders": None,  # checked below: only the token provider exists
+    # Pulsar's provider class names are taken as they are.
+    "authenticationProviders": lambda v: ["--authentication-providers", v],
+    "anonymousUserRole": lambda v: ["--anonymous-user-role", v],
+    "basicAuthConf": lambda v: ["--basic-auth-conf", _file_url_path(v)],
+    "tlsTrustCertsFilePath": lambda v: ["--tls-trust-certs-file", v],
     "clusterName": None,  # Vela's standalone cluster is `standalone`, as here
+    "transactionCoordinatorEnabled": lambda v: ["--transaction-coordinator-enabled"] if v == "true" else [],
 }
 
 # CI keys about parts Vela does not have (ZooKeeper, BookKeeper's client, the
@@ -343,7 +351,8 @@ class VelaServer(Server):
         if tls:
             cmd += ["--tls-port", self.ports.broker_tls, "--https-port", self.ports.web_tls]
         auth_keys = {"tokenSecretKey", "tokenPublicKey", "superUserRoles", "authorizationEnabled",
-                     "authenticationEnabled", "authenticationProviders", "anonymousUserRole"}
+                     "authenticationEnabled", "authenticationProviders", "anonymousUserRole",
+                     "basicAuthConf", "tlsTrustCertsFilePath"}
         for key, value in conf.items():
             if self.auth == "none" and key in auth_keys:
                 self.missing[key] = "left out: --vela-auth none (diagnostic run without authentication)"
@@ -356,13 +365,15 @@ class VelaServer(Server):
                 continue
             else:
                 self.missing[key] = f"{value} (no Vela flag)"
-        if self.auth == "ci":
-            providers = [p.rsplit(".", 1)[-1] for p in conf.get("authenticationProviders", "").split(",") if p]
-            absent = [p for p in providers if p != "AuthenticationProviderToken"]
-            if absent:
-                self.missing["authenticationProviders"] = (
-                    f"{', '.join(absent)} (Vela has token authentication only)")
         for key, value in self.setup.jvm_properties.items():
+            # The Basic provider's file, when the CI gives it as a system
+            # property (Pulsar reads `basicAuthConf` or this one).
+            if key == "pulsar.auth.basic.conf" and "basicAuthConf" not in conf:
+                if self.auth == "ci":
+                    cmd += ["--basic-auth-conf", _file_url_path(value)]
+                else:
+                    self.missing[f"-D{key}"] = "left out: --vela-auth none"
+                continue
             self.missing[f"-D{key}"] = f"{value} (no Vela flag)"
         return cmd
 

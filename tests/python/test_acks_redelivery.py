@@ -194,3 +194,54 @@ def test_dead_letter_topic_after_max_redeliveries(client, topic):
     time.sleep(0.5)
     c.close()
     dlq_consumer.close()
+
+
+def _redelivered_after_close(broker, client, topic, consumer_type, close):
+    """A consumer of `consumer_type` takes messages without acking them and
+    goes away (`close(consumer, its client)`); the other consumer of the
+    subscription gets them with redelivery_count 1, as Pulsar counts them
+    (PersistentDispatcherMultipleConsumers.removeConsumer)."""
+    leaving_client = pulsar.Client(broker.url, operation_timeout_seconds=10,
+                                   logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
+    leaving = leaving_client.subscribe(topic, "s", consumer_type=consumer_type, initial_position=EARLIEST,
+                                       receiver_queue_size=100)
+    produce(client, topic, 10)
+    taken = receive_n(leaving, 10)
+    assert all(m.redelivery_count() == 0 for m in taken)
+    staying = client.subscribe(topic, "s", consumer_type=consumer_type, initial_position=EARLIEST)
+    close(leaving, leaving_client)
+    again = receive_n(staying, 10)
+    assert sorted(m.data() for m in again) == sorted(b"m-%d" % i for i in range(10))
+    assert [m.redelivery_count() for m in again] == [1] * 10
+    for m in again:
+        staying.acknowledge(m)
+    staying.close()
+
+
+def _close_consumer(consumer, its_client):
+    consumer.close()
+    its_client.close()
+
+
+def _close_client(consumer, its_client):
+    # The whole client goes (its connection closes under the consumer).
+    its_client.close()
+
+
+def test_shared_unacked_messages_of_a_closed_consumer_count_as_redelivered(broker, client, topic):
+    _redelivered_after_close(broker, client, topic, pulsar.ConsumerType.Shared, _close_consumer)
+
+
+def test_key_shared_unacked_messages_of_a_disconnected_consumer_count_as_redelivered(broker, client, topic):
+    _redelivered_after_close(broker, client, topic, pulsar.ConsumerType.KeyShared, _close_client)
+
+
+def test_redelivery_counts_restart_when_the_last_consumer_leaves(client, topic):
+    c = client.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared, initial_position=EARLIEST)
+    produce(client, topic, 3)
+    receive_n(c, 3)
+    c.close()
+    # Pulsar clears its redelivery tracker when a subscription has no consumer left.
+    c = client.subscribe(topic, "s", consumer_type=pulsar.ConsumerType.Shared, initial_position=EARLIEST)
+    assert [m.redelivery_count() for m in receive_n(c, 3)] == [0, 0, 0]
+    c.close()

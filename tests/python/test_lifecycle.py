@@ -2,9 +2,9 @@
 each backlog quota policy has its visible effect, delayed delivery survives a
 restart.
 
-The broker here rolls ledgers every 10 entries and applies policies every
-second, so storage is freed (a whole consumed ledger at a time) within the
-test's patience.
+The broker here rolls ledgers every 10 entries (no minimum rollover age)
+and applies policies every second, so storage is freed (a whole consumed
+ledger at a time) within the test's patience.
 """
 
 import json
@@ -27,6 +27,8 @@ def lc_broker():
         [
             "--ledger-max-entries",
             str(LEDGER_ENTRIES_MAX),
+            "--ledger-min-rollover-minutes",
+            "0",
             "--policy-check-interval-s",
             str(POLICY_CHECK_INTERVAL_S),
         ]
@@ -153,16 +155,31 @@ def test_ttl_expires_backlog_and_frees_storage(lc_broker, lc_client):
     consumer.close()
 
 
-def quota_namespace(b, policy, limit_bytes=20_000):
-    ns = new_namespace(b)
+def set_quota(b, ns, body):
     status, reply = http(
         b,
         "POST",
         "/admin/v2/namespaces/%s/backlogQuota?backlogQuotaType=destination_storage" % ns,
-        json.dumps({"limitSize": limit_bytes, "limitTime": -1, "policy": policy}),
+        json.dumps(body),
     )
     assert status == 204, (status, reply)
+
+
+def quota_namespace(b, policy, limit_bytes=20_000):
+    ns = new_namespace(b)
+    set_quota(b, ns, {"limitSize": limit_bytes, "limitTime": -1, "policy": policy})
     return ns
+
+
+def topic_past_quota(b, client, name, quota):
+    """A topic whose backlog (60 KB) is past the `quota` then set on its
+    namespace: written first, so no policy pass meets the filling producer
+    (on a loaded machine the fill can outlast a pass)."""
+    ns = new_namespace(b)
+    topic = "persistent://%s/%s" % (ns, name)
+    fill_backlog(client, topic)
+    set_quota(b, ns, quota)
+    return topic
 
 
 def producer_once_admitted(client, topic):
@@ -185,9 +202,8 @@ def fill_backlog(client, topic, count=60):
 
 
 def test_quota_producer_exception_refuses_producers(lc_broker, lc_client):
-    ns = quota_namespace(lc_broker, "producer_exception")
-    topic = "persistent://%s/exception" % ns
-    fill_backlog(lc_client, topic)
+    topic = topic_past_quota(lc_broker, lc_client, "exception",
+                             {"limitSize": 20_000, "limitTime": -1, "policy": "producer_exception"})
     with pytest.raises(pulsar.ProducerBlockedQuotaExceededException):
         lc_client.create_producer(topic)
     # Consuming the backlog lifts the block.
@@ -218,9 +234,8 @@ def test_quota_producer_exception_disconnects_live_producer(lc_broker, lc_client
 
 
 def test_quota_producer_request_hold_holds_then_releases(lc_broker, lc_client):
-    ns = quota_namespace(lc_broker, "producer_request_hold")
-    topic = "persistent://%s/hold" % ns
-    fill_backlog(lc_client, topic)
+    topic = topic_past_quota(lc_broker, lc_client, "hold",
+                             {"limitSize": 20_000, "limitTime": -1, "policy": "producer_request_hold"})
     with pytest.raises(pulsar.ProducerBlockedQuotaExceededError):
         lc_client.create_producer(topic)
     consumer = lc_client.subscribe(topic, "slow")
@@ -231,6 +246,41 @@ def test_quota_producer_request_hold_holds_then_releases(lc_broker, lc_client):
     assert consumer.receive(timeout_millis=10000).data() == b"released"
     producer.close()
     consumer.close()
+
+
+def test_quota_without_limits_is_no_quota(lc_broker, lc_client):
+    """The OpenMessaging Benchmark's Pulsar driver sets -1/-1 ("no limit"):
+    producers are admitted past any backlog and the broker logs nothing about
+    a quota it did not understand."""
+    ns = new_namespace(lc_broker)
+    status, reply = http(
+        lc_broker,
+        "POST",
+        "/admin/v2/namespaces/%s/backlogQuota?backlogQuotaType=destination_storage" % ns,
+        json.dumps({"limitSize": -1, "limitTime": -1, "policy": "producer_exception"}),
+    )
+    assert status == 204, (status, reply)
+    topic = "persistent://%s/unlimited" % ns
+    fill_backlog(lc_client, topic, count=30)
+    time.sleep(2 * POLICY_CHECK_INTERVAL_S)
+    producer = lc_client.create_producer(topic)
+    producer.send(b"admitted")
+    producer.close()
+    assert "backlog quota not understood" not in lc_broker.log_text()
+
+
+def test_quota_limit_given_as_a_string_applies(lc_broker, lc_client):
+    """The Go client's own tests set a quota as `{"limit": "10240", ...}`
+    (a number in a string, the deprecated field): Pulsar's JSON reader
+    takes it, so the quota applies; a string that is no number is a 400."""
+    ns = new_namespace(lc_broker)
+    path = "/admin/v2/namespaces/%s/backlogQuota" % ns
+    status, reply = http(lc_broker, "POST", path, json.dumps({"limit": "nope", "policy": "producer_exception"}))
+    assert status == 400, (status, reply)
+    topic = topic_past_quota(lc_broker, lc_client, "string-limit",
+                             {"limit": "20000", "policy": "producer_exception"})
+    with pytest.raises(pulsar.ProducerBlockedQuotaExceededException):
+        lc_client.create_producer(topic)
 
 
 def test_quota_consumer_backlog_eviction_drops_oldest(lc_broker, lc_client):
@@ -363,7 +413,8 @@ def test_compacted_reader_sees_latest_value_per_key(lc_broker, lc_client, batchi
 
 
 def test_compaction_survives_restart_and_a_threshold_starts_it(lc_broker):
-    b = _start(["--ledger-max-entries", "10", "--policy-check-interval-s", "1"])
+    b = _start(["--ledger-max-entries", "10", "--ledger-min-rollover-minutes", "0",
+                "--policy-check-interval-s", "1"])
     try:
         c = new_client(b)
         ns = new_namespace(b)

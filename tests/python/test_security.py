@@ -194,7 +194,8 @@ def test_connect_refused_without_or_with_bad_token(secure):
     forged = vela("admin", "tokens", "create", "--secret-key", other_key, "--subject", "admin")
     cmd_type, body = secure.raw_connect(forged)
     assert cmd_type == 14 and body[2] == [AUTHENTICATION_ERROR], (cmd_type, body)
-    assert b"signature" in body[3][0]
+    # Pulsar's wording; the reason goes to the broker's log only.
+    assert body[3][0] == b"Failed to authenticate", body
     cmd_type, _ = secure.raw_connect(secure.token("alice"))
     assert cmd_type == 3  # CONNECTED
 

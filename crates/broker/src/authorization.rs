@@ -46,8 +46,12 @@ pub(crate) fn is_superuser(config: &AuthConfig, role: &str) -> bool {
     config.authorization == Authorization::Off || config.is_superuser(role)
 }
 
+/// Pulsar's answer when a role that is no superuser names a missing tenant.
+pub(crate) const TENANT_NOT_FOUND: &str = "Tenant does not exist";
+
 /// Whether `role` may administer `tenant` (superuser or tenant admin).
-/// Always true with authorization off.
+/// Always true with authorization off; `NotFound` when the tenant does not
+/// exist and the role is no superuser.
 pub(crate) async fn may_administer(
     config: &AuthConfig,
     admin: &Admin,
@@ -57,10 +61,17 @@ pub(crate) async fn may_administer(
     if is_superuser(config, role) {
         return Ok(true);
     }
-    Ok(admin
-        .tenant_info(tenant)
-        .await?
-        .is_some_and(|info| info.admin_roles.iter().any(|r| r == role)))
+    // Pulsar's `validateTenantAdminAccess`: a tenant that does not exist is
+    // NOT_FOUND for anyone but a superuser (TopicNotFound on the protocol,
+    // 404 over HTTP), before any grant is looked at.
+    match admin.tenant_info(tenant).await? {
+        Some(info) => Ok(info.admin_roles.iter().any(|r| r == role)),
+        // Pulsar's words, on the protocol and over HTTP alike.
+        None => Err(AdminError::Service(ServiceError::new(
+            ServerError::TopicNotFound,
+            TENANT_NOT_FOUND,
+        ))),
+    }
 }
 
 /// Whether `role` may do `action` on the topics of `ns`.
@@ -178,6 +189,19 @@ mod tests {
         );
         assert!(
             !may_administer(&config, &admin, "boss", "public")
+                .await
+                .unwrap()
+        );
+        // A missing tenant: NOT_FOUND for all but superusers.
+        match may_administer(&config, &admin, "boss", "no-such-tenant").await {
+            Err(AdminError::Service(e)) => {
+                assert_eq!(e.code, ServerError::TopicNotFound);
+                assert_eq!(e.message, TENANT_NOT_FOUND);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(
+            may_administer(&config, &admin, "root", "no-such-tenant")
                 .await
                 .unwrap()
         );

@@ -213,6 +213,12 @@ impl Default for PersistenceConfig {
     }
 }
 
+/// Default of `BrokerConfig::read_ahead_bytes_max`: 256 MiB, so 10
+/// subscriptions catch up at full speed at once (each keeps up to three
+/// reads of about 8 MiB ahead); the others read what their consumers wait
+/// for.
+pub const READ_AHEAD_BYTES_MAX_DEFAULT: u64 = 256 * 1024 * 1024;
+
 /// Everything the broker needs to start.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -248,10 +254,20 @@ pub struct BrokerConfig {
     /// Cluster mode: a bundle taking more messages per second than this is
     /// split (Pulsar's `loadBalancerNamespaceBundleMaxMsgRate`).
     pub bundle_split_msg_rate_max: f64,
-    /// A topic's ledger rolls over after this many entries (Pulsar's
+    /// A topic's ledger is full after this many entries (Pulsar's
     /// `managedLedgerMaxEntriesPerLedger`); consumed data is freed a whole
     /// ledger at a time.
     pub ledger_entries_max: u64,
+    /// A topic's ledger is full after this many bytes (Pulsar's
+    /// `managedLedgerMaxSizePerLedgerMbytes`, 2048 MiB).
+    pub ledger_bytes_max: u64,
+    /// A full ledger rolls over only once older than this, and a topic
+    /// without subscriptions keeps a closed ledger at least this long
+    /// (Pulsar's `managedLedgerMinLedgerRolloverTimeMinutes`, 10 min).
+    pub ledger_rollover_min: Duration,
+    /// A ledger this old is full (Pulsar's
+    /// `managedLedgerMaxLedgerRolloverTimeMinutes`, 240 min).
+    pub ledger_rollover_max: Duration,
     /// Time between two passes applying message TTL, backlog quotas and
     /// retention to the served topics (Pulsar checks quotas every 60 s).
     pub policy_check_interval: Duration,
@@ -259,6 +275,11 @@ pub struct BrokerConfig {
     pub connection_caps: ConnectionCaps,
     /// Producers, consumers and publish rate of each topic.
     pub topic_limits: TopicLimits,
+    /// Bytes all subscriptions together may hold read ahead of their
+    /// consumers (catch-up reads); when used up, a subscription reads only
+    /// what its consumers wait for. The one read-ahead knob, to be drawn
+    /// from the broker-wide memory budget.
+    pub read_ahead_bytes_max: u64,
     /// Entries all subscriptions together hold (out to consumers and not
     /// acknowledged, to send again, delayed); at it, subscriptions read no
     /// new entries until acknowledgements free room (Pulsar's
@@ -270,6 +291,42 @@ pub struct BrokerConfig {
     /// are answered with its URLs; the internal one's URLs are this
     /// broker's own.
     pub advertised_listeners: crate::listeners::AdvertisedListeners,
+    /// The transaction coordinator (`None`: off, Pulsar's default; every
+    /// transaction command is answered NotAllowed).
+    pub transactions: Option<TransactionConfig>,
+}
+
+/// The transaction coordinator's settings and bounds
+/// (`--transaction-coordinator-enabled` and its flags).
+#[derive(Debug, Clone)]
+pub struct TransactionConfig {
+    /// Partitions of `persistent://pulsar/system/transaction_coordinator_assign`:
+    /// one coordinator each, each with its own transaction log.
+    pub coordinators: u32,
+    /// Open transactions per coordinator. When reached: NEW_TXN gets no
+    /// answer, as Pulsar's `maxActiveTransactionsPerCoordinator` (the
+    /// client's operation times out rather than retrying at once).
+    pub open_per_coordinator_max: usize,
+    /// Partitions plus subscriptions one transaction may register. When
+    /// reached: ADD_PARTITION_TO_TXN / ADD_SUBSCRIPTION_TO_TXN get
+    /// NotAllowedError.
+    pub ops_per_transaction_max: usize,
+    /// Longest timeout a client may ask for (longer requests are cut to it).
+    pub timeout_max: Duration,
+    /// How often each coordinator looks for timed-out transactions.
+    pub timeout_check_interval: Duration,
+}
+
+impl Default for TransactionConfig {
+    fn default() -> TransactionConfig {
+        TransactionConfig {
+            coordinators: 1,
+            open_per_coordinator_max: 100_000,
+            ops_per_transaction_max: 10_000,
+            timeout_max: Duration::from_secs(24 * 3600),
+            timeout_check_interval: Duration::from_secs(1),
+        }
+    }
 }
 
 impl BrokerConfig {
@@ -290,12 +347,17 @@ impl BrokerConfig {
             bundle_split_topics_max: 1000,
             bundle_split_msg_rate_max: 30_000.0,
             ledger_entries_max: 50_000,
+            ledger_bytes_max: 2048 << 20,
+            ledger_rollover_min: Duration::from_secs(10 * 60),
+            ledger_rollover_max: Duration::from_secs(240 * 60),
             policy_check_interval: Duration::from_secs(60),
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),
+            read_ahead_bytes_max: READ_AHEAD_BYTES_MAX_DEFAULT,
             held_entries_max: HELD_ENTRIES_PER_BROKER_DEFAULT,
             non_persistent_limits: NonPersistentLimits::default(),
             advertised_listeners: crate::listeners::AdvertisedListeners::default(),
+            transactions: None,
         }
     }
 

@@ -20,7 +20,8 @@
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `service`, `lifecycle`, `cluster`, `watchers`, `policy_watch`
+//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`,
+//!    `policy_watch`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -36,9 +37,11 @@
 //! is on; `topic::publish` states why entries keep SEND order without a lock
 //! of the broker's) → the producer's receipt task awaits the append and
 //! answers SEND_RECEIPT in order.
-//! Read path: one task per subscription reads the log in bounded batches and
-//! sends MESSAGE frames (header + the stored entry, never copied) through each
-//! consumer connection's outbound queue.
+//! Read path: one task per subscription keeps a bounded read-ahead of the log
+//! (one read in flight while earlier reads are delivered; all subscriptions
+//! within `BrokerConfig::read_ahead_bytes_max`) and sends MESSAGE frames
+//! (header + the stored entry, never copied) through each consumer
+//! connection's outbound queue.
 //!
 //! Bounds (named constants beside their use): connections in all and per
 //! client IP ([`ConnectionCaps`], checked at accept), topics
@@ -46,7 +49,7 @@
 //! pending SEND count/bytes per connection ([`ConnectionLimits`]), producers,
 //! consumers and publish rate per topic and consumers per subscription
 //! ([`TopicLimits`]), subscriptions per topic, unacked/replay/delayed entries
-//! per subscription, read batch size, ack_set length, name lengths, schema
+//! per subscription, read batch size, read-ahead bytes, ack_set length, name lengths, schema
 //! versions per topic, bytes of non-persistent messages in flight per topic
 //! and in all ([`NonPersistentLimits`]: full → dropped and counted).
 //!
@@ -68,7 +71,12 @@
 //! feed per namespace following its topic records) tell pattern consumers
 //! of created and deleted topics at once.
 //!
-//! Not implemented yet: transactions.
+//! Transactions (`transaction`, off unless `BrokerConfig::transactions`):
+//! the coordinators (one per partition of
+//! `pulsar/system/transaction_coordinator_assign`, each with a durable log
+//! replayed on open, timeouts, Pulsar's errors). Not implemented yet: the
+//! per-topic transaction buffer and pending acks; transactional SENDs and
+//! ACKs are refused (NotAllowedError) rather than applied at once.
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
@@ -101,6 +109,7 @@ pub mod tls;
 mod topic;
 mod topic_list;
 pub mod topic_name;
+mod transaction;
 mod watchers;
 
 use std::net::SocketAddr;
@@ -116,7 +125,7 @@ pub use admin::{Admin, AdminError, AuthAction, NamespacePolicies};
 pub use auth::{AuthConfig, Authorization};
 pub use config::{
     BrokerConfig, ConnectionCaps, ConnectionLimits, NonPersistentLimits, PersistenceConfig,
-    PublishRate, TopicLimits,
+    PublishRate, TopicLimits, TransactionConfig,
 };
 pub use error::{BrokerError, ServiceError};
 pub use http::HttpServer;
@@ -181,6 +190,12 @@ impl Broker {
         policy_watch::start(&service)
             .await
             .map_err(|e| BrokerError::Config(format!("watching stored policies: {e}")))?;
+        if let Some(transactions) = &service.transactions {
+            service
+                .admin
+                .ensure_coordinator_assign(transactions.count())
+                .await?;
+        }
         tokio::spawn(lifecycle::run(
             Arc::downgrade(&service),
             service.config.policy_check_interval,
@@ -417,6 +432,9 @@ impl BrokerHandle {
             let _ = accept.await;
         }
         let errors = self.service.close_topics().await;
+        if let Some(transactions) = &self.service.transactions {
+            transactions.close().await;
+        }
         // Bundles are free at once for the other brokers (not at session expiry).
         if let Some(ownership) = self.service.ownership.get() {
             ownership.close().await;

@@ -1,7 +1,7 @@
-//! Write-path stages and broker-wide counters, for `/metrics` and `vela
-//! admin write-path`.
+//! Write-path and read-path stages and broker-wide counters, for `/metrics`,
+//! `vela admin write-path` and `vela admin read-path`.
 //!
-//! Owns: the write-path [`Stage`] names, the per-topic and broker-wide
+//! Owns: the write-path and read-path [`Stage`] names, the per-topic and broker-wide
 //! histograms (`vela_metrics::Histogram`, the one histogram every stage
 //! records into), Pulsar's `pulsar_storage_write_latency_le_*` buckets read
 //! from a snapshot ([`pulsar_buckets`]), and the [`WritePathSource`] seam
@@ -44,7 +44,7 @@ pub fn pulsar_buckets(latency: &Snapshot) -> [u64; PULSAR_LATENCY_BUCKETS.len() 
     out
 }
 
-/// A stage of the write path, outermost first.
+/// A stage of the write path or the read path, outermost first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Stage {
     /// Broker: SEND read from the socket → SEND_RECEIPT written to it.
@@ -59,11 +59,26 @@ pub enum Stage {
     JournalWrite,
     /// Journal: each fdatasync.
     JournalFdatasync,
+    /// Read path, broker: consumers had permits and the subscription had
+    /// nothing to send until a log read answered (one sample per wait; with
+    /// the read-ahead kept in flight most waits are none at all).
+    DispatcherReadWait,
+    /// Read path, broker: one subscription read of the log (issued →
+    /// entries in hand, tail cache or ledgers).
+    DispatcherRead,
+    /// Read path, ledger client: one entry read (request → verified answer).
+    LedgerRead,
+    /// Read path, bookie: an entry read served from memory (write cache or
+    /// read cache).
+    BookieReadCache,
+    /// Read path, bookie: an entry read served from an entry log (index
+    /// lookup, `pread` with read-ahead, CRC check).
+    BookieReadLog,
 }
 
 impl Stage {
-    /// Every stage, outermost first.
-    pub const ALL: [Stage; 6] = [
+    /// Every write-path stage, outermost first.
+    pub const WRITE_PATH: [Stage; 6] = [
         Stage::BrokerPublish,
         Stage::LedgerAdd,
         Stage::BookieAdd,
@@ -71,6 +86,20 @@ impl Stage {
         Stage::JournalWrite,
         Stage::JournalFdatasync,
     ];
+
+    /// Every read-path stage, outermost first.
+    pub const READ_PATH: [Stage; 5] = [
+        Stage::DispatcherReadWait,
+        Stage::DispatcherRead,
+        Stage::LedgerRead,
+        Stage::BookieReadCache,
+        Stage::BookieReadLog,
+    ];
+
+    /// Whether the stage belongs to the read path.
+    pub fn is_read(self) -> bool {
+        Stage::READ_PATH.contains(&self)
+    }
 
     /// The `stage` label value.
     pub fn as_str(self) -> &'static str {
@@ -81,6 +110,11 @@ impl Stage {
             Stage::JournalQueueWait => "journal_queue_wait",
             Stage::JournalWrite => "journal_write",
             Stage::JournalFdatasync => "journal_fdatasync",
+            Stage::DispatcherReadWait => "dispatcher_read_wait",
+            Stage::DispatcherRead => "dispatcher_read",
+            Stage::LedgerRead => "ledger_read",
+            Stage::BookieReadCache => "bookie_read_cache",
+            Stage::BookieReadLog => "bookie_read_log",
         }
     }
 }
@@ -136,16 +170,26 @@ pub enum StorageFamily {
     /// Counter: ensemble changes of the ledger client's writers (a bookie
     /// failed or turned read-only under a writer).
     EnsembleChanges,
+    /// Counter: payload bytes read at a read-path stage (label `stage`:
+    /// `ledger_read`, `bookie_read_cache`, `bookie_read_log`, or
+    /// `bookie_read_log_io` for the bytes `pread` from entry logs, read-ahead
+    /// included).
+    ReadBytes,
+    /// Gauge: bytes the subscriptions hold read ahead, against
+    /// `BrokerConfig::read_ahead_bytes_max` (label `max`: the budget).
+    ReadAheadBytes,
 }
 
 impl StorageFamily {
     /// Every family, in export order.
-    pub const ALL: [StorageFamily; 5] = [
+    pub const ALL: [StorageFamily; 7] = [
         StorageFamily::CorruptReads,
         StorageFamily::BookieMode,
         StorageFamily::BookieDiskUsage,
         StorageFamily::BookieReadOnlyEntered,
         StorageFamily::EnsembleChanges,
+        StorageFamily::ReadBytes,
+        StorageFamily::ReadAheadBytes,
     ];
 
     /// The Prometheus name.
@@ -156,6 +200,8 @@ impl StorageFamily {
             StorageFamily::BookieDiskUsage => "vela_bookie_disk_usage_ratio",
             StorageFamily::BookieReadOnlyEntered => "vela_bookie_read_only_entered_total",
             StorageFamily::EnsembleChanges => "vela_ledger_ensemble_changes_total",
+            StorageFamily::ReadBytes => "vela_read_path_bytes_total",
+            StorageFamily::ReadAheadBytes => "vela_read_ahead_bytes",
         }
     }
 
@@ -164,8 +210,11 @@ impl StorageFamily {
         match self {
             StorageFamily::CorruptReads
             | StorageFamily::BookieReadOnlyEntered
-            | StorageFamily::EnsembleChanges => "counter",
-            StorageFamily::BookieMode | StorageFamily::BookieDiskUsage => "gauge",
+            | StorageFamily::EnsembleChanges
+            | StorageFamily::ReadBytes => "counter",
+            StorageFamily::BookieMode
+            | StorageFamily::BookieDiskUsage
+            | StorageFamily::ReadAheadBytes => "gauge",
         }
     }
 
@@ -186,6 +235,10 @@ impl StorageFamily {
             }
             StorageFamily::EnsembleChanges => {
                 "Bookies replaced under ledger writers (failed or read-only)."
+            }
+            StorageFamily::ReadBytes => "Payload bytes read at each read-path stage.",
+            StorageFamily::ReadAheadBytes => {
+                "Bytes the subscriptions hold read ahead of their consumers (label max: the budget)."
             }
         }
     }
@@ -270,6 +323,19 @@ pub(crate) struct BrokerMetrics {
     pub(crate) publish_latency: Histogram,
     pub(crate) active_connections: AtomicU64,
     pub(crate) send_errors: AtomicU64,
+    /// The subscriptions' read stages (shared by every dispatcher).
+    pub(crate) reads: std::sync::Arc<ReadMetrics>,
+}
+
+/// The broker's read-path stages, recorded by every subscription task.
+#[derive(Debug, Default)]
+pub(crate) struct ReadMetrics {
+    /// `Stage::DispatcherReadWait`.
+    pub(crate) read_wait: Histogram,
+    /// `Stage::DispatcherRead`.
+    pub(crate) read: Histogram,
+    /// Payload bytes the subscriptions read from their logs.
+    pub(crate) read_bytes: AtomicU64,
 }
 
 /// A snapshot of the broker-wide counters.

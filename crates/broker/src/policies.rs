@@ -233,8 +233,11 @@ impl TopicPolicies {
         let mut quotas = Vec::new();
         for (kind, quota) in backlog_quotas {
             match parse_quota(kind, quota) {
-                Some(parsed) => quotas.push(parsed),
-                None => tracing::warn!(kind, ?quota, "backlog quota not understood; ignored"),
+                ParsedQuota::Limit(limit, policy) => quotas.push((limit, policy)),
+                ParsedQuota::NoLimit => {}
+                ParsedQuota::Unknown => {
+                    tracing::warn!(kind, ?quota, "backlog quota not understood; ignored");
+                }
             }
         }
         TopicPolicies {
@@ -249,14 +252,31 @@ impl TopicPolicies {
     }
 }
 
-fn parse_quota(kind: &str, quota: &BacklogQuota) -> Option<(QuotaLimit, QuotaPolicy)> {
-    let policy = QuotaPolicy::parse(&quota.policy)?;
+/// A stored backlog quota, read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ParsedQuota {
+    /// A limit and what happens past it.
+    Limit(QuotaLimit, QuotaPolicy),
+    /// A negative limit: Pulsar's "no limit" (the OpenMessaging Benchmark's
+    /// driver sets −1/−1), so no quota, and nothing to warn about.
+    NoLimit,
+    /// An unknown quota type or policy name.
+    Unknown,
+}
+
+fn parse_quota(kind: &str, quota: &BacklogQuota) -> ParsedQuota {
     let limit = match kind {
-        "destination_storage" => QuotaLimit::SizeBytes(u64::try_from(quota.limit_bytes).ok()?),
-        "message_age" => QuotaLimit::AgeSeconds(u64::try_from(quota.limit_seconds).ok()?),
-        _ => return None,
+        "destination_storage" => u64::try_from(quota.limit_bytes).map(QuotaLimit::SizeBytes),
+        "message_age" => u64::try_from(quota.limit_seconds).map(QuotaLimit::AgeSeconds),
+        _ => return ParsedQuota::Unknown,
     };
-    Some((limit, policy))
+    let Ok(limit) = limit else {
+        return ParsedQuota::NoLimit;
+    };
+    match QuotaPolicy::parse(&quota.policy) {
+        Some(policy) => ParsedQuota::Limit(limit, policy),
+        None => ParsedQuota::Unknown,
+    }
 }
 
 /// Pulsar's retention numbers (−1: no limit) as the log's `Retention`.
@@ -326,6 +346,18 @@ mod tests {
         );
         ns.message_ttl_seconds = Some(0);
         let parsed = TopicPolicies::from_namespace(&ns);
+        // Negative limits (the OpenMessaging Benchmark's −1/−1) are no quota.
+        let no_limit = BacklogQuota {
+            limit_bytes: -1,
+            limit_seconds: -1,
+            policy: "producer_exception".into(),
+        };
+        assert_eq!(
+            parse_quota("destination_storage", &no_limit),
+            ParsedQuota::NoLimit
+        );
+        assert_eq!(parse_quota("message_age", &no_limit), ParsedQuota::NoLimit);
+        assert_eq!(parse_quota("bogus", &no_limit), ParsedQuota::Unknown);
         assert_eq!(parsed.message_ttl, None);
         assert_eq!(
             parsed.quotas,

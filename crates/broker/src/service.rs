@@ -28,7 +28,7 @@ use crate::ownership::{
     BrokerInfo, BundleRange, LoadReport, LookupAnswer, Ownership, OwnershipError,
 };
 use crate::policies::TopicPolicies;
-use crate::schema::SchemaRegistry;
+use crate::schema::{CompatibilityStrategy, SchemaRegistry};
 use crate::subscription::HeldEntries;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};
@@ -73,6 +73,9 @@ pub(crate) struct Service {
     /// Policies set by the broker's dynamic configuration, by policy key
     /// (`http::brokers` keeps them in the store and here).
     dynamic: Mutex<std::collections::BTreeMap<String, serde_json::Value>>,
+    /// The subscriptions' read-ahead budget (`read_ahead_bytes_max`) and
+    /// read-path stages, shared by every subscription.
+    pub(crate) reads: crate::subscription::SubscriptionReads,
     topics: Mutex<HashMap<String, TopicCell>>,
     /// Entries held by all subscriptions (`BrokerConfig::held_entries_max`).
     pub(crate) held_entries: Arc<HeldEntries>,
@@ -81,6 +84,8 @@ pub(crate) struct Service {
     /// Bytes of non-persistent messages in flight, broker-wide
     /// (`NonPersistentLimits::inflight_bytes_max`).
     pub(crate) np_budget: Arc<ByteBudget>,
+    /// The transaction coordinators (`None`: transactions are off).
+    pub(crate) transactions: Option<Arc<crate::transaction::Coordinators>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
 }
@@ -93,7 +98,26 @@ impl Service {
         log_env: LogEnv,
         advertised_url: String,
     ) -> Service {
+        let metrics = crate::metrics::BrokerMetrics::default();
+        let reads = crate::subscription::SubscriptionReads::new(
+            config.read_ahead_bytes_max,
+            Arc::clone(&metrics.reads),
+        );
+        let transactions = config.transactions.clone().map(|txn| {
+            let persistence = config.default_persistence;
+            Arc::new(crate::transaction::Coordinators::new(
+                txn,
+                log_env.clone(),
+                Arc::clone(&meta),
+                Persistence {
+                    ensemble: persistence.ensemble,
+                    write_quorum: persistence.write_quorum,
+                    ack_quorum: persistence.ack_quorum,
+                },
+            ))
+        });
         Service {
+            transactions,
             held_entries: HeldEntries::new(config.held_entries_max),
             np_budget: ByteBudget::new(config.non_persistent_limits.inflight_bytes_max),
             config,
@@ -105,7 +129,8 @@ impl Service {
             ),
             log_env,
             advertised_url,
-            metrics: crate::metrics::BrokerMetrics::default(),
+            metrics,
+            reads,
             http_url: std::sync::OnceLock::new(),
             https_url: std::sync::OnceLock::new(),
             ownership: std::sync::OnceLock::new(),
@@ -172,6 +197,23 @@ impl Service {
                     format!("Namespace {} does not exist", topic.namespace),
                 )
             })
+    }
+
+    /// The schema compatibility strategy that applies to `topic`: its own,
+    /// else its namespace's, else the broker default (FULL), as Pulsar
+    /// resolves it.
+    pub(crate) async fn schema_strategy(
+        &self,
+        topic: &TopicName,
+    ) -> Result<CompatibilityStrategy, ServiceError> {
+        if let Some(strategy) = self.schemas.topic_strategy(topic).await? {
+            return Ok(strategy);
+        }
+        let policies = self.admin.namespace_policies(&topic.namespace).await?;
+        let stored = policies.and_then(|p| p.schema_compatibility_strategy);
+        Ok(stored
+            .and_then(|name| CompatibilityStrategy::parse(&name).ok().flatten())
+            .unwrap_or(CompatibilityStrategy::DEFAULT))
     }
 
     /// Partitions to answer in PARTITIONED_METADATA: N for a partitioned
@@ -301,6 +343,9 @@ impl Service {
                         ack_quorum: persistence.ack_quorum,
                     },
                     ledger_entries_max: self.config.ledger_entries_max,
+                    ledger_bytes_max: self.config.ledger_bytes_max,
+                    ledger_age_min: self.config.ledger_rollover_min,
+                    ledger_age_max: self.config.ledger_rollover_max,
                     retention: lifecycle.retention,
                     ..LogConfig::default()
                 };
@@ -317,6 +362,7 @@ impl Service {
                     dedup,
                     compaction,
                     self.config.topic_limits,
+                    self.reads.clone(),
                     Arc::clone(&self.held_entries),
                 );
                 if lifecycle.compaction_threshold_bytes.is_some() {
@@ -772,14 +818,24 @@ impl Service {
         Ok(())
     }
 
-    /// Every write-path stage: the broker's publish latency, then the
-    /// registered sources' stages.
+    /// Every write-path and read-path stage: the broker's own (publish
+    /// latency, the subscriptions' reads), then the registered sources'
+    /// stages.
     pub(crate) fn write_path(&self) -> Vec<StageLatency> {
-        let mut stages = vec![StageLatency {
-            stage: Stage::BrokerPublish,
+        let broker = |stage, latency| StageLatency {
+            stage,
             instance: "broker".to_string(),
-            latency: self.metrics.publish_latency.snapshot(),
-        }];
+            latency,
+        };
+        let reads = &self.metrics.reads;
+        let mut stages = vec![
+            broker(
+                Stage::BrokerPublish,
+                self.metrics.publish_latency.snapshot(),
+            ),
+            broker(Stage::DispatcherReadWait, reads.read_wait.snapshot()),
+            broker(Stage::DispatcherRead, reads.read.snapshot()),
+        ];
         let sources: Vec<Arc<dyn WritePathSource>> = self.write_path_sources.lock().clone();
         for source in sources {
             stages.extend(source.stages());
@@ -791,7 +847,24 @@ impl Service {
     /// `STORAGE_METRICS_PER_SOURCE_MAX`.
     pub(crate) fn storage_metrics(&self) -> Vec<crate::metrics::StorageMetric> {
         let sources: Vec<Arc<dyn WritePathSource>> = self.write_path_sources.lock().clone();
-        let mut out = Vec::new();
+        let mut out = vec![
+            crate::metrics::StorageMetric {
+                family: crate::metrics::StorageFamily::ReadAheadBytes,
+                instance: "broker".to_string(),
+                label: Some(("max", self.config.read_ahead_bytes_max.to_string())),
+                value: self.reads.budget.held_bytes() as f64,
+            },
+            crate::metrics::StorageMetric {
+                family: crate::metrics::StorageFamily::ReadBytes,
+                instance: "broker".to_string(),
+                label: Some(("stage", Stage::DispatcherRead.as_str().to_string())),
+                value: self
+                    .metrics
+                    .reads
+                    .read_bytes
+                    .load(std::sync::atomic::Ordering::Relaxed) as f64,
+            },
+        ];
         for source in sources {
             let mut metrics = source.storage_metrics();
             if metrics.len() > crate::metrics::STORAGE_METRICS_PER_SOURCE_MAX {

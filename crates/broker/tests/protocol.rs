@@ -365,14 +365,40 @@ async fn bad_input_closes_only_the_offending_connection() {
     bad.expect_closed().await;
     still_works(&mut healthy).await;
 
-    // A command this broker does not serve.
+    // A command this broker does not serve (one only brokers send).
     let mut bad = Client::connect(addr).await;
-    bad.send(proto::CommandNewTxn {
-        request_id: 1,
+    bad.send(proto::CommandSendReceipt {
+        producer_id: 1,
+        sequence_id: 0,
         ..Default::default()
     })
     .await;
     bad.expect_closed().await;
+    still_works(&mut healthy).await;
+
+    // A transaction command while transactions are off: Pulsar's ERROR
+    // (NotAllowedError), and the connection stays.
+    let mut txn = Client::connect(addr).await;
+    txn.send(proto::CommandNewTxn {
+        request_id: 7,
+        ..Default::default()
+    })
+    .await;
+    let answer = txn.recv().await;
+    let error = answer.command.error.expect("an ERROR answer");
+    assert_eq!(
+        (error.request_id, error.error, error.message.as_str()),
+        (
+            7,
+            proto::ServerError::NotAllowedError as i32,
+            "Transactions are not enabled."
+        )
+    );
+    txn.send(proto::CommandPing {}).await;
+    assert!(
+        txn.recv().await.command.pong.is_some(),
+        "the connection stays"
+    );
     still_works(&mut healthy).await;
 
     // Invalid topic name: an ERROR, the connection stays.

@@ -61,6 +61,7 @@ fn config(persistence: Persistence) -> LogConfig {
     LogConfig {
         persistence,
         ledger_entries_max: 50,
+        ledger_age_min: Duration::ZERO,
         // No reader marks: nothing is cached, every read goes to the bookies.
         cursor_persist_interval: Duration::from_millis(1),
         ..LogConfig::default()

@@ -109,6 +109,20 @@ impl LedgerClient {
         self.core.stats.add_latency()
     }
 
+    /// The whole "ledger read" latency distribution (µs, one entry read:
+    /// request to verified answer) since the client started.
+    pub fn read_latency(&self) -> vela_metrics::Snapshot {
+        self.core.stats.read_latency()
+    }
+
+    /// Payload bytes of every entry read since the client started.
+    pub fn read_bytes(&self) -> u64 {
+        self.core
+            .stats
+            .read_bytes
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The ledger's current metadata.
     pub async fn metadata(&self, ledger_id: LedgerId) -> Result<LedgerMetadata, LedgerError> {
         Ok(store::read(&self.core.store, ledger_id).await?.metadata)

@@ -230,6 +230,7 @@ pub(crate) async fn read_verified(
     entry_id: EntryId,
     skip: &[BookieId],
 ) -> Result<VerifiedEntry, LedgerError> {
+    let started = std::time::Instant::now();
     let mut errors: Vec<(BookieId, BookieError)> = Vec::new();
     let mut corrupt: Option<LedgerError> = None;
     for bookie in metadata.write_set(entry_id) {
@@ -245,6 +246,7 @@ pub(crate) async fn read_verified(
         match answer {
             Ok(packaged) => match unpackage(&packaged, ledger_id, entry_id) {
                 Ok((header, payload)) => {
+                    core.stats.record_read(started.elapsed(), payload.len());
                     return Ok(VerifiedEntry {
                         header,
                         payload,

@@ -38,6 +38,10 @@ pub struct LedgerStats {
 #[derive(Debug)]
 pub(crate) struct Stats {
     add_us: Histogram,
+    /// Entry reads: request → verified answer (the read path's ledger stage).
+    read_us: Histogram,
+    /// Payload bytes of the entries read.
+    pub(crate) read_bytes: AtomicU64,
     pub(crate) ensemble_changes: AtomicU64,
     pub(crate) recoveries: AtomicU64,
     pub(crate) writers_fenced: AtomicU64,
@@ -51,6 +55,8 @@ impl Stats {
     pub(crate) fn new() -> Stats {
         Stats {
             add_us: Histogram::default(),
+            read_us: Histogram::default(),
+            read_bytes: AtomicU64::new(0),
             ensemble_changes: AtomicU64::new(0),
             recoveries: AtomicU64::new(0),
             writers_fenced: AtomicU64::new(0),
@@ -68,6 +74,17 @@ impl Stats {
     /// The add-latency distribution (µs).
     pub(crate) fn add_latency(&self) -> Snapshot {
         self.add_us.snapshot()
+    }
+
+    pub(crate) fn record_read(&self, latency: Duration, payload_bytes: usize) {
+        self.read_us.record(latency);
+        self.read_bytes
+            .fetch_add(payload_bytes as u64, Ordering::Relaxed);
+    }
+
+    /// The entry-read latency distribution (µs).
+    pub(crate) fn read_latency(&self) -> Snapshot {
+        self.read_us.snapshot()
     }
 
     pub(crate) fn snapshot(&self) -> LedgerStats {

@@ -61,12 +61,16 @@ pub const APPENDER_BYTES_MAX: u64 = 64 << 20;
 /// Told once how an append ended: its position once durable, or why not.
 pub(crate) type AppendDone = Box<dyn FnOnce(Result<Position, LogError>) + Send>;
 
-/// When a ledger takes no more appends: after the one that reaches a limit.
+/// When a ledger takes no more appends: after the one that reaches a limit,
+/// as Pulsar's `ManagedLedgerImpl.currentLedgerIsFull` decides it: an entry
+/// or size cap reached, or the maximum age, and in any case (when
+/// `age_min` is not zero) only once the ledger is older than `age_min`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LedgerLimits {
     pub(crate) entries_max: u64,
     pub(crate) bytes_max: u64,
     pub(crate) age_max: Duration,
+    pub(crate) age_min: Duration,
 }
 
 impl LedgerLimits {
@@ -75,7 +79,15 @@ impl LedgerLimits {
         entries_max: u64::MAX,
         bytes_max: u64::MAX,
         age_max: Duration::MAX,
+        age_min: Duration::ZERO,
     };
+
+    /// Whether a ledger of `entries` entries and `bytes` bytes, open for
+    /// `age`, is full.
+    fn is_full(&self, entries: u64, bytes: u64, age: Duration) -> bool {
+        let capped = entries >= self.entries_max || bytes >= self.bytes_max;
+        (capped || age >= self.age_max) && (self.age_min.is_zero() || age > self.age_min)
+    }
 }
 
 /// What the owner of a queue is told, outside the queue's lock.
@@ -398,9 +410,11 @@ impl AppendQueue {
                 *bytes -= payload_bytes;
                 current.entries += 1;
                 current.bytes += payload_bytes;
-                let full = current.entries >= self.limits.entries_max
-                    || current.bytes >= self.limits.bytes_max
-                    || current.opened_at.elapsed() >= self.limits.age_max;
+                let full = self.limits.is_full(
+                    current.entries,
+                    current.bytes,
+                    current.opened_at.elapsed(),
+                );
                 if full {
                     *attached = Writer::Between;
                 }
@@ -810,6 +824,21 @@ mod tests {
             entries_max: 3,
             ..LedgerLimits::NONE
         };
+        // Pulsar's rule: a cap or the maximum age, never before the minimum age.
+        let ruled = LedgerLimits {
+            entries_max: 3,
+            bytes_max: 1000,
+            age_max: Duration::from_secs(240),
+            age_min: Duration::from_secs(10),
+        };
+        let young = Duration::from_secs(5);
+        let old = Duration::from_secs(11);
+        assert!(!ruled.is_full(3, 0, young));
+        assert!(ruled.is_full(3, 0, old));
+        assert!(ruled.is_full(0, 1000, old));
+        assert!(!ruled.is_full(2, 999, old));
+        assert!(ruled.is_full(0, 0, Duration::from_secs(240)));
+        assert!(limits.is_full(3, 0, Duration::ZERO));
         let q = queue(1 << 20, limits, Arc::clone(&full));
         let first = FakeLedger::new(1, 100);
         assert!(q.set_writer(Arc::new(Arc::clone(&first))));

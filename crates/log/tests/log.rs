@@ -18,9 +18,11 @@ fn env_with_ledgers() -> (LogEnv, Arc<MemoryLedgers>) {
     (env, ledgers)
 }
 
+/// Ledgers full after 3 entries, rolled over at once (no minimum age).
 fn small_ledgers() -> LogConfig {
     LogConfig {
         ledger_entries_max: 3,
+        ledger_age_min: Duration::ZERO,
         cursor_persist_interval: Duration::from_millis(1),
         ..LogConfig::default()
     }
@@ -260,6 +262,49 @@ async fn without_subscriptions_rolled_ledgers_count_as_consumed() {
     log.trim().await;
     assert!(!ledgers.ledger_ids().contains(&p[0].ledger_id));
     assert_eq!(log.last_confirmed(), Some(p[6]));
+}
+
+#[tokio::test]
+async fn full_ledgers_roll_over_past_the_minimum_age_and_readers_keep_them_as_long() {
+    // Pulsar's rule: a ledger over its entry cap rolls over only once older
+    // than the minimum rollover age. Without cursors, a closed ledger stays
+    // at least that long after it closed (readers from the earliest entry).
+    let (env, ledgers) = env_with_ledgers();
+    let age_min = Duration::from_millis(300);
+    let config = LogConfig {
+        ledger_age_min: age_min,
+        ..small_ledgers()
+    };
+    let log = ManagedLog::open(&env, "t/ns/persistent/min-age", config)
+        .await
+        .unwrap();
+    let p = append_all(&log, 0..7).await;
+    assert!(
+        p.iter().all(|pos| pos.ledger_id == p[0].ledger_id),
+        "no rollover before the minimum age: {p:?}"
+    );
+    tokio::time::sleep(age_min + Duration::from_millis(50)).await;
+    let q = append_all(&log, 7..9).await;
+    assert_eq!(
+        q[0].ledger_id, p[0].ledger_id,
+        "the append that finds it full"
+    );
+    assert_ne!(
+        q[1].ledger_id, p[0].ledger_id,
+        "the next one goes to a new ledger"
+    );
+    log.trim().await;
+    assert!(
+        ledgers.ledger_ids().contains(&p[0].ledger_id),
+        "kept for readers"
+    );
+    assert_eq!(read_all(&log).await, (0..9).map(entry).collect::<Vec<_>>());
+    tokio::time::sleep(age_min + Duration::from_millis(50)).await;
+    log.trim().await;
+    assert!(
+        !ledgers.ledger_ids().contains(&p[0].ledger_id),
+        "then trimmed"
+    );
 }
 
 #[tokio::test]

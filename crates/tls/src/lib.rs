@@ -1,6 +1,9 @@
 //! TLS configuration shared by Vela's servers and clients: rustls with the
 //! ring provider, certificate chain and key from PEM files, reloaded when
-//! the files change, and client configurations trusting a CA file.
+//! the files change, optional client certificates checked against a trust
+//! file (`client_auth`, v1 certificates included, as Java's TLS takes them),
+//! the subject CN of a certificate (`x509`), and client configurations
+//! trusting a CA file.
 //!
 //! Owns: [`TlsConfig`] (the file names and how often they are checked),
 //! [`TlsCertificates`] (the current rustls `ServerConfig`, swapped whole on
@@ -17,6 +20,9 @@
 //! Never: blocks a tokio worker on file I/O (files are read on the blocking
 //! pool); listens (the servers do, and run each handshake in its
 //! connection's task).
+
+mod client_auth;
+pub mod x509;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -48,6 +54,13 @@ pub struct TlsConfig {
     /// How often the files' modification times are checked (Pulsar's
     /// `tlsCertRefreshCheckDurationSec`, 300 s).
     pub reload_check_interval: Duration,
+    /// PEM CA certificates that client certificates must chain to (Pulsar's
+    /// `tlsTrustCertsFilePath`). When set, the server asks every client for
+    /// a certificate; one that sends none is still served (Pulsar's
+    /// `tlsRequireTrustedClientCertOnConnect=false`), one whose certificate
+    /// does not verify fails the handshake. Read again with each reload of
+    /// the certificate pair.
+    pub client_trust_file: Option<PathBuf>,
 }
 
 impl TlsConfig {
@@ -57,6 +70,7 @@ impl TlsConfig {
             cert_file: cert_file.into(),
             key_file: key_file.into(),
             reload_check_interval: Duration::from_secs(60),
+            client_trust_file: None,
         }
     }
 }
@@ -280,12 +294,25 @@ fn load_files(config: &TlsConfig) -> Result<(Stamp, Arc<ServerConfig>), TlsError
         reason: e.to_string(),
     };
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut server = ServerConfig::builder_with_provider(provider)
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
-        .map_err(rejected)?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
         .map_err(rejected)?;
+    let builder =
+        match &config.client_trust_file {
+            None => builder.with_no_client_auth(),
+            Some(trust) => {
+                let field = "tls trust certs file";
+                let (store, roots) = root_store(field, trust, &read_bounded(field, trust)?)?;
+                let verifier = client_auth::ClientCertificates::new(store, roots, provider)
+                    .map_err(|reason| TlsError::Invalid {
+                        field,
+                        path: trust.clone(),
+                        reason,
+                    })?;
+                builder.with_client_cert_verifier(Arc::new(verifier))
+            }
+        };
+    let mut server = builder.with_single_cert(chain, key).map_err(rejected)?;
     // HTTP/1.1 only on the HTTPS port: axum serves both, and the admin
     // clients speak 1.1; the Pulsar port ignores ALPN.
     server.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -301,21 +328,12 @@ pub fn client_config(
     trust_certs_file: &Path,
 ) -> Result<Arc<ClientConfig>, TlsError> {
     let pem = read_bounded(field, trust_certs_file)?;
+    let (roots, _) = root_store(field, trust_certs_file, &pem)?;
     let invalid = |reason: String| TlsError::Invalid {
         field,
         path: trust_certs_file.to_path_buf(),
         reason,
     };
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| invalid(format!("bad PEM: {e}")))?;
-        roots
-            .add(cert)
-            .map_err(|e| invalid(format!("not a usable CA certificate: {e}")))?;
-    }
-    if roots.is_empty() {
-        return Err(invalid("no CERTIFICATE section".into()));
-    }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
@@ -323,6 +341,32 @@ pub fn client_config(
         .with_root_certificates(roots)
         .with_no_client_auth();
     Ok(Arc::new(config))
+}
+
+/// The CA certificates of a PEM file (at least one), as a store and as DER.
+fn root_store(
+    field: &'static str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<(RootCertStore, Vec<CertificateDer<'static>>), TlsError> {
+    let invalid = |reason: String| TlsError::Invalid {
+        field,
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut roots = RootCertStore::empty();
+    let mut ders = Vec::new();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|e| invalid(format!("bad PEM: {e}")))?;
+        ders.push(cert.clone());
+        roots
+            .add(cert)
+            .map_err(|e| invalid(format!("not a usable CA certificate: {e}")))?;
+    }
+    if roots.is_empty() {
+        return Err(invalid("no CERTIFICATE section".into()));
+    }
+    Ok((roots, ders))
 }
 
 #[cfg(test)]

@@ -27,6 +27,7 @@ use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::security_args::{HttpListeners, SecurityArgs, pulsar_urls};
 use crate::topic_args::TopicArgs;
+use crate::transaction_args::TransactionArgs;
 use crate::write_path_source::StandaloneStages;
 
 /// Flags of `vela broker`.
@@ -68,6 +69,8 @@ pub(crate) struct BrokerArgs {
     persistence: PersistenceArgs,
     #[command(flatten)]
     topics: TopicArgs,
+    #[command(flatten)]
+    transactions: TransactionArgs,
     #[command(flatten)]
     memory: MemoryArgs,
     #[command(flatten)]
@@ -118,7 +121,8 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         // Range-checked by clap: fits usize.
         config.bundle_split_topics_max = args.bundle_split_topics_max as usize;
         config.bundle_split_msg_rate_max = args.bundle_split_msg_rate_max as f64;
-        args.topics.apply(&mut config);
+        args.topics.apply(&mut config)?;
+        args.transactions.apply(&mut config);
         args.security.apply(args.bind, &mut config)?;
         args.limits.apply(&mut config);
         args.listeners.apply(&mut config)?;

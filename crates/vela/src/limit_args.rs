@@ -1,7 +1,8 @@
 //! Broker limits shared by `vela standalone` and `vela broker`: connections in
 //! all and per client IP, producers and consumers per topic, consumers per
 //! subscription, the largest message, each topic's publish rate, and the
-//! bytes of non-persistent messages in flight.
+//! subscriptions' read-ahead budget and the bytes of non-persistent messages
+//! in flight.
 //!
 //! Owns: the flag names (Pulsar's setting names where there is one), their
 //! ranges (clap rejects a bad value naming the flag), and copying them into
@@ -11,6 +12,7 @@ use clap::Args;
 use vela_broker::config::{
     CONNECTIONS_MAX_DEFAULT, CONSUMERS_PER_SUBSCRIPTION_MAX, CONSUMERS_PER_TOPIC_MAX,
     HELD_ENTRIES_PER_BROKER_DEFAULT, MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX,
+    READ_AHEAD_BYTES_MAX_DEFAULT,
 };
 use vela_broker::{BrokerConfig, ConnectionCaps, NonPersistentLimits, PublishRate, TopicLimits};
 
@@ -69,6 +71,13 @@ pub(crate) struct LimitArgs {
     /// --publish-max-msg-rate-per-topic). Default: no limit.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     publish_max_byte_rate_per_topic: Option<u64>,
+    /// MiB all subscriptions together may hold read ahead of their
+    /// consumers (catch-up reads from the bookies). When used up, a
+    /// subscription reads only what its consumers wait for. 0: no
+    /// read-ahead.
+    #[arg(long, default_value_t = READ_AHEAD_BYTES_MAX_DEFAULT >> 20,
+          value_parser = clap::value_parser!(u64).range(0..=READ_AHEAD_MIB_CEILING))]
+    read_ahead_mb: u64,
     /// Entries all subscriptions together hold: delivered and not yet
     /// acknowledged, waiting to be sent again, or delayed (Pulsar's
     /// maxUnackedMessagesPerBroker, counted in entries; ~64 bytes of index
@@ -92,6 +101,9 @@ pub(crate) struct LimitArgs {
     max_non_persistent_inflight_bytes_per_topic: u64,
 }
 
+/// Largest `--read-ahead-mb`: 1 TiB.
+const READ_AHEAD_MIB_CEILING: u64 = 1 << 20;
+
 impl LimitArgs {
     /// Copies the flags into the broker's configuration.
     pub(crate) fn apply(&self, config: &mut BrokerConfig) {
@@ -113,6 +125,7 @@ impl LimitArgs {
             },
         };
         config.max_message_size_bytes = to_usize(self.max_message_size);
+        config.read_ahead_bytes_max = self.read_ahead_mb << 20;
         config.held_entries_max = to_usize(self.max_unacked_entries_per_broker);
         config.non_persistent_limits = NonPersistentLimits {
             topic_inflight_bytes_max: self.max_non_persistent_inflight_bytes_per_topic,

@@ -24,6 +24,7 @@ mod standalone;
 mod storage_args;
 mod token_keys;
 mod topic_args;
+mod transaction_args;
 mod write_path_source;
 
 use clap::{Parser, Subcommand};

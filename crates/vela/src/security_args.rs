@@ -1,9 +1,11 @@
-//! TLS and token-authentication flags shared by `vela standalone` and `vela
-//! broker`, and their checks (each error names the flag).
+//! TLS and authentication flags shared by `vela standalone` and `vela
+//! broker` (Pulsar's `authenticationProviders`, `anonymousUserRole`, the
+//! Basic provider's htpasswd file, `tlsTrustCertsFilePath`, the token keys),
+//! and their checks (each error names the flag).
 //!
-//! Owns: reading the token key files (the broker crate never reads the
-//! environment or key files itself) and filling `BrokerConfig`'s `tls`,
-//! `pulsar_tls_addr` and `auth`.
+//! Owns: reading the token key files and the htpasswd file (the broker
+//! crate never reads the environment or key files itself) and filling
+//! `BrokerConfig`'s `tls`, `pulsar_tls_addr` and `auth`.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -11,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Args;
+use vela_broker::auth::basic::{BASIC_FILE_BYTES_MAX, BasicUsers};
 use vela_broker::auth::jwt::{KEY_FILE_BYTES_MAX, VerifyKey};
 use vela_broker::{AuthConfig, Authorization, BrokerConfig, TlsConfig};
 
@@ -57,6 +60,49 @@ pub(crate) struct SecurityArgs {
     /// expired one is challenged for a fresh token, then closed).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     auth_refresh_check_s: u64,
+    /// Comma-separated authentication providers (Pulsar's
+    /// `authenticationProviders`): `token`, `basic`, `tls` (Pulsar's class
+    /// names, e.g. `...AuthenticationProviderTls`, are taken too). Default:
+    /// `token` when a token key is given, `basic` when --basic-auth-conf is.
+    #[arg(long, value_name = "LIST")]
+    authentication_providers: Option<String>,
+    /// The role of clients whose credentials no provider takes (Pulsar's
+    /// `anonymousUserRole`): no credentials, or an auth method no provider
+    /// has. Authorization then applies to it. Unset: they are refused.
+    #[arg(long, value_name = "ROLE")]
+    anonymous_user_role: Option<String>,
+    /// The Basic provider's htpasswd file (Pulsar's `basicAuthConf`):
+    /// `user:hash` lines, $apr1$ (`htpasswd -m`) or bcrypt (`htpasswd -B`).
+    #[arg(long, value_name = "FILE")]
+    basic_auth_conf: Option<PathBuf>,
+    /// PEM CA certificates client certificates must chain to (Pulsar's
+    /// `tlsTrustCertsFilePath`): the TLS ports then ask clients for a
+    /// certificate (optional; the `tls` provider takes its CN as the role).
+    #[arg(long, value_name = "FILE")]
+    tls_trust_certs_file: Option<PathBuf>,
+}
+
+/// An authentication provider named on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Provider {
+    Token,
+    Basic,
+    Tls,
+}
+
+impl Provider {
+    /// `token`, `basic`, `tls`, or Pulsar's provider class names.
+    fn parse(name: &str) -> anyhow::Result<Provider> {
+        let short = name.rsplit('.').next().unwrap_or(name);
+        match short {
+            "token" | "AuthenticationProviderToken" => Ok(Provider::Token),
+            "basic" | "AuthenticationProviderBasic" => Ok(Provider::Basic),
+            "tls" | "AuthenticationProviderTls" => Ok(Provider::Tls),
+            _ => bail!(
+                "--authentication-providers: unknown provider {name:?} (known: token, basic, tls)"
+            ),
+        }
+    }
 }
 
 impl SecurityArgs {
@@ -80,10 +126,14 @@ impl SecurityArgs {
                 }
                 let mut tls = TlsConfig::new(cert, key);
                 tls.reload_check_interval = Duration::from_secs(self.tls_cert_refresh_check_s);
+                tls.client_trust_file = self.tls_trust_certs_file.clone();
                 config.tls = Some(tls);
             }
             (None, None) if wants_tls => {
                 bail!("--tls-port and --https-port need --tls-cert-file and --tls-key-file")
+            }
+            (None, None) if self.tls_trust_certs_file.is_some() => {
+                bail!("--tls-trust-certs-file needs --tls-cert-file, --tls-key-file and a TLS port")
             }
             (None, None) => {}
             (Some(_), None) => bail!("--tls-cert-file needs --tls-key-file"),
@@ -114,26 +164,116 @@ impl SecurityArgs {
             .filter(|r| !r.is_empty())
             .map(String::from)
             .collect();
-        match key {
-            Some(key) => {
-                let mut auth = AuthConfig::new(key);
-                auth.superuser_roles = superusers;
-                auth.authorization = if self.no_authorization {
-                    Authorization::Off
-                } else {
-                    Authorization::Enforced
-                };
-                auth.refresh_check_interval = Duration::from_secs(self.auth_refresh_check_s);
-                config.auth = Some(auth);
+        let providers = self.providers(key.is_some())?;
+        if providers.is_empty() {
+            if !superusers.is_empty() || self.no_authorization || self.anonymous_user_role.is_some()
+            {
+                bail!(
+                    "--superuser-roles, --no-authorization and --anonymous-user-role need an \
+                     authentication provider (--auth-token-secret-key, --auth-token-public-key, \
+                     --basic-auth-conf or --authentication-providers)"
+                );
             }
-            None if !superusers.is_empty() || self.no_authorization => bail!(
-                "--superuser-roles and --no-authorization need --auth-token-secret-key or \
-                 --auth-token-public-key"
-            ),
-            None => {}
+            return Ok(());
         }
+        let mut auth = AuthConfig::without_providers();
+        for provider in providers {
+            match provider {
+                Provider::Token => {
+                    let Some(key) = key.clone() else {
+                        bail!(
+                            "--authentication-providers token needs --auth-token-secret-key or \
+                             --auth-token-public-key"
+                        );
+                    };
+                    auth.token_key = Some(key);
+                }
+                Provider::Basic => {
+                    let Some(file) = &self.basic_auth_conf else {
+                        bail!("--authentication-providers basic needs --basic-auth-conf");
+                    };
+                    auth.basic_users = Some(read_basic_users(file)?);
+                }
+                Provider::Tls => {
+                    if self.tls_trust_certs_file.is_none() || !wants_tls {
+                        bail!(
+                            "--authentication-providers tls needs --tls-trust-certs-file and a \
+                             TLS port (--tls-port or --https-port)"
+                        );
+                    }
+                    auth.tls_client_certificates = true;
+                }
+            }
+        }
+        auth.anonymous_role = self
+            .anonymous_user_role
+            .as_deref()
+            .map(str::trim)
+            .filter(|r| !r.is_empty())
+            .map(String::from);
+        auth.superuser_roles = superusers;
+        auth.authorization = if self.no_authorization {
+            Authorization::Off
+        } else {
+            Authorization::Enforced
+        };
+        auth.refresh_check_interval = Duration::from_secs(self.auth_refresh_check_s);
+        config.auth = Some(auth);
         Ok(())
     }
+}
+
+impl SecurityArgs {
+    /// The providers asked for, explicitly or by the key and file flags; a
+    /// flag whose provider is not in an explicit list is an error.
+    fn providers(&self, have_token_key: bool) -> anyhow::Result<Vec<Provider>> {
+        let Some(list) = &self.authentication_providers else {
+            let mut providers = Vec::new();
+            if have_token_key {
+                providers.push(Provider::Token);
+            }
+            if self.basic_auth_conf.is_some() {
+                providers.push(Provider::Basic);
+            }
+            return Ok(providers);
+        };
+        let mut providers = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let provider = Provider::parse(name)?;
+            if !providers.contains(&provider) {
+                providers.push(provider);
+            }
+        }
+        if have_token_key && !providers.contains(&Provider::Token) {
+            bail!("a token key is given but --authentication-providers has no token");
+        }
+        if self.basic_auth_conf.is_some() && !providers.contains(&Provider::Basic) {
+            bail!("--basic-auth-conf is given but --authentication-providers has no basic");
+        }
+        Ok(providers)
+    }
+}
+
+/// Reads and parses the Basic provider's htpasswd file (bounded).
+fn read_basic_users(path: &Path) -> anyhow::Result<BasicUsers> {
+    let flag = "--basic-auth-conf";
+    let len = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {flag} {}", path.display()))?
+        .len();
+    if len > BASIC_FILE_BYTES_MAX as u64 {
+        bail!(
+            "{flag} {}: {len} bytes, larger than {BASIC_FILE_BYTES_MAX}",
+            path.display()
+        );
+    }
+    let content =
+        std::fs::read(path).with_context(|| format!("cannot read {flag} {}", path.display()))?;
+    let users =
+        BasicUsers::parse(&content).with_context(|| format!("{flag} {}", path.display()))?;
+    if users.is_empty() {
+        bail!("{flag} {}: no user", path.display());
+    }
+    Ok(users)
 }
 
 /// Reads a key file (bounded: a wrong path must not read a huge file).

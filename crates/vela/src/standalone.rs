@@ -50,6 +50,7 @@ use crate::registration::Registration;
 use crate::security_args::{HttpListeners, SecurityArgs, pulsar_urls};
 use crate::storage_args::StorageArgs;
 use crate::topic_args::TopicArgs;
+use crate::transaction_args::TransactionArgs;
 use crate::write_path_source::StandaloneStages;
 
 // Every message the broker accepts (its largest frame's payload section) fits
@@ -126,6 +127,8 @@ pub(crate) struct StandaloneArgs {
     storage: StorageArgs,
     #[command(flatten)]
     topics: TopicArgs,
+    #[command(flatten)]
+    transactions: TransactionArgs,
     #[command(flatten)]
     memory: MemoryArgs,
     #[command(flatten)]
@@ -290,7 +293,8 @@ async fn serve(
     config.advertised_host = args.advertised_host();
     config.default_persistence = persistence;
     config.keepalive = Duration::from_secs(args.keepalive_s);
-    args.topics.apply(&mut config);
+    args.topics.apply(&mut config)?;
+    args.transactions.apply(&mut config);
     args.security.apply(args.bind, &mut config)?;
     args.limits.apply(&mut config);
     args.listeners.apply(&mut config)?;

@@ -1,5 +1,6 @@
-//! The write-path stages below the broker in `vela standalone`: the ledger
-//! client's adds and each in-process bookie's add and journal stages, handed
+//! The write-path and read-path stages below the broker in `vela
+//! standalone`: the ledger client's adds and reads and each in-process
+//! bookie's add, journal and read stages, handed
 //! to the broker as a `vela_broker::WritePathSource` (the broker never
 //! depends on the bookie; this process owns both and wires them).
 //!
@@ -32,11 +33,15 @@ impl StandaloneStages {
 
 impl WritePathSource for StandaloneStages {
     fn stages(&self) -> Vec<StageLatency> {
-        let mut out = vec![StageLatency {
-            stage: Stage::LedgerAdd,
+        let client = |stage, latency| StageLatency {
+            stage,
             instance: "ledger-client".to_string(),
-            latency: self.ledgers.add_latency(),
-        }];
+            latency,
+        };
+        let mut out = vec![
+            client(Stage::LedgerAdd, self.ledgers.add_latency()),
+            client(Stage::LedgerRead, self.ledgers.read_latency()),
+        ];
         for (id, bookie) in &self.bookies {
             let histograms = bookie.latency_histograms();
             for (stage, histogram) in [
@@ -44,6 +49,8 @@ impl WritePathSource for StandaloneStages {
                 (Stage::JournalQueueWait, histograms.journal.queue_wait_us),
                 (Stage::JournalWrite, histograms.journal.write_us),
                 (Stage::JournalFdatasync, histograms.journal.fdatasync_us),
+                (Stage::BookieReadCache, histograms.read_cache_us),
+                (Stage::BookieReadLog, histograms.read_log_us),
             ] {
                 out.push(StageLatency {
                     stage,
@@ -76,6 +83,12 @@ impl WritePathSource for StandaloneStages {
                 client,
                 None,
                 stats.ensemble_changes as f64,
+            ),
+            metric(
+                StorageFamily::ReadBytes,
+                client,
+                Some(("stage", Stage::LedgerRead.as_str().to_string())),
+                self.ledgers.read_bytes() as f64,
             ),
         ];
         for (id, bookie) in &self.bookies {
@@ -116,6 +129,19 @@ impl WritePathSource for StandaloneStages {
                 None,
                 bookie.stats().corrupt_reads as f64,
             ));
+            let histograms = bookie.latency_histograms();
+            for (stage, bytes) in [
+                (Stage::BookieReadCache.as_str(), histograms.read_cache_bytes),
+                (Stage::BookieReadLog.as_str(), histograms.read_log_bytes),
+                ("bookie_read_log_io", histograms.read_log_io_bytes),
+            ] {
+                out.push(metric(
+                    StorageFamily::ReadBytes,
+                    instance,
+                    Some(("stage", stage.to_string())),
+                    bytes as f64,
+                ));
+            }
         }
         out
     }

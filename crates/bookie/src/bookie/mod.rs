@@ -69,7 +69,7 @@ use crate::journal::{
     AppendRefused, JournalConfig, JournalError, JournalHistograms, JournalRecord, JournalStats,
 };
 use crate::mark::JournalMark;
-use crate::storage::{StorageConfig, StorageError, StorageStats};
+use crate::storage::{ReadSource, StorageConfig, StorageError, StorageStats};
 use engine::Engine;
 use health::Health;
 use monitor::StopSignal;
@@ -174,6 +174,17 @@ pub struct BookieHistograms {
     /// Journal stages (per group or per fdatasync), over every engine since
     /// the bookie opened.
     pub journal: JournalHistograms,
+    /// Entry reads served from memory (write cache or read cache).
+    pub read_cache_us: Snapshot,
+    /// Entry reads served from an entry log.
+    pub read_log_us: Snapshot,
+    /// Payload bytes of the reads served from memory.
+    pub read_cache_bytes: u64,
+    /// Payload bytes of the reads served from entry logs.
+    pub read_log_bytes: u64,
+    /// Bytes `pread` from entry logs by the engine in service (read-ahead
+    /// included).
+    pub read_log_io_bytes: u64,
 }
 
 /// A storage node. `Send + Sync`: share it in an `Arc`.
@@ -202,6 +213,17 @@ struct Core {
     room: Arc<add::RoomQueue>,
     /// Add latency in µs; recorded by the journal's force-write thread.
     add_latency: Arc<Histogram>,
+    /// Entry reads served from memory / from entry logs, and their bytes.
+    reads: ReadStages,
+}
+
+/// The bookie's read-path stages.
+#[derive(Debug, Default)]
+struct ReadStages {
+    cache_latency: Histogram,
+    log_latency: Histogram,
+    cache_bytes: AtomicU64,
+    log_bytes: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -312,6 +334,7 @@ impl Bookie {
                 .collect(),
             room: Arc::default(),
             add_latency: Arc::default(),
+            reads: ReadStages::default(),
         });
         let stop = Arc::new(StopSignal::default());
         let handle = {
@@ -453,9 +476,17 @@ impl Bookie {
         } else {
             entry_id
         };
-        let entry = storage
-            .get_entry(ledger_id, entry_id)
+        let started = std::time::Instant::now();
+        let (entry, source) = storage
+            .get_entry_from(ledger_id, entry_id)
             .map_err(|error| self.core.storage_status(&engine, &error))?;
+        let reads = &self.core.reads;
+        let (latency, bytes) = match source {
+            ReadSource::Cache => (&reads.cache_latency, &reads.cache_bytes),
+            ReadSource::EntryLog => (&reads.log_latency, &reads.log_bytes),
+        };
+        latency.record(started.elapsed());
+        bytes.fetch_add(entry.len() as u64, Ordering::Relaxed);
         let lac = self.read_lac_with(&engine, ledger_id)?;
         Ok(StoredEntry {
             entry_id,
@@ -560,9 +591,18 @@ impl Bookie {
         if let Some(current) = current {
             journal.merge(&current);
         }
+        let reads = &self.core.reads;
         BookieHistograms {
             add_us: self.core.add_latency.snapshot(),
             journal,
+            read_cache_us: reads.cache_latency.snapshot(),
+            read_log_us: reads.log_latency.snapshot(),
+            read_cache_bytes: reads.cache_bytes.load(Ordering::Relaxed),
+            read_log_bytes: reads.log_bytes.load(Ordering::Relaxed),
+            read_log_io_bytes: self
+                .core
+                .engine_now()
+                .map_or(0, |e| e.storage.stats().entry_log_read_bytes),
         }
     }
 

@@ -78,6 +78,16 @@ use index::{Batch, Index, LedgerState, NewRecord};
 use read_cache::ReadCache;
 use write_cache::{CacheHalf, WriteCache, accounted_bytes, accounted_bytes_of_len};
 
+/// Where `get_entry_from` found an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadSource {
+    /// Memory: the write cache (either half) or the read cache.
+    Cache,
+    /// An entry log (index lookup and `pread`, with read-ahead for a
+    /// sequential reader).
+    EntryLog,
+}
+
 /// Ledger storage of one ledger dir. `Send + Sync`; share it in an `Arc`.
 #[derive(Debug)]
 pub struct LedgerStorage {
@@ -132,6 +142,8 @@ struct Counters {
     write_cache_full: AtomicU64,
     read_cache_hits: AtomicU64,
     entry_log_reads: AtomicU64,
+    /// Bytes `pread` from entry logs (read-ahead included).
+    entry_log_read_bytes: AtomicU64,
     flushes: AtomicU64,
     flushed_bytes: AtomicU64,
     /// Copy of the flusher's active log id, readable without the flush lock.
@@ -368,13 +380,24 @@ impl LedgerStorage {
     /// I/O: call from a blocking-allowed thread. `NoSuchLedger` for an unknown or
     /// deleted ledger, `NoSuchEntry` for an absent entry of a known one.
     pub fn get_entry(&self, ledger_id: u64, entry_id: u64) -> Result<Bytes, StorageError> {
+        self.get_entry_from(ledger_id, entry_id)
+            .map(|(entry, _)| entry)
+    }
+
+    /// As `get_entry`, saying where the entry came from (for the read-path
+    /// stages).
+    pub fn get_entry_from(
+        &self,
+        ledger_id: u64,
+        entry_id: u64,
+    ) -> Result<(Bytes, ReadSource), StorageError> {
         let overlapping = {
             let st = self.state.lock();
             let Some(l) = st.ledgers.get(&ledger_id).filter(|l| !l.deleted) else {
                 return Err(StorageError::NoSuchLedger { ledger_id });
             };
             if let Some(b) = st.cache.get(ledger_id, entry_id) {
-                return Ok(b);
+                return Ok((b, ReadSource::Cache));
             }
             if l.indexed_last.is_none_or(|m| entry_id > m) {
                 return Err(StorageError::NoSuchEntry {
@@ -390,7 +413,7 @@ impl LedgerStorage {
                 self.counters
                     .read_cache_hits
                     .fetch_add(1, Ordering::Relaxed);
-                return Ok(b);
+                return Ok((b, ReadSource::Cache));
             }
             rc.note_miss(ledger_id, entry_id)
         };
@@ -401,14 +424,15 @@ impl LedgerStorage {
         };
         // A concurrent compaction may delete the log between the index lookup and
         // the open: look up once more (the index then names the new log).
-        match self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes) {
+        let read = match self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes) {
             Err(StorageError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
                 self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes)
             }
             r => r,
-        }
+        };
+        read.map(|entry| (entry, ReadSource::EntryLog))
     }
 
     /// Reads the entry from its log, with up to `read_ahead_bytes` of the entries
@@ -442,6 +466,9 @@ impl LedgerStorage {
         let end = last.offset + last.len;
         debug_assert!(end - start <= read_ahead_bytes.max(spans[0].len));
         let buf = self.readers.read(log_id, start, end - start)?;
+        self.counters
+            .entry_log_read_bytes
+            .fetch_add(buf.len() as u64, Ordering::Relaxed);
         let path = self.readers.path(log_id);
         let mut cached = Vec::with_capacity(spans.len());
         let mut wanted = None;
@@ -631,6 +658,7 @@ impl LedgerStorage {
             read_cache_bytes: self.read_cache.lock().bytes(),
             read_cache_hit_count: c.read_cache_hits.load(Ordering::Relaxed),
             entry_log_read_count: c.entry_log_reads.load(Ordering::Relaxed),
+            entry_log_read_bytes: c.entry_log_read_bytes.load(Ordering::Relaxed),
             flush_count: c.flushes.load(Ordering::Relaxed),
             flushed_bytes_total: c.flushed_bytes.load(Ordering::Relaxed),
             last_flush: *c.last_flush.lock(),

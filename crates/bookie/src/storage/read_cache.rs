@@ -17,6 +17,10 @@ use bytes::Bytes;
 /// Ledgers whose read position is tracked for read-ahead decisions; when full the
 /// map is cleared (those readers lose one read-ahead, nothing else).
 const SEQUENTIAL_TRACK_LEDGERS_MAX: usize = 4096;
+/// How far past the next expected entry a miss still counts as sequential:
+/// a ledger reader keeps up to 16 reads in flight, which may arrive out of
+/// order.
+const SEQUENTIAL_WINDOW_ENTRIES: u64 = 32;
 
 #[derive(Debug)]
 struct Segment {
@@ -50,17 +54,26 @@ impl ReadCache {
     }
 
     /// Notes a log read of (`ledger_id`, `entry_id`) missing the cache; returns
-    /// whether it continues a sequential scan (so reading ahead pays off).
+    /// whether it continues a sequential scan (so reading ahead pays off): the
+    /// entry is the next one expected or a little past it, as a ledger
+    /// reader's pipelined reads (several entries in flight) arrive.
     pub(crate) fn note_miss(&mut self, ledger_id: u64, entry_id: u64) -> bool {
         if self.next_expected.len() >= SEQUENTIAL_TRACK_LEDGERS_MAX
             && !self.next_expected.contains_key(&ledger_id)
         {
             self.next_expected.clear();
         }
-        let prev = self
-            .next_expected
-            .insert(ledger_id, entry_id.saturating_add(1));
-        prev == Some(entry_id)
+        let next = self.next_expected.entry(ledger_id).or_insert(u64::MAX);
+        let sequential =
+            *next != u64::MAX && entry_id >= *next && entry_id - *next < SEQUENTIAL_WINDOW_ENTRIES;
+        // A scan goes on after the furthest entry read; a jump back or far
+        // ahead starts a new one there.
+        if sequential {
+            *next = (*next).max(entry_id.saturating_add(1));
+        } else {
+            *next = entry_id.saturating_add(1);
+        }
+        sequential
     }
 
     /// After a read-ahead: the scan continues after the last entry read.
@@ -149,8 +162,13 @@ mod tests {
         let mut c = ReadCache::new(100);
         assert!(!c.note_miss(1, 10), "first read of a ledger");
         assert!(c.note_miss(1, 11));
-        assert!(!c.note_miss(1, 50), "jump");
+        assert!(
+            c.note_miss(1, 14),
+            "pipelined reads arrive a little out of order"
+        );
+        assert!(!c.note_miss(1, 12), "behind the scan");
+        assert!(!c.note_miss(1, 500), "jump");
         assert!(!c.note_miss(2, 51), "other ledger");
-        assert!(c.note_miss(1, 51));
+        assert!(c.note_miss(1, 501));
     }
 }

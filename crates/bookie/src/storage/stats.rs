@@ -56,6 +56,8 @@ pub struct StorageStats {
     pub read_cache_hit_count: u64,
     /// Reads that went to an entry log.
     pub entry_log_read_count: u64,
+    /// Bytes `pread` from entry logs (read-ahead included).
+    pub entry_log_read_bytes: u64,
     /// Flushes completed.
     pub flush_count: u64,
     /// Entry-log bytes written by all flushes.

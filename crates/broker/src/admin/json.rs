@@ -113,17 +113,36 @@ impl From<RetentionJson> for RetentionPolicy {
 #[serde(rename_all = "camelCase")]
 pub struct BacklogQuotaJson {
     /// Deprecated name of `limitSize`.
-    #[serde(default, deserialize_with = "int_or_string")]
+    #[serde(default, deserialize_with = "lenient_number")]
     pub limit: Option<i64>,
     /// Backlog bytes allowed.
-    #[serde(default, deserialize_with = "int_or_string")]
+    #[serde(default, deserialize_with = "lenient_number")]
     pub limit_size: Option<i64>,
     /// Age of the oldest unacknowledged message allowed, seconds.
-    #[serde(default, deserialize_with = "int_or_string")]
+    #[serde(default, deserialize_with = "lenient_number")]
     pub limit_time: Option<i32>,
     /// What happens when exceeded.
     #[serde(default)]
     pub policy: Option<String>,
+}
+
+/// A number given as a JSON number or a numeric string (`"limit": "1024"`,
+/// as the Go client's tests send it), as Jackson coerces it.
+fn lenient_number<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<i64>,
+{
+    use serde::de::Error as _;
+    let value = Option::<Value>::deserialize(deserializer)?;
+    let number = match value {
+        None | Some(Value::Null) => return Ok(None),
+        Some(v) => int_of(&v),
+    };
+    let number = number.ok_or_else(|| D::Error::custom("expected an integer"))?;
+    T::try_from(number)
+        .map(Some)
+        .map_err(|_| D::Error::custom("integer out of range"))
 }
 
 impl BacklogQuotaJson {
@@ -158,24 +177,6 @@ pub fn int_of(value: &Value) -> Option<i64> {
         Value::String(s) => s.trim().parse().ok(),
         _ => None,
     }
-}
-
-/// A number given as a JSON number or a string holding one (Jackson coerces
-/// both; the Go client's tests send `"limit": "10240"`).
-fn int_or_string<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: TryFrom<i64>,
-{
-    let value: Option<Value> = Option::deserialize(deserializer)?;
-    let number = match &value {
-        None | Some(Value::Null) => return Ok(None),
-        Some(v) => int_of(v),
-    };
-    number
-        .and_then(|n| T::try_from(n).ok())
-        .map(Some)
-        .ok_or_else(|| serde::de::Error::custom(format!("not a number in range: {value:?}")))
 }
 
 /// Pulsar's TenantInfo.
@@ -236,6 +237,17 @@ pub struct PoliciesBody {
     replication_clusters: Vec<String>,
     #[serde(default)]
     compaction_threshold: Option<i64>,
+    #[serde(default)]
+    auth_policies: Option<AuthPoliciesJson>,
+    #[serde(default)]
+    schema_compatibility_strategy: Option<String>,
+}
+
+/// Pulsar's `auth_policies` in a Policies body: the namespace grants.
+#[derive(Debug, Default, Deserialize)]
+struct AuthPoliciesJson {
+    #[serde(default)]
+    namespace_auth: BTreeMap<String, std::collections::BTreeSet<crate::admin::AuthAction>>,
 }
 
 impl PoliciesBody {
@@ -271,9 +283,48 @@ impl PoliciesBody {
             compaction_threshold_bytes: self
                 .compaction_threshold
                 .and_then(|b| u64::try_from(b).ok()),
-            // Grants are changed through the permissions routes only.
+            // The grants a creating body carries (as Pulsar's
+            // createNamespace stores them); later changes go through the
+            // permissions routes.
+            permissions: self.grants()?,
+            schema_compatibility_strategy: self
+                .schema_compatibility_strategy
+                .as_deref()
+                .map(crate::schema::CompatibilityStrategy::parse)
+                .transpose()
+                .map_err(AdminError::Invalid)?
+                .flatten()
+                .map(|s| s.name().to_string()),
+            // The policies kept as JSON, properties and subscription grants
+            // are set through their own routes.
             ..Default::default()
         })
+    }
+}
+
+impl PoliciesBody {
+    fn grants(
+        &self,
+    ) -> Result<BTreeMap<String, std::collections::BTreeSet<crate::admin::AuthAction>>, AdminError>
+    {
+        let grants = self
+            .auth_policies
+            .as_ref()
+            .map(|a| a.namespace_auth.clone())
+            .unwrap_or_default();
+        if grants.len() > crate::admin::GRANTED_ROLES_MAX {
+            return Err(AdminError::Invalid(format!(
+                "more than {} roles granted",
+                crate::admin::GRANTED_ROLES_MAX
+            )));
+        }
+        if let Some(role) = grants
+            .keys()
+            .find(|r| r.is_empty() || r.len() > crate::admin::ROLE_BYTES_MAX)
+        {
+            return Err(AdminError::Invalid(format!("invalid role {role:?}")));
+        }
+        Ok(grants)
     }
 }
 
@@ -309,6 +360,10 @@ pub fn policies_json(policies: &NamespacePolicies) -> Value {
         "message_ttl_in_seconds": policies.message_ttl_seconds,
         "retention_policies": policies.retention.map(RetentionJson::from),
         "compaction_threshold": policies.compaction_threshold_bytes,
+        "schema_compatibility_strategy": policies
+            .schema_compatibility_strategy
+            .as_deref()
+            .unwrap_or("UNDEFINED"),
         "deleted": false,
         "encryption_required": false,
         "subscription_auth_mode": "None",
@@ -757,6 +812,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(q.to_quota().limit_bytes, 10);
+        // Numbers in strings, as Jackson coerces them (the Go client's
+        // TestSendTimeout sends `"limit": "10240"`).
+        let q: BacklogQuotaJson = parse_body(
+            br#"{"limit":" 10240","limitTime":"-1","policy":"producer_request_hold"}"#,
+            "q",
+        )
+        .unwrap();
+        assert_eq!((q.limit, q.limit_time), (Some(10240), Some(-1)));
+        assert_eq!(q.to_quota().limit_bytes, 10240);
+        let q: BacklogQuotaJson = parse_body(br#"{"limitSize":null}"#, "q").unwrap();
+        assert_eq!(q.limit_size, None);
+        for bad in [
+            &br#"{"limit":"ten"}"#[..],
+            br#"{"limit":1.5}"#,
+            br#"{"limitTime":4294967296}"#,
+            br#"{"limit":[1]}"#,
+        ] {
+            assert!(parse_body::<BacklogQuotaJson>(bad, "q").is_err());
+        }
         assert!(parse_body::<PersistenceJson>(b"{nope", "persistence").is_err());
         let empty: Option<PoliciesBody> = parse_body(b"", "policies").unwrap();
         assert!(empty.is_none());

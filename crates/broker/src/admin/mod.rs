@@ -111,6 +111,34 @@ impl Admin {
         }
     }
 
+    /// Creates the tenant `pulsar`, the namespace `pulsar/system` and the
+    /// partitioned topic `transaction_coordinator_assign` with `partitions`
+    /// partitions (one per transaction coordinator) when absent; an existing
+    /// topic keeps its partitions.
+    pub async fn ensure_coordinator_assign(&self, partitions: u32) -> Result<(), AdminError> {
+        match self.create_tenant("pulsar").await {
+            Ok(()) | Err(AdminError::Exists(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let ns = NamespaceName {
+            tenant: "pulsar".into(),
+            namespace: "system".into(),
+        };
+        match self
+            .create_namespace(&ns, NamespacePolicies::default())
+            .await
+        {
+            Ok(()) | Err(AdminError::Exists(_)) => {}
+            Err(e) => return Err(e),
+        }
+        let topic = TopicName::parse("persistent://pulsar/system/transaction_coordinator_assign")
+            .map_err(|e| AdminError::Invalid(e.to_string()))?;
+        match self.create_partitioned_topic(&topic, partitions).await {
+            Ok(()) | Err(AdminError::Exists(_)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Creates a tenant allowed on the local cluster.
     pub async fn create_tenant(&self, tenant: &str) -> Result<(), AdminError> {
         let info = TenantInfo {

@@ -53,6 +53,11 @@ pub struct NamespacePolicies {
     /// `SUBSCRIPTION_GRANTS_MAX` subscriptions.
     #[serde(default)]
     pub subscription_roles: BTreeMap<String, BTreeSet<String>>,
+    /// The schema compatibility strategy of the namespace's topics (Pulsar's
+    /// `schema_compatibility_strategy`, by name; `None`: the broker's
+    /// default, FULL).
+    #[serde(default)]
+    pub schema_compatibility_strategy: Option<String>,
 }
 
 /// Properties one namespace or topic may carry; each key and value at most

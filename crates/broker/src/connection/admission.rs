@@ -32,9 +32,17 @@ impl Admitting {
         last_sequence_id: impl Fn(&str) -> i64,
     ) -> Result<Admitting, ServiceError> {
         let schema_version = match &body.schema {
-            Some(s) if !schema::is_empty_schema(s) => {
-                Some(session.service.schemas.get_or_create(topic_name, s).await?)
-            }
+            Some(s) if !schema::is_empty_schema(s) => Some(
+                session
+                    .service
+                    .schemas
+                    .get_or_create(
+                        topic_name,
+                        s,
+                        session.service.schema_strategy(topic_name).await?,
+                    )
+                    .await?,
+            ),
             _ => None,
         };
         let name = match body.producer_name.as_deref() {
@@ -55,6 +63,7 @@ impl Admitting {
             conn_id: session.id,
             producer_id: body.producer_id,
             epoch: body.epoch.unwrap_or(0),
+            topic_epoch: body.topic_epoch,
             exclusive: false,
             out: session.out.clone(),
             events: session.events_tx.clone(),
@@ -62,7 +71,6 @@ impl Admitting {
             client_version: session.client_version.clone(),
             metadata: client_metadata(&body.metadata)?,
         };
-        let exclusive = access_mode != proto::ProducerAccessMode::Shared;
         let success = proto::CommandProducerSuccess {
             request_id: body.request_id,
             producer_name: name.clone(),
@@ -74,7 +82,8 @@ impl Admitting {
                     .map(schema::encode_version)
                     .unwrap_or_default(),
             ),
-            topic_epoch: exclusive.then_some(0),
+            // The topic's producer table gives the epoch on admission.
+            topic_epoch: None,
             producer_ready: Some(true),
         };
         // A waiting producer's "not ready" answer is queued by the topic

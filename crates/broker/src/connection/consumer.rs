@@ -201,10 +201,11 @@ impl Consumers {
         if let Some(s) = &body.schema
             && !schema::is_empty_schema(s)
         {
+            let strategy = session.service.schema_strategy(&topic_name).await?;
             session
                 .service
                 .schemas
-                .get_or_create(&topic_name, s)
+                .check_consumer(&topic_name, s, strategy, !topic.has_producers())
                 .await?;
         }
         let sub_type = SubType::try_from(body.sub_type).map_err(|_| {
@@ -266,6 +267,23 @@ impl Consumers {
         if let Some(consumer) = self.np.get(&body.consumer_id) {
             return consumer
                 .ack(session, body.consumer_id, body.request_id)
+                .await;
+        }
+        // Transactional acks need the subscription's pending acks (not built
+        // yet): refused, never applied before their commit.
+        if body.txnid_most_bits.is_some() || body.txnid_least_bits.is_some() {
+            return session
+                .send(proto::CommandAckResponse {
+                    consumer_id: body.consumer_id,
+                    txnid_least_bits: body.txnid_least_bits,
+                    txnid_most_bits: body.txnid_most_bits,
+                    error: Some(ServerError::NotAllowedError as i32),
+                    message: Some(
+                        "Transactional acknowledgements are not supported by this broker yet"
+                            .into(),
+                    ),
+                    request_id: body.request_id,
+                })
                 .await;
         }
         let ack_type = proto::command_ack::AckType::try_from(body.ack_type)

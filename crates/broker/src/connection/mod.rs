@@ -16,6 +16,8 @@
 //! - `non_persistent`: what producers and consumers of non-persistent
 //!   topics do differently (used by `producer` and `consumer`);
 //! - `schema`: GET_SCHEMA, GET_OR_CREATE_SCHEMA;
+//! - `transaction`: the coordinator's commands (TC_CLIENT_CONNECT,
+//!   NEW_TXN, ADD_PARTITION_TO_TXN, ADD_SUBSCRIPTION_TO_TXN, END_TXN);
 //! - `deferred`: the topic of a PRODUCER or SUBSCRIBE opened off the reader;
 //! - `writer`: the socket writer task.
 //!
@@ -59,6 +61,7 @@ mod producer;
 mod schema;
 mod session;
 mod topic_list;
+mod transaction;
 mod writer;
 
 use std::net::SocketAddr;
@@ -72,6 +75,7 @@ use tokio::sync::{mpsc, watch};
 use vela_wire::proto::{self, base_command::Type};
 use vela_wire::{Command, SendCommand};
 
+use crate::auth::TransportIdentity;
 use crate::codec::{Decoder, FrameError, Inbound};
 use crate::service::Service;
 use crate::subscription::ConnEvent;
@@ -80,6 +84,7 @@ use deferred::{Deferred, DeferredLoads, Loaded, TopicOpening};
 use producer::Producers;
 use session::{Close, Session, required};
 use topic_list::Watchers;
+use transaction::TxnRequests;
 
 /// Read buffer size: one read syscall takes up to this much.
 const READ_BUFFER_BYTES: usize = 64 * 1024;
@@ -99,7 +104,8 @@ pub(crate) async fn serve(
     // Halves sharing the socket: no lock between the reader and the writer;
     // reads carry kernel arrival stamps (publish timing starts there).
     let (read_half, write_half) = crate::arrival::split(stream);
-    serve_halves(service, read_half, write_half, peer, shutdown).await;
+    let transport = TransportIdentity::default();
+    serve_halves(service, read_half, write_half, peer, shutdown, transport).await;
 }
 
 /// Serves one accepted TLS connection: the handshake (bounded by the
@@ -122,8 +128,17 @@ pub(crate) async fn serve_tls(
             return;
         }
     };
+    // The client certificate, when it sent one: the TLS provider's role.
+    let transport = TransportIdentity {
+        certificate_cn: stream
+            .get_ref()
+            .1
+            .peer_certificates()
+            .and_then(|chain| chain.first())
+            .and_then(|leaf| vela_tls::x509::common_name(leaf)),
+    };
     let (read_half, write_half) = tokio::io::split(stream);
-    serve_halves(service, read_half, write_half, peer, shutdown).await;
+    serve_halves(service, read_half, write_half, peer, shutdown, transport).await;
 }
 
 async fn serve_halves<R, W>(
@@ -132,6 +147,7 @@ async fn serve_halves<R, W>(
     write_half: W,
     peer: SocketAddr,
     shutdown: watch::Receiver<bool>,
+    transport: TransportIdentity,
 ) where
     R: crate::arrival::ConnectionRead,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -153,10 +169,11 @@ async fn serve_halves<R, W>(
         .active_connections
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let mut connection = Connection {
-        session: Session::new(service, id, peer, out, events_tx),
+        session: Session::new(service, id, peer, out, events_tx, transport),
         producers: Producers::new(limits.pending_sends_max, limits.pending_send_bytes_max),
         consumers: Consumers::new(),
         watchers: Watchers::new(),
+        txn_requests: TxnRequests::new(),
         deferred: DeferredLoads::new(),
         events_rx,
         read_at: Instant::now(),
@@ -187,6 +204,8 @@ struct Connection {
     producers: Producers,
     consumers: Consumers,
     watchers: Watchers,
+    /// Transaction coordinator requests waiting for their log record.
+    txn_requests: TxnRequests,
     /// PRODUCER and SUBSCRIBE commands waiting for their topic to open.
     deferred: DeferredLoads,
     /// Producers and consumers the broker closed (see `ConnEvent`).
@@ -465,6 +484,30 @@ impl Connection {
             Type::GetOrCreateSchema => {
                 let body = required(command.get_or_create_schema, kind)?;
                 schema::on_get_or_create_schema(session, body).await
+            }
+            Type::TcClientConnectRequest => {
+                let body = required(command.tc_client_connect_request, kind)?;
+                self.txn_requests.on_tc_connect(&self.session, body).await
+            }
+            Type::NewTxn => {
+                let body = required(command.new_txn, kind)?;
+                self.txn_requests.on_new_txn(&self.session, body).await
+            }
+            Type::AddPartitionToTxn => {
+                let body = required(command.add_partition_to_txn, kind)?;
+                self.txn_requests
+                    .on_add_partitions(&self.session, body)
+                    .await
+            }
+            Type::AddSubscriptionToTxn => {
+                let body = required(command.add_subscription_to_txn, kind)?;
+                self.txn_requests
+                    .on_add_subscriptions(&self.session, body)
+                    .await
+            }
+            Type::EndTxn => {
+                let body = required(command.end_txn, kind)?;
+                self.txn_requests.on_end_txn(&self.session, body).await
             }
             other => Err(Close(format!("unsupported command {other:?}"))),
         }

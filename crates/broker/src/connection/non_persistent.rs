@@ -53,7 +53,13 @@ pub(super) async fn create_producer(
         admitting.not_ready,
     )?;
     tracing::debug!(conn = session.id, topic = %topic.full_name, producer = %name, "non-persistent producer created");
-    let ready = (admission == Admission::Ready).then_some(success);
+    let ready = match admission {
+        Admission::Ready { topic_epoch } => Some(proto::CommandProducerSuccess {
+            topic_epoch,
+            ..success
+        }),
+        Admission::Waiting => None,
+    };
     Ok((NpProducer { topic, name }, ready))
 }
 
@@ -157,10 +163,11 @@ pub(super) async fn subscribe(
     if let Some(schema) = &body.schema
         && !crate::schema::is_empty_schema(schema)
     {
+        let strategy = session.service.schema_strategy(topic_name).await?;
         session
             .service
             .schemas
-            .get_or_create(topic_name, schema)
+            .check_consumer(topic_name, schema, strategy, !topic.has_producers())
             .await?;
     }
     let durable = body.durable.unwrap_or(true);

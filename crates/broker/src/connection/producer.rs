@@ -69,6 +69,10 @@ enum ReceiptJob {
 /// and must not close the connection. The oldest is forgotten first.
 const RECENTLY_CLOSED_PRODUCERS_MAX: usize = 1000;
 
+/// SEND_ERROR text for a transactional SEND: topics have no transaction
+/// buffer yet, so such a message is refused rather than stored visible.
+const TXN_SEND_REFUSED: &str = "Transactional messages are not supported by this broker yet";
+
 struct ConnProducer {
     topic: Arc<Topic>,
     name: String,
@@ -183,7 +187,7 @@ impl Producers {
                         producer_name: name,
                         last_sequence_id: Some(last_sequence_id),
                         schema_version: Some(Bytes::new()),
-                        topic_epoch: None,
+                        topic_epoch: existing.topic.topic_epoch(),
                         producer_ready: Some(true),
                     })
                     .await;
@@ -298,7 +302,13 @@ impl Producers {
         );
         debug_assert!(previous.is_none(), "a producer id registered twice");
         debug_assert!(self.len() <= session.service.config.limits.producers_max);
-        Ok((admission == Admission::Ready).then_some(success))
+        Ok(match admission {
+            Admission::Ready { topic_epoch } => Some(proto::CommandProducerSuccess {
+                topic_epoch,
+                ..success
+            }),
+            Admission::Waiting => None,
+        })
     }
 
     pub(super) async fn on_send(
@@ -315,6 +325,17 @@ impl Producers {
         let Some(producer) = self.map.get(&body.producer_id) else {
             return self.unknown_producer(session, body.producer_id);
         };
+        // Transactional messages need the topic's transaction buffer (not
+        // built yet): refused, never stored visible before their commit.
+        if body.txnid_most_bits().is_some() || body.txnid_least_bits().is_some() {
+            let job = ReceiptJob::Error {
+                sequence_id: body.sequence_id,
+                code: ServerError::NotAllowedError,
+                message: TXN_SEND_REFUSED.into(),
+            };
+            let _ = producer.jobs.send(Box::new(job)).await;
+            return Ok(());
+        }
         let jobs = producer.jobs.clone();
         let topic = Arc::clone(&producer.topic);
         let sequence_id = body.sequence_id;

@@ -65,7 +65,11 @@ pub(super) async fn on_get_or_create_schema(
         session
             .service
             .schemas
-            .get_or_create(&topic, &body.schema)
+            .get_or_create(
+                &topic,
+                &body.schema,
+                session.service.schema_strategy(&topic).await?,
+            )
             .await
     }
     .await;

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use tokio::sync::mpsc;
 use vela_wire::proto::{self, BaseCommand, ServerError, base_command::Type};
 
-use crate::auth::{self, Principal};
+use crate::auth::{self, Principal, TransportIdentity};
 use crate::authorization::{self, TopicAction};
 use crate::codec::{self, Outbound};
 use crate::config::{PROTOCOL_VERSION_MAX, SERVER_VERSION};
@@ -79,6 +79,8 @@ pub(super) fn required<T>(body: Option<Box<T>>, kind: Type) -> Result<T, Close> 
 /// Authentication state of a connection (empty when auth is off).
 #[derive(Debug, Default)]
 struct ConnAuth {
+    /// What the transport proved (the TLS client certificate's CN).
+    transport: TransportIdentity,
     /// Who the client is, after CONNECT.
     principal: Option<Principal>,
     /// The client said it answers AUTH_CHALLENGE (FeatureFlags).
@@ -115,6 +117,7 @@ impl Session {
         peer: SocketAddr,
         out: mpsc::Sender<Outbound>,
         events_tx: mpsc::Sender<ConnEvent>,
+        transport: TransportIdentity,
     ) -> Session {
         Session {
             service,
@@ -125,7 +128,10 @@ impl Session {
             connected: false,
             protocol_version: 0,
             client_version: String::new(),
-            auth: ConnAuth::default(),
+            auth: ConnAuth {
+                transport,
+                ..ConnAuth::default()
+            },
         }
     }
 
@@ -175,8 +181,12 @@ impl Session {
         self.client_version = connect.client_version.chars().take(128).collect();
         if let Some(config) = &self.service.config.auth {
             let data = connect.auth_data.as_deref().unwrap_or_default();
-            match config.authenticate(connect.auth_method_name.as_deref(), data, SystemTime::now())
-            {
+            match config.authenticate(
+                connect.auth_method_name.as_deref(),
+                data,
+                &self.auth.transport,
+                SystemTime::now(),
+            ) {
                 Ok(principal) => self.auth.principal = Some(principal),
                 Err(e) => return Err(self.refuse_credentials(e).await),
             }
@@ -208,15 +218,21 @@ impl Session {
         .await
     }
 
-    /// Answers bad credentials as the Java broker does: ERROR with request
-    /// id −1 (u64::MAX) and AuthenticationError; the caller closes.
+    /// Answers bad credentials as the Java broker does
+    /// (`ServerCnx.authenticationFailed`): ERROR with request id −1
+    /// (u64::MAX), AuthenticationError and "Failed to authenticate" (the
+    /// reason goes to the log only); the caller closes. Clients see it as
+    /// Pulsar's make them: the Go client reports the ERROR; the C++ client
+    /// (and the Python one over it) takes any answer to CONNECT other than
+    /// CONNECTED as a disconnect (`ClientConnection::handleIncomingCommand`)
+    /// and reports ConnectError, or retries its lookup into a Timeout.
     async fn refuse_credentials(&self, error: ServiceError) -> Close {
         tracing::info!(conn = self.id, peer = %self.peer, error = %error.message, "authentication failed");
         let _ = self
             .send(proto::CommandError {
                 request_id: u64::MAX,
                 error: ServerError::AuthenticationError as i32,
-                message: error.message.clone(),
+                message: "Failed to authenticate".to_string(),
             })
             .await;
         Close(format!("authentication failed: {}", error.message))
@@ -269,6 +285,7 @@ impl Session {
         let fresh = match config.authenticate(
             response.auth_method_name.as_deref(),
             data,
+            &self.auth.transport,
             SystemTime::now(),
         ) {
             Ok(fresh) => fresh,

@@ -1,25 +1,32 @@
 //! Authentication and authorization of HTTP requests (when the broker has
-//! an `AuthConfig`): `Authorization: Bearer <token>` is checked, then the
-//! route's requirement ([`classify`]) against the role.
+//! an `AuthConfig`): the credentials (`Authorization: Bearer <token>` or
+//! `Basic <base64>`, the HTTPS client certificate) go through each provider
+//! and fall back to the anonymous role (`AuthConfig::authenticate_http`),
+//! then the route's requirement ([`classify`]) is checked against the role.
 //!
-//! 401 when the token is missing or invalid, 403 when the role may not do
-//! this; both with Pulsar's `{"reason": ...}` body. Open without a token:
+//! 401 when no provider accepts the credentials and there is no anonymous
+//! role, 403 when the role may not do this; both with Pulsar's
+//! `{"reason": ...}` body. Open without credentials:
 //! `/metrics` (Pulsar's `authenticateMetricsEndpoint=false`) and
 //! `/admin/v2/brokers/health` (readiness probes).
 //! Requirements follow Pulsar's authorization provider: tenant and cluster
 //! writes and the tenant list need a superuser; namespace and topic
 //! administration a tenant admin; reading a topic's stats, metadata or
-//! lookup either grant on its namespace; subscription operations `consume`.
+//! lookup either grant on its namespace; subscription operations `consume`;
+//! schemas as Pulsar's `SchemasResource` (reads: either grant; registering:
+//! `produce`; the compatibility test and deletes: tenant admin);
+//! `/admin/v3/transactions/...` a superuser.
 
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use axum::extract::{Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
 use super::api::ApiError;
+use crate::auth::TransportIdentity;
 use crate::authorization::{self, TopicAction};
 use crate::service::Service;
 use crate::topic_name::{NamespaceName, decode_segment};
@@ -52,10 +59,16 @@ pub(super) async fn require(
     if need == Need::Open {
         return next.run(request).await;
     }
-    let Some(token) = bearer(&request) else {
-        return unauthorized("Authentication required: no Bearer token");
-    };
-    let principal = match auth.authenticate_token(token, SystemTime::now()) {
+    let header = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok());
+    let transport = request
+        .extensions()
+        .get::<ConnectInfo<TransportIdentity>>()
+        .map(|info| info.0.clone())
+        .unwrap_or_default();
+    let principal = match auth.authenticate_http(header, &transport, SystemTime::now()) {
         Ok(principal) => principal,
         Err(e) => return unauthorized(&e.message),
     };
@@ -82,19 +95,6 @@ pub(super) async fn require(
         }
         Err(e) => ApiError::from(e).into_response(),
     }
-}
-
-fn bearer(request: &Request) -> Option<&str> {
-    let value = request
-        .headers()
-        .get(header::AUTHORIZATION)?
-        .to_str()
-        .ok()?;
-    let (scheme, token) = value.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim())
-        .filter(|t| !t.is_empty())
 }
 
 fn unauthorized(reason: &str) -> Response {
@@ -139,8 +139,17 @@ pub(super) fn classify(method: &Method, path: &str) -> Need {
                 namespace(tenant, ns, TopicAction::Lookup)
             }
             ["namespaces", tenant, ..] => Need::TenantAdmin(tenant.to_string()),
+            // As Pulsar's SchemasResource: reads and the version of a schema
+            // are topic metadata (either grant), registering one needs
+            // `produce`, the compatibility test and deletes a tenant admin.
             ["schemas", tenant, ns, _topic, ..] if read => {
                 namespace(tenant, ns, TopicAction::Lookup)
+            }
+            ["schemas", tenant, ns, _topic, "version"] if method == Method::POST => {
+                namespace(tenant, ns, TopicAction::Lookup)
+            }
+            ["schemas", tenant, ns, _topic, "schema"] if method == Method::POST => {
+                namespace(tenant, ns, TopicAction::Produce)
             }
             ["schemas", tenant, ..] => Need::TenantAdmin(tenant.to_string()),
             [domain, tenant, ns, rest @ ..] if is_domain(domain) => match rest {
@@ -162,6 +171,8 @@ pub(super) fn classify(method: &Method, path: &str) -> Need {
             // so a 404 tells nobody else what exists.
             _ => Need::Superuser,
         },
+        // Transactions of every role: superusers only.
+        ["admin", "v3", "transactions", ..] => Need::Superuser,
         _ => Need::Authenticated,
     }
 }
@@ -190,6 +201,11 @@ mod tests {
         let post = Method::POST;
         let cases = [
             (&get, "/metrics", Need::Open),
+            (
+                &get,
+                "/admin/v3/transactions/transactionMetadata/0/1",
+                Need::Superuser,
+            ),
             (&get, "/admin/v2/brokers/health", Need::Open),
             (&get, "/admin/v2/clusters", Need::Authenticated),
             (&get, "/admin/v2/tenants", Need::Superuser),
@@ -241,6 +257,27 @@ mod tests {
                 ns(TopicAction::Lookup),
             ),
             (&get, "/admin/v2/vela/write-path", Need::Superuser),
+            (
+                &get,
+                "/admin/v2/schemas/acme/app/t/schemas",
+                ns(TopicAction::Lookup),
+            ),
+            (
+                &post,
+                "/admin/v2/schemas/acme/app/t/version",
+                ns(TopicAction::Lookup),
+            ),
+            (
+                &post,
+                "/admin/v2/schemas/acme/app/t/schema",
+                ns(TopicAction::Produce),
+            ),
+            (&post, "/admin/v2/schemas/acme/app/t/compatibility", admin()),
+            (
+                &Method::DELETE,
+                "/admin/v2/schemas/acme/app/t/schema",
+                admin(),
+            ),
             (&get, "/nowhere", Need::Authenticated),
             (&get, "/admin/v2/elsewhere/a/b", Need::Superuser),
             // Percent-encoded names are decoded before the check.

@@ -1,8 +1,8 @@
 //! Vela's broker-level routes: the health probe, `/metrics` (Prometheus
-//! text, written by `prometheus`), the write-path breakdown
-//! (`/admin/v2/vela/write-path`) and Pulsar's `BrokersBase` routes: the
-//! active brokers, the leader, the dynamic configuration
-//! (`broker_config`).
+//! text, written by `prometheus`), the write-path and read-path breakdowns
+//! (`/admin/v2/vela/write-path`, `/admin/v2/vela/read-path`) and Pulsar's
+//! `BrokersBase` routes: the active brokers, the leader, the dynamic
+//! configuration (`broker_config`).
 //! Never: keeps state; every figure comes from the service's metrics.
 
 use std::sync::Arc;
@@ -28,6 +28,7 @@ pub(super) fn routes() -> Router<Arc<Service>> {
         .route("/metrics", get(metrics))
         .route("/metrics/", get(metrics))
         .route("/admin/v2/vela/write-path", get(write_path))
+        .route("/admin/v2/vela/read-path", get(read_path))
         .route("/admin/v2/brokers/leaderBroker", get(leader_broker))
         .route("/admin/v2/brokers", get(local_brokers))
         .route("/admin/v2/brokers/{cluster}", get(active_brokers))
@@ -83,6 +84,71 @@ async fn leader_broker(State(service): Shared) -> ApiResult<axum::Json<Value>> {
     })))
 }
 
+/// One row of a stage breakdown: count, mean, percentiles and a bound on the
+/// maximum (µs), with the bucket counts.
+fn stage_row(stage: &str, scope: &str, latency: &Snapshot) -> serde_json::Value {
+    let summary = latency.summary();
+    json!({
+        "stage": stage,
+        "scope": scope,
+        "count": summary.count,
+        "sum_us": latency.sum,
+        "mean_us": summary.mean,
+        "p50_us": summary.p50,
+        "p99_us": summary.p99,
+        "p999_us": summary.p999,
+        // The upper bound of the highest non-empty bucket: the slowest
+        // sample was at most this.
+        "max_us": summary.max,
+        "buckets": latency.buckets.to_vec(),
+    })
+}
+
+/// Rows of `stages` from every instance: one merged row when a stage runs
+/// on several instances (bookies), then each.
+fn stage_rows(service: &Service, stages: &[Stage], rows: &mut Vec<serde_json::Value>) {
+    let all = service.write_path();
+    for &stage in stages {
+        let instances: Vec<_> = all.iter().filter(|s| s.stage == stage).collect();
+        if instances.len() > 1 {
+            let mut merged = Snapshot::default();
+            for s in &instances {
+                merged.merge(&s.latency);
+            }
+            rows.push(stage_row(stage.as_str(), "all", &merged));
+        }
+        for s in instances {
+            rows.push(stage_row(stage.as_str(), &s.instance, &s.latency));
+        }
+    }
+}
+
+/// `GET /admin/v2/vela/read-path`: as `write-path`, for the read-path
+/// stages (dispatcher read wait and read, ledger read, bookie read from
+/// cache and from entry logs), plus the bytes each stage read.
+async fn read_path(State(service): Shared) -> ApiResult<Response> {
+    let mut rows = Vec::new();
+    stage_rows(&service, &Stage::READ_PATH, &mut rows);
+    let bytes: Vec<serde_json::Value> = service
+        .storage_metrics()
+        .into_iter()
+        .filter(|m| m.family == crate::metrics::StorageFamily::ReadBytes)
+        .map(|m| {
+            json!({
+                "stage": m.label.map(|(_, v)| v).unwrap_or_default(),
+                "scope": m.instance,
+                "bytes": m.value as u64,
+            })
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "bucket_bounds_us": vela_metrics::BUCKET_BOUNDS.to_vec(),
+        "stages": rows,
+        "bytes": bytes,
+    }))
+    .into_response())
+}
+
 async fn health() -> &'static str {
     "ok"
 }
@@ -108,21 +174,7 @@ async fn metrics(State(service): Shared) -> Response {
 async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<Response> {
     let mut rows = Vec::new();
     let mut add = |stage: &str, scope: &str, latency: &Snapshot| {
-        let summary = latency.summary();
-        rows.push(json!({
-            "stage": stage,
-            "scope": scope,
-            "count": summary.count,
-            "sum_us": latency.sum,
-            "mean_us": summary.mean,
-            "p50_us": summary.p50,
-            "p99_us": summary.p99,
-            "p999_us": summary.p999,
-            // The upper bound of the highest non-empty bucket: the slowest
-            // sample was at most this.
-            "max_us": summary.max,
-            "buckets": latency.buckets.to_vec(),
-        }));
+        rows.push(stage_row(stage, scope, latency));
     };
     let topic = params.get("topic").filter(|t| !t.is_empty());
     if let Some(topic) = topic {
@@ -146,20 +198,7 @@ async fn write_path(State(service): Shared, Query(params): Params) -> ApiResult<
         add("storage_write", "topic", &storage);
     }
     // Same stage on several instances (bookies): one merged row, then each.
-    let all = service.write_path();
-    for stage in Stage::ALL {
-        let instances: Vec<_> = all.iter().filter(|s| s.stage == stage).collect();
-        if instances.len() > 1 {
-            let mut merged = Snapshot::default();
-            for s in &instances {
-                merged.merge(&s.latency);
-            }
-            add(stage.as_str(), "all", &merged);
-        }
-        for s in instances {
-            add(stage.as_str(), &s.instance, &s.latency);
-        }
-    }
+    stage_rows(&service, &Stage::WRITE_PATH, &mut rows);
     Ok(axum::Json(json!({
         "topic": topic,
         "bucket_bounds_us": vela_metrics::BUCKET_BOUNDS.to_vec(),

@@ -12,13 +12,14 @@
 //! (`tls::HttpsListener`).
 //! Routes: `brokers` (health, metrics, write path), `lookup`, `namespaces`
 //! (tenants, clusters, namespaces and their policies), `bundles`,
-//! `permissions` (namespace grants), `topics` (topics, partitioned topics,
-//! stats, subscriptions), `termination` (terminate), `non_persistent`
-//! (non-persistent topics), `topic_policies` (topic-level policies and
-//! properties), `messages` (entries by id, peek, id by time), `schemas`
-//! (the schema registry), `namespace_policies` (namespace policies kept as
-//! Pulsar's JSON, properties, subscription grants); `prometheus` writes the
-//! metrics text.
+//! `permissions` (namespace grants), `schema_policy` (the
+//! `schemaCompatibilityStrategy` routes, namespace and topic), `topics`
+//! (topics, partitioned topics, stats, subscriptions), `termination`
+//! (terminate), `non_persistent` (non-persistent topics), `topic_policies`
+//! (topic-level policies and properties), `messages` (entries by id, peek,
+//! id by time), `schemas` (the schema registry), `namespace_policies`
+//! (namespace policies kept as Pulsar's JSON, properties, subscription
+//! grants); `prometheus` writes the metrics text.
 //! Layering: the top of the broker: nothing else in the crate uses this
 //! module except `lib.rs` (starting the listener). It reaches the broker
 //! through the service, the admin store and the topics, never a connection.
@@ -36,10 +37,12 @@ mod namespaces;
 mod non_persistent;
 mod permissions;
 mod prometheus;
+mod schema_policy;
 mod schemas;
 mod termination;
 mod topic_policies;
 mod topics;
+mod transactions;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,6 +52,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use axum::extract::connect_info::Connected;
+use axum::serve::IncomingStream;
+
+use crate::auth::TransportIdentity;
 use crate::error::BrokerError;
 use crate::service::Service;
 use api::ListenerScheme;
@@ -82,7 +89,9 @@ impl HttpServer {
             service.config.advertised_host,
             local_addr.port()
         ));
-        let router = router(service).layer(axum::Extension(scheme));
+        let router = router(service)
+            .layer(axum::Extension(scheme))
+            .into_make_service_with_connect_info::<TransportIdentity>();
         let (stop, stopped) = oneshot::channel::<()>();
         let shutdown = async move {
             let _ = stopped.await;
@@ -126,6 +135,29 @@ impl HttpServer {
     }
 }
 
+/// A plain HTTP connection proves nothing.
+impl Connected<IncomingStream<'_, TcpListener>> for TransportIdentity {
+    fn connect_info(_stream: IncomingStream<'_, TcpListener>) -> TransportIdentity {
+        TransportIdentity::default()
+    }
+}
+
+/// An HTTPS connection may carry a client certificate the listener verified
+/// (the TLS provider's role).
+impl Connected<IncomingStream<'_, crate::tls::HttpsListener>> for TransportIdentity {
+    fn connect_info(stream: IncomingStream<'_, crate::tls::HttpsListener>) -> TransportIdentity {
+        TransportIdentity {
+            certificate_cn: stream
+                .io()
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .and_then(|leaf| vela_tls::x509::common_name(leaf)),
+        }
+    }
+}
+
 fn router(service: Arc<Service>) -> Router {
     Router::new()
         .merge(brokers::routes())
@@ -140,6 +172,8 @@ fn router(service: Arc<Service>) -> Router {
         .merge(messages::routes())
         .merge(schemas::routes())
         .merge(namespace_policies::routes())
+        .merge(schema_policy::routes())
+        .merge(transactions::routes())
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&service),
             auth::require,

@@ -11,7 +11,10 @@
 //! Families: broker-wide (`pulsar_active_connections`,
 //! `pulsar_broker_publish_latency` summary in ms, `pulsar_broker_topics_count`,
 //! `vela_send_errors_total`, `vela_write_path_latency_seconds` histogram with
-//! `stage` and `instance` labels), the memory budgets
+//! `stage` and `instance` labels), the transaction coordinators'
+//! (`pulsar_txn_active_count`, `..._created_count`, `..._committed_count`,
+//! `..._aborted_count`, `..._timeout_count`, `..._append_log_count` with a
+//! `coordinator_id` label), the memory budgets
 //! (`pulsar_ml_cache_used_size`, `vela_entry_cache_*`,
 //! `vela_publish_buffer_available_bytes`, `vela_subscription_held_entries`),
 //! the storage families of the registered
@@ -130,11 +133,63 @@ pub(super) async fn render(service: &Service) -> String {
     }
     let mut w = Writer { out: String::new() };
     broker_families(service, rows.len(), &mut w);
+    transaction_families(service, &mut w);
     memory_families(service, &mut w);
     storage_families(&service.storage_metrics(), &mut w);
     topic_families(&rows, &mut w);
     drop_families(service, &rows, &mut w);
     w.out
+}
+
+/// Each open transaction coordinator's counts, with Pulsar's names (all
+/// written as gauges, as Pulsar writes them) and a `coordinator_id` label.
+fn transaction_families(service: &Service, w: &mut Writer) {
+    let Some(transactions) = &service.transactions else {
+        return;
+    };
+    let stats = transactions.stats();
+    if stats.is_empty() {
+        return;
+    }
+    type Field = fn(&crate::transaction::CoordinatorStats) -> u64;
+    let families: [(&str, &str, Field); 6] = [
+        (
+            "pulsar_txn_active_count",
+            "Transactions not yet ended.",
+            |s| s.active,
+        ),
+        ("pulsar_txn_created_count", "Transactions opened.", |s| {
+            s.created
+        }),
+        (
+            "pulsar_txn_committed_count",
+            "Transactions committed.",
+            |s| s.committed,
+        ),
+        (
+            "pulsar_txn_aborted_count",
+            "Transactions aborted (timed-out ones included).",
+            |s| s.aborted,
+        ),
+        (
+            "pulsar_txn_timeout_count",
+            "Transactions aborted by their timeout.",
+            |s| s.timed_out,
+        ),
+        (
+            "pulsar_txn_append_log_count",
+            "Records written to the transaction log.",
+            |s| s.appended,
+        ),
+    ];
+    for (name, help, field) in families {
+        w.family(name, "gauge", help);
+        for coordinator in &stats {
+            let id = coordinator.id.to_string();
+            let l = labels(&[("cluster", CLUSTER_NAME), ("coordinator_id", &id)]);
+            w.sample(name, &l, field(coordinator) as f64);
+        }
+    }
 }
 
 /// The broker-wide memory budgets: the entry cache (Pulsar's
@@ -292,13 +347,26 @@ fn broker_families(service: &Service, topics: usize, w: &mut Writer) {
         publish.sum as f64 / 1000.0,
     );
 
-    let name = "vela_write_path_latency_seconds";
-    w.family(
-        name,
-        "histogram",
+    let stages = service.write_path();
+    let (read, write): (Vec<_>, Vec<_>) = stages.into_iter().partition(|s| s.stage.is_read());
+    stage_family(
+        "vela_write_path_latency_seconds",
         "Latency of each write-path stage (journal stages: per group or per fdatasync).",
+        &write,
+        w,
     );
-    for stage in service.write_path() {
+    stage_family(
+        "vela_read_path_latency_seconds",
+        "Latency of each read-path stage (dispatcher: per read or per wait; ledger and bookie: per entry).",
+        &read,
+        w,
+    );
+}
+
+/// One histogram family of stage latencies.
+fn stage_family(name: &str, help: &str, stages: &[crate::metrics::StageLatency], w: &mut Writer) {
+    w.family(name, "histogram", help);
+    for stage in stages {
         let stage_name = stage.stage.as_str();
         let instance = stage.instance.as_str();
         for bound in STAGE_EXPORT_BOUNDS_US {

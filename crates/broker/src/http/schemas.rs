@@ -7,8 +7,10 @@
 //!
 //! Shapes: GET answers `{version, type, timestamp, data, properties}` with
 //! Pulsar's type names and the definition as text; POST takes `{type,
-//! schema, properties}`. Registration and the compatibility test apply the
-//! registry's rule (`schema::SchemaRegistry::get_or_create`).
+//! schema, properties}`. Registration and the compatibility test check the
+//! schema under the strategy that applies to the topic (topic, namespace,
+//! broker default: `Service::schema_strategy`) with `schema::compat`, as a
+//! producer's schema is checked.
 //! Never: keeps state; the registry is in the metadata store.
 
 use std::collections::BTreeMap;
@@ -206,7 +208,12 @@ async fn register(
         return Err(ApiError::not_found("Namespace does not exist"));
     }
     let schema = schema_from(&topic, &body)?;
-    match service.schemas.get_or_create(&topic, &schema).await {
+    let strategy = service.schema_strategy(&topic).await?;
+    match service
+        .schemas
+        .get_or_create(&topic, &schema, strategy)
+        .await
+    {
         Ok(version) => Ok(axum::Json(json!({ "version": { "version": version } }))),
         Err(e) if e.code == proto::ServerError::IncompatibleSchema => {
             Err(ApiError::new(StatusCode::CONFLICT, e.message))
@@ -228,8 +235,9 @@ async fn version_of(
     }
 }
 
-/// Whether a schema would be accepted: the registry's rule (same type as
-/// the latest version, or no schema yet).
+/// Whether a schema would be accepted under the strategy that applies to
+/// the topic (`Service::schema_strategy`, checked by `schema::compat`), and
+/// that strategy.
 async fn compatibility(
     State(service): Shared,
     Path((tenant, namespace, local)): Path<(String, String, String)>,
@@ -237,13 +245,14 @@ async fn compatibility(
 ) -> ApiResult<axum::Json<Value>> {
     let topic = topic(&tenant, &namespace, &local)?;
     let schema = schema_from(&topic, &body)?;
-    let compatible = match service.schemas.get(&topic, None).await? {
-        Some((_, latest)) => latest.r#type == schema.r#type,
-        None => true,
-    };
+    let strategy = service.schema_strategy(&topic).await?;
+    let compatible = service
+        .schemas
+        .is_compatible(&topic, &schema, strategy)
+        .await?;
     Ok(axum::Json(json!({
         "compatibility": compatible,
-        "schemaCompatibilityStrategy": "FULL",
+        "schemaCompatibilityStrategy": strategy.name(),
     })))
 }
 

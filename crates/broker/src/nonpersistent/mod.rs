@@ -311,6 +311,12 @@ impl NonPersistentTopic {
         !self.producers.is_empty() || !self.subscriptions.lock().is_empty()
     }
 
+    /// True while a producer is registered (a consumer's schema is then
+    /// checked, never registered, as for persistent topics).
+    pub(crate) fn has_producers(&self) -> bool {
+        !self.producers.is_empty()
+    }
+
     /// True while producers or consumers are attached.
     pub(crate) fn has_clients(&self) -> bool {
         !self.producers.is_empty() || self.consumer_count.load(Ordering::Acquire) > 0

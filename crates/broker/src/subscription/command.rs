@@ -268,6 +268,8 @@ pub(crate) struct SubscriptionSpec {
     /// and 10k consumers is far beyond any real subscription). When reached:
     /// SUBSCRIBE gets ConsumerBusy.
     pub(crate) consumers_max: usize,
+    /// The broker's read-ahead budget and read-path stages.
+    pub(crate) reads: super::read_ahead::SubscriptionReads,
     /// The broker-wide count of entries subscriptions hold.
     pub(crate) held: std::sync::Arc<super::held::HeldEntries>,
     /// The topic's dispatch policies, changed while the subscription runs.

@@ -5,16 +5,21 @@
 //! Owns: [`Dispatcher`], whose state is grouped by job: `acks` (what is
 //! acknowledged), `consumers` (who may take what), `outstanding` (what is
 //! out or to be sent again), `delayed` (what waits for its time), `reader`
-//! (where new entries come from) and the counters behind the stats.
+//! (where new entries come from), `ahead` (entries read ahead and the log
+//! read in flight: new entries are taken from it, and it is topped up
+//! whenever it has room, so a read runs while entries go out) and the
+//! counters behind the stats.
 //! Guarantees: per consumer, entries go out in log order except
 //! redeliveries, which go first; on Key_Shared, entries of one hash slot go
 //! out in log order (an entry waits in replay while an earlier one of its
 //! slot waits); nothing is sent to a consumer whose permits are ≤ 0; the
 //! entries held (out, to replay, delayed) stay within their bounds plus
 //! one read batch (asserted in debug builds).
-//! Never: reads more than `READ_BATCH_ENTRIES_MAX` entries at once, holds
-//! more than `UNACKED_ENTRIES_MAX` unacked entries (dispatch pauses
-//! instead), or touches a connection other than through its outbound queue.
+//! Never: reads more than `READ_BATCH_ENTRIES_MAX` entries at once, has
+//! more than one log read in flight or more than `READ_AHEAD_READS_MAX`
+//! reads' worth read ahead, holds more than `UNACKED_ENTRIES_MAX` unacked
+//! entries (dispatch pauses instead), or touches a connection other than
+//! through its outbound queue.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -33,7 +38,8 @@ use super::command::{
 use super::consumers::{Consumers, Route};
 use super::delayed::{self, DELAYED_ENTRIES_MAX, Delayed};
 use super::held::HeldShare;
-use super::reader::{READ_BATCH_ENTRIES_MAX, Reader};
+use super::read_ahead::{Fetched, ReadAhead};
+use super::reader::{READ_BATCH_BYTES_MAX, READ_BATCH_ENTRIES_MAX, Reader};
 use super::redelivery::{Outstanding, REPLAY_ENTRIES_MAX, SLOT_UNKNOWN, UNACKED_ENTRIES_MAX};
 use super::seek::resolve_seek;
 use crate::codec;
@@ -95,6 +101,7 @@ pub(crate) fn spawn(
         delayed: Delayed::default(),
         policy: spec.policy,
         reader: Reader::new(Arc::clone(&spec.log), read_position, spec.compaction),
+        ahead: ReadAhead::new(spec.reads),
         log: spec.log,
         counters: Counters {
             msg_out: 0,
@@ -135,6 +142,7 @@ struct Dispatcher {
     outstanding: Outstanding,
     delayed: Delayed,
     reader: Reader,
+    ahead: ReadAhead,
     counters: Counters,
     /// This subscription's share of the broker-wide count of held entries.
     held: HeldShare,
@@ -153,6 +161,8 @@ enum Wake {
     Retry,
     /// New entries, a delayed entry due, or room for held entries.
     Again,
+    /// The read-ahead's read in flight finished.
+    Read(Result<Vec<LogEntry>, String>),
 }
 
 enum Flow {
@@ -172,7 +182,7 @@ impl Dispatcher {
             let waiting = self.reader.caught_up
                 && self.consumers.total_permits() > 0
                 && !self.subscription_unacked_full();
-            let read_position = self.reader.position();
+            let read_position = self.next_read_position();
             let log = Arc::clone(&self.log);
             let next_due = self.delayed.next_due_ms();
             let delay = next_due.map_or(std::time::Duration::ZERO, |due_ms| {
@@ -185,6 +195,8 @@ impl Dispatcher {
             let retrying = self.reader.retry_at().is_some();
             let held = Arc::clone(self.held.budget());
             let held_blocked = self.held_blocked;
+            let reading = self.ahead.in_flight();
+            let ahead = &mut self.ahead;
             // Boxed: the futures of this wait (timers, the log's watch, the
             // channel) live only while it waits, and a parked subscription
             // task holds only the dispatcher's state (~1.3 KiB less each).
@@ -202,6 +214,7 @@ impl Dispatcher {
                         Some(command) => Wake::Command(command),
                         None => Wake::Closed,
                     },
+                    result = ahead.finished(), if reading => Wake::Read(result),
                     _ = log.wait_for_entry_at(read_position), if waiting => Wake::Again,
                     _ = tokio::time::sleep(delay), if next_due.is_some() => Wake::Again,
                     _ = tokio::time::sleep_until(retry_at), if retrying => Wake::Retry,
@@ -210,15 +223,17 @@ impl Dispatcher {
                 }
             })
             .await;
-            let command = match wake {
-                Wake::Command(command) => Some(*command),
+            let mut command = None;
+            match wake {
+                Wake::Command(received) => command = Some(*received),
                 Wake::Closed => break,
                 Wake::Retry => {
                     self.reader.clear_retry();
-                    None
+                    self.reader.caught_up = false;
                 }
-                Wake::Again => None,
-            };
+                Wake::Again => self.reader.caught_up = false,
+                Wake::Read(result) => self.read_finished(result),
+            }
             if self.log.is_closed() {
                 // The topic's log closed or failed: consumers reconnect (to a
                 // reopened topic) after CLOSE_CONSUMER.
@@ -232,13 +247,10 @@ impl Dispatcher {
             // Handling and dispatching are boxed: a parked subscription
             // task then holds only this loop's state (~2 KiB less per
             // subscription), at one allocation per wake-up.
-            match command {
-                Some(command) => {
-                    if let Flow::Stop = Box::pin(self.handle(command)).await {
-                        break;
-                    }
-                }
-                None => self.reader.caught_up = false,
+            if let Some(command) = command
+                && let Flow::Stop = Box::pin(self.handle(command)).await
+            {
+                break;
             }
             self.reader.set_active(!self.consumers.is_empty());
             self.held_blocked = false;
@@ -248,6 +260,78 @@ impl Dispatcher {
         }
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription stopped");
         on_end(&self.name);
+    }
+
+    /// Where the next log read starts: after the entries read ahead, or at
+    /// the read position.
+    fn next_read_position(&self) -> Position {
+        match self.ahead.next_read_after() {
+            Some(last) => self.reader.next_after(last),
+            None => self.reader.position(),
+        }
+    }
+
+    /// The read in flight finished: its entries join the read-ahead.
+    fn read_finished(&mut self, result: Result<Vec<LogEntry>, String>) {
+        match self.ahead.complete(result, self.reader.position()) {
+            Fetched::Entries => {}
+            Fetched::Nothing => {
+                self.reader.caught_up = true;
+                self.ahead.note_caught_up();
+            }
+            Fetched::Failed(error) => {
+                tracing::warn!(topic = %self.topic, subscription = %self.name, %error, "read failed");
+                self.reader.caught_up = false;
+                self.reader.schedule_retry();
+            }
+        }
+    }
+
+    /// Starts a read of the next batch when the read-ahead has room (and
+    /// the log may have more): in the background from the ledgers, or at
+    /// once from the tail cache when consumers wait and it holds the next
+    /// entries. A compacted view is read inline, on demand only.
+    async fn top_up(&mut self) {
+        if self.reader.caught_up
+            || self.reader.retry_at().is_some()
+            || self.consumers.is_empty()
+            || !self.ahead.has_room()
+        {
+            return;
+        }
+        let demand = self.ahead.is_empty() && self.consumers.total_permits() > 0;
+        let from = self.next_read_position();
+        if !self.reader.has_compaction() && self.log.last_confirmed().is_none_or(|last| from > last)
+        {
+            // At the tail: nothing to read until the log grows.
+            self.reader.caught_up = true;
+            return;
+        }
+        if self.reader.has_compaction() {
+            if !demand {
+                return;
+            }
+            match self.reader.read(from, READ_BATCH_ENTRIES_MAX).await {
+                Ok(entries) if entries.is_empty() => self.reader.caught_up = true,
+                Ok(entries) => self.ahead.push_unreserved(entries),
+                Err(error) => {
+                    tracing::warn!(topic = %self.topic, subscription = %self.name, %error, "read failed");
+                    self.reader.schedule_retry();
+                }
+            }
+            return;
+        }
+        if demand {
+            // The tail: entries in memory already, no read to wait for.
+            let cached = self
+                .log
+                .read_cached(from, READ_BATCH_ENTRIES_MAX, READ_BATCH_BYTES_MAX);
+            if !cached.is_empty() {
+                self.ahead.push_unreserved(cached);
+                return;
+            }
+        }
+        self.ahead.start(&self.log, from, demand);
     }
 
     async fn handle(&mut self, command: SubCommand) -> Flow {
@@ -466,8 +550,21 @@ impl Dispatcher {
         if !self.consumers.detach(key) {
             return;
         }
-        // Every entry it had not acked goes back to the replay set.
-        self.outstanding.requeue_owned_by(key);
+        // Every entry it had not acked goes back to the replay set; on
+        // Shared and Key_Shared, counted as redelivered as Pulsar counts it.
+        if matches!(
+            self.consumers.sub_type(),
+            SubType::Shared | SubType::KeyShared
+        ) {
+            let consumers_left = !self.consumers.is_empty();
+            self.outstanding.requeue_left_by(key, consumers_left);
+        } else {
+            self.outstanding.requeue_owned_by(key);
+        }
+        if self.consumers.is_empty() {
+            // Nobody to read ahead for: give the budget back.
+            self.ahead.clear();
+        }
         if self.consumers.has_active_consumer() {
             self.pick_active().await;
         }
@@ -610,6 +707,7 @@ impl Dispatcher {
             .map_err(ServiceError::from)?;
         self.outstanding.clear();
         self.delayed.clear();
+        self.ahead.clear();
         self.reader.seek(next);
         tracing::info!(topic = %self.topic, subscription = %self.name, position = %next, "seek");
         Ok(())
@@ -637,6 +735,7 @@ impl Dispatcher {
             let _ = slot.info.out.send(frame).await;
         }
         self.outstanding.requeue_all();
+        self.ahead.clear();
     }
 
     /// Sends entries while some consumer has permits.
@@ -678,18 +777,15 @@ impl Dispatcher {
                 self.held_blocked = true;
                 return;
             }
-            let wanted = (self.consumers.total_permits() as usize).clamp(1, READ_BATCH_ENTRIES_MAX);
-            let entries = match self.reader.read(self.reader.position(), wanted).await {
-                Ok(entries) => entries,
-                Err(e) => {
-                    tracing::warn!(topic = %self.topic, subscription = %self.name, error = %e, "read failed");
-                    self.reader.caught_up = false;
-                    self.reader.schedule_retry();
+            if self.ahead.is_empty() {
+                self.top_up().await;
+            }
+            if self.ahead.is_empty() {
+                if self.ahead.in_flight() || self.reader.retry_at().is_some() {
+                    // Consumers wait for the read in flight.
+                    self.ahead.note_waiting();
                     return;
                 }
-            };
-            if entries.is_empty() {
-                self.reader.caught_up = true;
                 if progressed && self.outstanding.replay_len() > 0 {
                     // A replay pass takes at most READ_BATCH_ENTRIES_MAX
                     // entries: go on with the rest now, as nothing else may
@@ -699,7 +795,12 @@ impl Dispatcher {
                 return;
             }
             let mut stuck_slots: HashSet<u32> = self.outstanding.replay_slots();
-            for entry in entries {
+            let mut taken = 0;
+            while taken < READ_BATCH_ENTRIES_MAX {
+                let Some(entry) = self.ahead.take(self.reader.position()) else {
+                    break;
+                };
+                taken += 1;
                 let pos = entry.position;
                 if self.acks.is_acked(pos) || self.outstanding.contains(pos) {
                     self.reader.move_past(pos);
@@ -729,13 +830,18 @@ impl Dispatcher {
                 }
                 match self.consumers.route(slot, pos, &HashSet::new()) {
                     Route::Deliver(index) => {
+                        self.ahead.note_fed();
                         self.deliver(index, entry, slot).await;
                     }
                     Route::Hold => {
                         stuck_slots.insert(slot);
                         self.outstanding.queue_replay(pos, slot);
                     }
-                    Route::Stop => return,
+                    Route::Stop => {
+                        self.ahead.put_back(entry);
+                        self.top_up().await;
+                        return;
+                    }
                 }
                 self.reader.move_past(pos);
                 progressed = true;
@@ -745,6 +851,7 @@ impl Dispatcher {
                     <= HELD_ENTRIES_MAX,
                 "a subscription holds more entries than its bounds allow"
             );
+            self.top_up().await;
             if !progressed {
                 return;
             }

@@ -17,6 +17,8 @@
 //!   to replay, delayed) and its bound;
 //! - `reader`: where entries are read from (the log, or the compacted view)
 //!   and the read position;
+//! - `read_ahead`: entries read ahead and the read in flight, within the
+//!   broker-wide read-ahead budget;
 //! - `seek`: finding positions by message id or publish time.
 //!
 //! Dependencies point down that list; this module only re-exports. A
@@ -37,6 +39,7 @@ mod consumers;
 mod delayed;
 mod dispatcher;
 mod held;
+mod read_ahead;
 mod reader;
 mod redelivery;
 mod seek;
@@ -49,5 +52,6 @@ pub(crate) use consumers::{Consumers, Route};
 pub(crate) use delayed::now_ms;
 pub(crate) use dispatcher::spawn;
 pub(crate) use held::HeldEntries;
+pub(crate) use read_ahead::SubscriptionReads;
 pub(crate) use reader::READ_BATCH_ENTRIES_MAX;
 pub(crate) use seek::{first_published_at_or_after, resolve_seek};

@@ -82,6 +82,11 @@ impl Reader {
         }
     }
 
+    /// Whether reads follow a compacted view (`read_compacted`).
+    pub(super) fn has_compaction(&self) -> bool {
+        self.compaction.is_some()
+    }
+
     /// Next position to read new entries from.
     pub(super) fn position(&self) -> Position {
         self.position

@@ -149,6 +149,24 @@ impl Outstanding {
         entry.is_some()
     }
 
+    /// A Shared or Key_Shared consumer went away: what was out to it goes
+    /// back to `replay` counted as redelivered once, unless counted already
+    /// (Pulsar's `redeliveryTracker.addIfAbsent` in
+    /// `PersistentDispatcherMultipleConsumers.removeConsumer`); when it was
+    /// the last consumer, every count is forgotten instead (Pulsar clears its
+    /// tracker: the next consumer starts from the cursor again).
+    pub(super) fn requeue_left_by(&mut self, owner: ConsumerKey, consumers_left: bool) {
+        if !consumers_left {
+            self.requeue_owned_by(owner);
+            self.redelivery.clear();
+            return;
+        }
+        for pos in self.owned_by(owner) {
+            self.redelivery.entry(pos).or_insert(1);
+        }
+        self.requeue_owned_by(owner);
+    }
+
     /// Everything out to `owner` goes back to `replay` (it went away, or is
     /// no longer the active consumer).
     pub(super) fn requeue_owned_by(&mut self, owner: ConsumerKey) {
@@ -245,6 +263,34 @@ mod tests {
         assert_eq!(outstanding.replay_len(), 3);
         assert!(outstanding.has_before(p(1)));
         assert!(!outstanding.has_before(p(0)));
+    }
+
+    #[test]
+    fn a_consumer_leaving_counts_its_entries_redelivered_unless_it_was_the_last() {
+        let mut outstanding = Outstanding::default();
+        outstanding.sent(p(0), A, 0);
+        outstanding.sent(p(1), A, 0);
+        outstanding.sent(p(2), B, 0);
+        for _ in 0..2 {
+            assert!(outstanding.redeliver(p(1)));
+            outstanding.unreplay(p(1));
+            outstanding.sent(p(1), A, 0);
+        }
+        outstanding.requeue_left_by(A, true);
+        assert_eq!(outstanding.redelivery_count(p(0)), 1);
+        assert_eq!(
+            outstanding.redelivery_count(p(1)),
+            2,
+            "counted already: kept"
+        );
+        assert_eq!(outstanding.redelivery_count(p(2)), 0);
+        outstanding.requeue_left_by(B, false);
+        assert_eq!(outstanding.replay_len(), 3);
+        assert_eq!(
+            outstanding.redelivery_count(p(0)),
+            0,
+            "the last consumer left"
+        );
     }
 
     #[test]

@@ -127,6 +127,7 @@ impl Topic {
         dedup_enabled: bool,
         compaction: Compaction,
         limits: TopicLimits,
+        reads: crate::subscription::SubscriptionReads,
         held: Arc<HeldEntries>,
     ) -> Arc<Topic> {
         let full_name = name.to_string();
@@ -140,6 +141,7 @@ impl Topic {
             subscriptions: SubscriptionTable::new(
                 limits.consumers_max,
                 limits.consumers_per_subscription_max,
+                reads,
                 held,
             ),
             policies: PolicyState::default(),
@@ -308,6 +310,17 @@ impl Topic {
         }
         self.producers
             .add(name, reg, access_mode, request_id, not_ready_reply)
+    }
+
+    /// True while a producer is registered (a consumer's schema is then
+    /// checked, never registered, as Pulsar's `addSchemaIfIdleOrCheckCompatible`).
+    pub(crate) fn has_producers(&self) -> bool {
+        !self.producers.is_empty()
+    }
+
+    /// The topic epoch (PRODUCER_SUCCESS.topic_epoch).
+    pub(crate) fn topic_epoch(&self) -> Option<u64> {
+        self.producers.topic_epoch()
     }
 
     /// Removes a producer (registered or waiting) if it is still the same

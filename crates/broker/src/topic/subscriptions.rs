@@ -25,7 +25,9 @@ use crate::compaction::Compaction;
 use crate::error::ServiceError;
 use crate::stats::SubscriptionStats;
 use crate::subscription::HeldEntries;
-use crate::subscription::{self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionSpec};
+use crate::subscription::{
+    self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionReads, SubscriptionSpec,
+};
 use crate::topic_name::TopicName;
 
 /// Subscriptions on one topic (each is a task and a cursor). When reached:
@@ -115,6 +117,8 @@ pub(crate) struct SubscriptionTable {
     consumers_max: usize,
     /// `TopicLimits::consumers_per_subscription_max`.
     consumers_per_subscription_max: usize,
+    /// The broker's read-ahead budget and read-path stages.
+    reads: SubscriptionReads,
     /// The broker-wide count of entries subscriptions hold.
     held: Arc<HeldEntries>,
 }
@@ -123,6 +127,7 @@ impl SubscriptionTable {
     pub(crate) fn new(
         consumers_max: usize,
         consumers_per_subscription_max: usize,
+        reads: SubscriptionReads,
         held: Arc<HeldEntries>,
     ) -> SubscriptionTable {
         SubscriptionTable {
@@ -132,6 +137,7 @@ impl SubscriptionTable {
             consumer_count: Arc::new(AtomicUsize::new(0)),
             consumers_max,
             consumers_per_subscription_max,
+            reads,
         }
     }
 
@@ -213,6 +219,7 @@ impl SubscriptionTable {
                         compaction: request.read_compacted.then(|| Arc::clone(compaction)),
                         consumers_max: self.consumers_per_subscription_max,
                         policy: Arc::clone(policy),
+                        reads: self.reads.clone(),
                         held: Arc::clone(&self.held),
                     },
                     on_end,

@@ -42,12 +42,22 @@ impl Retention {
 pub struct LogConfig {
     /// Replication of the ledgers this log creates from now on.
     pub persistence: Persistence,
-    /// Roll over to a new ledger after this many entries (Pulsar: 50 000).
+    /// A ledger is full after this many entries (Pulsar's
+    /// `managedLedgerMaxEntriesPerLedger`, 50 000).
     pub ledger_entries_max: u64,
-    /// Roll over after this many payload bytes.
+    /// A ledger is full after this many payload bytes (Pulsar's
+    /// `managedLedgerMaxSizePerLedgerMbytes`, 2048 MiB).
     pub ledger_bytes_max: u64,
-    /// Roll over a ledger this old at the next append (Pulsar: 240 min).
+    /// A ledger this old is full (Pulsar's
+    /// `managedLedgerMaxLedgerRolloverTimeMinutes`, 240 min); checked at
+    /// each append.
     pub ledger_age_max: Duration,
+    /// A full ledger rolls over only once older than this (Pulsar's
+    /// `managedLedgerMinLedgerRolloverTimeMinutes`, 10 min; zero: at once).
+    /// On a log without cursors, a closed ledger is also kept at least this
+    /// long after it closed, so readers always find the data of the last
+    /// `ledger_age_min` (see `lifecycle`).
+    pub ledger_age_min: Duration,
     /// Individually acknowledged entries a cursor keeps above its mark-delete
     /// position; beyond it further individual acks are refused.
     pub cursor_acked_entries_max: usize,
@@ -65,8 +75,9 @@ impl Default for LogConfig {
         LogConfig {
             persistence: Persistence::SINGLE,
             ledger_entries_max: 50_000,
-            ledger_bytes_max: 1 << 30,
+            ledger_bytes_max: 2048 << 20,
             ledger_age_max: Duration::from_secs(240 * 60),
+            ledger_age_min: Duration::from_secs(10 * 60),
             cursor_acked_entries_max: 100_000,
             cursor_persisted_ranges_max: 10_000,
             cursor_persist_interval: Duration::from_millis(100),

@@ -9,6 +9,19 @@
 //! Guarantees: a rollover closes the full ledger (every add on it completed)
 //! before it attaches the next one to the append queue, so appends complete
 //! in queue order across ledgers; the ledger being written is never trimmed.
+//!
+//! When a ledger is full is the append queue's `LedgerLimits` (Pulsar's
+//! rule: an entry or size cap, or the maximum age, and never before the
+//! minimum rollover age). Trimming follows Pulsar's `internalTrimLedgers`:
+//! closed ledgers below the slowest cursor's mark-delete position (every
+//! closed ledger when the log has no cursor), oldest first, each only once
+//! retention (time since it closed, then the log's size without it) lets it
+//! go. One rule more than Pulsar: on a log without cursors (a topic without
+//! subscriptions, read by readers) a closed ledger is also kept until it has
+//! been closed for the minimum rollover age, so a reader from the earliest
+//! position always finds what was written in that last span, also right
+//! after a rollover or a restart (which closes the recovered ledger). Pulsar
+//! drops such a ledger at once.
 //! Never: holds the state lock across an `.await`, or deletes a ledger before
 //! the metadata record without it is stored.
 
@@ -20,6 +33,13 @@ use crate::format::{self, LedgerInfo, LogInfo};
 
 use super::ledger_order::{check_ledger_order, unix_ms};
 use super::{Retention, Shared};
+
+/// Whether a log without cursors keeps a closed ledger for its readers:
+/// closed less than `age_min` ago.
+fn recent_for_readers(ledger: &LedgerInfo, now_ms: u64, age_min: std::time::Duration) -> bool {
+    let closed = ledger.closed_unix_ms.unwrap_or(ledger.created_unix_ms);
+    now_ms.saturating_sub(closed) < u64::try_from(age_min.as_millis()).unwrap_or(u64::MAX)
+}
 
 /// Whether retention lets a consumed, closed ledger go while the log holds
 /// `log_bytes`: older than the time limit, or the log over the size limit.
@@ -142,26 +162,29 @@ impl Shared {
         self.trim().await;
     }
 
-    /// Oldest mark-delete position over all cursors; with no cursor every
-    /// confirmed entry counts as consumed (Pulsar's behaviour without retention).
-    fn slowest_mark_delete(&self) -> Option<Option<crate::position::Position>> {
+    /// Oldest mark-delete position over all cursors, and whether there is
+    /// any cursor; with no cursor every confirmed entry counts as consumed
+    /// (Pulsar's behaviour without retention).
+    fn slowest_mark_delete(&self) -> (Option<Option<crate::position::Position>>, bool) {
         let cursors: Vec<Arc<crate::cursor::Cursor>> =
             self.cursors.lock().values().cloned().collect();
         if cursors.is_empty() {
-            return Some(self.state.lock().last_confirmed);
+            return (Some(self.state.lock().last_confirmed), false);
         }
-        cursors
+        let slowest = cursors
             .iter()
             .map(|cursor| cursor.mark_delete_position())
-            .min()
+            .min();
+        (slowest, true)
     }
 
     /// Deletes the consumed ledgers that retention lets go, oldest first,
-    /// never the ledger being written.
+    /// never the ledger being written (the module doc has the rules).
     pub(crate) async fn trim(&self) {
-        let Some(Some(slowest)) = self.slowest_mark_delete() else {
+        let (Some(Some(slowest)), has_cursors) = self.slowest_mark_delete() else {
             return;
         };
+        let age_min = self.config.ledger_age_min;
         let _meta = self.meta_lock.lock().await;
         let writing = !self.queue.is_stopped();
         let (info, version, trimmed) = {
@@ -178,6 +201,9 @@ impl Shared {
             let mut freed_bytes = 0u64;
             let mut trimmed: Vec<u64> = Vec::new();
             for ledger in consumed {
+                if !has_cursors && recent_for_readers(ledger, now, age_min) {
+                    break;
+                }
                 if !retention_lets_go(retention, ledger, now, total_bytes - freed_bytes) {
                     break;
                 }
@@ -226,5 +252,57 @@ impl Shared {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn closed_at(ms: u64) -> LedgerInfo {
+        LedgerInfo {
+            ledger_id: 1,
+            entries: 10,
+            size_bytes: 100,
+            created_unix_ms: ms.saturating_sub(1000),
+            closed_unix_ms: Some(ms),
+        }
+    }
+
+    #[test]
+    fn readers_keep_ledgers_closed_within_the_minimum_rollover_age() {
+        let ten_minutes = Duration::from_secs(600);
+        let now = 10_000_000;
+        assert!(recent_for_readers(
+            &closed_at(now - 599_999),
+            now,
+            ten_minutes
+        ));
+        assert!(!recent_for_readers(
+            &closed_at(now - 600_000),
+            now,
+            ten_minutes
+        ));
+        assert!(!recent_for_readers(&closed_at(now), now, Duration::ZERO));
+    }
+
+    #[test]
+    fn retention_applies_time_then_size() {
+        let now = 10_000_000;
+        let ledger = closed_at(now - 60_000);
+        let keep_hour = Retention {
+            time: Some(Duration::from_secs(3600)),
+            size_bytes: None,
+        };
+        assert!(!retention_lets_go(keep_hour, &ledger, now, 1 << 30));
+        let keep_kib = Retention {
+            time: None,
+            size_bytes: Some(1024),
+        };
+        assert!(!retention_lets_go(keep_kib, &ledger, now, 1000));
+        assert!(retention_lets_go(keep_kib, &ledger, now, 2000));
+        assert!(retention_lets_go(Retention::NONE, &ledger, now, 0));
     }
 }

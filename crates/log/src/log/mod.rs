@@ -226,6 +226,7 @@ impl ManagedLog {
             entries_max: config.ledger_entries_max,
             bytes_max: config.ledger_bytes_max,
             age_max: config.ledger_age_max,
+            age_min: config.ledger_age_min,
         };
         let budget = env.append_budget.clone();
         let cache = env.cache.register_log();
@@ -403,12 +404,24 @@ impl ManagedLog {
                     break;
                 };
                 position = normalized;
-                let Some(last_in_ledger) =
-                    positions::last_entry_of(&state.ledgers, position.ledger_id)
+                let Some(ledger) = state
+                    .ledgers
+                    .iter()
+                    .find(|l| l.ledger_id == position.ledger_id)
                 else {
                     break;
                 };
-                let wanted = (entries_max - out.len()) as u64;
+                let Some(last_in_ledger) = ledger.entries.checked_sub(1) else {
+                    break;
+                };
+                // One ledger read stays about within the bytes left: as many
+                // entries as the ledger's mean entry size says fit (at least
+                // one), so a read of large entries is not `entries_max` of
+                // them at once.
+                let mean_entry_bytes = (ledger.size_bytes / ledger.entries).max(1);
+                let bytes_left = bytes_max.saturating_sub(bytes) as u64;
+                let fit = (bytes_left / mean_entry_bytes).max(1);
+                let wanted = ((entries_max - out.len()) as u64).min(fit);
                 (
                     position.ledger_id,
                     last_in_ledger.min(position.entry_id + wanted - 1),
@@ -453,6 +466,43 @@ impl ManagedLog {
             position = Position::new(ledger_id, last + 1);
         }
         Ok(out)
+    }
+
+    /// Entries at positions `>= from` that the entry cache holds, in order
+    /// and contiguous from the first entry at or after `from`, stopping at
+    /// the first one it does not hold; at most `entries_max` of them and
+    /// about `bytes_max` bytes. Never reads a ledger (empty when the first
+    /// entry is not cached or nothing is there yet). The entries share the
+    /// cache's buffers.
+    pub fn read_cached(
+        &self,
+        from: Position,
+        entries_max: usize,
+        bytes_max: usize,
+    ) -> Vec<LogEntry> {
+        let (position, last_in_ledger) = {
+            let state = self.shared.state.lock();
+            let Some(position) = positions::normalize(&state.ledgers, state.last_confirmed, from)
+            else {
+                return Vec::new();
+            };
+            let Some(last) = state
+                .ledgers
+                .iter()
+                .find(|l| l.ledger_id == position.ledger_id)
+                .and_then(|l| l.entries.checked_sub(1))
+            else {
+                return Vec::new();
+            };
+            (position, last)
+        };
+        self.shared
+            .cache
+            .run_from(position, last_in_ledger, entries_max, bytes_max)
+            .entries
+            .into_iter()
+            .map(|(position, data)| LogEntry { position, data })
+            .collect()
     }
 
     /// Registers an active reader that reads next at `next`: while it is

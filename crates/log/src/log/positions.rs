@@ -9,14 +9,6 @@
 use crate::format::LedgerInfo;
 use crate::position::Position;
 
-/// Last confirmed entry id of `ledger_id`, `None` if it holds none.
-pub(super) fn last_entry_of(ledgers: &[LedgerInfo], ledger_id: u64) -> Option<u64> {
-    ledgers
-        .iter()
-        .find(|ledger| ledger.ledger_id == ledger_id)
-        .and_then(|ledger| ledger.entries.checked_sub(1))
-}
-
 /// Moves `position` to the first confirmed entry at or after it; `None` when
 /// there is none yet (nothing confirmed at or after it, `last_confirmed`).
 pub(super) fn normalize(

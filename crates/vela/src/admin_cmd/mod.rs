@@ -1,5 +1,5 @@
 //! `vela admin`: pulsar-admin's commands over the broker's admin REST API,
-//! plus `write-path`, the table of write-path stage latencies.
+//! plus `write-path` and `read-path`, the tables of stage latencies.
 //!
 //! Owns: the command line (pulsar-admin's command and flag names where clap
 //! allows them: multi-letter short flags such as `-ttl` become long ones),
@@ -36,7 +36,7 @@ use policies::{BrokersCmd, PolicyCmd, SchemasCmd};
 use tenants::{TenantsCmd, tenants};
 use tokens::{TokensCmd, tokens};
 use topics::{TopicsCmd, topics};
-use write_path::write_path;
+use write_path::{read_path, write_path};
 
 /// Flags of `vela admin`.
 #[derive(Debug, Args)]
@@ -83,6 +83,10 @@ enum AdminCommand {
         #[arg(long)]
         topic: Option<String>,
     },
+    /// p50 / p99 / p99.9 of each read-path stage (dispatcher read wait and
+    /// read, ledger read, bookie read from cache and from entry logs) and
+    /// the bytes each read.
+    ReadPath,
 }
 
 #[derive(Debug, Subcommand)]
@@ -109,5 +113,6 @@ pub(crate) fn run(args: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Namespaces(cmd) => namespaces(&api, cmd),
         AdminCommand::Topics(cmd) => topics(&api, cmd),
         AdminCommand::WritePath { topic } => write_path(&api, topic.as_deref()),
+        AdminCommand::ReadPath => read_path(&api),
     }
 }

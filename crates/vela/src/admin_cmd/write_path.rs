@@ -1,5 +1,5 @@
-//! `vela admin write-path`: the table of write-path stage latencies from
-//! `/admin/v2/vela/write-path`.
+//! `vela admin write-path` and `vela admin read-path`: the tables of stage
+//! latencies from `/admin/v2/vela/write-path` and `/admin/v2/vela/read-path`.
 
 use anyhow::Context;
 use serde_json::Value;
@@ -38,10 +38,20 @@ pub(super) fn write_path(api: &Api, topic: Option<&str>) -> anyhow::Result<()> {
         None => "/admin/v2/vela/write-path".to_string(),
     };
     let document = api.get_json(&path)?;
+    stage_table(&document)?;
+    out(
+        "(stages nest: broker publish ⊃ ledger add ⊃ bookie add ⊃ journal queue wait + write + \
+         fdatasync; journal stages count per group / per fdatasync; MAX<=: the upper bound of \
+         the slowest sample's histogram bucket)",
+    )
+}
+
+/// The rows of a stage breakdown, one line each.
+fn stage_table(document: &Value) -> anyhow::Result<()> {
     let rows = document
         .get("stages")
         .and_then(Value::as_array)
-        .context("write-path answer without stages")?;
+        .context("answer without stages")?;
     out(&format!(
         "{:<20} {:<22} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
         "STAGE", "SCOPE", "COUNT", "MEAN", "P50", "P99", "P99.9", "MAX<="
@@ -66,9 +76,37 @@ pub(super) fn write_path(api: &Api, topic: Option<&str>) -> anyhow::Result<()> {
             micros(summary.max),
         ))?;
     }
+    Ok(())
+}
+
+pub(super) fn read_path(api: &Api) -> anyhow::Result<()> {
+    let document = api.get_json("/admin/v2/vela/read-path")?;
+    stage_table(&document)?;
+    out("")?;
+    out(&format!("{:<20} {:<22} {:>14}", "STAGE", "SCOPE", "BYTES"))?;
+    for row in document
+        .get("bytes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let text = |key: &str| {
+            row.get(key)
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
+        let bytes = row.get("bytes").and_then(Value::as_u64).unwrap_or(0);
+        out(&format!(
+            "{:<20} {:<22} {:>14}",
+            text("stage"),
+            text("scope"),
+            bytes
+        ))?;
+    }
     out(
-        "(stages nest: broker publish ⊃ ledger add ⊃ bookie add ⊃ journal queue wait + write + \
-         fdatasync; journal stages count per group / per fdatasync; MAX<=: the upper bound of \
-         the slowest sample's histogram bucket)",
+        "(dispatcher read wait: consumers had permits, nothing was read yet; dispatcher read ⊃ \
+         ledger read ⊃ bookie read (cache or entry log); ledger and bookie stages count per \
+         entry; bookie_read_log_io: bytes pread, read-ahead included)",
     )
 }

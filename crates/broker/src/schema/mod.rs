@@ -7,11 +7,23 @@
 //! `{version:020}-time` holds when it was registered (ms, decimal), for the
 //! REST API's `timestamp`.
 //!
-//! Compatibility: a schema identical (type, data, properties) to an existing
-//! version reuses that version; a schema of another type than the latest is
-//! refused with IncompatibleSchema; the same type with other data becomes a
-//! new version (no Avro/JSON structural checks).
-//! Never: interprets schema data.
+//! Compatibility (`compat`, Pulsar's rules and strategies; `avro`, Avro's
+//! resolution rules): a schema identical (type, data, properties) to an
+//! existing version reuses that version; a new one is checked against the
+//! versions with the topic's strategy before it becomes the next version; a
+//! consumer's schema is checked without being stored (unless the topic has
+//! no schema and no producer: then it is registered, as Pulsar's
+//! `addSchemaIfIdleOrCheckCompatible`).
+//! The topic-level strategy is kept here too:
+//! `/schema-policies/{tenant}/{namespace}/{local}` → its name.
+//! Never: decides which strategy applies (the service resolves topic,
+//! namespace and broker default).
+
+pub(crate) mod avro;
+pub mod compat;
+
+pub use compat::CompatibilityStrategy;
+use compat::same_schema;
 
 use std::sync::Arc;
 
@@ -53,6 +65,16 @@ fn topic_dir(topic: &TopicName) -> String {
     let base = topic.base();
     format!(
         "/schemas/{}/{}/{}",
+        encode_segment(&base.namespace.tenant),
+        encode_segment(&base.namespace.namespace),
+        encode_segment(&base.local)
+    )
+}
+
+fn policy_key(topic: &TopicName) -> String {
+    let base = topic.base();
+    format!(
+        "/schema-policies/{}/{}/{}",
         encode_segment(&base.namespace.tenant),
         encode_segment(&base.namespace.namespace),
         encode_segment(&base.local)
@@ -106,34 +128,35 @@ impl SchemaRegistry {
         Ok(Some((version, schema)))
     }
 
-    /// The version of `schema`, registering it when new.
+    /// Every version of the topic's schema, oldest first.
+    pub async fn all(&self, topic: &TopicName) -> Result<Vec<(u64, proto::Schema)>, ServiceError> {
+        let mut all = Vec::new();
+        for version in self.versions(topic).await? {
+            if let Some(found) = self.get(topic, Some(version)).await? {
+                all.push(found);
+            }
+        }
+        Ok(all)
+    }
+
+    /// The version of `schema`, registering it when new and compatible
+    /// with the versions under `strategy` (a producer's schema).
     pub async fn get_or_create(
         &self,
         topic: &TopicName,
         schema: &proto::Schema,
+        strategy: CompatibilityStrategy,
     ) -> Result<u64, ServiceError> {
-        let versions = self.versions(topic).await?;
-        let mut latest: Option<proto::Schema> = None;
-        for version in &versions {
-            if let Some((_, existing)) = self.get(topic, Some(*version)).await? {
-                if same_schema(&existing, schema) {
-                    return Ok(*version);
-                }
-                latest = Some(existing);
-            }
-        }
-        if let Some(latest) = &latest
-            && latest.r#type != schema.r#type
+        let all = self.all(topic).await?;
+        if let Some((version, _)) = all
+            .iter()
+            .find(|(_, existing)| same_schema(existing, schema))
         {
-            return Err(ServiceError::new(
-                ServerError::IncompatibleSchema,
-                format!(
-                    "schema type {} is incompatible with the topic's type {}",
-                    schema.r#type, latest.r#type
-                ),
-            ));
+            return Ok(*version);
         }
-        let next = versions.last().map_or(0, |v| v + 1);
+        let versions: Vec<proto::Schema> = all.iter().map(|(_, s)| s.clone()).collect();
+        compat::check_new_schema(&versions, schema, strategy)?;
+        let next = all.last().map_or(0, |(v, _)| v + 1);
         if next >= SCHEMA_VERSIONS_MAX {
             return Err(ServiceError::new(
                 ServerError::IncompatibleSchema,
@@ -165,15 +188,93 @@ impl SchemaRegistry {
         }
     }
 
-    /// Every version of the topic's schema, oldest first.
-    pub async fn all(&self, topic: &TopicName) -> Result<Vec<(u64, proto::Schema)>, ServiceError> {
-        let mut out = Vec::new();
-        for version in self.versions(topic).await? {
-            if let Some(found) = self.get(topic, Some(version)).await? {
-                out.push(found);
-            }
+    /// Whether `schema` would be accepted by `get_or_create` under
+    /// `strategy` (an identical version counts as accepted), without
+    /// registering it (Pulsar's `isCompatible`).
+    pub async fn is_compatible(
+        &self,
+        topic: &TopicName,
+        schema: &proto::Schema,
+        strategy: CompatibilityStrategy,
+    ) -> Result<bool, ServiceError> {
+        let all = self.all(topic).await?;
+        if all
+            .iter()
+            .any(|(_, existing)| same_schema(existing, schema))
+        {
+            return Ok(true);
         }
-        Ok(out)
+        let versions: Vec<proto::Schema> = all.into_iter().map(|(_, s)| s).collect();
+        match compat::check_new_schema(&versions, schema, strategy) {
+            Ok(()) => Ok(true),
+            Err(e) if e.code == ServerError::IncompatibleSchema => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A consumer's schema: checked against the versions under `strategy`
+    /// (Pulsar's `checkConsumerCompatibility`), or registered when the topic
+    /// has no schema and is `idle` (no producer).
+    pub async fn check_consumer(
+        &self,
+        topic: &TopicName,
+        schema: &proto::Schema,
+        strategy: CompatibilityStrategy,
+        idle: bool,
+    ) -> Result<(), ServiceError> {
+        let all = self.all(topic).await?;
+        if all.is_empty() && idle {
+            return self
+                .get_or_create(topic, schema, strategy)
+                .await
+                .map(|_| ());
+        }
+        let versions: Vec<proto::Schema> = all.into_iter().map(|(_, s)| s).collect();
+        compat::check_consumer_schema(&versions, schema, strategy)
+    }
+
+    /// The topic-level strategy, if one is set.
+    pub async fn topic_strategy(
+        &self,
+        topic: &TopicName,
+    ) -> Result<Option<CompatibilityStrategy>, ServiceError> {
+        let Some((value, _)) = self
+            .meta
+            .get(&policy_key(topic))
+            .await
+            .map_err(meta_error)?
+        else {
+            return Ok(None);
+        };
+        let name = String::from_utf8_lossy(&value);
+        CompatibilityStrategy::parse(&name).map_err(|e| {
+            ServiceError::new(ServerError::MetadataError, format!("stored strategy: {e}"))
+        })
+    }
+
+    /// Sets (`Some`) or removes (`None`) the topic-level strategy.
+    pub async fn set_topic_strategy(
+        &self,
+        topic: &TopicName,
+        strategy: Option<CompatibilityStrategy>,
+    ) -> Result<(), ServiceError> {
+        let key = policy_key(topic);
+        match strategy {
+            Some(strategy) => self
+                .meta
+                .put(
+                    &key,
+                    Bytes::from_static(strategy.name().as_bytes()),
+                    ExpectedVersion::Any,
+                )
+                .await
+                .map(|_| ())
+                .map_err(meta_error),
+            None => match self.meta.delete(&key, ExpectedVersion::Any).await {
+                Ok(_) | Err(MetaError::NotFound { .. }) => Ok(()),
+                Err(e) => Err(meta_error(e)),
+            },
+        }
     }
 
     /// When a version was registered (ms; 0 when not recorded).
@@ -209,6 +310,7 @@ impl SchemaRegistry {
     /// Deletes every version of the topic's schema; the newest version
     /// deleted, `None` when it had none. The next schema registered starts
     /// at version 0 again (Pulsar keeps counting after a non-forced delete).
+    /// The topic-level strategy is a policy and stays.
     pub async fn delete_all(&self, topic: &TopicName) -> Result<Option<u64>, ServiceError> {
         let dir = topic_dir(topic);
         let versions = self.versions(topic).await?;
@@ -231,10 +333,6 @@ impl SchemaRegistry {
     }
 }
 
-fn same_schema(a: &proto::Schema, b: &proto::Schema) -> bool {
-    a.r#type == b.r#type && a.schema_data == b.schema_data && a.properties == b.properties
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -249,23 +347,54 @@ mod tests {
         }
     }
 
+    const ALWAYS: CompatibilityStrategy = CompatibilityStrategy::AlwaysCompatible;
+
+    #[tokio::test]
+    async fn topic_strategies_are_stored_and_removed() {
+        let registry = SchemaRegistry::new(Arc::new(vela_meta::MemoryStore::new()));
+        let topic = TopicName::parse("t-partition-2").unwrap();
+        assert_eq!(registry.topic_strategy(&topic).await.unwrap(), None);
+        let forward = Some(CompatibilityStrategy::Forward);
+        registry.set_topic_strategy(&topic, forward).await.unwrap();
+        let base = TopicName::parse("t").unwrap();
+        assert_eq!(registry.topic_strategy(&base).await.unwrap(), forward);
+        registry.set_topic_strategy(&topic, None).await.unwrap();
+        registry.set_topic_strategy(&topic, None).await.unwrap();
+        assert_eq!(registry.topic_strategy(&topic).await.unwrap(), None);
+    }
+
     #[tokio::test]
     async fn versions_are_reused_and_incremented() {
         let registry = SchemaRegistry::new(Arc::new(vela_meta::MemoryStore::new()));
         let topic = TopicName::parse("t-partition-1").unwrap();
         let json_a = schema(proto::schema::Type::Json, b"{\"a\":1}");
         let json_b = schema(proto::schema::Type::Json, b"{\"b\":1}");
-        assert_eq!(registry.get_or_create(&topic, &json_a).await.unwrap(), 0);
-        assert_eq!(registry.get_or_create(&topic, &json_a).await.unwrap(), 0);
         assert_eq!(
             registry
-                .get_or_create(&TopicName::parse("t").unwrap(), &json_b)
+                .get_or_create(&topic, &json_a, ALWAYS)
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            registry
+                .get_or_create(&topic, &json_a, ALWAYS)
+                .await
+                .unwrap(),
+            0
+        );
+        assert_eq!(
+            registry
+                .get_or_create(&TopicName::parse("t").unwrap(), &json_b, ALWAYS)
                 .await
                 .unwrap(),
             1
         );
         let string = schema(proto::schema::Type::String, b"");
-        let err = registry.get_or_create(&topic, &string).await.unwrap_err();
+        let err = registry
+            .get_or_create(&topic, &string, CompatibilityStrategy::Full)
+            .await
+            .unwrap_err();
         assert_eq!(err.code, ServerError::IncompatibleSchema);
         assert_eq!(registry.get(&topic, None).await.unwrap().unwrap().0, 1);
         assert_eq!(decode_version(&encode_version(258)), Some(258));

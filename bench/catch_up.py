@@ -1,0 +1,363 @@
+"""Catch-up read scenarios (issue 27), Vela beside Apache Pulsar in the same
+run, both driven by the same client (`vela perf`):
+
+  backlog-while-producing
+                   the same backlog, then a producer at 20k msg/s (batched)
+                   on the same topic: alone for 10 s, then while one consumer
+                   (receiver queue 1,000) drains the backlog; the producer's
+                   latency percentiles before and during the drain.
+  backlog-drain    a backlog of N x 1 KiB messages (batched, produced with
+                   every subscription already there), then drained by one
+                   exclusive consumer per receiver queue size (1,000, the
+                   clients' default, and 10,000), each on its own
+                   subscription, one after the other (the first drain reads
+                   a cold backlog, the second one what the first left in
+                   the page cache: the same order on both systems).
+
+bench/run.sh backlog-drain [--systems vela] [--messages N]
+(bench.py hands these scenario names to this module.)
+Prints one table: msg/s and MB/s of each drain on each system, and the
+ratio Vela / Pulsar. Figures only, never a pass/fail on timing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+import urllib.request
+from pathlib import Path
+
+import bench
+
+SCENARIOS = {
+    "backlog-drain": "drain a backlog of 1 KiB messages, receiver queue 1,000 and 10,000",
+    "backlog-while-producing": "drain a backlog while a producer writes 20k msg/s: "
+                               "producer latency before and during",
+}
+# backlog-while-producing: the producer's rate and how long it runs alone.
+PRODUCER_RATE = 20_000
+PRODUCER_ALONE_S = 10
+QUEUES = (1000, 10_000)
+MESSAGES_DEFAULT = 1_500_000
+MESSAGE_BYTES = 1024
+
+
+def http_put(url: str) -> int:
+    request = urllib.request.Request(url, method="PUT", data=b"",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status
+    except urllib.error.HTTPError as error:
+        return error.code
+
+
+def prepare_topic(server: bench.Server, topic_path: str, subscriptions: list) -> None:
+    """Creates the topic and its subscriptions before anything is written,
+    so the backlog is retained on both systems."""
+    base = f"{server.admin_url}/admin/v2/persistent/{topic_path}"
+    status = http_put(base)
+    if status not in (200, 204, 409):
+        raise bench.Fail(f"creating {topic_path} answered {status}")
+    for sub in subscriptions:
+        status = http_put(f"{base}/subscription/{sub}")
+        if status not in (200, 204, 409):
+            raise bench.Fail(f"creating subscription {sub} answered {status}")
+
+
+def perf_json(opts: bench.Options, args: list, log: Path, timeout: float) -> dict:
+    proc = bench.spawn([opts.vela, "perf"] + args + ["--json"], log)
+    try:
+        proc.wait(timeout=timeout)
+    except Exception:
+        bench.stop(proc)
+        raise bench.Fail(f"vela perf {args[0]} did not finish in {timeout:.0f} s; see {log}")
+    if proc.returncode != 0:
+        raise bench.Fail(f"vela perf {args[0]} failed:\n{bench.tail(log)}")
+    return bench.parse_vela_json(log)
+
+
+def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
+                        repeats: int) -> list:
+    """backlog-drain with every system up at once: each gets its backlog,
+    then the systems take turns draining it (`repeats` rounds, each on
+    fresh subscriptions, the order alternating), and the median of each
+    system's drains is reported. On a shared machine the load drifts from
+    one minute to the next; turns spread the drift over both alike."""
+    topic_path = "public/default/backlog-drain"
+    topic = f"persistent://{topic_path}"
+    servers = {}
+    rows = {s: {"system": s, "messages": messages, "runs": {f"q{q}": [] for q in QUEUES}}
+            for s in systems}
+    try:
+        for system in systems:
+            data_dir = opts.data_root / f"backlog-drain-{system}"
+            shutil.rmtree(data_dir, ignore_errors=True)
+            server = bench.SERVERS[system](1, data_dir, opts)
+            print(f"   {system}: starting", flush=True)
+            server.start()
+            servers[system] = server
+            prepare_topic(server, topic_path,
+                          [f"q{q}-r{r}" for r in range(repeats) for q in QUEUES])
+            produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
+                                        "-s", str(MESSAGE_BYTES), "-o", "1000",
+                                        "-m", str(messages), "-i", "5"],
+                                 opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
+            rows[system]["produce_msg_s"] = produced["messages_per_s"]
+            print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
+                  flush=True)
+        for r in range(repeats):
+            order = systems if r % 2 == 0 else list(reversed(systems))
+            for system in order:
+                server = servers[system]
+                for q in QUEUES:
+                    summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
+                                               "-s", f"q{q}-r{r}",
+                                               "--subscription-position", "earliest",
+                                               "-q", str(q), "-m", str(messages), "-i", "5"],
+                                        opts.log_dir / f"{system}.drain.q{q}.r{r}.log",
+                                        timeout=1800)
+                    rows[system]["runs"][f"q{q}"].append(summary["messages_per_s"])
+                    print(f"   round {r + 1}/{repeats} {system}: drain q={q}: "
+                          f"{summary['messages_per_s']:.0f} msg/s", flush=True)
+        for system in systems:
+            for q in QUEUES:
+                runs = rows[system]["runs"][f"q{q}"]
+                rows[system][f"q{q}_msg_s"] = statistics.median(runs)
+            if system.startswith("vela"):
+                try:
+                    with urllib.request.urlopen(
+                            f"{servers[system].admin_url}/admin/v2/vela/read-path",
+                            timeout=30) as answer:
+                        rows[system]["read_path"] = json.loads(answer.read())
+                except OSError as error:
+                    print(f"   {system}: no read-path breakdown: {error}")
+    except bench.Fail as error:
+        print(f"   FAILED: {error}", flush=True)
+        for row in rows.values():
+            row["failed"] = str(error).splitlines()[0]
+    finally:
+        for system, server in servers.items():
+            server.stop()
+            if not opts.keep_data:
+                shutil.rmtree(opts.data_root / f"backlog-drain-{system}", ignore_errors=True)
+    return list(rows.values())
+
+
+def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
+    data_dir = opts.data_root / f"backlog-drain-{system}"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    server = bench.SERVERS[system](1, data_dir, opts)
+    row = {"system": system, "messages": messages}
+    topic_path = "public/default/backlog-drain"
+    topic = f"persistent://{topic_path}"
+    try:
+        print(f"   {system}: starting", flush=True)
+        server.start()
+        prepare_topic(server, topic_path, [f"q{q}" for q in QUEUES])
+        produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
+                                    "-s", str(MESSAGE_BYTES), "-o", "1000",
+                                    "-m", str(messages), "-i", "5"],
+                             opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
+        row["produce_msg_s"] = produced["messages_per_s"]
+        print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
+              flush=True)
+        for q in QUEUES:
+            started = time.monotonic()
+            summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
+                                       "-s", f"q{q}", "--subscription-position", "earliest",
+                                       "-q", str(q), "-m", str(messages), "-i", "5"],
+                                opts.log_dir / f"{system}.drain.q{q}.log", timeout=1800)
+            row[f"q{q}_msg_s"] = summary["messages_per_s"]
+            row[f"q{q}_mb_s"] = summary["mb_per_s"]
+            row[f"q{q}_wall_s"] = time.monotonic() - started
+            print(f"   {system}: drain q={q}: {summary['messages_per_s']:.0f} msg/s "
+                  f"({row[f'q{q}_wall_s']:.1f} s wall)", flush=True)
+        if system.startswith("vela"):
+            try:
+                with urllib.request.urlopen(f"{server.admin_url}/admin/v2/vela/read-path",
+                                            timeout=30) as answer:
+                    row["read_path"] = json.loads(answer.read())
+            except OSError as error:
+                print(f"   {system}: no read-path breakdown: {error}")
+    except bench.Fail as error:
+        print(f"   {system}: FAILED: {error}", flush=True)
+        row["failed"] = str(error).splitlines()[0]
+    finally:
+        server.stop()
+        if not opts.keep_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    return row
+
+
+def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict:
+    data_dir = opts.data_root / f"backlog-while-producing-{system}"
+    shutil.rmtree(data_dir, ignore_errors=True)
+    server = bench.SERVERS[system](1, data_dir, opts)
+    row = {"system": system, "messages": messages}
+    topic_path = "public/default/backlog-while-producing"
+    topic = f"persistent://{topic_path}"
+    logs = opts.log_dir
+    try:
+        print(f"   {system}: starting", flush=True)
+        server.start()
+        prepare_topic(server, topic_path, ["catch-up"])
+        perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
+                         "-s", str(MESSAGE_BYTES), "-o", "1000", "-m", str(messages), "-i", "5"],
+                  logs / f"{system}.bwp.backlog.log", timeout=1800)
+        rate = ["-r", str(PRODUCER_RATE), "-s", str(MESSAGE_BYTES), "-i", "5"]
+        alone = perf_json(opts, ["produce", topic, "-u", server.service_url, *rate,
+                                 "--test-duration", str(PRODUCER_ALONE_S), "--warmup", "2"],
+                          logs / f"{system}.bwp.alone.log", timeout=300)
+        row["alone_latency_ms"] = alone["latency_ms"]
+        during_log = logs / f"{system}.bwp.during.log"
+        # The producer warms up (connects, first batches) for 2 s, left out
+        # of its figures, before the drain starts: its summary covers the
+        # drain only.
+        producer = bench.spawn([opts.vela, "perf", "produce", topic, "-u", server.service_url,
+                                *rate, "--warmup", "2", "--json"], during_log)
+        time.sleep(2.2)
+        started = time.monotonic()
+        drained = perf_json(opts, ["consume", topic, "-u", server.service_url,
+                                   "-s", "catch-up", "--subscription-position", "earliest",
+                                   "-q", "1000", "-m", str(messages), "-i", "5"],
+                            logs / f"{system}.bwp.drain.log", timeout=1800)
+        row["drain_wall_s"] = time.monotonic() - started
+        producer.send_signal(bench.signal.SIGINT)
+        producer.wait(timeout=60)
+        during = bench.parse_vela_json(during_log)
+        row["during_latency_ms"] = during["latency_ms"]
+        row["during_msg_s"] = during["messages_per_s"]
+        row["drain_msg_s"] = drained["messages_per_s"]
+        print(f"   {system}: producer p99 alone {alone['latency_ms']['p99']:.2f} ms, during the "
+              f"drain {during['latency_ms']['p99']:.2f} ms; drain {drained['messages_per_s']:.0f} "
+              f"msg/s ({row['drain_wall_s']:.1f} s)", flush=True)
+    except bench.Fail as error:
+        print(f"   {system}: FAILED: {error}", flush=True)
+        row["failed"] = str(error).splitlines()[0]
+    finally:
+        server.stop()
+        if not opts.keep_data:
+            shutil.rmtree(data_dir, ignore_errors=True)
+    return row
+
+
+def while_producing_table(rows: list) -> str:
+    headers = ["system", "p50 alone", "p99 alone", "p50 during", "p99 during",
+               "p99 during / alone", "drain msg/s"]
+    lines = [headers]
+    for r in rows:
+        if "failed" in r:
+            lines.append([r["system"], "failed", "", "", "", "", ""])
+            continue
+        a, d = r["alone_latency_ms"], r["during_latency_ms"]
+        lines.append([r["system"], f"{a['p50']:.2f} ms", f"{a['p99']:.2f} ms",
+                      f"{d['p50']:.2f} ms", f"{d['p99']:.2f} ms",
+                      f"{d['p99'] / a['p99']:.2f}x" if a["p99"] else "-",
+                      f"{r['drain_msg_s']:,.0f}"])
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(headers))]
+    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+
+
+def table(rows: list) -> str:
+    by = {r["system"]: r for r in rows}
+    headers = ["drain", *[r["system"] for r in rows]]
+    if "vela" in by and "pulsar" in by:
+        headers.append("vela / pulsar")
+    lines = [headers]
+    for q in QUEUES:
+        key = f"q{q}_msg_s"
+        line = [f"receiver queue {q:,} (msg/s)"]
+        for r in rows:
+            line.append(f"{r[key]:,.0f}" if key in r else "failed")
+        if "vela" in by and "pulsar" in by:
+            v, p = by["vela"].get(key), by["pulsar"].get(key)
+            line.append(f"{v / p:.2f}x" if v and p else "-")
+        lines.append(line)
+    line = ["produce, batched (msg/s)"]
+    for r in rows:
+        line.append(f"{r['produce_msg_s']:,.0f}" if "produce_msg_s" in r else "failed")
+    if "vela" in by and "pulsar" in by:
+        v, p = by["vela"].get("produce_msg_s"), by["pulsar"].get("produce_msg_s")
+        line.append(f"{v / p:.2f}x" if v and p else "-")
+    lines.append(line)
+    widths = [max(len(str(l[i])) for l in lines) for i in range(len(headers))]
+    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
+                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+
+
+def read_path_lines(row: dict) -> list:
+    out = []
+    for stage in row.get("read_path", {}).get("stages", []):
+        out.append(f"     {stage['stage']:<22} {stage['scope']:<22} n={stage['count']:<8} "
+                   f"p50 {stage['p50_us'] / 1000:.2f} ms  p99 {stage['p99_us'] / 1000:.2f} ms")
+    return out
+
+
+def main(argv: list) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("scenarios", nargs="+", choices=list(SCENARIOS))
+    parser.add_argument("--systems", default="vela,pulsar")
+    parser.add_argument("--messages", type=int, default=MESSAGES_DEFAULT,
+                        help=f"messages in the backlog (default {MESSAGES_DEFAULT:,})")
+    parser.add_argument("--data-root", type=Path,
+                        default=bench.ROOT / "target" / "bench-data")
+    parser.add_argument("--out", type=Path, default=bench.ROOT / "target" / "bench-results")
+    parser.add_argument("--vela", type=Path, default=bench.ROOT / "target" / "release" / "vela")
+    parser.add_argument("--keep-data", action="store_true")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="backlog-drain: rounds of turns, the median reported (default 3; "
+                             "1: one system after the other, each on its own)")
+    parser.add_argument("--update-results", action="store_true",
+                        help="(accepted for bench/run.sh; these scenarios write no RESULTS.md)")
+    args = parser.parse_args(argv)
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    run_id = time.strftime("%Y%m%d-%H%M%S")
+    log_dir = args.out / f"logs-{run_id}"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    args.data_root.mkdir(parents=True, exist_ok=True)
+    opts = bench.Options(15, 5, 5, args.data_root.resolve(), args.vela.resolve(),
+                         args.keep_data, False, log_dir)
+    print(f"logs in {log_dir}")
+    state = bench.machine_state()
+    for heavy in state["heavy"]:
+        print(f"  busy: {heavy}")
+    rows = []
+    producing = []
+    try:
+        for name in args.scenarios:
+            print(f"\n== {name}: {SCENARIOS[name]} ({args.messages:,} messages) ==", flush=True)
+            for system in systems:
+                if name == "backlog-while-producing":
+                    producing.append(run_while_producing(opts, system, args.messages))
+                elif args.repeat <= 1:
+                    rows.append(run_drain(opts, system, args.messages))
+            if name == "backlog-drain" and args.repeat > 1:
+                rows.extend(run_drains_in_turns(opts, systems, args.messages, args.repeat))
+    finally:
+        bench.stop_all_children()
+    if rows:
+        print("\nbacklog-drain (vela perf on both systems, 1 bookie; median of "
+              f"{max(args.repeat, 1)} rounds):")
+        print(table(rows))
+        for row in rows:
+            for key, runs in row.get("runs", {}).items():
+                print(f"   {row['system']} {key}: " + ", ".join(f"{v:,.0f}" for v in runs))
+    if producing:
+        print(f"\nbacklog-while-producing: producer at {PRODUCER_RATE:,} msg/s, latency "
+              "before and during a drain (receiver queue 1,000):")
+        print(while_producing_table(producing))
+    for row in rows:
+        lines = read_path_lines(row)
+        if lines:
+            print(f"\n   {row['system']} read path (both drains):")
+            print("\n".join(lines))
+    (args.out / "catch-up-results.json").write_text(
+        json.dumps({"backlog-drain": rows, "backlog-while-producing": producing}, indent=1))
+    print(f"\nraw results: {args.out / 'catch-up-results.json'}")
+    return 1 if any("failed" in r for r in rows + producing) else 0

@@ -1,0 +1,312 @@
+//! Transaction coordinator commands: TC_CLIENT_CONNECT, NEW_TXN,
+//! ADD_PARTITION_TO_TXN, ADD_SUBSCRIPTION_TO_TXN, END_TXN.
+//!
+//! With transactions off each is answered ERROR(NotAllowedError,
+//! "Transactions are not enabled.") as Pulsar does. TC_CLIENT_CONNECT opens
+//! the coordinator (after checking, in a cluster, that this broker owns its
+//! assign partition); the others are served by the coordinator open here
+//! (TransactionCoordinatorNotFound otherwise). Each request that writes the
+//! transaction log is answered from a task of its own once its record is
+//! durable, at most `TXN_REQUESTS_IN_FLIGHT_MAX` per connection (past it
+//! the reader waits: TCP back-pressure).
+//! Never: blocks the reader on the log.
+
+use std::sync::Arc;
+
+use tokio::sync::Semaphore;
+use vela_wire::proto::{self, ServerError};
+
+use super::session::{Close, Session};
+use crate::codec;
+use crate::error::ServiceError;
+use crate::topic_name::TopicName;
+use crate::transaction::{COORDINATOR_ASSIGN_TOPIC, Coordinators, TxnAction, TxnError, TxnId};
+
+/// Transaction requests of one connection waiting for the log.
+pub(super) const TXN_REQUESTS_IN_FLIGHT_MAX: usize = 1000;
+
+/// A topic name of a request, checked to parse and kept as the client
+/// wrote it (the admin API shows it so, as Pulsar's).
+fn topic_of(name: &str) -> Result<String, ServiceError> {
+    TopicName::parse(name)?;
+    Ok(name.to_string())
+}
+
+/// The connection's transaction requests in flight.
+#[derive(Debug)]
+pub(super) struct TxnRequests {
+    permits: Arc<Semaphore>,
+}
+
+impl TxnRequests {
+    pub(super) fn new() -> TxnRequests {
+        TxnRequests {
+            permits: Arc::new(Semaphore::new(TXN_REQUESTS_IN_FLIGHT_MAX)),
+        }
+    }
+
+    /// The coordinators, or the answer Pulsar gives when transactions are off.
+    async fn coordinators(
+        session: &Session,
+        request_id: u64,
+    ) -> Result<Option<Arc<Coordinators>>, Close> {
+        match &session.service.transactions {
+            Some(coordinators) => Ok(Some(Arc::clone(coordinators))),
+            None => {
+                let error = ServiceError::new(
+                    ServerError::NotAllowedError,
+                    "Transactions are not enabled.",
+                );
+                session.send_error(request_id, error).await?;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Runs `work` in a task holding one permit; its answer goes out
+    /// through the connection's outbound queue.
+    async fn spawn<F>(&self, session: &Session, work: F) -> Result<(), Close>
+    where
+        F: std::future::Future<Output = proto::BaseCommand> + Send + 'static,
+    {
+        let permit = Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .map_err(|_| Close("transaction requests closed".into()))?;
+        let out = session.out.clone();
+        tokio::spawn(async move {
+            let answer = work.await;
+            // The connection may have closed meanwhile: nobody to answer.
+            let _ = out.send(codec::encode_command(answer)).await;
+            drop(permit);
+        });
+        Ok(())
+    }
+
+    pub(super) async fn on_tc_connect(
+        &self,
+        session: &Session,
+        body: proto::CommandTcClientConnectRequest,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let Some(coordinators) = Self::coordinators(session, request_id).await? else {
+            return Ok(());
+        };
+        let service = Arc::clone(&session.service);
+        self.spawn(session, async move {
+            let result = async {
+                let assign = TopicName::parse(COORDINATOR_ASSIGN_TOPIC)?.partition(
+                    u32::try_from(body.tc_id).map_err(|_| {
+                        ServiceError::from(TxnError::CoordinatorNotFound(body.tc_id))
+                    })?,
+                );
+                if let Some(ownership) = service.ownership.get() {
+                    ownership
+                        .check_owned(&assign)
+                        .await
+                        .map_err(crate::service::ownership_error)?;
+                }
+                coordinators.connect(body.tc_id).await?;
+                Ok::<(), ServiceError>(())
+            }
+            .await;
+            let (error, message) = split(result);
+            proto::CommandTcClientConnectResponse {
+                request_id,
+                error,
+                message,
+            }
+            .into()
+        })
+        .await
+    }
+
+    pub(super) async fn on_new_txn(
+        &self,
+        session: &Session,
+        body: proto::CommandNewTxn,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let Some(coordinators) = Self::coordinators(session, request_id).await? else {
+            return Ok(());
+        };
+        let tc_id = body.tc_id.unwrap_or(0);
+        // The field is named in seconds; clients send milliseconds and
+        // Pulsar's coordinator reads milliseconds.
+        let timeout_ms = body.txn_ttl_seconds.unwrap_or(0);
+        let owner = session.role().map(str::to_string);
+        let permit = Arc::clone(&self.permits)
+            .acquire_owned()
+            .await
+            .map_err(|_| Close("transaction requests closed".into()))?;
+        let out = session.out.clone();
+        tokio::spawn(async move {
+            let answer = match coordinators.new_txn(tc_id, timeout_ms, owner).await {
+                Ok(Some(id)) => proto::CommandNewTxnResponse {
+                    request_id,
+                    txnid_least_bits: Some(id.least),
+                    txnid_most_bits: Some(id.most),
+                    error: None,
+                    message: None,
+                },
+                // As Pulsar at maxActiveTransactionsPerCoordinator: no answer.
+                Ok(None) => {
+                    tracing::warn!(tc_id, "open transactions at the bound: NEW_TXN unanswered");
+                    drop(permit);
+                    return;
+                }
+                Err(error) => {
+                    let error = ServiceError::from(error);
+                    proto::CommandNewTxnResponse {
+                        request_id,
+                        txnid_least_bits: None,
+                        txnid_most_bits: Some(tc_id),
+                        error: Some(error.code as i32),
+                        message: Some(error.message),
+                    }
+                }
+            };
+            let _ = out.send(codec::encode_command(answer)).await;
+            drop(permit);
+        });
+        Ok(())
+    }
+
+    fn caller(session: &Session) -> (Option<String>, bool) {
+        let role = session.role().map(str::to_string);
+        let superuser = match (&session.service.config.auth, &role) {
+            (Some(auth), Some(role)) => auth.is_superuser(role),
+            _ => false,
+        };
+        (role, superuser)
+    }
+
+    pub(super) async fn on_add_partitions(
+        &self,
+        session: &Session,
+        body: proto::CommandAddPartitionToTxn,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let Some(coordinators) = Self::coordinators(session, request_id).await? else {
+            return Ok(());
+        };
+        let id = txn_id(body.txnid_most_bits, body.txnid_least_bits);
+        let (role, superuser) = Self::caller(session);
+        self.spawn(session, async move {
+            let result = async {
+                let partitions = body
+                    .partitions
+                    .iter()
+                    .map(|p| topic_of(p))
+                    .collect::<Result<Vec<_>, _>>()?;
+                coordinators
+                    .add_partitions(id, role.as_deref(), superuser, partitions)
+                    .await?;
+                Ok::<(), ServiceError>(())
+            }
+            .await;
+            let (error, message) = split(result);
+            proto::CommandAddPartitionToTxnResponse {
+                request_id,
+                txnid_least_bits: Some(id.least),
+                txnid_most_bits: Some(id.most),
+                error,
+                message,
+            }
+            .into()
+        })
+        .await
+    }
+
+    pub(super) async fn on_add_subscriptions(
+        &self,
+        session: &Session,
+        body: proto::CommandAddSubscriptionToTxn,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let Some(coordinators) = Self::coordinators(session, request_id).await? else {
+            return Ok(());
+        };
+        let id = txn_id(body.txnid_most_bits, body.txnid_least_bits);
+        let (role, superuser) = Self::caller(session);
+        self.spawn(session, async move {
+            let result = async {
+                let subscriptions = body
+                    .subscription
+                    .iter()
+                    .map(|s| Ok((topic_of(&s.topic)?, s.subscription.clone())))
+                    .collect::<Result<Vec<_>, ServiceError>>()?;
+                coordinators
+                    .add_subscriptions(id, role.as_deref(), superuser, subscriptions)
+                    .await?;
+                Ok::<(), ServiceError>(())
+            }
+            .await;
+            let (error, message) = split(result);
+            proto::CommandAddSubscriptionToTxnResponse {
+                request_id,
+                txnid_least_bits: Some(id.least),
+                txnid_most_bits: Some(id.most),
+                error,
+                message,
+            }
+            .into()
+        })
+        .await
+    }
+
+    pub(super) async fn on_end_txn(
+        &self,
+        session: &Session,
+        body: proto::CommandEndTxn,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let Some(coordinators) = Self::coordinators(session, request_id).await? else {
+            return Ok(());
+        };
+        let id = txn_id(body.txnid_most_bits, body.txnid_least_bits);
+        let (role, superuser) = Self::caller(session);
+        let action = match body.txn_action.map(proto::TxnAction::try_from) {
+            Some(Ok(proto::TxnAction::Commit)) => Ok(TxnAction::Commit),
+            Some(Ok(proto::TxnAction::Abort)) => Ok(TxnAction::Abort),
+            other => Err(ServiceError::new(
+                ServerError::InvalidTxnStatus,
+                format!("Unsupported txnAction {other:?}"),
+            )),
+        };
+        self.spawn(session, async move {
+            let result = async {
+                coordinators
+                    .end(id, action?, role.as_deref(), superuser)
+                    .await?;
+                Ok::<(), ServiceError>(())
+            }
+            .await;
+            let (error, message) = split(result);
+            proto::CommandEndTxnResponse {
+                request_id,
+                txnid_least_bits: Some(id.least),
+                txnid_most_bits: Some(id.most),
+                error,
+                message,
+            }
+            .into()
+        })
+        .await
+    }
+}
+
+fn txn_id(most: Option<u64>, least: Option<u64>) -> TxnId {
+    TxnId {
+        most: most.unwrap_or(0),
+        least: least.unwrap_or(0),
+    }
+}
+
+/// The error fields of a response.
+fn split(result: Result<(), ServiceError>) -> (Option<i32>, Option<String>) {
+    match result {
+        Ok(()) => (None, None),
+        Err(error) => (Some(error.code as i32), Some(error.message)),
+    }
+}

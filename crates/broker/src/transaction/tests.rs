@@ -1,0 +1,253 @@
+//! The coordinator over in-memory ledgers and metadata: the state machine,
+//! Pulsar's errors, recovery from the log, timeouts, bounds.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use vela_log::{LogEnv, Persistence};
+use vela_meta::{MemoryStore, MetadataStore};
+use vela_wire::proto::ServerError;
+
+use crate::error::ServiceError;
+
+use super::record::TxnStatus;
+use super::*;
+
+fn config() -> TransactionConfig {
+    TransactionConfig {
+        coordinators: 2,
+        open_per_coordinator_max: 3,
+        ops_per_transaction_max: 2,
+        timeout_max: Duration::from_secs(3600),
+        timeout_check_interval: Duration::from_millis(20),
+    }
+}
+
+fn coordinators(env: &LogEnv, meta: &Arc<dyn MetadataStore>) -> Coordinators {
+    Coordinators::new(config(), env.clone(), Arc::clone(meta), Persistence::SINGLE)
+}
+
+fn env() -> (LogEnv, Arc<dyn MetadataStore>) {
+    let meta: Arc<dyn MetadataStore> = Arc::new(MemoryStore::new());
+    let ledgers = Arc::new(vela_log::memory::MemoryBackend(
+        vela_log::memory::MemoryLedgers::new(),
+    ));
+    (LogEnv::new(Arc::clone(&meta), ledgers), meta)
+}
+
+const HOUR_MS: u64 = 3_600_000;
+
+#[tokio::test]
+async fn commit_abort_and_pulsar_errors() {
+    let (env, meta) = env();
+    let tcs = coordinators(&env, &meta);
+    assert!(matches!(
+        tcs.new_txn(0, HOUR_MS, None).await,
+        Err(TxnError::CoordinatorNotFound(0))
+    ));
+    assert!(matches!(
+        tcs.connect(2).await,
+        Err(TxnError::CoordinatorNotFound(2))
+    ));
+    tcs.connect(1).await.unwrap();
+    let id = tcs.new_txn(1, HOUR_MS, None).await.unwrap().unwrap();
+    assert_eq!(id.most, 1);
+    tcs.add_partitions(
+        id,
+        None,
+        false,
+        vec!["persistent://public/default/a".into()],
+    )
+    .await
+    .unwrap();
+    tcs.add_subscriptions(
+        id,
+        None,
+        false,
+        vec![("persistent://public/default/b".into(), "s".into())],
+    )
+    .await
+    .unwrap();
+    let view = tcs.view(id).unwrap().unwrap();
+    assert_eq!(view.status, TxnStatus::Open);
+    assert_eq!(
+        view.produced,
+        vec!["persistent://public/default/a".to_string()]
+    );
+    assert_eq!(view.acked.len(), 1);
+    // The ops bound.
+    let error = tcs
+        .add_partitions(
+            id,
+            None,
+            false,
+            vec!["persistent://public/default/c".into()],
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(ServiceError::from(error).code, ServerError::NotAllowedError);
+
+    tcs.end(id, TxnAction::Commit, None, false).await.unwrap();
+    assert!(
+        tcs.view(id).unwrap().is_none(),
+        "ended transactions are forgotten"
+    );
+    let again = tcs
+        .end(id, TxnAction::Commit, None, false)
+        .await
+        .unwrap_err();
+    let again = ServiceError::from(again);
+    assert_eq!(again.code, ServerError::TransactionNotFound);
+    assert_eq!(
+        again.message,
+        format!(
+            "The transaction with this txdID `(1,{})`not found ",
+            id.least
+        )
+    );
+
+    let aborted = tcs.new_txn(1, HOUR_MS, None).await.unwrap().unwrap();
+    assert_ne!(aborted, id);
+    tcs.end(aborted, TxnAction::Abort, None, false)
+        .await
+        .unwrap();
+    let error = ServiceError::from(
+        tcs.add_partitions(aborted, None, false, vec![])
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(error.code, ServerError::TransactionNotFound);
+    let stats = tcs.stats();
+    assert_eq!(stats.len(), 1);
+    let stats = stats[0];
+    assert_eq!(
+        (
+            stats.id,
+            stats.active,
+            stats.created,
+            stats.committed,
+            stats.aborted
+        ),
+        (1, 0, 2, 1, 1)
+    );
+    // NEW, ADD_PARTITION, ADD_SUBSCRIPTION and two statuses, then NEW and
+    // two statuses.
+    assert_eq!(stats.appended, 5 + 3);
+}
+
+#[tokio::test]
+async fn owners_and_superusers() {
+    let (env, meta) = env();
+    let tcs = coordinators(&env, &meta);
+    tcs.connect(0).await.unwrap();
+    let id = tcs
+        .new_txn(0, HOUR_MS, Some("alice".into()))
+        .await
+        .unwrap()
+        .unwrap();
+    let error = ServiceError::from(
+        tcs.end(id, TxnAction::Commit, Some("bob"), false)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(error.code, ServerError::TransactionNotFound);
+    assert_eq!(
+        error.message,
+        format!("Client (bob) is neither the owner of the transaction {id} nor a super user")
+    );
+    tcs.end(id, TxnAction::Commit, Some("root"), true)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn open_transactions_are_bounded_without_an_answer() {
+    let (env, meta) = env();
+    let tcs = coordinators(&env, &meta);
+    tcs.connect(0).await.unwrap();
+    for _ in 0..3 {
+        assert!(tcs.new_txn(0, HOUR_MS, None).await.unwrap().is_some());
+    }
+    assert!(tcs.new_txn(0, HOUR_MS, None).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn timed_out_transactions_abort() {
+    let (env, meta) = env();
+    let tcs = coordinators(&env, &meta);
+    tcs.connect(0).await.unwrap();
+    let id = tcs.new_txn(0, 30, None).await.unwrap().unwrap();
+    let kept = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // Counted once the abort is durable (after the table forgot it).
+    while tcs.stats()[0].timed_out == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "never timed out");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(tcs.view(id).unwrap().is_none());
+    assert!(tcs.view(kept).unwrap().is_some());
+    let stats = tcs.stats()[0];
+    assert_eq!((stats.active, stats.timed_out, stats.aborted), (1, 1, 1));
+    let error = ServiceError::from(
+        tcs.end(id, TxnAction::Commit, None, false)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(error.code, ServerError::TransactionNotFound);
+}
+
+#[tokio::test]
+async fn the_log_recovers_open_transactions_and_forgets_ended_ones() {
+    let (env, meta) = env();
+    let (open, committed, committing) = {
+        let tcs = coordinators(&env, &meta);
+        tcs.connect(0).await.unwrap();
+        let open = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+        tcs.add_partitions(
+            open,
+            None,
+            false,
+            vec!["persistent://public/default/a".into()],
+        )
+        .await
+        .unwrap();
+        let committed = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+        tcs.end(committed, TxnAction::Commit, None, false)
+            .await
+            .unwrap();
+        // Left COMMITTING, as a crash between the two records would.
+        let committing = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+        let coordinator = tcs.get(0).unwrap();
+        let record = record::Record::Status {
+            seq: committing.least,
+            from: TxnStatus::Open,
+            to: TxnStatus::Committing,
+        };
+        coordinator_log_append(&coordinator, record).await;
+        tcs.close().await;
+        (open, committed, committing)
+    };
+    let tcs = coordinators(&env, &meta);
+    tcs.connect(0).await.unwrap();
+    let view = tcs.view(open).unwrap().unwrap();
+    assert_eq!(view.status, TxnStatus::Open);
+    assert_eq!(
+        view.produced,
+        vec!["persistent://public/default/a".to_string()]
+    );
+    assert!(tcs.view(committed).unwrap().is_none());
+    // The COMMITTING one is finished by the coordinator.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tcs.view(committing).unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "never finished");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Ids are never reused after a restart.
+    let next = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+    assert!(next.least > committing.least);
+    tcs.end(open, TxnAction::Abort, None, false).await.unwrap();
+}
+
+async fn coordinator_log_append(coordinator: &Coordinator, record: record::Record) {
+    coordinator.append_for_test(record).await;
+}

@@ -1,0 +1,316 @@
+//! Catch-up reads through the whole stack: a `vela standalone` whose caches
+//! (the broker's entry cache, the bookie's write and read caches, the
+//! subscriptions' read-ahead budget) are all much smaller than the backlog,
+//! so every subscription reads its backlog from entry logs on the bookie,
+//! across several ledgers.
+//!
+//! Checked: each subscription type drains the backlog byte for byte and in
+//! order within each connection, with consumers reconnecting in the middle
+//! (unacknowledged messages come again; nothing is lost); a slow and a fast
+//! consumer on the same topic each get every message.
+//!
+//! Timeouts only bound a failure; nothing here measures speed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use vela_client::{
+    Client, ClientConfig, Consumer, ConsumerOptions, InitialPosition, Message, OutgoingMessage,
+    ProducerOptions, SubType,
+};
+
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
+/// Failure bound for one expected message.
+const RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
+/// Messages in the backlog: ~26 MiB of 1 KiB payloads (batched into ~128
+/// KiB entries), past the 1 MiB entry cache, the 11 MiB write cache, the
+/// 1 MiB read cache and the 1 MiB read-ahead budget.
+const BACKLOG_MESSAGES: usize = 25_000;
+/// Entries per ledger: the backlog spans several ledgers.
+const LEDGER_ENTRIES_MAX: u64 = 40;
+/// A small receiver queue: permits arrive in many small FLOWs.
+const RECEIVER_QUEUE: u32 = 100;
+/// Received-but-unacknowledged messages at each reconnect (they must come
+/// again).
+const UNACKED_AT_RECONNECT: usize = 50;
+
+struct Standalone {
+    child: Child,
+    pulsar_url: String,
+    http_addr: String,
+    _data_dir: tempfile::TempDir,
+}
+
+impl Standalone {
+    fn start() -> Standalone {
+        let data_dir = tempfile::tempdir().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
+            .arg("standalone")
+            .arg("--data-dir")
+            .arg(data_dir.path())
+            .args(["--port", "0", "--http-port", "0"])
+            .args(["--write-cache-mb", "11", "--read-cache-mb", "1"])
+            .args(["--read-ahead-mb", "1", "--flush-interval-ms", "200"])
+            .args(["--managed-ledger-cache-size-mb", "1"])
+            .args(["--ledger-max-entries", &LEDGER_ENTRIES_MAX.to_string()])
+            .env(
+                "VELA_LOG",
+                std::env::var("VELA_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            )
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("vela standalone starts");
+        let stdout = child.stdout.take().unwrap();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = reader.read_line(&mut line);
+            let _ = ready_tx.send(line);
+            let _ = std::io::copy(&mut reader, &mut std::io::sink());
+        });
+        let Ok(line) = ready_rx.recv_timeout(STARTUP_TIMEOUT) else {
+            let _ = child.kill();
+            panic!("vela standalone printed no ready line within {STARTUP_TIMEOUT:?}");
+        };
+        let url = |scheme: &str| {
+            line.split_whitespace()
+                .find(|word| word.starts_with(scheme))
+                .map(str::to_owned)
+        };
+        let (Some(pulsar_url), Some(http_url)) = (url("pulsar://"), url("http://")) else {
+            let _ = child.kill();
+            panic!("vela standalone did not get ready (printed {line:?})");
+        };
+        Standalone {
+            child,
+            pulsar_url,
+            http_addr: http_url["http://".len()..].to_string(),
+            _data_dir: data_dir,
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::new(&self.pulsar_url, ClientConfig::default()).unwrap()
+    }
+
+    /// Entries the bookie served from entry logs (its `bookie_read_log`
+    /// read-path stage in `/metrics`): the backlog was read from disk, not
+    /// from a cache.
+    fn entries_read_from_entry_logs(&self) -> u64 {
+        let mut stream = std::net::TcpStream::connect(&self.http_addr).unwrap();
+        write!(
+            stream,
+            "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n",
+            self.http_addr
+        )
+        .unwrap();
+        let mut text = String::new();
+        stream.read_to_string(&mut text).unwrap();
+        text.lines()
+            .filter(|line| {
+                line.starts_with("vela_read_path_latency_seconds_count{")
+                    && line.contains("stage=\"bookie_read_log\"")
+            })
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|count| count as u64)
+            .sum()
+    }
+}
+
+impl Drop for Standalone {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Message `index`: its index, then 1 KiB of bytes that depend on it.
+fn payload(index: usize) -> Vec<u8> {
+    let mut bytes = (index as u64).to_be_bytes().to_vec();
+    bytes.extend((0..1016).map(|i| ((i * 31 + index * 7) % 251) as u8));
+    bytes
+}
+
+/// The index a payload claims, after checking every byte of it.
+fn check_payload(message: &Message) -> usize {
+    let head: [u8; 8] = message.payload[..8].try_into().unwrap();
+    let index = u64::from_be_bytes(head) as usize;
+    assert!(index < BACKLOG_MESSAGES, "index {index} out of range");
+    assert_eq!(
+        &message.payload[..],
+        &payload(index)[..],
+        "message {index} came back with other bytes"
+    );
+    index
+}
+
+async fn subscribe(
+    client: &Client,
+    topic: &str,
+    subscription: &str,
+    sub_type: SubType,
+) -> Consumer {
+    let options = ConsumerOptions {
+        subscription: subscription.to_string(),
+        sub_type,
+        initial_position: InitialPosition::Earliest,
+        receiver_queue_size: RECEIVER_QUEUE,
+        name: None,
+    };
+    client.subscribe(topic, options).await.unwrap()
+}
+
+async fn produce_backlog(client: &Client, topic: &str) {
+    let producer = client
+        .create_producer(topic, ProducerOptions::default())
+        .await
+        .unwrap();
+    let mut receipts = Vec::with_capacity(BACKLOG_MESSAGES);
+    for index in 0..BACKLOG_MESSAGES {
+        // A key per message spreads Key_Shared over its hash slots.
+        let message = OutgoingMessage::new(payload(index)).with_key(format!("k{}", index % 97));
+        receipts.push(producer.send(message).await.unwrap());
+    }
+    producer.flush().await;
+    for receipt in receipts {
+        receipt.await.unwrap();
+    }
+    producer.close().await.unwrap();
+}
+
+async fn receive(consumer: &Consumer, what: &str) -> Message {
+    match consumer.receive_timeout(RECEIVE_TIMEOUT).await.unwrap() {
+        Some(message) => message,
+        None => panic!("{what}: no message within {RECEIVE_TIMEOUT:?}"),
+    }
+}
+
+/// Drains the backlog on `subscription`, reconnecting twice in the middle
+/// with `UNACKED_AT_RECONNECT` messages received but not acknowledged.
+async fn drain_with_reconnects(
+    client: &Client,
+    topic: &str,
+    subscription: &str,
+    sub_type: SubType,
+) {
+    let what = format!("{sub_type:?} subscription {subscription}");
+    let mut acked: BTreeSet<usize> = BTreeSet::new();
+    let mut never_acked: BTreeSet<usize> = BTreeSet::new();
+    let mut received_total = 0usize;
+    let reconnect_at = [BACKLOG_MESSAGES / 3, 2 * BACKLOG_MESSAGES / 3];
+    let mut session = 0;
+    while acked.len() < BACKLOG_MESSAGES {
+        let consumer = subscribe(client, topic, subscription, sub_type).await;
+        let mut last_id = None;
+        let mut unacked: Vec<usize> = Vec::new();
+        loop {
+            let message = receive(&consumer, &what).await;
+            // One consumer per connection: ids only grow within it
+            // (redeliveries, which come first, included).
+            assert!(
+                last_id.is_none_or(|last| message.id > last),
+                "{what}: {} after {:?} in one session",
+                message.id,
+                last_id
+            );
+            last_id = Some(message.id);
+            let index = check_payload(&message);
+            received_total += 1;
+            let reconnect = session < reconnect_at.len() && received_total >= reconnect_at[session];
+            if reconnect && unacked.len() < UNACKED_AT_RECONNECT {
+                unacked.push(index);
+                continue;
+            }
+            if reconnect {
+                break;
+            }
+            consumer.ack(&message.id).await.unwrap();
+            acked.insert(index);
+            never_acked.remove(&index);
+            if acked.len() == BACKLOG_MESSAGES {
+                break;
+            }
+        }
+        never_acked.extend(unacked.iter().copied().filter(|i| !acked.contains(i)));
+        consumer.close().await.unwrap();
+        session += 1;
+    }
+    assert!(
+        never_acked.is_empty(),
+        "{what}: messages received before a reconnect never came again: {never_acked:?}"
+    );
+    assert_eq!(
+        session,
+        reconnect_at.len() + 1,
+        "{what}: reconnected {session} times"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_subscription_type_drains_a_backlog_larger_than_every_cache() {
+    let standalone = Standalone::start();
+    let client = standalone.client();
+    let topic = "persistent://public/default/catch-up-types";
+    let kinds = [
+        ("exclusive", SubType::Exclusive),
+        ("shared", SubType::Shared),
+        ("failover", SubType::Failover),
+        ("key-shared", SubType::KeyShared),
+    ];
+    // The subscriptions exist before the backlog is written.
+    for (name, sub_type) in kinds {
+        subscribe(&client, topic, name, sub_type)
+            .await
+            .close()
+            .await
+            .unwrap();
+    }
+    produce_backlog(&client, topic).await;
+    for (name, sub_type) in kinds {
+        drain_with_reconnects(&client, topic, name, sub_type).await;
+    }
+    assert!(
+        standalone.entries_read_from_entry_logs() > 0,
+        "the backlog never came from an entry log: the caches were not outgrown"
+    );
+    client.close().await;
+}
+
+/// Receives the whole backlog in order, pausing after every `pause_every`
+/// messages when asked to (a slow consumer).
+async fn drain_in_order(consumer: Consumer, pause_every: Option<usize>, what: &str) {
+    for expected in 0..BACKLOG_MESSAGES {
+        let message = receive(&consumer, what).await;
+        let index = check_payload(&message);
+        assert_eq!(index, expected, "{what}: out of order");
+        consumer.ack(&message.id).await.unwrap();
+        if let Some(every) = pause_every
+            && expected % every == 0
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    consumer.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_and_a_fast_consumer_each_get_every_message() {
+    let standalone = Standalone::start();
+    let client = standalone.client();
+    let topic = "persistent://public/default/catch-up-slow-fast";
+    let slow = subscribe(&client, topic, "slow", SubType::Exclusive).await;
+    let fast = subscribe(&client, topic, "fast", SubType::Exclusive).await;
+    produce_backlog(&client, topic).await;
+    tokio::join!(
+        drain_in_order(slow, Some(50), "slow consumer"),
+        drain_in_order(fast, None, "fast consumer"),
+    );
+    assert!(standalone.entries_read_from_entry_logs() > 0);
+    client.close().await;
+}
