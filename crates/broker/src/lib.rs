@@ -20,8 +20,7 @@
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`,
-//!    `policy_watch`
+//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`, `policy_watch`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
