@@ -27,6 +27,10 @@ def pb():
         [
             "--ledger-max-entries",
             str(LEDGER_ENTRIES_MAX),
+            # Full ledgers roll over at once (the default waits 10 minutes),
+            # so consumed data is freed within the test.
+            "--ledger-min-rollover-minutes",
+            "0",
             "--policy-check-interval-s",
             str(POLICY_CHECK_INTERVAL_S),
         ]
