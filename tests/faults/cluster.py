@@ -303,30 +303,10 @@ class _GroupProc(Proc):
         self.registry = registry
         super().__init__(name, cmd, ready, env)
 
-    def start(self):
-        env = dict(os.environ)
-        env.setdefault("VELA_LOG", "info")
-        if self.env:
-            env.update(self.env)
-        self.proc = subprocess.Popen(
-            self.cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, env=env, start_new_session=True,
-        )  # fmt: skip
+    def popen_options(self):
+        # Its own session, and the harness's working directory.
+        return {"start_new_session": True}
+
+    def spawned(self):
         self.registry[self.name] = self
-        threading.Thread(target=self._pump, args=(self.proc.stderr,), daemon=True).start()
-        deadline = time.time() + 120
-        self.ready_line = None
-        while time.time() < deadline:
-            line = self.proc.stdout.readline()
-            if not line:
-                break
-            self._keep(line)
-            if self.ready.search(line):
-                self.ready_line = line.strip()
-                break
-        if self.ready_line is None:
-            self.proc.kill()
-            raise RuntimeError("%s did not start:\n%s" % (self.name, "\n".join(self.log_lines[-50:])))
-        threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
-        return self
 

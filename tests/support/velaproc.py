@@ -58,13 +58,14 @@ class Proc:
             env.update(self.env)
         self.proc = subprocess.Popen(
             self.cmd,
-            cwd=ROOT,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=env,
+            **self.popen_options(),
         )
+        self.spawned()
         threading.Thread(target=self._pump, args=(self.proc.stderr,), daemon=True).start()
         deadline = time.time() + STARTUP_TIMEOUT_S
         self.ready_line = None
@@ -81,6 +82,14 @@ class Proc:
             raise RuntimeError("%s did not start:\n%s" % (self.name, "\n".join(self.log_lines[-50:])))
         threading.Thread(target=self._pump, args=(self.proc.stdout,), daemon=True).start()
         return self
+
+    def popen_options(self):
+        """Where and how the process is spawned (a subclass may run it in a
+        session of its own)."""
+        return {"cwd": ROOT}
+
+    def spawned(self):
+        """Called once the process exists, before it is ready."""
 
     def _keep(self, line):
         self.log_lines.append(line.rstrip("\n"))

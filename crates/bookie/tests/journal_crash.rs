@@ -9,17 +9,17 @@
 //! backend when `VELA_JOURNAL_CRASH_PMEM_DIR` names the region's directory).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use common::journal::{Never, on_pmem, pmem_base_dir};
 use vela_bookie::JournalMark;
-use vela_bookie::journal::{
-    Journal, JournalBackendKind, JournalConfig, JournalError, JournalRecord, PMEM_ALIGNMENT_BYTES,
-    PmemConfig, PmemEmulation,
-};
+use vela_bookie::journal::{Journal, JournalConfig, JournalError, JournalRecord};
 
 const CHILD_ENV: &str = "VELA_JOURNAL_CRASH_CHILD_DIR";
 const PMEM_DIR_ENV: &str = "VELA_JOURNAL_CRASH_PMEM_DIR";
@@ -28,21 +28,11 @@ const PMEM_DIR_ENV: &str = "VELA_JOURNAL_CRASH_PMEM_DIR";
 const PMEM_REGION_BYTES: u64 = 64 << 20;
 
 fn config(dir: &Path, pmem_dir: Option<&Path>) -> JournalConfig {
-    let mut c = JournalConfig::new(dir);
-    c.payload_bytes_max = 16 << 10;
-    c.group_bytes_max = 16 << 10;
-    c.file_bytes_max = 256 << 10;
-    c.prealloc_chunk_bytes = 64 << 10;
-    if let Some(pmem_dir) = pmem_dir {
-        c.backend = JournalBackendKind::Pmem;
-        c.alignment_bytes = PMEM_ALIGNMENT_BYTES;
-        c.pmem = Some(PmemConfig {
-            dir: pmem_dir.to_path_buf(),
-            region_bytes: PMEM_REGION_BYTES,
-            emulation: PmemEmulation::Allow,
-        });
+    let c = common::journal::config(dir);
+    match pmem_dir {
+        Some(pmem_dir) => on_pmem(c, pmem_dir, PMEM_REGION_BYTES),
+        None => c,
     }
-    c
 }
 
 fn record(i: u64) -> JournalRecord {
@@ -54,15 +44,6 @@ fn record(i: u64) -> JournalRecord {
     }
 }
 
-#[derive(Debug)]
-struct Never;
-impl std::fmt::Display for Never {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("never")
-    }
-}
-impl std::error::Error for Never {}
-
 fn main() {
     match std::env::var(CHILD_ENV) {
         Ok(dir) => {
@@ -72,16 +53,9 @@ fn main() {
         Err(_) => {
             acked_records_survive_kill_9(None);
             println!("journal_crash: acked_records_survive_kill_9 (file journal) ok");
-            // tmpfs when there is one: the case the README documents.
-            let shm = Path::new("/dev/shm");
-            let base = if shm.is_dir() {
-                shm.to_path_buf()
-            } else {
-                std::env::temp_dir()
-            };
             let pmem_dir = tempfile::Builder::new()
                 .prefix("vela-pmem-crash-")
-                .tempdir_in(base)
+                .tempdir_in(pmem_base_dir())
                 .unwrap();
             acked_records_survive_kill_9(Some(pmem_dir.path()));
             println!("journal_crash: acked_records_survive_kill_9 (pmem, emulated) ok");

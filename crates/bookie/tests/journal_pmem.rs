@@ -12,31 +12,23 @@
 //! a cache-line flush is not something a test on DRAM can observe.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use bytes::Bytes;
+use common::journal::{
+    Acks, append_all, append_each, entry, mixed_records, on_pmem, open, pmem_base_dir, records_of,
+};
 use vela_bookie::JournalMark;
 use vela_bookie::journal::{
-    Journal, JournalBackendKind, JournalConfig, JournalError, JournalRecord, PMEM_ALIGNMENT_BYTES,
-    PmemConfig, PmemEmulation, pmem,
+    Journal, JournalConfig, JournalError, JournalRecord, PmemEmulation, pmem,
 };
 
 /// Four slots of 256 KiB (the file journal tests' file size) after the 4 KiB
 /// header area.
 const REGION_BYTES: u64 = 4096 + 4 * (256 << 10);
-
-/// tmpfs when there is one: the case the README documents.
-fn base_dir() -> PathBuf {
-    let shm = Path::new("/dev/shm");
-    if shm.is_dir() {
-        shm.to_path_buf()
-    } else {
-        std::env::temp_dir()
-    }
-}
 
 /// A journal dir and a region dir, removed at the end of the test.
 struct Dirs {
@@ -49,95 +41,27 @@ fn dirs() -> Dirs {
         journal: tempfile::tempdir().unwrap(),
         pmem: tempfile::Builder::new()
             .prefix("vela-pmem-test-")
-            .tempdir_in(base_dir())
+            .tempdir_in(pmem_base_dir())
             .unwrap(),
     }
 }
 
+/// The file journal tests' payload and group sizes; `file_bytes_max` and
+/// `prealloc_chunk_bytes` stay at their defaults (slots are the files here).
 fn config(dirs: &Dirs) -> JournalConfig {
     let mut c = JournalConfig::new(dirs.journal.path());
-    c.backend = JournalBackendKind::Pmem;
-    c.alignment_bytes = PMEM_ALIGNMENT_BYTES;
     c.payload_bytes_max = 16 << 10;
     c.group_bytes_max = 16 << 10;
-    c.pmem = Some(PmemConfig {
-        dir: dirs.pmem.path().to_path_buf(),
-        region_bytes: REGION_BYTES,
-        emulation: PmemEmulation::Allow,
-    });
-    c
+    on_pmem(c, dirs.pmem.path(), REGION_BYTES)
 }
 
-#[derive(Debug)]
-struct Never;
-impl std::fmt::Display for Never {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("never")
-    }
-}
-impl std::error::Error for Never {}
-
-/// The one helper that opens a journal: returns it and what replay handed back.
-fn open(
-    cfg: &JournalConfig,
-    from: JournalMark,
-) -> Result<(Journal, Vec<(JournalRecord, JournalMark)>), JournalError> {
-    let mut seen = Vec::new();
-    let journal = Journal::open(cfg.clone(), from, |record, mark| {
-        seen.push((record, mark));
-        Ok::<(), Never>(())
-    })?;
-    Ok((journal, seen))
-}
-
-/// Appends every record and waits for all callbacks (in append order); returns
-/// their marks.
-fn append_all(journal: &Journal, records: &[JournalRecord]) -> Vec<JournalMark> {
-    let (tx, rx) = mpsc::channel();
-    for (i, r) in records.iter().enumerate() {
-        let tx = tx.clone();
-        journal
-            .append(r.clone(), move |res| tx.send((i, res)).unwrap())
-            .unwrap();
-    }
-    drop(tx);
-    let mut marks = vec![JournalMark::START; records.len()];
-    for expected in 0..records.len() {
-        let (i, res) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
-        assert_eq!(i, expected, "callbacks run in append order");
-        marks[i] = res.unwrap();
-    }
-    assert!(marks.windows(2).all(|w| w[0] < w[1]), "marks increase");
-    marks
-}
-
-fn entry(ledger_id: u64, entry_id: u64, payload_bytes: usize) -> JournalRecord {
-    let payload: Vec<u8> = (0..payload_bytes)
-        .map(|i| (i as u64 * 31 + entry_id) as u8)
-        .collect();
-    JournalRecord::Entry {
-        ledger_id,
-        entry_id,
-        payload: Bytes::from(payload),
-    }
-}
-
-fn mixed_records(count: u64) -> Vec<JournalRecord> {
-    (0..count)
-        .map(|i| match i % 7 {
-            3 => JournalRecord::Fence { ledger_id: i },
-            4 => JournalRecord::ExplicitLac {
-                ledger_id: 2,
-                lac: i,
-            },
-            5 => JournalRecord::LedgerDeleted { ledger_id: i + 100 },
-            _ => entry(i % 3, i, (i as usize * 97) % 3000),
-        })
-        .collect()
-}
-
-fn records_of(seen: &[(JournalRecord, JournalMark)]) -> Vec<JournalRecord> {
-    seen.iter().map(|(r, _)| r.clone()).collect()
+/// Opens a journal and appends ~1.5 MiB, far more than the four 256 KiB slots
+/// hold, without waiting: returns the journal, the records and their acks.
+fn open_and_overfill(cfg: &JournalConfig) -> (Journal, Vec<JournalRecord>, Acks) {
+    let (journal, _) = open(cfg, JournalMark::START).unwrap();
+    let records: Vec<JournalRecord> = (0..1000).map(|i| entry(1, i, 1500)).collect();
+    let acks = append_each(&journal, &records);
+    (journal, records, acks)
 }
 
 /// Journal file `file_id` as bytes of the region file: (path, offset, len).
@@ -395,16 +319,7 @@ fn flipped_bit_in_an_older_slot_refuses_to_start() {
 fn a_full_ring_holds_appends_until_a_checkpoint_frees_a_slot() {
     let dirs = dirs();
     let cfg = config(&dirs);
-    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
-    // ~1.5 MiB: far more than the four 256 KiB slots hold.
-    let records: Vec<JournalRecord> = (0..1000).map(|i| entry(1, i, 1500)).collect();
-    let (tx, rx) = mpsc::channel();
-    for (i, r) in records.iter().enumerate() {
-        let tx = tx.clone();
-        journal
-            .append(r.clone(), move |res| tx.send((i, res)).unwrap())
-            .unwrap();
-    }
+    let (journal, records, rx) = open_and_overfill(&cfg);
     // Acks come until the ring is full, then stop.
     let mut acked = 0;
     while let Ok((i, res)) = rx.recv_timeout(Duration::from_millis(500)) {
@@ -445,15 +360,7 @@ fn a_full_ring_holds_appends_until_a_checkpoint_frees_a_slot() {
 fn a_restart_with_a_full_ring_opens_and_replays_every_acked_record() {
     let dirs = dirs();
     let cfg = config(&dirs);
-    let (journal, _) = open(&cfg, JournalMark::START).unwrap();
-    let records: Vec<JournalRecord> = (0..1000).map(|i| entry(1, i, 1500)).collect();
-    let (tx, rx) = mpsc::channel();
-    for (i, r) in records.iter().enumerate() {
-        let tx = tx.clone();
-        journal
-            .append(r.clone(), move |res| tx.send((i, res)).unwrap())
-            .unwrap();
-    }
+    let (journal, records, rx) = open_and_overfill(&cfg);
     let mut acked = Vec::new();
     while let Ok((i, res)) = rx.recv_timeout(Duration::from_millis(500)) {
         if res.is_ok() {
@@ -501,7 +408,7 @@ fn without_map_sync_the_backend_refuses_unless_emulation_is_allowed() {
         }
         Ok(_) => println!(
             "note: {} is on a DAX filesystem; nothing to refuse",
-            base_dir().display()
+            pmem_base_dir().display()
         ),
         Err(other) => panic!("expected PmemNotDax, got {other}"),
     }

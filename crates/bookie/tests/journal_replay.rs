@@ -3,102 +3,15 @@
 //! in an older file refuses to start; rotation, deletion, back-pressure, locking.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use bytes::Bytes;
+use common::journal::{append_all, config, entry, mixed_records, open, records_of};
 use vela_bookie::JournalMark;
-use vela_bookie::journal::{
-    Journal, JournalBackendKind, JournalConfig, JournalError, JournalRecord, format,
-};
-
-/// Small files and chunks so tests rotate and preallocate often.
-fn config(dir: &Path) -> JournalConfig {
-    let mut c = JournalConfig::new(dir);
-    c.payload_bytes_max = 16 << 10;
-    c.group_bytes_max = 16 << 10;
-    c.file_bytes_max = 256 << 10;
-    c.prealloc_chunk_bytes = 64 << 10;
-    c
-}
-
-#[derive(Debug)]
-struct Never;
-impl std::fmt::Display for Never {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("never")
-    }
-}
-impl std::error::Error for Never {}
-
-/// The one helper that opens a journal: returns it and what replay handed back.
-fn open(
-    cfg: &JournalConfig,
-    from: JournalMark,
-) -> Result<(Journal, Vec<(JournalRecord, JournalMark)>), JournalError> {
-    let mut seen = Vec::new();
-    let journal = Journal::open(cfg.clone(), from, |record, mark| {
-        seen.push((record, mark));
-        Ok::<(), Never>(())
-    })?;
-    Ok((journal, seen))
-}
-
-/// Appends every record and waits for all callbacks; returns their marks.
-fn append_all(journal: &Journal, records: &[JournalRecord]) -> Vec<JournalMark> {
-    let (tx, rx) = mpsc::channel();
-    for (i, r) in records.iter().enumerate() {
-        let tx = tx.clone();
-        journal
-            .append(r.clone(), move |res| tx.send((i, res)).unwrap())
-            .unwrap();
-    }
-    drop(tx);
-    let mut marks = vec![JournalMark::START; records.len()];
-    let mut last = None;
-    for _ in 0..records.len() {
-        let (i, res) = rx.recv_timeout(Duration::from_secs(20)).unwrap();
-        // Callbacks run in append order.
-        assert!(
-            last.is_none_or(|l| l + 1 == i),
-            "callback order {last:?} then {i}"
-        );
-        last = Some(i);
-        marks[i] = res.unwrap();
-    }
-    assert!(marks.windows(2).all(|w| w[0] < w[1]), "marks increase");
-    marks
-}
-
-fn entry(ledger_id: u64, entry_id: u64, payload_bytes: usize) -> JournalRecord {
-    let payload: Vec<u8> = (0..payload_bytes)
-        .map(|i| (i as u64 * 31 + entry_id) as u8)
-        .collect();
-    JournalRecord::Entry {
-        ledger_id,
-        entry_id,
-        payload: Bytes::from(payload),
-    }
-}
-
-fn mixed_records(count: u64) -> Vec<JournalRecord> {
-    (0..count)
-        .map(|i| match i % 7 {
-            3 => JournalRecord::Fence { ledger_id: i },
-            4 => JournalRecord::ExplicitLac {
-                ledger_id: 2,
-                lac: i,
-            },
-            5 => JournalRecord::LedgerDeleted { ledger_id: i + 100 },
-            _ => entry(i % 3, i, (i as usize * 97) % 3000),
-        })
-        .collect()
-}
-
-fn records_of(seen: &[(JournalRecord, JournalMark)]) -> Vec<JournalRecord> {
-    seen.iter().map(|(r, _)| r.clone()).collect()
-}
+use vela_bookie::journal::{JournalBackendKind, JournalError, JournalRecord, format};
 
 fn journal_files(dir: &Path) -> Vec<PathBuf> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)

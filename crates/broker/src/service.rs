@@ -245,6 +245,35 @@ impl Service {
         Ok(0)
     }
 
+    /// What opening a topic of either kind checks first: its bundle is owned
+    /// here (cluster mode), and of a partitioned topic only a partition in
+    /// range is served. Answers the topic's partition count, if partitioned.
+    async fn check_servable(&self, topic: &TopicName) -> Result<Option<u32>, ServiceError> {
+        if let Some(ownership) = self.ownership.get() {
+            ownership
+                .check_owned(topic)
+                .await
+                .map_err(ownership_error)?;
+        }
+        let partitions = self.admin.partitions(topic).await?;
+        match (topic.partition, partitions) {
+            (Some(index), Some(n)) if index >= n => {
+                return Err(ServiceError::new(
+                    ServerError::TopicNotFound,
+                    format!("partition {index} of a topic with {n} partitions"),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ServiceError::new(
+                    ServerError::NotAllowedError,
+                    format!("{topic} is a partitioned topic: use its partitions"),
+                ));
+            }
+            _ => {}
+        }
+        Ok(partitions)
+    }
+
     /// The served topic for `topic`, opening (and with `create`, creating) it.
     pub(crate) async fn topic(
         &self,
@@ -265,29 +294,7 @@ impl Service {
             ));
         }
         let policies = self.namespace_policies_of(topic).await?;
-        if let Some(ownership) = self.ownership.get() {
-            ownership
-                .check_owned(topic)
-                .await
-                .map_err(ownership_error)?;
-        }
-        // Partitioned topics: only their partitions are served.
-        let partitions = self.admin.partitions(topic).await?;
-        match (topic.partition, partitions) {
-            (Some(index), Some(n)) if index >= n => {
-                return Err(ServiceError::new(
-                    ServerError::TopicNotFound,
-                    format!("partition {index} of a topic with {n} partitions"),
-                ));
-            }
-            (None, Some(_)) => {
-                return Err(ServiceError::new(
-                    ServerError::NotAllowedError,
-                    format!("{topic} is a partitioned topic: use its partitions"),
-                ));
-            }
-            _ => {}
-        }
+        let partitions = self.check_servable(topic).await?;
         let exists = partitions.is_some() || self.admin.topic_exists(topic).await?;
         let may_create = create
             && AutoCreation::of(&policies, self.config.auto_create_topics) != AutoCreation::Off;
@@ -394,29 +401,8 @@ impl Service {
             return Ok(Arc::clone(served));
         }
         self.namespace_policies_of(topic).await?;
-        if let Some(ownership) = self.ownership.get() {
-            ownership
-                .check_owned(topic)
-                .await
-                .map_err(ownership_error)?;
-        }
-        let partitions = self.admin.partitions(topic).await?;
-        let partition_of_metadata = match (topic.partition, partitions) {
-            (Some(index), Some(n)) if index >= n => {
-                return Err(ServiceError::new(
-                    ServerError::TopicNotFound,
-                    format!("partition {index} of a topic with {n} partitions"),
-                ));
-            }
-            (None, Some(_)) => {
-                return Err(ServiceError::new(
-                    ServerError::NotAllowedError,
-                    format!("{topic} is a partitioned topic: use its partitions"),
-                ));
-            }
-            (Some(_), Some(_)) => true,
-            _ => false,
-        };
+        let partitions = self.check_servable(topic).await?;
+        let partition_of_metadata = topic.partition.is_some() && partitions.is_some();
         let may_create = create && self.config.auto_create_topics;
         if !(partition_of_metadata || may_create) {
             return Err(ServiceError::new(

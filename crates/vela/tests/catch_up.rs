@@ -12,17 +12,17 @@
 //! Timeouts only bound a failure; nothing here measures speed.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Read, Write};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::Standalone;
 use vela_client::{
     Client, ClientConfig, Consumer, ConsumerOptions, InitialPosition, Message, OutgoingMessage,
     ProducerOptions, SubType,
 };
 
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Failure bound for one expected message.
 const RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 /// Messages in the backlog: ~26 MiB of 1 KiB payloads (batched into ~128
@@ -37,64 +37,26 @@ const RECEIVER_QUEUE: u32 = 100;
 /// again).
 const UNACKED_AT_RECONNECT: usize = 50;
 
-struct Standalone {
-    child: Child,
-    pulsar_url: String,
-    http_addr: String,
-    _data_dir: tempfile::TempDir,
+/// A standalone whose caches (entry cache, write and read caches, read-ahead
+/// budget) are all much smaller than the backlog, with short ledgers.
+fn start_with_small_caches() -> Standalone {
+    Standalone::start(&[
+        "--write-cache-mb",
+        "11",
+        "--read-cache-mb",
+        "1",
+        "--read-ahead-mb",
+        "1",
+        "--flush-interval-ms",
+        "200",
+        "--managed-ledger-cache-size-mb",
+        "1",
+        "--ledger-max-entries",
+        &LEDGER_ENTRIES_MAX.to_string(),
+    ])
 }
 
 impl Standalone {
-    fn start() -> Standalone {
-        let data_dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
-            .arg("standalone")
-            .arg("--data-dir")
-            .arg(data_dir.path())
-            .args(["--port", "0", "--http-port", "0"])
-            .args(["--write-cache-mb", "11", "--read-cache-mb", "1"])
-            .args(["--read-ahead-mb", "1", "--flush-interval-ms", "200"])
-            .args(["--managed-ledger-cache-size-mb", "1"])
-            .args(["--ledger-max-entries", &LEDGER_ENTRIES_MAX.to_string()])
-            .env(
-                "VELA_LOG",
-                std::env::var("VELA_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("vela standalone starts");
-        let stdout = child.stdout.take().unwrap();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let _ = ready_tx.send(line);
-            let _ = std::io::copy(&mut reader, &mut std::io::sink());
-        });
-        let Ok(line) = ready_rx.recv_timeout(STARTUP_TIMEOUT) else {
-            let _ = child.kill();
-            panic!("vela standalone printed no ready line within {STARTUP_TIMEOUT:?}");
-        };
-        let url = |scheme: &str| {
-            line.split_whitespace()
-                .find(|word| word.starts_with(scheme))
-                .map(str::to_owned)
-        };
-        let (Some(pulsar_url), Some(http_url)) = (url("pulsar://"), url("http://")) else {
-            let _ = child.kill();
-            panic!("vela standalone did not get ready (printed {line:?})");
-        };
-        Standalone {
-            child,
-            pulsar_url,
-            http_addr: http_url["http://".len()..].to_string(),
-            _data_dir: data_dir,
-        }
-    }
-
     fn client(&self) -> Client {
         Client::new(&self.pulsar_url, ClientConfig::default()).unwrap()
     }
@@ -103,16 +65,8 @@ impl Standalone {
     /// read-path stage in `/metrics`): the backlog was read from disk, not
     /// from a cache.
     fn entries_read_from_entry_logs(&self) -> u64 {
-        let mut stream = std::net::TcpStream::connect(&self.http_addr).unwrap();
-        write!(
-            stream,
-            "GET /metrics HTTP/1.0\r\nHost: {}\r\n\r\n",
-            self.http_addr
-        )
-        .unwrap();
-        let mut text = String::new();
-        stream.read_to_string(&mut text).unwrap();
-        text.lines()
+        self.metrics()
+            .lines()
             .filter(|line| {
                 line.starts_with("vela_read_path_latency_seconds_count{")
                     && line.contains("stage=\"bookie_read_log\"")
@@ -120,13 +74,6 @@ impl Standalone {
             .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
             .map(|count| count as u64)
             .sum()
-    }
-}
-
-impl Drop for Standalone {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -254,7 +201,7 @@ async fn drain_with_reconnects(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_subscription_type_drains_a_backlog_larger_than_every_cache() {
-    let standalone = Standalone::start();
+    let standalone = start_with_small_caches();
     let client = standalone.client();
     let topic = "persistent://public/default/catch-up-types";
     let kinds = [
@@ -301,7 +248,7 @@ async fn drain_in_order(consumer: Consumer, pause_every: Option<usize>, what: &s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_and_a_fast_consumer_each_get_every_message() {
-    let standalone = Standalone::start();
+    let standalone = start_with_small_caches();
     let client = standalone.client();
     let topic = "persistent://public/default/catch-up-slow-fast";
     let slow = subscribe(&client, topic, "slow", SubType::Exclusive).await;

@@ -65,6 +65,18 @@ fn entry(seed: u64, ledger_id: u64, entry_id: u64) -> Bytes {
     encode_entry(&header, &payload)
 }
 
+/// `vela bookie` with its journal and ledger directories under `dir`.
+fn bookie_command(dir: &Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_vela"));
+    command
+        .arg("bookie")
+        .arg("--journal-dir")
+        .arg(dir.join("journal"))
+        .arg("--ledger-dir")
+        .arg(dir.join("ledgers"));
+    command
+}
+
 /// A running `vela bookie`; killed (SIGKILL) when dropped.
 struct BookieProcess {
     child: Child,
@@ -79,12 +91,7 @@ impl BookieProcess {
         journal_sync: &str,
         journal_args: &[String],
     ) -> BookieProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
-            .arg("bookie")
-            .arg("--journal-dir")
-            .arg(dir.join("journal"))
-            .arg("--ledger-dir")
-            .arg(dir.join("ledgers"))
+        let mut child = bookie_command(dir)
             .args([
                 "--port",
                 "0",
@@ -399,12 +406,7 @@ async fn kill_9_rounds(what: &str, journal_args: Vec<String>) {
 fn a_pmem_journal_without_map_sync_refuses_to_start_naming_why() {
     let dir = tempfile::tempdir().unwrap();
     let pmem_dir = pmem_test_dir();
-    let output = Command::new(env!("CARGO_BIN_EXE_vela"))
-        .arg("bookie")
-        .arg("--journal-dir")
-        .arg(dir.path().join("journal"))
-        .arg("--ledger-dir")
-        .arg(dir.path().join("ledgers"))
+    let output = bookie_command(dir.path())
         .args(["--port", "0"])
         .args(pmem_args(pmem_dir.path(), false))
         .stdin(Stdio::null())
@@ -441,15 +443,7 @@ fn a_pmem_journal_without_map_sync_refuses_to_start_naming_why() {
             "--journal-pmem-allow-emulation",
         ),
     ] {
-        let output = Command::new(env!("CARGO_BIN_EXE_vela"))
-            .arg("bookie")
-            .arg("--journal-dir")
-            .arg(dir.path().join("journal"))
-            .arg("--ledger-dir")
-            .arg(dir.path().join("ledgers"))
-            .args(&flags)
-            .output()
-            .unwrap();
+        let output = bookie_command(dir.path()).args(&flags).output().unwrap();
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert!(!output.status.success(), "{flags:?} accepted");
         assert!(stderr.contains(named), "{flags:?}: {stderr}");

@@ -14,12 +14,12 @@
 //! No timing assertions: only memory and content.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::Standalone;
 use tokio::task::JoinSet;
 use vela_client::{
     Client, ClientConfig, Consumer, ConsumerOptions, InitialPosition, OutgoingMessage,
@@ -64,110 +64,31 @@ const MARGIN_MB: u64 = 128;
 
 /// Topics worked on at once (producers created, consumers read).
 const IN_FLIGHT_MAX: usize = 64;
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 const RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// A running `vela standalone`; killed (SIGKILL) when dropped.
-struct Standalone {
-    child: Child,
-    pulsar_url: String,
-    http_addr: SocketAddr,
-    _data_dir: tempfile::TempDir,
+/// A standalone with the small budgets above.
+fn start_with_small_budgets() -> Standalone {
+    Standalone::start(&[
+        "--managed-ledger-cache-size-mb",
+        &CACHE_MB.to_string(),
+        "--max-message-publish-buffer-mb",
+        &PUBLISH_BUFFER_MB.to_string(),
+        "--write-cache-mb",
+        &WRITE_CACHE_MB.to_string(),
+        "--read-cache-mb",
+        &READ_CACHE_MB.to_string(),
+    ])
 }
 
 impl Standalone {
-    fn start() -> Standalone {
-        let data_dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
-            .arg("standalone")
-            .arg("--data-dir")
-            .arg(data_dir.path())
-            .args(["--port", "0", "--http-port", "0"])
-            .args(["--managed-ledger-cache-size-mb", &CACHE_MB.to_string()])
-            .args([
-                "--max-message-publish-buffer-mb",
-                &PUBLISH_BUFFER_MB.to_string(),
-            ])
-            .args(["--write-cache-mb", &WRITE_CACHE_MB.to_string()])
-            .args(["--read-cache-mb", &READ_CACHE_MB.to_string()])
-            .env(
-                "VELA_LOG",
-                std::env::var("VELA_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("vela standalone starts");
-        let stdout = child.stdout.take().unwrap();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let _ = ready_tx.send(line);
-            let _ = std::io::copy(&mut reader, &mut std::io::sink());
-        });
-        let Ok(line) = ready_rx.recv_timeout(STARTUP_TIMEOUT) else {
-            let _ = child.kill();
-            panic!("vela standalone printed no ready line within {STARTUP_TIMEOUT:?}");
-        };
-        let url = |scheme: &str| {
-            line.split_whitespace()
-                .find(|word| word.starts_with(scheme))
-                .map(str::to_owned)
-        };
-        let (Some(pulsar_url), Some(http_url)) = (url("pulsar://"), url("http://")) else {
-            let _ = child.kill();
-            panic!("vela standalone did not get ready (printed {line:?})");
-        };
-        Standalone {
-            child,
-            pulsar_url,
-            http_addr: http_url["http://".len()..].parse().unwrap(),
-            _data_dir: data_dir,
-        }
-    }
-
-    /// Resident memory of the process, MiB.
-    fn rss_mib(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
-        let kib: u64 = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .expect("VmRSS in /proc/PID/status");
-        kib / 1024
-    }
-
     /// One sample of `/metrics` (a family without labels but `cluster`).
     fn metric(&self, name: &str) -> f64 {
-        let mut stream = TcpStream::connect(self.http_addr).unwrap();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(30)))
-            .unwrap();
-        write!(
-            stream,
-            "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.http_addr
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        response
+        self.metrics()
             .lines()
             .find(|l| l.starts_with(&format!("{name}{{")))
             .and_then(|l| l.rsplit(' ').next())
             .and_then(|v| v.parse().ok())
             .unwrap_or_else(|| panic!("{name} not in /metrics"))
-    }
-}
-
-impl Drop for Standalone {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -194,7 +115,7 @@ async fn many_topics_stay_within_the_memory_budget_and_read_back_whole() {
         topics,
         entries_per_topic,
     } = Size::of_this_run();
-    let broker = Standalone::start();
+    let broker = start_with_small_budgets();
     let client = Client::new(&broker.pulsar_url, ClientConfig::default()).unwrap();
 
     // Active readers that lag: each takes one message and reads no more.

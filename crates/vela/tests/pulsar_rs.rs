@@ -6,12 +6,12 @@
 //! only bound a failure; no test waits for time to pass to be correct.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use common::Standalone;
 use futures::StreamExt;
 use pulsar::compression::{Compression, CompressionSnappy, CompressionZstd};
 use pulsar::consumer::{DeadLetterPolicy, InitialPosition, Message};
@@ -21,114 +21,20 @@ use pulsar::{
     Consumer, ConsumerOptions, Producer, ProducerOptions, Pulsar, SubType, TokioExecutor,
 };
 
-/// How long `vela standalone` may take to print its ready line (it is ready in
-/// well under a second; a loaded CI machine gets ample slack).
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 /// Failure bound for one expected message or one send receipt.
 const RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Failure bound for the raw admin HTTP request.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 /// Messages per produce/consume round.
 const MESSAGE_COUNT: usize = 200;
 /// Messages per batch when the producer batches (not a divisor of
 /// `MESSAGE_COUNT`: the last batch is a partial one, flushed explicitly).
 const BATCH_MESSAGES: u32 = 16;
 
-/// A running `vela standalone`; killed (SIGKILL) when dropped.
-struct Standalone {
-    child: Child,
-    pulsar_url: String,
-    http_addr: SocketAddr,
-    _data_dir: tempfile::TempDir,
-}
-
 impl Standalone {
-    fn start() -> Standalone {
-        let data_dir = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
-            .arg("standalone")
-            .arg("--data-dir")
-            .arg(data_dir.path())
-            .args(["--port", "0", "--http-port", "0"])
-            // VELA_LOG=debug when debugging a failure.
-            .env(
-                "VELA_LOG",
-                std::env::var("VELA_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("vela standalone starts");
-        // A thread reads the ready line, then drains stdout for the broker's
-        // lifetime so a later print can neither block nor fail it.
-        let stdout = child.stdout.take().unwrap();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let _ = ready_tx.send(line);
-            let _ = std::io::copy(&mut reader, &mut std::io::sink());
-        });
-        let line = match ready_rx.recv_timeout(STARTUP_TIMEOUT) {
-            Ok(line) => line,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("vela standalone printed no ready line within {STARTUP_TIMEOUT:?}");
-            }
-        };
-        let url = |scheme: &str| {
-            line.split_whitespace()
-                .find(|word| word.starts_with(scheme))
-                .map(str::to_owned)
-        };
-        let (Some(pulsar_url), Some(http_url)) = (url("pulsar://"), url("http://")) else {
-            let _ = child.kill();
-            let status = child.wait().unwrap();
-            panic!("vela standalone did not get ready (printed {line:?}, exited {status})");
-        };
-        Standalone {
-            child,
-            pulsar_url,
-            http_addr: http_url["http://".len()..].parse().unwrap(),
-            _data_dir: data_dir,
-        }
-    }
-
     async fn client(&self) -> Pulsar<TokioExecutor> {
         Pulsar::builder(self.pulsar_url.clone(), TokioExecutor)
             .build()
             .await
             .expect("the client connects")
-    }
-
-    /// `PUT path` with `body` over a plain HTTP/1.1 connection; the status code.
-    fn http_put(&self, path: &str, body: &str) -> u16 {
-        let mut stream = TcpStream::connect(self.http_addr).unwrap();
-        stream.set_read_timeout(Some(HTTP_TIMEOUT)).unwrap();
-        write!(
-            stream,
-            "PUT {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            self.http_addr,
-            body.len()
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"))
-    }
-}
-
-impl Drop for Standalone {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -247,7 +153,7 @@ async fn assert_nothing_left_but_sentinel(
 /// order with exact payloads, acks each one individually, and checks the
 /// subscription holds nothing more.
 async fn produce_consume_in_order(name: &str, options: ProducerOptions) {
-    let broker = Standalone::start();
+    let broker = Standalone::start(&[]);
     let client = broker.client().await;
     let topic = topic(name);
     let batched = options.batch_size.is_some();
@@ -340,7 +246,7 @@ async fn produce_consume_in_order_batched_snappy() {
 #[tokio::test]
 async fn cumulative_ack_then_new_consumer_gets_only_what_follows() {
     const ACKED_COUNT: usize = 60;
-    let broker = Standalone::start();
+    let broker = Standalone::start(&[]);
     let client = broker.client().await;
     let topic = topic("cumulative");
     let mut consumer = subscribe(&client, &topic, "sub", SubType::Failover).await;
@@ -380,7 +286,7 @@ async fn cumulative_ack_then_new_consumer_gets_only_what_follows() {
 /// one of them, and both get work.
 #[tokio::test]
 async fn shared_subscription_delivers_each_message_once() {
-    let broker = Standalone::start();
+    let broker = Standalone::start(&[]);
     let client = broker.client().await;
     let topic = topic("shared");
     let mut first = subscribe(&client, &topic, "sub", SubType::Shared).await;
@@ -434,7 +340,7 @@ async fn shared_subscription_delivers_each_message_once() {
 #[tokio::test]
 async fn negative_ack_redelivers_with_a_redelivery_count() {
     const MAX_REDELIVER_COUNT: usize = 2;
-    let broker = Standalone::start();
+    let broker = Standalone::start(&[]);
     let client = broker.client().await;
     let topic = topic("nack");
     let dead_letter_topic = format!("{topic}-DLQ");
@@ -499,7 +405,7 @@ async fn negative_ack_redelivers_with_a_redelivery_count() {
 /// unacked-message resend delay (ack timeout).
 #[tokio::test]
 async fn unacknowledged_message_comes_back_after_ack_timeout() {
-    let broker = Standalone::start();
+    let broker = Standalone::start(&[]);
     let client = broker.client().await;
     let topic = topic("ack-timeout");
     let mut consumer: Consumer<Vec<u8>, TokioExecutor> = client
@@ -534,7 +440,7 @@ async fn unacknowledged_message_comes_back_after_ack_timeout() {
 #[tokio::test]
 async fn key_and_properties_survive_the_round_trip() {
     const COUNT: usize = 40;
-    let broker = Standalone::start();
+    let broker = Standalone::start(&[]);
     let client = broker.client().await;
     for (name, batch_size) in [
         ("keys-unbatched", None),
@@ -610,8 +516,8 @@ async fn key_and_properties_survive_the_round_trip() {
 async fn partitioned_topic_routes_keys_and_delivers_everything() {
     const PARTITIONS: usize = 4;
     const KEYS: usize = 12;
-    let broker = Standalone::start();
-    let status = broker.http_put(
+    let broker = Standalone::start(&[]);
+    let (status, _) = broker.http_put_json(
         "/admin/v2/persistent/public/default/partitioned/partitions",
         &PARTITIONS.to_string(),
     );

@@ -8,106 +8,23 @@
 //! not reused.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use common::Standalone;
 use vela_wire::proto::{self, BaseCommand, ServerError};
 use vela_wire::{FrameDecoder, encode_command};
 
-const STARTUP_TIMEOUT: Duration = Duration::from_secs(60);
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A running standalone; killed (SIGKILL) when dropped.
-struct Standalone {
-    child: Child,
-    pulsar_addr: SocketAddr,
-    http_addr: SocketAddr,
-}
-
-impl Standalone {
-    fn start(dir: &Path) -> Standalone {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
-            .arg("standalone")
-            .arg("--data-dir")
-            .arg(dir)
-            .args(["--port", "0", "--http-port", "0"])
-            .arg("--transaction-coordinator-enabled")
-            .env(
-                "VELA_LOG",
-                std::env::var("VELA_LOG").unwrap_or_else(|_| "warn".to_owned()),
-            )
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("vela standalone starts");
-        let stdout = child.stdout.take().unwrap();
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let _ = ready_tx.send(line);
-            let _ = std::io::copy(&mut reader, &mut std::io::sink());
-        });
-        let Ok(line) = ready_rx.recv_timeout(STARTUP_TIMEOUT) else {
-            let _ = child.kill();
-            panic!("vela standalone printed no ready line within {STARTUP_TIMEOUT:?}");
-        };
-        let addr = |scheme: &str| -> Option<SocketAddr> {
-            line.split_whitespace()
-                .find_map(|word| word.strip_prefix(scheme))
-                .and_then(|rest| rest.trim_end_matches('/').parse().ok())
-        };
-        let (Some(pulsar_addr), Some(http_addr)) = (addr("pulsar://"), addr("http://")) else {
-            let _ = child.kill();
-            panic!("vela standalone did not get ready (printed {line:?})");
-        };
-        Standalone {
-            child,
-            pulsar_addr,
-            http_addr,
-        }
-    }
-
-    fn kill_9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// `GET path`: the status code and body.
-    fn http_get(&self, path: &str) -> (u16, String) {
-        let mut stream = TcpStream::connect(self.http_addr).unwrap();
-        stream.set_read_timeout(Some(IO_TIMEOUT)).unwrap();
-        write!(
-            stream,
-            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
-            self.http_addr
-        )
-        .unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let status = response
-            .split_whitespace()
-            .nth(1)
-            .and_then(|code| code.parse().ok())
-            .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
-        let body = response
-            .split_once("\r\n\r\n")
-            .map_or(String::new(), |(_, b)| b.to_string());
-        (status, body)
-    }
-}
-
-impl Drop for Standalone {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A standalone with the transaction coordinator on `dir`, which outlives it.
+fn start_with_coordinator(dir: &Path) -> Standalone {
+    Standalone::start_in(dir, &["--transaction-coordinator-enabled"])
 }
 
 /// One Pulsar protocol connection, one request at a time.
@@ -231,7 +148,7 @@ fn transactions_survive_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let topic = "persistent://public/default/txn-crash";
 
-    let broker = Standalone::start(dir.path());
+    let broker = start_with_coordinator(dir.path());
     let mut conn = Conn::connect(broker.pulsar_addr);
     conn.tc_connect(0);
     let open = conn.new_txn();
@@ -244,7 +161,7 @@ fn transactions_survive_kill_9() {
     drop(conn);
     broker.kill_9();
 
-    let broker = Standalone::start(dir.path());
+    let broker = start_with_coordinator(dir.path());
     let mut conn = Conn::connect(broker.pulsar_addr);
     conn.tc_connect(0);
     let (status, body) = broker.http_get(&metadata_path(open));

@@ -29,19 +29,38 @@ fn add(
         last_add_confirmed: lac,
         ledger_length: 0,
     };
+    add_taken(bookie, &header, b"x", AddMode::Normal)
+        .recv()
+        .unwrap()
+}
+
+/// The header of an entry added in order: the entry before it is confirmed.
+fn in_order(ledger_id: u64, entry_id: u64) -> EntryHeader {
+    EntryHeader {
+        ledger_id,
+        entry_id,
+        last_add_confirmed: entry_id.checked_sub(1),
+        ledger_length: 0,
+    }
+}
+
+/// Issues one add, which the bookie must take at once; its result arrives on
+/// the returned receiver.
+fn add_taken(
+    bookie: &Bookie,
+    header: &EntryHeader,
+    payload: &[u8],
+    mode: AddMode,
+) -> mpsc::Receiver<AddResult> {
     let (done, answer) = mpsc::channel();
     assert!(
         bookie
-            .add(
-                encode_entry(&header, b"x"),
-                AddMode::Normal,
-                move |result| {
-                    done.send(result).unwrap();
-                },
-            )
+            .add(encode_entry(header, payload), mode, move |result| {
+                done.send(result).unwrap();
+            })
             .is_taken()
     );
-    answer.recv().unwrap()
+    answer
 }
 
 impl Bookie {
@@ -240,21 +259,10 @@ fn add_with_mode(
     entry_id: u64,
     mode: AddMode,
 ) -> Result<(), Status> {
-    let header = EntryHeader {
-        ledger_id,
-        entry_id,
-        last_add_confirmed: entry_id.checked_sub(1),
-        ledger_length: 0,
-    };
-    let (done, answer) = mpsc::channel();
-    assert!(
-        bookie
-            .add(encode_entry(&header, b"payload"), mode, move |result| {
-                done.send(result).unwrap();
-            })
-            .is_taken()
-    );
-    answer.recv().unwrap().map(|_| ())
+    add_taken(bookie, &in_order(ledger_id, entry_id), b"payload", mode)
+        .recv()
+        .unwrap()
+        .map(|_| ())
 }
 
 fn fence_now(bookie: &Bookie, ledger_id: u64) -> Result<(), Status> {
@@ -456,12 +464,7 @@ async fn adds_that_find_the_write_cache_full_wait_for_room_in_call_order() {
     let mut admissions = Vec::new();
     // 50 MiB into a ~10 MiB cache, issued at once as a ledger writer would.
     for entry_id in 0..200u64 {
-        let header = EntryHeader {
-            ledger_id: 9,
-            entry_id,
-            last_add_confirmed: entry_id.checked_sub(1),
-            ledger_length: 0,
-        };
+        let header = in_order(9, entry_id);
         let completed = completed.clone();
         admissions.push(bookie.add(
             encode_entry(&header, &vec![entry_id as u8; 256 * 1024]),
@@ -530,23 +533,10 @@ fn a_pmem_journal_asks_for_checkpoints_so_adds_outrun_its_ring() {
     let payload = vec![0x3cu8; 2000];
     // ~3 MB of journal: three times the ring.
     for entry_id in 0..1500u64 {
-        let header = EntryHeader {
-            ledger_id: 7,
-            entry_id,
-            last_add_confirmed: entry_id.checked_sub(1),
-            ledger_length: 0,
-        };
-        let (done, answer) = mpsc::channel();
-        assert!(
-            bookie
-                .add(
-                    encode_entry(&header, &payload),
-                    AddMode::Normal,
-                    move |result| done.send(result).unwrap(),
-                )
-                .is_taken()
-        );
-        let result = answer.recv_timeout(Duration::from_secs(20)).unwrap();
+        let header = in_order(7, entry_id);
+        let result = add_taken(&bookie, &header, &payload, AddMode::Normal)
+            .recv_timeout(Duration::from_secs(20))
+            .unwrap();
         assert_eq!(result, Ok((7, entry_id)));
     }
     assert!(

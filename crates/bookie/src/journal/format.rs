@@ -359,13 +359,15 @@ pub fn padding_len(offset: u64, alignment: u64) -> usize {
     }
 }
 
-fn read_u32(bytes: &[u8], at: usize) -> u32 {
+/// Little-endian u32 at `at` (the caller checked the length).
+pub(crate) fn read_u32(bytes: &[u8], at: usize) -> u32 {
     let mut b = [0u8; 4];
     b.copy_from_slice(&bytes[at..at + 4]);
     u32::from_le_bytes(b)
 }
 
-fn read_u64(bytes: &[u8], at: usize) -> u64 {
+/// Little-endian u64 at `at` (the caller checked the length).
+pub(crate) fn read_u64(bytes: &[u8], at: usize) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&bytes[at..at + 8]);
     u64::from_le_bytes(b)

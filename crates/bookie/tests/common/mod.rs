@@ -1,4 +1,9 @@
-//! Helpers shared by the storage integration tests.
+//! Helpers shared by the integration tests: the storage tests' entry-log
+//! layout here, the journal tests' helpers in [`journal`]. Each test crate uses
+//! part of them.
+#![allow(clippy::unwrap_used, clippy::expect_used, dead_code, unreachable_pub)]
+
+pub(crate) mod journal;
 
 /// Bytes of an entry record's header in an entry log.
 pub(crate) const RECORD_HEADER_BYTES: usize = 24;

@@ -98,27 +98,19 @@ impl Consumers {
             TopicOpening::Opened(Ok(())) => None,
             TopicOpening::Opened(Err(e)) => return refuse(session, &body, e).await,
         };
-        if let Some(existing) = self.np.get(&body.consumer_id) {
-            if existing.subscription() == body.subscription
-                && TopicName::parse(&body.topic)
-                    .is_ok_and(|t| t.to_string() == existing.topic_name())
-            {
-                return session.send_success(request_id).await;
-            }
-            return session
-                .send_error(
-                    request_id,
-                    ServiceError::new(
-                        ServerError::ConsumerBusy,
-                        "consumer id already in use on this connection",
-                    ),
-                )
-                .await;
-        }
-        if let Some(existing) = self.map.get(&body.consumer_id) {
-            if existing.sub.name == body.subscription
-                && TopicName::parse(&body.topic)
-                    .is_ok_and(|t| t.to_string() == existing.topic.full_name)
+        // A consumer id in use: the same SUBSCRIBE again succeeds, another
+        // one is refused (either kind of topic).
+        let existing = match (
+            self.np.get(&body.consumer_id),
+            self.map.get(&body.consumer_id),
+        ) {
+            (Some(np), _) => Some((np.subscription(), np.topic_name())),
+            (None, Some(c)) => Some((c.sub.name.as_str(), c.topic.full_name.as_str())),
+            (None, None) => None,
+        };
+        if let Some((subscription, topic_name)) = existing {
+            if subscription == body.subscription
+                && TopicName::parse(&body.topic).is_ok_and(|t| t.to_string() == topic_name)
             {
                 return session.send_success(request_id).await;
             }

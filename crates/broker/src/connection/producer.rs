@@ -287,6 +287,7 @@ impl Producers {
             mpsc::channel(session.service.config.limits.pending_sends_max.max(1) + 1);
         tokio::spawn(receipt_loop(
             body.producer_id,
+            (Arc::clone(&topic), name.clone()),
             jobs_rx,
             session.out.clone(),
             Arc::clone(&session.service),
@@ -393,6 +394,12 @@ impl Producers {
                 highest_sequence_id,
                 _permits: (send_permit, bytes_permit),
             },
+            // Its first copy is still in flight: the client re-sends later.
+            DedupCheck::Unknown => ReceiptJob::Error {
+                sequence_id,
+                code: ServerError::PersistenceError,
+                message: crate::topic::DEDUP_UNKNOWN_MESSAGE.into(),
+            },
             DedupCheck::Appended(append) => ReceiptJob::Send {
                 sequence_id,
                 highest_sequence_id,
@@ -486,6 +493,7 @@ async fn refuse(
 
 async fn receipt_loop(
     producer_id: u64,
+    (topic, producer_name): (Arc<Topic>, String),
     mut jobs: mpsc::Receiver<Box<ReceiptJob>>,
     out: mpsc::Sender<Outbound>,
     service: Arc<Service>,
@@ -494,6 +502,7 @@ async fn receipt_loop(
     // Appends are issued in SEND order and the log gives increasing
     // positions, so this producer's receipts name increasing positions.
     let mut last_appended: Option<Position> = None;
+    let mut connection_gone = false;
     while let Some(job) = jobs.recv().await {
         let frame = match *job {
             ReceiptJob::Send {
@@ -506,6 +515,11 @@ async fn receipt_loop(
                 _permits,
             } => match append.await {
                 Ok(position) => {
+                    // Durable: re-sends of it are duplicates from now on.
+                    topic.dedup_persisted(
+                        &producer_name,
+                        (sequence_id as i64).max(highest_sequence_id as i64),
+                    );
                     debug_assert!(
                         last_appended.is_none_or(|last| position > last),
                         "a receipt out of SEND order: {position} after {last_appended:?}"
@@ -535,6 +549,8 @@ async fn receipt_loop(
                     }
                 }
                 Err(e) => {
+                    // Not in the log: the client's re-send must be appended.
+                    topic.dedup_append_failed();
                     metrics
                         .send_errors
                         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -589,8 +605,11 @@ async fn receipt_loop(
                 return;
             }
         };
-        if out.send(frame).await.is_err() {
-            return;
+        // A closed connection still lets the appends in flight resolve:
+        // deduplication learns from each whether it is durable (else a
+        // re-send on the next connection would be "unknown" for ever).
+        if !connection_gone && out.send(frame).await.is_err() {
+            connection_gone = true;
         }
     }
 }

@@ -139,6 +139,14 @@ pub(crate) fn flag(params: &HashMap<String, String>, name: &str) -> bool {
         .is_some_and(|v| v.eq_ignore_ascii_case("true"))
 }
 
+/// A query flag that is on unless given as `false` (Pulsar's
+/// `perPartition`, default true).
+pub(crate) fn flag_unless_false(params: &HashMap<String, String>, name: &str) -> bool {
+    params
+        .get(name)
+        .is_none_or(|v| !v.eq_ignore_ascii_case("false"))
+}
+
 /// The topic named by REST path segments (`persistent` or
 /// `non-persistent`; a route that only persistent topics have refuses the
 /// other when it opens the topic: 405).

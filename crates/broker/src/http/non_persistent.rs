@@ -19,7 +19,10 @@ use axum::routing::{get, put};
 use serde_json::Value;
 use vela_wire::proto::ServerError;
 
-use super::api::{ApiError, ApiResult, Params, Shared, flag, namespace_of, no_content};
+use super::api::{
+    ApiError, ApiResult, Params, Shared, flag, flag_unless_false, namespace_of, no_content,
+};
+use super::topics::owner_broker;
 use crate::admin::json;
 use crate::nonpersistent::NonPersistentTopic;
 use crate::service::Service;
@@ -50,9 +53,7 @@ pub(super) fn routes() -> Router<Arc<Service>> {
 }
 
 fn topic_of(tenant: &str, namespace: &str, topic: &str) -> ApiResult<TopicName> {
-    Ok(TopicName::parse(&format!(
-        "non-persistent://{tenant}/{namespace}/{topic}"
-    ))?)
+    super::api::topic_of("non-persistent", tenant, namespace, topic)
 }
 
 async fn namespace_checked(service: &Service, tenant: &str, ns: &str) -> ApiResult<NamespaceName> {
@@ -68,14 +69,6 @@ fn served(service: &Service, topic: &TopicName) -> ApiResult<Arc<NonPersistentTo
     service
         .served_non_persistent(&topic.to_string())
         .ok_or_else(|| ApiError::not_found(format!("Topic {topic} not found")))
-}
-
-fn owner_broker(service: &Service) -> String {
-    let http_url = service.me().http_url;
-    http_url
-        .trim_start_matches("http://")
-        .trim_start_matches("https://")
-        .to_string()
 }
 
 async fn list(
@@ -157,9 +150,7 @@ async fn partitioned_stats(
             .await?;
         partitions.push(partition.stats());
     }
-    let per_partition = params
-        .get("perPartition")
-        .is_none_or(|v| !v.eq_ignore_ascii_case("false"));
+    let per_partition = flag_unless_false(&params, "perPartition");
     Ok(axum::Json(json::partitioned_stats_json(
         &topic.to_string(),
         &partitions,

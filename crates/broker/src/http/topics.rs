@@ -18,7 +18,9 @@ use axum::http::StatusCode;
 use axum::routing::{get, post, put};
 use serde_json::Value;
 
-use super::api::{ApiError, ApiResult, Params, Shared, flag, no_content, topic_of};
+use super::api::{
+    ApiError, ApiResult, Params, Shared, flag, flag_unless_false, no_content, topic_of,
+};
 use crate::admin::json::{self, MessageIdJson, parse_body};
 use crate::service::Service;
 use crate::subscription::SeekTarget;
@@ -139,7 +141,9 @@ async fn open(service: &Service, topic: &TopicName) -> ApiResult<Arc<Topic>> {
     }
 }
 
-fn owner_broker(service: &Service) -> String {
+/// This broker as topic stats name their owner (`host:port` of its HTTP
+/// listener).
+pub(super) fn owner_broker(service: &Service) -> String {
     let http_url = service.me().http_url;
     http_url
         .trim_start_matches("http://")
@@ -366,10 +370,7 @@ async fn partitioned_stats(
         exclude(&mut stats, &params);
         partitions.push(stats);
     }
-    // Pulsar's default is perPartition=true.
-    let per_partition = params
-        .get("perPartition")
-        .is_none_or(|v| !v.eq_ignore_ascii_case("false"));
+    let per_partition = flag_unless_false(&params, "perPartition");
     Ok(axum::Json(json::partitioned_stats_json(
         &topic.to_string(),
         &partitions,

@@ -229,12 +229,8 @@ impl NpSubscription {
             Instant::now(),
             [state.msg_out, state.bytes_out, state.dropped],
         );
-        let sub_type = match state.consumers.sub_type() {
-            SubType::Exclusive => "Exclusive",
-            SubType::Shared => "Shared",
-            SubType::Failover => "Failover",
-            SubType::KeyShared => "Key_Shared",
-        };
+        // Pulsar's names are the protocol's enum names.
+        let sub_type = state.consumers.sub_type().as_str_name();
         SubscriptionStats {
             name: self.name.clone(),
             sub_type: sub_type.to_string(),

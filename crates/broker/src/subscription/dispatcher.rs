@@ -482,12 +482,8 @@ impl Dispatcher {
             std::time::Instant::now(),
             [counters.msg_out, counters.bytes_out, counters.redelivered],
         );
-        let sub_type = match self.consumers.sub_type() {
-            SubType::Exclusive => "Exclusive",
-            SubType::Shared => "Shared",
-            SubType::Failover => "Failover",
-            SubType::KeyShared => "Key_Shared",
-        };
+        // Pulsar's names are the protocol's enum names.
+        let sub_type = self.consumers.sub_type().as_str_name();
         SubscriptionStats {
             name: self.name.clone(),
             sub_type: sub_type.to_string(),

@@ -3,11 +3,19 @@
 //! and resending what it had in flight) is answered without appending
 //! again.
 //!
-//! Owns: [`DedupTable`]. Guarantees: a sequence id is recorded exactly when
+//! Owns: [`DedupTable`]. Per producer it keeps two sequence ids, as Pulsar's
+//! `MessageDeduplication` does: *pushed* (issued to the log) and *persisted*
+//! (the log said durable). Only a SEND at or below *persisted* is a
+//! duplicate (a (−1, −1) receipt); one above it but at or below *pushed* is
+//! unknown (its first copy is still in flight: answered with a retriable
+//! error, never a receipt), and a failed append resets every producer's
+//! *pushed* to *persisted*, so the client's re-send is appended again. So a
+//! receipt is never given for a SEND whose entry is not durable.
+//! Guarantees: a sequence id is recorded as pushed exactly when
 //! its entry was issued to the log, under the lock that also issues the
 //! append (`check_and_append`), so the recorded ids agree with the log's
 //! order (`topic::publish` states the SEND-order invariant); a producer's
-//! recorded sequence id only moves forward, and an append the log refused
+//! pushed sequence id only moves forward between failures, and an append the log refused
 //! at once is un-recorded (both checked in debug builds); the table is
 //! rebuilt from the newest `DEDUP_REBUILD_ENTRIES_MAX` entries of the log
 //! when the topic opens (no snapshot is kept); it holds at most
@@ -48,31 +56,62 @@ const REBUILD_READ_BYTES_MAX: usize = 4 << 20;
 pub(crate) enum DedupCheck {
     /// New: its append, issued.
     Appended(AppendFuture),
-    /// Already appended: answer with a (−1, −1) receipt.
+    /// Already appended and durable: answer with a (−1, −1) receipt.
     Duplicate,
+    /// Issued before but not yet durable: answer with a retriable error
+    /// ([`DEDUP_UNKNOWN_MESSAGE`]); the client re-sends later.
+    Unknown,
 }
+
+/// Pulsar's `MessageDupUnknownException` message.
+pub(crate) const DEDUP_UNKNOWN_MESSAGE: &str =
+    "Cannot determine whether the message is a duplicate at this time";
 
 /// Producer name → highest sequence id appended (`None`: dedup off).
 #[derive(Debug)]
 pub(crate) struct DedupTable(Option<Mutex<Names>>);
 
+/// One producer's sequence ids and when it was last updated (a counter).
+#[derive(Debug, Clone, Copy)]
+struct Sequences {
+    pushed: i64,
+    persisted: i64,
+    updated: u64,
+}
+
 /// The names, with when each was last updated (a counter).
 #[derive(Debug, Default)]
 pub(crate) struct Names {
-    map: HashMap<String, (i64, u64)>,
+    map: HashMap<String, Sequences>,
     updates: u64,
 }
 
 impl Names {
+    /// The pushed sequence id.
     fn get(&self, producer: &str) -> Option<i64> {
-        self.map.get(producer).map(|(sequence_id, _)| *sequence_id)
+        self.map.get(producer).map(|s| s.pushed)
     }
 
+    /// Both sequence ids, in one lookup.
+    fn sequences(&self, producer: &str) -> Option<Sequences> {
+        self.map.get(producer).copied()
+    }
+
+    /// Records `sequence_id` as pushed (a new name: persisted up to it too
+    /// only when `persisted` says so).
     fn set(&mut self, producer: &str, sequence_id: i64) {
+        self.set_both(producer, sequence_id, None);
+    }
+
+    fn set_both(&mut self, producer: &str, pushed: i64, persisted: Option<i64>) {
         self.updates += 1;
         let stamp = self.updates;
         if let Some(slot) = self.map.get_mut(producer) {
-            *slot = (sequence_id, stamp);
+            slot.pushed = pushed;
+            if let Some(persisted) = persisted {
+                slot.persisted = persisted;
+            }
+            slot.updated = stamp;
             return;
         }
         if self.map.len() >= DEDUP_PRODUCERS_MAX {
@@ -80,20 +119,27 @@ impl Names {
             let oldest = self
                 .map
                 .iter()
-                .min_by_key(|(_, (_, updated))| *updated)
+                .min_by_key(|(_, s)| s.updated)
                 .map(|(name, _)| name.clone());
             if let Some(oldest) = oldest {
                 self.map.remove(&oldest);
             }
         }
-        self.map.insert(producer.to_string(), (sequence_id, stamp));
+        self.map.insert(
+            producer.to_string(),
+            Sequences {
+                pushed,
+                persisted: persisted.unwrap_or(-1),
+                updated: stamp,
+            },
+        );
         debug_assert!(self.map.len() <= DEDUP_PRODUCERS_MAX);
     }
 
     /// Puts back what `get` said before a `set` (`None`: the name goes).
     fn restore(&mut self, producer: &str, previous: Option<i64>) {
         match (previous, self.map.get_mut(producer)) {
-            (Some(last), Some(slot)) => slot.0 = last,
+            (Some(last), Some(slot)) => slot.pushed = last,
             _ => {
                 self.map.remove(producer);
             }
@@ -125,10 +171,14 @@ impl DedupTable {
             return DedupCheck::Appended(append());
         };
         let mut table = table.lock();
-        let previous = table.get(producer);
+        let known = table.sequences(producer);
+        if sequence_id <= known.map_or(-1, |s| s.persisted) {
+            return DedupCheck::Duplicate;
+        }
+        let previous = known.map(|s| s.pushed);
         let last = previous.unwrap_or(-1);
         if sequence_id <= last {
-            return DedupCheck::Duplicate;
+            return DedupCheck::Unknown;
         }
         let recorded = highest_sequence_id.max(sequence_id);
         debug_assert!(recorded > last, "a producer's sequence id moved back");
@@ -147,8 +197,34 @@ impl DedupTable {
     /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).
     pub(crate) fn last_sequence_id(&self, producer: &str) -> i64 {
         match &self.0 {
-            Some(table) => table.lock().get(producer).unwrap_or(-1),
+            Some(table) => table.lock().sequences(producer).map_or(-1, |s| s.persisted),
             None => -1,
+        }
+    }
+
+    /// `producer`'s SENDs up to `sequence_id` are durable (their append
+    /// resolved): they are duplicates from now on.
+    pub(crate) fn mark_persisted(&self, producer: &str, sequence_id: i64) {
+        let Some(table) = &self.0 else {
+            return;
+        };
+        let mut table = table.lock();
+        let known = table.sequences(producer);
+        let pushed = known.map_or(-1, |s| s.pushed).max(sequence_id);
+        let persisted = known.map_or(-1, |s| s.persisted).max(sequence_id);
+        table.set_both(producer, pushed, Some(persisted));
+        debug_assert!(persisted <= pushed);
+    }
+
+    /// An append failed: what was pushed but is not durable is forgotten for
+    /// every producer (Pulsar's `resetHighestSequenceIdPushed`), so the
+    /// clients' re-sends are appended, not answered as duplicates.
+    pub(crate) fn append_failed(&self) {
+        let Some(table) = &self.0 else {
+            return;
+        };
+        for slot in table.lock().map.values_mut() {
+            slot.pushed = slot.persisted;
         }
     }
 
@@ -192,8 +268,11 @@ impl DedupTable {
         }
         let mut table = table.lock();
         for (producer, highest) in rebuilt {
-            let known = table.get(&producer).unwrap_or(-1);
-            table.set(&producer, known.max(highest));
+            // Read back from the log: durable.
+            let known = table.sequences(&producer);
+            let pushed = known.map_or(-1, |s| s.pushed).max(highest);
+            let persisted = known.map_or(-1, |s| s.persisted).max(highest);
+            table.set_both(&producer, pushed, Some(persisted));
         }
         Ok(())
     }
@@ -220,7 +299,8 @@ mod tests {
             .unwrap()
     }
 
-    /// True when the SEND was appended, false when it was a duplicate.
+    /// True when the SEND was appended (and is then taken as durable, as
+    /// the receipt loop reports it), false when it was a duplicate.
     fn fresh(
         table: &DedupTable,
         log: &ManagedLog,
@@ -231,7 +311,44 @@ mod tests {
         let outcome = table.check_and_append(producer, sequence_id, highest, || {
             log.append(Bytes::from_static(b"entry"))
         });
-        matches!(outcome, DedupCheck::Appended(_))
+        match outcome {
+            DedupCheck::Appended(append) => {
+                if !append.is_refused() {
+                    table.mark_persisted(producer, sequence_id.max(highest));
+                }
+                true
+            }
+            DedupCheck::Duplicate | DedupCheck::Unknown => false,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_resend_of_a_send_not_yet_durable_is_unknown_and_after_a_failure_appended_again() {
+        let log = open_log().await;
+        let table = DedupTable::new(true);
+        let issue = |sequence_id: i64| {
+            table.check_and_append("p", sequence_id, sequence_id, || {
+                log.append(Bytes::from_static(b"entry"))
+            })
+        };
+        assert!(matches!(issue(0), DedupCheck::Appended(_)));
+        table.mark_persisted("p", 0);
+        assert!(matches!(issue(1), DedupCheck::Appended(_)));
+        // 1 is in flight: a re-send is neither a duplicate nor appended.
+        assert!(matches!(issue(1), DedupCheck::Unknown));
+        assert!(matches!(issue(0), DedupCheck::Duplicate));
+        assert_eq!(
+            table.last_sequence_id("p"),
+            0,
+            "PRODUCER_SUCCESS names what is durable"
+        );
+        // Its append failed: the re-send must be appended, never receipted
+        // as a duplicate of an entry that is not in the log.
+        table.append_failed();
+        assert!(matches!(issue(1), DedupCheck::Appended(_)));
+        table.mark_persisted("p", 1);
+        assert!(matches!(issue(1), DedupCheck::Duplicate));
+        assert_eq!(table.last_sequence_id("p"), 1);
     }
 
     #[tokio::test]

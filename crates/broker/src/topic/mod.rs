@@ -74,7 +74,7 @@ use quota::PolicyState;
 use subscriptions::SubscriptionTable;
 use vela_wire::proto::ServerError;
 
-pub(crate) use dedup::DedupCheck;
+pub(crate) use dedup::{DEDUP_UNKNOWN_MESSAGE, DedupCheck};
 pub(crate) use producers::{Admission, ProducerReg, ProducerTable};
 pub(crate) use subscriptions::{ConsumerSlot, SubscribeRequest};
 pub(crate) use throttle::PublishThrottle;
@@ -186,6 +186,16 @@ impl Topic {
             .check_and_append(producer, sequence_id, highest_sequence_id, || {
                 self.publisher.publish(&self.log, entry, messages, permit)
             })
+    }
+
+    /// `producer`'s SENDs up to `sequence_id` are durable (deduplication).
+    pub(crate) fn dedup_persisted(&self, producer: &str, sequence_id: i64) {
+        self.dedup.mark_persisted(producer, sequence_id);
+    }
+
+    /// An append failed: deduplication forgets what is not durable.
+    pub(crate) fn dedup_append_failed(&self) {
+        self.dedup.append_failed();
     }
 
     /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).

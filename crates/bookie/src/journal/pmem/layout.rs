@@ -5,6 +5,8 @@
 //! Owns: every byte of the region that is not inside a slot. Never does I/O:
 //! callers hand in slices. Decoding treats its input as untrusted.
 
+use crate::journal::format::{read_u32, read_u64};
+
 /// Bytes before the first slot: the superblock and the slot table.
 pub(crate) const HEADER_AREA_BYTES: u64 = 4096;
 /// Magic of a Vela persistent-memory journal region.
@@ -201,18 +203,6 @@ pub(crate) fn decode_slot(entry: u64) -> Result<SlotState, String> {
         (STATE_LIVE, id) => Ok(SlotState::Live(id)),
         _ => Err(format!("bad slot table entry {entry:#018x}")),
     }
-}
-
-fn read_u32(bytes: &[u8], at: usize) -> u32 {
-    let mut b = [0u8; 4];
-    b.copy_from_slice(&bytes[at..at + 4]);
-    u32::from_le_bytes(b)
-}
-
-fn read_u64(bytes: &[u8], at: usize) -> u64 {
-    let mut b = [0u8; 8];
-    b.copy_from_slice(&bytes[at..at + 8]);
-    u64::from_le_bytes(b)
 }
 
 #[cfg(test)]
