@@ -408,6 +408,21 @@ def test_schema_registered_over_rest_checks_producers(pb, pc):
     pc.create_producer(topic, schema=pulsar.schema.StringSchema()).close()
 
 
+def test_bytes_schema_is_refused_over_rest(pb, pc):
+    # Pulsar's SchemasResourceBase: BYTES is the default, never a version.
+    topic = "persistent://%s/bytes" % new_namespace(pb)
+    path = "/admin/v2/schemas/" + topic[len("persistent://"):]
+    status, body = http(pb, "POST", path + "/schema", json.dumps({"type": "BYTES", "schema": "", "properties": {}}))
+    assert status == 406, (status, body)
+    assert "Do not upload a BYTES schema" in json.loads(body)["reason"], body
+    status, _ = http(pb, "GET", path + "/schema")
+    assert status == 404
+    # Nothing was stored: a typed producer is the topic's first schema.
+    pc.create_producer(topic, schema=pulsar.schema.StringSchema()).close()
+    status, body = http(pb, "GET", path + "/schema")
+    assert status == 200 and json.loads(body)["type"] == "STRING", (status, body)
+
+
 def test_messages_read_back_over_rest(pb, pc):
     topic = "persistent://%s/peek" % new_namespace(pb)
     consumer = pc.subscribe(topic, "sub")

@@ -3,7 +3,7 @@
 //! version (also what the Go client's HTTP lookup fetches), every version,
 //! registering one (the schema producers are then checked against), the
 //! version of a schema, a compatibility test and deleting the topic's
-//! schema.
+//! schema. Registering BYTES (the default) is refused with 406.
 //!
 //! Shapes: GET answers `{version, type, timestamp, data, properties}` with
 //! Pulsar's type names and the definition as text; POST takes `{type,
@@ -178,8 +178,15 @@ struct PostSchema {
 }
 
 fn schema_from(topic: &TopicName, body: &[u8]) -> ApiResult<proto::Schema> {
+    schema_of(topic, payload(body)?)
+}
+
+fn payload(body: &[u8]) -> ApiResult<PostSchema> {
     let post: Option<PostSchema> = parse_body(body, "PostSchemaPayload")?;
-    let post = post.ok_or_else(|| ApiError::bad_request("the schema payload is missing"))?;
+    post.ok_or_else(|| ApiError::bad_request("the schema payload is missing"))
+}
+
+fn schema_of(topic: &TopicName, post: PostSchema) -> ApiResult<proto::Schema> {
     Ok(proto::Schema {
         name: topic.local.clone(),
         schema_data: post.schema.unwrap_or_default().into_bytes().into(),
@@ -199,6 +206,17 @@ async fn register(
     body: Bytes,
 ) -> ApiResult<axum::Json<Value>> {
     let topic = topic(&tenant, &namespace, &local)?;
+    let post = payload(&body)?;
+    if post.kind.eq_ignore_ascii_case("BYTES") {
+        // Raw bytes are every topic's schema while none is registered
+        // (Pulsar's SchemasResourceBase.postSchemaAsync refuses them first,
+        // with this message; Pulsar 4.0.8 predates the check and stores
+        // them as a version).
+        return Err(ApiError::new(
+            StatusCode::NOT_ACCEPTABLE,
+            "Do not upload a BYTES schema, because it's the default schema type",
+        ));
+    }
     if service
         .admin
         .namespace_policies(&topic.namespace)
@@ -207,7 +225,7 @@ async fn register(
     {
         return Err(ApiError::not_found("Namespace does not exist"));
     }
-    let schema = schema_from(&topic, &body)?;
+    let schema = schema_of(&topic, post)?;
     let strategy = service.schema_strategy(&topic).await?;
     match service
         .schemas
