@@ -20,7 +20,7 @@
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`
+//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`, `policy_watch`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -99,6 +99,7 @@ pub mod metrics;
 mod nonpersistent;
 pub mod ownership;
 mod policies;
+mod policy_watch;
 pub mod schema;
 mod service;
 pub mod stats;
@@ -184,6 +185,10 @@ impl Broker {
         };
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
         service.admin.ensure_defaults().await?;
+        http::load_dynamic_config(&service).await?;
+        policy_watch::start(&service)
+            .await
+            .map_err(|e| BrokerError::Config(format!("watching stored policies: {e}")))?;
         if let Some(transactions) = &service.transactions {
             service
                 .admin
