@@ -20,7 +20,7 @@
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`, `replication`
+//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`, `policy_watch`, `replication`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -109,6 +109,7 @@ pub mod metrics;
 mod nonpersistent;
 pub mod ownership;
 mod policies;
+mod policy_watch;
 mod replication;
 pub mod schema;
 mod service;
@@ -204,6 +205,10 @@ impl Broker {
             .ensure_cluster(&service.config.cluster_name, &local_cluster)
             .await?;
         service.admin.ensure_defaults().await?;
+        http::load_dynamic_config(&service).await?;
+        policy_watch::start(&service)
+            .await
+            .map_err(|e| BrokerError::Config(format!("watching stored policies: {e}")))?;
         if let Some(transactions) = &service.transactions {
             service
                 .admin

@@ -587,13 +587,20 @@ async fn clusters_and_replication_routes_answer_pulsars_codes() {
     assert_eq!(a.http_delete("/admin/v2/clusters/b").0, 412);
     assert_eq!(a.http_post_json(replication, r#"["a","b"]"#).0, 204);
     assert_eq!(a.http_get(replication), (200, r#"["a","b"]"#.to_owned()));
-    // A topic's own list, over its namespace's.
+    // A topic's own list, over its namespace's (a topic policy: the topic
+    // must exist).
     let topic_replication = "/admin/v2/persistent/t/ns/x/replication";
+    assert_eq!(a.http_post_json(topic_replication, r#"["a"]"#).0, 404);
+    ok(
+        a.http_put_json("/admin/v2/persistent/t/ns/x", ""),
+        "create topic",
+    );
     assert_eq!(a.http_get(topic_replication).0, 204);
     assert_eq!(
         a.http_get(&format!("{topic_replication}?applied=true")),
         (200, r#"["a","b"]"#.to_owned())
     );
+    assert_eq!(a.http_post_json(topic_replication, r#"["a","x"]"#).0, 403);
     assert_eq!(a.http_post_json(topic_replication, r#"["a"]"#).0, 204);
     assert_eq!(a.http_get(topic_replication), (200, r#"["a"]"#.to_owned()));
     assert_eq!(a.http_delete(topic_replication).0, 204);

@@ -1,16 +1,15 @@
 //! Clusters as metadata (Pulsar's `ClustersBase`) and the replication
 //! clusters of namespaces and topics, with Pulsar's checks.
 //!
-//! Owns the keys `/admin/clusters/{cluster}` ([`ClusterData`] JSON) and
-//! `/admin/topic-policies/{tenant}/{namespace}/{domain}/{local}` (a topic's
-//! own policies: its replication clusters). Guarantees: a tenant, namespace
+//! Owns the keys `/admin/clusters/{cluster}` ([`ClusterData`] JSON); a
+//! topic's own replication clusters are its `replication` policy in its
+//! `TopicRecord` (`admin::topic_policies`). Guarantees: a tenant, namespace
 //! or topic names only clusters recorded here (checked when set, as
 //! Pulsar); a cluster a tenant allows is never deleted ("Cluster not
 //! empty"). Never: starts or stops replicators (the broker's `replication`
 //! follows these records), or contacts another cluster.
 
 use bytes::Bytes;
-use serde::{Deserialize, Serialize};
 use vela_meta::{ExpectedVersion, MetaError};
 
 use super::{Admin, AdminError, CLUSTERS_MAX, ClusterData, REPLICATION_CLUSTERS_MAX, TenantInfo};
@@ -24,12 +23,9 @@ fn cluster_key(cluster: &str) -> String {
     format!("/admin/clusters/{}", encode_segment(cluster))
 }
 
-/// A topic's own policies, as stored (only what Vela applies).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct TopicPoliciesRecord {
-    #[serde(default)]
-    replication_clusters: Option<Vec<String>>,
-}
+/// The key of a topic's replication clusters in its record's policies
+/// (Pulsar's topic-level route name).
+const REPLICATION_POLICY: &str = "replication";
 
 impl Admin {
     /// Names of the recorded clusters, sorted.
@@ -250,11 +246,15 @@ impl Admin {
         &self,
         topic: &TopicName,
     ) -> Result<Option<Vec<String>>, AdminError> {
-        Ok(self.topic_policies(topic).await?.replication_clusters)
+        let record = self.topic_record(topic).await?;
+        Ok(record
+            .policies
+            .get(REPLICATION_POLICY)
+            .and_then(|value| serde_json::from_value(value.clone()).ok()))
     }
 
-    /// Sets (`Some`) or removes (`None`) a topic's own replication clusters;
-    /// a partition's policies are its partitioned topic's.
+    /// Sets (`Some`, checked as Pulsar does) or removes (`None`) a topic's
+    /// own replication clusters; a partition's are its partitioned topic's.
     pub async fn set_topic_replication(
         &self,
         topic: &TopicName,
@@ -267,32 +267,22 @@ impl Admin {
             ),
             None => None,
         };
-        let key = super::topic_key("topic-policies", &topic.base());
-        let record = TopicPoliciesRecord {
-            replication_clusters: clusters,
-        };
-        if record == TopicPoliciesRecord::default() {
-            return match self.meta.delete(&key, ExpectedVersion::Any).await {
-                Ok(()) | Err(MetaError::NotFound { .. }) => Ok(()),
-                Err(e) => Err(e.into()),
-            };
-        }
-        let value = serde_json::to_vec(&record).map_err(|e| AdminError::Invalid(e.to_string()))?;
-        self.meta
-            .put(&key, Bytes::from(value), ExpectedVersion::Any)
-            .await?;
-        Ok(())
-    }
-
-    async fn topic_policies(&self, topic: &TopicName) -> Result<TopicPoliciesRecord, AdminError> {
-        let key = super::topic_key("topic-policies", &topic.base());
-        let Some((value, _)) = self.meta.get(&key).await? else {
-            return Ok(TopicPoliciesRecord::default());
-        };
-        serde_json::from_slice(&value).map_err(|e| AdminError::Corrupt {
-            key,
-            reason: e.to_string(),
+        self.update_topic_record(topic, |record| {
+            match &clusters {
+                Some(clusters) => {
+                    record.policies.insert(
+                        REPLICATION_POLICY.to_string(),
+                        serde_json::Value::from(clusters.clone()),
+                    );
+                }
+                None => {
+                    record.policies.remove(REPLICATION_POLICY);
+                }
+            }
+            Ok(())
         })
+        .await?;
+        Ok(())
     }
 
     /// The clusters `topic` is replicated among: its own list, else its

@@ -1,6 +1,7 @@
-//! Clusters and replication clusters (Pulsar's `ClustersBase` CRUD, the
-//! namespace `/replication` routes of `NamespacesBase` and the topic-level
-//! `/replication` routes of `PersistentTopicsBase`).
+//! Clusters and replication clusters (Pulsar's `ClustersBase` CRUD and the
+//! namespace `/replication` routes of `NamespacesBase`; a topic's own
+//! `/replication` is one of `topic_policies`' routes, checked by the same
+//! `Admin::check_replication_clusters`).
 //!
 //! Checks and codes are `admin::clusters`'s; a change of replication
 //! clusters wakes the broker's replicators (`Service::replication_changed`).
@@ -10,15 +11,14 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 
-use super::api::{ApiError, ApiResult, Params, Shared, flag, namespace_of, no_content, topic_of};
+use super::api::{ApiError, ApiResult, Shared, namespace_of, no_content};
 use crate::admin::ClusterData;
 use crate::admin::json::{ClusterDataJson, parse_body};
 use crate::service::Service;
-use crate::topic_name::TopicDomain;
 
 pub(super) fn routes() -> Router<Arc<Service>> {
     Router::new()
@@ -33,12 +33,6 @@ pub(super) fn routes() -> Router<Arc<Service>> {
         .route(
             "/admin/v2/namespaces/{tenant}/{namespace}/replication",
             get(get_namespace_replication).post(set_namespace_replication),
-        )
-        .route(
-            "/admin/v2/{domain}/{tenant}/{namespace}/{topic}/replication",
-            get(get_topic_replication)
-                .post(set_topic_replication)
-                .delete(remove_topic_replication),
         )
 }
 
@@ -131,72 +125,6 @@ async fn set_namespace_replication(
         .admin
         .set_namespace_replication(&ns, &clusters.unwrap_or_default())
         .await?;
-    service.replication_changed();
-    no_content()
-}
-
-type TopicPath = Path<(String, String, String, String)>;
-
-fn persistent_topic(
-    (domain, tenant, namespace, topic): &(String, String, String, String),
-) -> ApiResult<crate::topic_name::TopicName> {
-    let topic = topic_of(domain, tenant, namespace, topic)?;
-    if topic.domain != TopicDomain::Persistent {
-        return Err(ApiError::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "Replication is only for persistent topics",
-        ));
-    }
-    Ok(topic)
-}
-
-/// A topic's own replication clusters; with `?applied=true` its namespace's
-/// when it has none. No list to answer: 204, as Pulsar's null.
-async fn get_topic_replication(
-    State(service): Shared,
-    Path(path): TopicPath,
-    Query(params): Params,
-) -> ApiResult<axum::response::Response> {
-    use axum::response::IntoResponse;
-    let topic = persistent_topic(&path)?;
-    let own = service.admin.topic_replication(&topic).await?;
-    let clusters = match own {
-        Some(own) => Some(own),
-        None if flag(&params, "applied") => Some(
-            service
-                .admin
-                .effective_replication(&topic, &service.config.cluster_name)
-                .await?,
-        ),
-        None => None,
-    };
-    Ok(match clusters {
-        Some(clusters) => axum::Json(clusters).into_response(),
-        None => StatusCode::NO_CONTENT.into_response(),
-    })
-}
-
-async fn set_topic_replication(
-    State(service): Shared,
-    Path(path): TopicPath,
-    body: Bytes,
-) -> ApiResult<StatusCode> {
-    let topic = persistent_topic(&path)?;
-    let clusters: Option<Vec<String>> = parse_body(&body, "cluster ids")?;
-    service
-        .admin
-        .set_topic_replication(&topic, Some(&clusters.unwrap_or_default()))
-        .await?;
-    service.replication_changed();
-    no_content()
-}
-
-async fn remove_topic_replication(
-    State(service): Shared,
-    Path(path): TopicPath,
-) -> ApiResult<StatusCode> {
-    let topic = persistent_topic(&path)?;
-    service.admin.set_topic_replication(&topic, None).await?;
     service.replication_changed();
     no_content()
 }

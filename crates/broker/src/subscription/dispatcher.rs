@@ -99,6 +99,7 @@ pub(crate) fn spawn(
         consumers: Consumers::new(spec.sub_type, spec.sticky, consumers_max),
         outstanding: Outstanding::default(),
         delayed: Delayed::default(),
+        policy: spec.policy,
         reader: Reader::new(Arc::clone(&spec.log), read_position, spec.compaction),
         ahead: ReadAhead::new(spec.reads),
         log: spec.log,
@@ -127,6 +128,8 @@ struct Counters {
 }
 
 struct Dispatcher {
+    /// The topic's dispatch policies.
+    policy: Arc<super::command::DispatchPolicy>,
     name: String,
     /// Full topic name (for logs).
     topic: String,
@@ -171,7 +174,14 @@ impl Dispatcher {
     async fn run(mut self, mut rx: CommandReceiver, on_end: Box<dyn FnOnce(&str) + Send>) {
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription started");
         loop {
-            let waiting = self.reader.caught_up && self.consumers.total_permits() > 0;
+            self.consumers.set_unacked_max(
+                self.policy
+                    .unacked_per_consumer_max
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
+            let waiting = self.reader.caught_up
+                && self.consumers.total_permits() > 0
+                && !self.subscription_unacked_full();
             let read_position = self.next_read_position();
             let log = Arc::clone(&self.log);
             let next_due = self.delayed.next_due_ms();
@@ -347,6 +357,7 @@ impl Dispatcher {
             SubCommand::Flow { key, permits } => {
                 if let Some(slot) = self.consumers.get_mut(key) {
                     slot.permits = slot.permits.saturating_add(i64::from(permits));
+                    slot.last_flow_ms = delayed::now_ms();
                     slot.flowed = true;
                     self.reader.caught_up = false;
                 }
@@ -497,8 +508,12 @@ impl Dispatcher {
                     unacked_messages: slot.unacked,
                     msg_out_counter: slot.msg_out,
                     address: slot.info.address.clone(),
+                    client_version: slot.info.client_version.clone(),
+                    last_flow_ms: slot.last_flow_ms,
+                    metadata: slot.info.metadata.clone(),
                 })
                 .collect(),
+            active_consumer: self.consumers.active_name(),
             msg_drop_rate: None,
             msg_drop_counter: 0,
         }
@@ -720,16 +735,26 @@ impl Dispatcher {
     }
 
     /// Sends entries while some consumer has permits.
+    /// `maxUnackedMessagesOnSubscription` reached: nothing more goes out
+    /// until acknowledgements come.
+    fn subscription_unacked_full(&self) -> bool {
+        let max = self
+            .policy
+            .unacked_per_subscription_max
+            .load(std::sync::atomic::Ordering::Relaxed);
+        max > 0 && self.outstanding.pending_len() as u64 >= max
+    }
+
     async fn dispatch(&mut self) {
         self.release_due();
-        if self.consumers.is_empty() {
+        if self.consumers.is_empty() || self.subscription_unacked_full() {
             return;
         }
         let outstanding = &self.outstanding;
         self.consumers
             .lift_fences(|fence| outstanding.has_before(fence));
         loop {
-            if self.consumers.total_permits() <= 0 {
+            if self.consumers.total_permits() <= 0 || self.subscription_unacked_full() {
                 return;
             }
             let mut progressed = false;
@@ -778,7 +803,13 @@ impl Dispatcher {
                     progressed = true;
                     continue;
                 }
-                if let Some(due_ms) = delayed::due_later(self.consumers.sub_type(), &entry.data) {
+                if let Some(due_ms) = delayed::due_later(
+                    self.consumers.sub_type(),
+                    self.policy
+                        .delayed_delivery
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                    &entry.data,
+                ) {
                     // Delayed delivery: held until due, then replayed.
                     self.delayed.hold(due_ms, pos);
                     self.reader.move_past(pos);

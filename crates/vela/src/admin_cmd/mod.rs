@@ -17,21 +17,25 @@
 //! REST paths, pulsar-admin's units and the output, shared by one module
 //! per command family: `clusters` (and replication-cluster lists),
 //! `tenants`, `namespaces` (and their policies),
-//! `topics` (and subscriptions), `tokens` (local), `write_path`.
+//! `topics` (and subscriptions), `policies` (topic and namespace policies
+//! by name, schemas, brokers, message reads), `tokens` (local),
+//! `write_path`.
 
 use clap::{Args, Subcommand};
 
 mod api;
 mod clusters;
 mod namespaces;
+mod policies;
 mod tenants;
 mod tokens;
 mod topics;
 mod write_path;
 
-use api::{Api, ApiArgs, out};
+use api::{Api, ApiArgs};
 use clusters::{ClustersCmd, clusters};
 use namespaces::{NamespacesCmd, namespaces};
+use policies::{BrokersCmd, PolicyCmd, SchemasCmd};
 use tenants::{TenantsCmd, tenants};
 use tokens::{TokensCmd, tokens};
 use topics::{TopicsCmd, topics};
@@ -60,7 +64,16 @@ enum AdminCommand {
     /// Topics, their stats and subscriptions.
     #[command(subcommand)]
     Topics(TopicsCmd),
-    /// Broker checks.
+    /// Topic-level policies (one get/set/remove per policy; `list` names them).
+    #[command(subcommand)]
+    TopicPolicies(PolicyCmd),
+    /// Namespace policies kept as Pulsar's JSON (and the typed ones).
+    #[command(subcommand)]
+    NamespacePolicies(PolicyCmd),
+    /// Topic schemas.
+    #[command(subcommand)]
+    Schemas(SchemasCmd),
+    /// Brokers: health, list, leader, dynamic configuration.
     #[command(subcommand)]
     Brokers(BrokersCmd),
     /// Token authentication: make keys and tokens (local, no HTTP).
@@ -79,12 +92,6 @@ enum AdminCommand {
     ReadPath,
 }
 
-#[derive(Debug, Subcommand)]
-enum BrokersCmd {
-    /// Check the broker answers.
-    Healthcheck,
-}
-
 pub(crate) fn run(args: AdminArgs) -> anyhow::Result<()> {
     if let AdminCommand::Tokens(cmd) = args.command {
         return tokens(cmd);
@@ -93,9 +100,10 @@ pub(crate) fn run(args: AdminArgs) -> anyhow::Result<()> {
     match args.command {
         AdminCommand::Tokens(_) => Ok(()),
         AdminCommand::Clusters(cmd) => clusters(&api, cmd),
-        AdminCommand::Brokers(BrokersCmd::Healthcheck) => {
-            out(&api.call("GET", "/admin/v2/brokers/health", None)?)
-        }
+        AdminCommand::Brokers(cmd) => policies::brokers(&api, cmd),
+        AdminCommand::TopicPolicies(cmd) => policies::topic_policies(&api, cmd),
+        AdminCommand::NamespacePolicies(cmd) => policies::namespace_policies(&api, cmd),
+        AdminCommand::Schemas(cmd) => policies::schemas(&api, cmd),
         AdminCommand::Tenants(cmd) => tenants(&api, cmd),
         AdminCommand::Namespaces(cmd) => namespaces(&api, cmd),
         AdminCommand::Topics(cmd) => topics(&api, cmd),
