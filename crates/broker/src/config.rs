@@ -134,6 +134,27 @@ impl PublishRate {
     }
 }
 
+/// A dispatch rate (Pulsar's `DispatchRate`): messages and bytes sent to
+/// consumers per period, `None` for no limit on that side. Past it a
+/// subscription sends nothing more until the rate allows: entries wait in
+/// the log, nothing is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchRate {
+    /// Messages per period (a batch counts its messages).
+    pub messages_per_period: Option<u64>,
+    /// Payload bytes per period.
+    pub bytes_per_period: Option<u64>,
+    /// The period (Pulsar's `ratePeriodInSecond`).
+    pub period: Duration,
+}
+
+impl DispatchRate {
+    /// Whether either side is limited.
+    pub fn is_limited(&self) -> bool {
+        self.messages_per_period.is_some() || self.bytes_per_period.is_some()
+    }
+}
+
 /// Limits of every topic (Pulsar's `maxProducersPerTopic`,
 /// `maxConsumersPerTopic`, `maxConsumersPerSubscription` and the publish
 /// rate). Past a count limit PRODUCER gets ProducerBusy and SUBSCRIBE gets

@@ -17,7 +17,7 @@
 //! Layering (bottom first). A module uses only modules of its own layer or
 //! below, and no two modules use each other, directly or not, at any depth
 //! (`tests/layering.rs` checks both against this list):
-//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
+//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`, `rate_limit`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
 //! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`, `policy_watch`
@@ -100,6 +100,7 @@ mod nonpersistent;
 pub mod ownership;
 mod policies;
 mod policy_watch;
+mod rate_limit;
 pub mod schema;
 mod service;
 pub mod stats;

@@ -19,9 +19,9 @@ use vela_wire::proto::ServerError;
 use serde_json::Value;
 
 use crate::admin::json::{PersistenceJson, RetentionJson};
-use crate::admin::policy_specs::{PublishRateJson, int_of};
+use crate::admin::policy_specs::{DispatchRateJson, PublishRateJson, int_of};
 use crate::admin::{BacklogQuota, NamespacePolicies, RetentionPolicy, TopicRecord};
-use crate::config::PublishRate;
+use crate::config::{DispatchRate, PublishRate};
 use crate::error::ServiceError;
 
 /// What happens when a backlog quota is exceeded (Pulsar's
@@ -111,6 +111,10 @@ pub(crate) struct PolicyLimits {
     pub(crate) subscriptions_max: Option<usize>,
     /// Publish rate of the topic.
     pub(crate) publish_rate: Option<PublishRate>,
+    /// Dispatch rate of the topic, over its subscriptions together.
+    pub(crate) dispatch_rate: Option<DispatchRate>,
+    /// Dispatch rate of each subscription.
+    pub(crate) subscription_dispatch_rate: Option<DispatchRate>,
     /// Largest message a producer may send, bytes.
     pub(crate) message_size_max: Option<usize>,
     /// Whether delayed delivery is on (`delayedDelivery.active`).
@@ -218,6 +222,8 @@ impl TopicPolicies {
             consumers_per_subscription_max: count("maxConsumersPerSubscription"),
             subscriptions_max: count("maxSubscriptionsPerTopic"),
             publish_rate,
+            dispatch_rate: pick("dispatchRate").and_then(dispatch_rate_of),
+            subscription_dispatch_rate: pick("subscriptionDispatchRate").and_then(dispatch_rate_of),
             message_size_max: count("maxMessageSize"),
             delayed_delivery,
             unacked_per_consumer_max: count("maxUnackedMessagesOnConsumer").map(|n| n as u64),
@@ -250,6 +256,23 @@ impl TopicPolicies {
             deduplication,
         }
     }
+}
+
+/// A stored dispatch rate (Pulsar's numbers: a side of 0 or less is no
+/// limit, the period at least a second). `relativeToPublishRate` rates are
+/// not applied (Vela does not follow the publish rate).
+fn dispatch_rate_of(value: &Value) -> Option<DispatchRate> {
+    let json: DispatchRateJson = serde_json::from_value(value.clone()).ok()?;
+    if json.relative_to_publish_rate {
+        return None;
+    }
+    let positive = |n: i64| u64::try_from(n).ok().filter(|n| *n > 0);
+    let rate = DispatchRate {
+        messages_per_period: positive(json.dispatch_throttling_rate_in_msg),
+        bytes_per_period: positive(json.dispatch_throttling_rate_in_byte),
+        period: Duration::from_secs(positive(json.rate_period_in_second).unwrap_or(1)),
+    };
+    rate.is_limited().then_some(rate)
 }
 
 /// A stored backlog quota, read.

@@ -99,7 +99,7 @@ const fn spec(
 
 /// Every policy kept as a JSON value. Policies Vela applies are read in
 /// `policies::TopicPolicies::resolve`; the others (offload, replication,
-/// dispatch and subscribe rates, dedup snapshots, inactive topics,
+/// replicator and subscribe rates, dedup snapshots, inactive topics,
 /// subscription expiry, bookie affinity) are stored and served back so
 /// tools round-trip them; Vela has no such mechanism to apply them to.
 pub const POLICY_SPECS: &[PolicySpec] = &[

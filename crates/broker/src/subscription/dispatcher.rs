@@ -15,6 +15,8 @@
 //! slot waits); nothing is sent to a consumer whose permits are ≤ 0; the
 //! entries held (out, to replay, delayed) stay within their bounds plus
 //! one read batch (asserted in debug builds).
+//! Dispatch rates (`policy::Rates`) are asked before each entry and
+//! charged after it: past one, the task sends nothing until its timer.
 //! Never: reads more than `READ_BATCH_ENTRIES_MAX` entries at once, has
 //! more than one log read in flight or more than `READ_AHEAD_READS_MAX`
 //! reads' worth read ahead, holds more than `UNACKED_ENTRIES_MAX` unacked
@@ -38,6 +40,7 @@ use super::command::{
 use super::consumers::{Consumers, Route};
 use super::delayed::{self, DELAYED_ENTRIES_MAX, Delayed};
 use super::held::HeldShare;
+use super::policy::{DispatchPolicy, Rates};
 use super::read_ahead::{Fetched, ReadAhead};
 use super::reader::{READ_BATCH_BYTES_MAX, READ_BATCH_ENTRIES_MAX, Reader};
 use super::redelivery::{Outstanding, REPLAY_ENTRIES_MAX, SLOT_UNKNOWN, UNACKED_ENTRIES_MAX};
@@ -100,6 +103,7 @@ pub(crate) fn spawn(
         outstanding: Outstanding::default(),
         delayed: Delayed::default(),
         policy: spec.policy,
+        rates: Rates::default(),
         reader: Reader::new(Arc::clone(&spec.log), read_position, spec.compaction),
         ahead: ReadAhead::new(spec.reads),
         log: spec.log,
@@ -129,7 +133,9 @@ struct Counters {
 
 struct Dispatcher {
     /// The topic's dispatch policies.
-    policy: Arc<super::command::DispatchPolicy>,
+    policy: Arc<DispatchPolicy>,
+    /// The dispatch rates it keeps to.
+    rates: Rates,
     name: String,
     /// Full topic name (for logs).
     topic: String,
@@ -193,6 +199,9 @@ impl Dispatcher {
                 .retry_at()
                 .unwrap_or_else(tokio::time::Instant::now);
             let retrying = self.reader.retry_at().is_some();
+            let rate_resume_at = self.rates.resume_at;
+            let rates_seen = self.rates.version();
+            let policy = Arc::clone(&self.policy);
             let held = Arc::clone(self.held.budget());
             let held_blocked = self.held_blocked;
             let reading = self.ahead.in_flight();
@@ -209,6 +218,11 @@ impl Dispatcher {
                 freed.as_mut().enable();
                 let held_waiting = held_blocked && held.is_full();
                 let held_ready = held_blocked && !held_waiting;
+                // New dispatch rates: the same, for a replacement.
+                let rates_changed = policy.rates_changed();
+                tokio::pin!(rates_changed);
+                rates_changed.as_mut().enable();
+                let rates_stale = policy.rates_version() != rates_seen;
                 tokio::select! {
                     command = rx.recv() => match command {
                         Some(command) => Wake::Command(command),
@@ -218,8 +232,12 @@ impl Dispatcher {
                     _ = log.wait_for_entry_at(read_position), if waiting => Wake::Again,
                     _ = tokio::time::sleep(delay), if next_due.is_some() => Wake::Again,
                     _ = tokio::time::sleep_until(retry_at), if retrying => Wake::Retry,
+                    _ = tokio::time::sleep_until(rate_resume_at.unwrap_or(retry_at)),
+                        if rate_resume_at.is_some() => Wake::Again,
                     _ = &mut freed, if held_waiting => Wake::Again,
                     _ = std::future::ready(()), if held_ready => Wake::Again,
+                    _ = &mut rates_changed => Wake::Again,
+                    _ = std::future::ready(()), if rates_stale => Wake::Again,
                 }
             })
             .await;
@@ -746,6 +764,10 @@ impl Dispatcher {
     }
 
     async fn dispatch(&mut self) {
+        // The topic's rates as of now; `resume_at` is set again below if
+        // one holds this pass back.
+        self.rates.refresh(&self.policy);
+        self.rates.resume_at = None;
         self.release_due();
         if self.consumers.is_empty() || self.subscription_unacked_full() {
             return;
@@ -754,7 +776,10 @@ impl Dispatcher {
         self.consumers
             .lift_fences(|fence| outstanding.has_before(fence));
         loop {
-            if self.consumers.total_permits() <= 0 || self.subscription_unacked_full() {
+            if self.consumers.total_permits() <= 0
+                || self.subscription_unacked_full()
+                || self.rates.limited()
+            {
                 return;
             }
             let mut progressed = false;
@@ -792,7 +817,7 @@ impl Dispatcher {
             }
             let mut stuck_slots: HashSet<u32> = self.outstanding.replay_slots();
             let mut taken = 0;
-            while taken < READ_BATCH_ENTRIES_MAX {
+            while taken < READ_BATCH_ENTRIES_MAX && !self.rates.limited() {
                 let Some(entry) = self.ahead.take(self.reader.position()) else {
                     break;
                 };
@@ -876,7 +901,7 @@ impl Dispatcher {
         let mut stuck_slots: HashSet<u32> = HashSet::new();
         let mut stuck_consumers: HashSet<usize> = HashSet::new();
         for pos in self.outstanding.replay_first(READ_BATCH_ENTRIES_MAX) {
-            if self.consumers.total_permits() <= 0 {
+            if self.consumers.total_permits() <= 0 || self.rates.limited() {
                 break;
             }
             if self.acks.is_acked(pos) {
@@ -960,6 +985,7 @@ impl Dispatcher {
             return;
         }
         self.outstanding.sent(pos, key, hash_slot);
+        self.rates.charge(u64::from(messages), entry_bytes as u64);
         self.counters.msg_out += u64::from(messages);
         self.counters.bytes_out += entry_bytes as u64;
     }

@@ -215,11 +215,22 @@ impl Topic {
     }
 
     /// Replaces them (topic open, namespace or topic policy change): the
-    /// publish rate at once, limits at the next PRODUCER or SUBSCRIBE, the
-    /// rest at the next lifecycle pass.
+    /// publish and dispatch rates at once, limits at the next PRODUCER or
+    /// SUBSCRIBE, the rest at the next lifecycle pass.
     pub(crate) fn set_lifecycle_policies(&self, policies: TopicPolicies) {
+        let applied = self.policies.policies().limits;
+        let dispatch = (
+            policies.limits.dispatch_rate,
+            policies.limits.subscription_dispatch_rate,
+        );
+        if dispatch != (applied.dispatch_rate, applied.subscription_dispatch_rate) {
+            self.dispatch_policy
+                .set_rates(crate::subscription::DispatchRates::new(
+                    dispatch.0, dispatch.1,
+                ));
+        }
         let rate = policies.limits.publish_rate;
-        let unchanged = rate == self.policies.policies().limits.publish_rate
+        let unchanged = rate == applied.publish_rate
             && self.policy_rate_set.load(Ordering::Acquire) == rate.is_some();
         if !unchanged {
             let mut throttle = self.policy_rate.lock();
