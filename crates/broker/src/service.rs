@@ -292,6 +292,7 @@ impl Service {
                     ledger_age_min: self.config.ledger_rollover_min,
                     ledger_age_max: self.config.ledger_rollover_max,
                     retention: lifecycle.retention,
+                    offload: lifecycle.offload_policy(self.config.offload_policy),
                     ..LogConfig::default()
                 };
                 let log = ManagedLog::open(&self.log_env, &topic.log_name(), config).await?;
@@ -636,6 +637,9 @@ impl Service {
         let lifecycle = TopicPolicies::from_namespace(policies);
         for topic in served {
             topic.log.set_retention(lifecycle.retention);
+            topic
+                .log
+                .set_offload_policy(lifecycle.offload_policy(self.config.offload_policy));
             topic.set_lifecycle_policies(lifecycle.clone());
             let result = topic.log.set_persistence(Persistence {
                 ensemble: persistence.ensemble,

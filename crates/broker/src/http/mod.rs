@@ -15,7 +15,8 @@
 //! `permissions` (namespace grants), `schema_policy` (the
 //! `schemaCompatibilityStrategy` routes, namespace and topic), `topics`
 //! (topics, partitioned topics, stats, subscriptions), `termination`
-//! (terminate), `non_persistent` (non-persistent topics); `prometheus`
+//! (terminate), `offload` (tiered storage trigger and status),
+//! `non_persistent` (non-persistent topics); `prometheus`
 //! writes the metrics text.
 //! Layering: the top of the broker: nothing else in the crate uses this
 //! module except `lib.rs` (starting the listener). It reaches the broker
@@ -29,6 +30,7 @@ mod bundles;
 mod lookup;
 mod namespaces;
 mod non_persistent;
+mod offload;
 mod permissions;
 mod prometheus;
 mod schema_policy;
@@ -157,6 +159,7 @@ fn router(service: Arc<Service>) -> Router {
         .merge(bundles::routes())
         .merge(topics::routes())
         .merge(termination::routes())
+        .merge(offload::routes())
         .merge(non_persistent::routes())
         .merge(permissions::routes())
         .merge(schema_policy::routes())

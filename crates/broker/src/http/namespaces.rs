@@ -174,7 +174,10 @@ async fn namespaces(
 }
 
 /// The namespace's policies, or 404 as Pulsar answers it.
-async fn policies_of(service: &Service, ns: &NamespaceName) -> ApiResult<NamespacePolicies> {
+pub(super) async fn policies_of(
+    service: &Service,
+    ns: &NamespaceName,
+) -> ApiResult<NamespacePolicies> {
     service
         .admin
         .namespace_policies(ns)
@@ -183,7 +186,7 @@ async fn policies_of(service: &Service, ns: &NamespaceName) -> ApiResult<Namespa
 }
 
 /// Reads, changes and stores a namespace's policies, then applies them.
-async fn update_policies(
+pub(super) async fn update_policies(
     service: &Service,
     tenant: &str,
     namespace: &str,
@@ -291,7 +294,7 @@ async fn namespace_topics(
 
 /// A policy's value, or JSON `null` when unset (the Java client reads it as
 /// no value).
-fn optional<T: serde::Serialize>(value: Option<T>) -> ApiResult<axum::Json<Value>> {
+pub(super) fn optional<T: serde::Serialize>(value: Option<T>) -> ApiResult<axum::Json<Value>> {
     let value = serde_json::to_value(value)
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     Ok(axum::Json(value))
