@@ -268,6 +268,12 @@ pub struct BrokerConfig {
     /// A ledger this old is full (Pulsar's
     /// `managedLedgerMaxLedgerRolloverTimeMinutes`, 240 min).
     pub ledger_rollover_max: Duration,
+    /// When a topic's closed ledgers are offloaded and their bookie copies
+    /// deleted (Pulsar's `managedLedgerOffloadThresholdInBytes`,
+    /// `managedLedgerOffloadThresholdInSeconds` (both off),
+    /// `managedLedgerOffloadDeletionLagMs` (4 h)); applies only when the
+    /// `LogEnv` has an offloader.
+    pub offload_policy: vela_log::OffloadPolicy,
     /// Time between two passes applying message TTL, backlog quotas and
     /// retention to the served topics (Pulsar checks quotas every 60 s).
     pub policy_check_interval: Duration,
@@ -350,6 +356,7 @@ impl BrokerConfig {
             ledger_bytes_max: 2048 << 20,
             ledger_rollover_min: Duration::from_secs(10 * 60),
             ledger_rollover_max: Duration::from_secs(240 * 60),
+            offload_policy: vela_log::OffloadPolicy::default(),
             policy_check_interval: Duration::from_secs(60),
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),

@@ -354,6 +354,7 @@ impl Service {
                     ledger_age_min: self.config.ledger_rollover_min,
                     ledger_age_max: self.config.ledger_rollover_max,
                     retention: lifecycle.retention,
+                    offload: lifecycle.offload_policy(self.config.offload_policy),
                     ..LogConfig::default()
                 };
                 let log = ManagedLog::open(&self.log_env, &topic.log_name(), config).await?;
@@ -744,6 +745,9 @@ impl Service {
             },
         );
         topic.log.set_retention(resolved.retention);
+        topic
+            .log
+            .set_offload_policy(resolved.offload_policy(self.config.offload_policy));
         topic.set_policy_record(record);
         topic.set_lifecycle_policies(resolved);
         let result = topic.log.set_persistence(Persistence {
