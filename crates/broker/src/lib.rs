@@ -19,8 +19,8 @@
 //! (`tests/layering.rs` checks both against this list):
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
-//! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`
+//! 3. topics: `compaction`, `txn_buffer`, `subscription`, `topic`, `nonpersistent`
+//! 4. the service: `transaction`, `txn_client`, `service`, `lifecycle`, `cluster`, `watchers`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -73,9 +73,12 @@
 //! Transactions (`transaction`, off unless `BrokerConfig::transactions`):
 //! the coordinators (one per partition of
 //! `pulsar/system/transaction_coordinator_assign`, each with a durable log
-//! replayed on open, timeouts, Pulsar's errors). Not implemented yet: the
-//! per-topic transaction buffer and pending acks; transactional SENDs and
-//! ACKs are refused (NotAllowedError) rather than applied at once.
+//! replayed on open, timeouts, Pulsar's errors), which carry each outcome
+//! out on the partitions and subscriptions of the transaction
+//! (`transaction::Participants`, served in process by `service`); each
+//! topic's transaction buffer (`txn_buffer`: entries invisible until
+//! commit, markers, the read limit) and pending acks
+//! (`topic::pending_acks`).
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
@@ -108,6 +111,8 @@ mod topic;
 mod topic_list;
 pub mod topic_name;
 mod transaction;
+mod txn_buffer;
+mod txn_client;
 mod watchers;
 
 use std::net::SocketAddr;
@@ -185,6 +190,9 @@ impl Broker {
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
         service.admin.ensure_defaults().await?;
         if let Some(transactions) = &service.transactions {
+            transactions.set_participants(Arc::new(service::LocalParticipants::new(
+                Arc::downgrade(&service),
+            )));
             service
                 .admin
                 .ensure_coordinator_assign(transactions.count())

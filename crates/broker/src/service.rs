@@ -33,6 +33,66 @@ use crate::subscription::HeldEntries;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};
 
+/// The participants of transactions (`transaction::Participants`): in
+/// process for topics this broker owns, through `txn_client` (the owner's
+/// END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION) for the others.
+#[derive(Debug)]
+pub(crate) struct LocalParticipants(std::sync::Weak<Service>);
+
+impl LocalParticipants {
+    pub(crate) fn new(service: std::sync::Weak<Service>) -> LocalParticipants {
+        LocalParticipants(service)
+    }
+
+    fn service(&self) -> Result<Arc<Service>, ServiceError> {
+        self.0.upgrade().ok_or_else(|| {
+            ServiceError::new(ServerError::ServiceNotReady, "the broker is shutting down")
+        })
+    }
+}
+
+impl crate::transaction::Participants for LocalParticipants {
+    fn end_on_partition(
+        &self,
+        topic: String,
+        txn: crate::transaction::TxnId,
+        action: crate::transaction::TxnAction,
+    ) -> crate::transaction::ParticipantFuture {
+        let service = self.service();
+        Box::pin(async move {
+            let commit = action == crate::transaction::TxnAction::Commit;
+            service?
+                .end_txn_on_partition(&topic, (txn.most, txn.least), commit)
+                .await
+        })
+    }
+
+    fn end_on_subscription(
+        &self,
+        topic: String,
+        subscription: String,
+        txn: crate::transaction::TxnId,
+        action: crate::transaction::TxnAction,
+    ) -> crate::transaction::ParticipantFuture {
+        let service = self.service();
+        Box::pin(async move {
+            let commit = action == crate::transaction::TxnAction::Commit;
+            service?
+                .end_txn_on_subscription(&topic, &subscription, (txn.most, txn.least), commit)
+                .await
+        })
+    }
+}
+
+/// Where a transaction's outcome on one topic is carried out.
+enum TxnTarget {
+    Local(Arc<Topic>),
+    /// The owner's `pulsar://` URL.
+    Remote(String),
+    /// A topic that does not exist or has no transaction state.
+    Nothing,
+}
+
 /// Topics served at once by one broker. Each holds a log, its cursors and
 /// subscription tasks (a few KiB idle; cached entries and publishes in
 /// flight draw on the broker-wide budgets, not per topic); 100k topics is
@@ -83,6 +143,9 @@ pub(crate) struct Service {
     pub(crate) np_budget: Arc<ByteBudget>,
     /// The transaction coordinators (`None`: transactions are off).
     pub(crate) transactions: Option<Arc<crate::transaction::Coordinators>>,
+    /// The transaction state of every topic's buffer and pending acks
+    /// (`TransactionConfig::state_entries_max`; transactions on).
+    pub(crate) txn_budget: Option<Arc<crate::txn_buffer::TxnBudget>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
 }
@@ -113,8 +176,13 @@ impl Service {
                 },
             ))
         });
+        let txn_budget = config
+            .transactions
+            .as_ref()
+            .map(|txn| crate::txn_buffer::TxnBudget::new(txn.state_entries_max));
         Service {
             transactions,
+            txn_budget,
             held_entries: HeldEntries::new(config.held_entries_max),
             np_budget: ByteBudget::new(config.non_persistent_limits.inflight_bytes_max),
             config,
@@ -137,6 +205,65 @@ impl Service {
             np_topics: Mutex::new(HashMap::new()),
             producer_names: AtomicU64::new(0),
             conn_ids: AtomicU64::new(1),
+        }
+    }
+
+    /// Where a transaction's outcome is carried out on topic `name`.
+    async fn txn_target(&self, name: &str) -> Result<TxnTarget, ServiceError> {
+        let topic = TopicName::parse(name)?;
+        if topic.domain == TopicDomain::NonPersistent {
+            // No buffer, no pending acks: nothing to carry out.
+            return Ok(TxnTarget::Nothing);
+        }
+        if self.ownership.get().is_some() {
+            let owner = match self.lookup(&topic, false).await? {
+                LookupAnswer::Connect(owner) | LookupAnswer::Redirect(owner) => owner,
+            };
+            if owner.id != self.me().id {
+                return Ok(TxnTarget::Remote(owner.service_url));
+            }
+        }
+        match self.topic(&topic, false).await {
+            Ok(served) => Ok(TxnTarget::Local(served)),
+            Err(error) if error.code == ServerError::TopicNotFound => Ok(TxnTarget::Nothing),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// END_TXN_ON_PARTITION: on the topic here, or at its owner.
+    pub(crate) async fn end_txn_on_partition(
+        &self,
+        name: &str,
+        txn: crate::txn_buffer::TxnKey,
+        commit: bool,
+    ) -> Result<(), ServiceError> {
+        match self.txn_target(name).await? {
+            TxnTarget::Local(topic) => topic.end_txn_on_partition(txn, commit).await,
+            TxnTarget::Remote(url) => {
+                crate::txn_client::end_on_partition(&url, name, txn, commit).await
+            }
+            TxnTarget::Nothing => Ok(()),
+        }
+    }
+
+    /// END_TXN_ON_SUBSCRIPTION: on the topic here, or at its owner.
+    pub(crate) async fn end_txn_on_subscription(
+        &self,
+        name: &str,
+        subscription: &str,
+        txn: crate::txn_buffer::TxnKey,
+        commit: bool,
+    ) -> Result<(), ServiceError> {
+        match self.txn_target(name).await? {
+            TxnTarget::Local(topic) => {
+                topic
+                    .end_txn_on_subscription(subscription, txn, commit)
+                    .await
+            }
+            TxnTarget::Remote(url) => {
+                crate::txn_client::end_on_subscription(&url, name, subscription, txn, commit).await
+            }
+            TxnTarget::Nothing => Ok(()),
         }
     }
 
@@ -301,6 +428,26 @@ impl Service {
                     Arc::clone(&self.meta),
                     Arc::clone(self.log_env.ledgers()),
                 );
+                let txn = match &self.txn_budget {
+                    Some(budget) => Some(crate::topic::TopicTxn {
+                        buffer: crate::txn_buffer::TxnBuffer::open(
+                            Arc::clone(&log),
+                            Arc::clone(&self.meta),
+                            Arc::clone(budget),
+                        )
+                        .await
+                        .map_err(|e| {
+                            ServiceError::new(ServerError::ServiceNotReady, e.to_string())
+                        })?,
+                        acks: crate::topic::PendingAcks::new(
+                            full_name.clone(),
+                            Arc::clone(&log),
+                            Arc::clone(&self.meta),
+                            Arc::clone(budget),
+                        ),
+                    }),
+                    None => None,
+                };
                 let served = Topic::new(
                     topic.clone(),
                     log,
@@ -309,6 +456,7 @@ impl Service {
                     self.config.topic_limits,
                     self.reads.clone(),
                     Arc::clone(&self.held_entries),
+                    txn,
                 );
                 if lifecycle.compaction_threshold_bytes.is_some() {
                     crate::compaction::compaction_cursor(&served.log).await?;

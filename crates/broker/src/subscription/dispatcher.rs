@@ -42,6 +42,7 @@ use super::read_ahead::{Fetched, ReadAhead};
 use super::reader::{READ_BATCH_BYTES_MAX, READ_BATCH_ENTRIES_MAX, Reader};
 use super::redelivery::{Outstanding, REPLAY_ENTRIES_MAX, SLOT_UNKNOWN, UNACKED_ENTRIES_MAX};
 use super::seek::resolve_seek;
+use super::txn_view::{self, TxnView, Verdict};
 use crate::codec;
 use crate::error::ServiceError;
 use crate::stats::{ConsumerStats, RateMeter, SubscriptionStats};
@@ -91,6 +92,7 @@ pub(crate) fn spawn(
         held: HeldShare::new(spec.held),
         held_blocked: false,
         terminated: spec.log.is_terminated(),
+        txn: spec.txn.map(TxnView::new),
         name: spec.name,
         topic: spec.topic,
         partition: spec.partition,
@@ -147,6 +149,8 @@ struct Dispatcher {
     held_blocked: bool,
     /// The topic was terminated (its log takes no more entries).
     terminated: bool,
+    /// The topic's transaction buffer (transactions on).
+    txn: Option<TxnView>,
 }
 
 /// Why the subscription task woke up.
@@ -171,7 +175,9 @@ impl Dispatcher {
     async fn run(mut self, mut rx: CommandReceiver, on_end: Box<dyn FnOnce(&str) + Send>) {
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription started");
         loop {
-            let waiting = self.reader.caught_up && self.consumers.total_permits() > 0;
+            let txn_blocked = self.txn.as_ref().is_some_and(|t| t.blocked);
+            let waiting =
+                self.reader.caught_up && self.consumers.total_permits() > 0 && !txn_blocked;
             let read_position = self.next_read_position();
             let log = Arc::clone(&self.log);
             let next_due = self.delayed.next_due_ms();
@@ -187,6 +193,7 @@ impl Dispatcher {
             let held_blocked = self.held_blocked;
             let reading = self.ahead.in_flight();
             let ahead = &mut self.ahead;
+            let txn = self.txn.as_mut();
             // Boxed: the futures of this wait (timers, the log's watch, the
             // channel) live only while it waits, and a parked subscription
             // task holds only the dispatcher's state (~1.3 KiB less each).
@@ -206,6 +213,7 @@ impl Dispatcher {
                     },
                     result = ahead.finished(), if reading => Wake::Read(result),
                     _ = log.wait_for_entry_at(read_position), if waiting => Wake::Again,
+                    _ = txn_view::limit_moved(txn), if txn_blocked => Wake::Again,
                     _ = tokio::time::sleep(delay), if next_due.is_some() => Wake::Again,
                     _ = tokio::time::sleep_until(retry_at), if retrying => Wake::Retry,
                     _ = &mut freed, if held_waiting => Wake::Again,
@@ -297,6 +305,10 @@ impl Dispatcher {
             self.reader.caught_up = true;
             return;
         }
+        if !self.reader.has_compaction() && self.txn.as_mut().is_some_and(|t| t.stops_at(from)) {
+            self.reader.caught_up = true; // at the transaction read limit
+            return;
+        }
         if self.reader.has_compaction() {
             if !demand {
                 return;
@@ -358,6 +370,22 @@ impl Dispatcher {
                 request_id,
             } => self.ack(key, ack_type, ids, request_id).await,
             SubCommand::Redeliver { key, ids, epoch } => self.redeliver(key, &ids, epoch),
+            SubCommand::TxnCommitted {
+                positions,
+                cumulative,
+                reply,
+            } => {
+                // A transaction committed its acknowledgements.
+                let (ids, cumulative) = txn_view::committed_ids(positions, cumulative);
+                if !ids.is_empty() {
+                    self.ack((0, 0), AckType::Individual, ids, None).await;
+                }
+                if let Some(id) = cumulative {
+                    self.ack((0, 0), AckType::Cumulative, vec![id], None).await;
+                }
+                let _ = reply.send(());
+            }
+            SubCommand::TxnAborted { positions } => self.txn_aborted(&positions),
             SubCommand::Seek { target, reply } => {
                 let result = self.seek(target).await;
                 let _ = reply.send(result);
@@ -652,6 +680,19 @@ impl Dispatcher {
         let _ = slot.info.out.send(codec::encode_command(response)).await;
     }
 
+    /// A transaction that acknowledged entries of this subscription
+    /// aborted: those still out to a consumer are sent again.
+    fn txn_aborted(&mut self, positions: &[Position]) {
+        for &pos in positions {
+            if let Some(owner) = self.outstanding.owner(pos) {
+                self.outstanding.redeliver(pos);
+                self.unacked_one_less(owner);
+                self.counters.redelivered += 1;
+            }
+        }
+        self.reader.caught_up = false;
+    }
+
     fn redeliver(&mut self, key: ConsumerKey, ids: &[MessageIdData], epoch: Option<u64>) {
         if ids.is_empty()
             && let Some(epoch) = epoch
@@ -721,6 +762,9 @@ impl Dispatcher {
 
     /// Sends entries while some consumer has permits.
     async fn dispatch(&mut self) {
+        if let Some(txn) = &mut self.txn {
+            txn.blocked = false;
+        }
         self.release_due();
         if self.consumers.is_empty() {
             return;
@@ -773,6 +817,25 @@ impl Dispatcher {
                 };
                 taken += 1;
                 let pos = entry.position;
+                match self
+                    .txn
+                    .as_mut()
+                    .map_or(Verdict::Deliver, |t| t.verdict(&entry))
+                {
+                    Verdict::Deliver => {}
+                    Verdict::Wait => {
+                        self.ahead.put_back(entry);
+                        self.reader.caught_up = true;
+                        return;
+                    }
+                    Verdict::Skip => {
+                        // Acknowledged, as Pulsar's dispatchers do.
+                        let _ = self.acks.ack(&self.log, &[pos]);
+                        self.reader.move_past(pos);
+                        progressed = true;
+                        continue;
+                    }
+                }
                 if self.acks.is_acked(pos) || self.outstanding.contains(pos) {
                     self.reader.move_past(pos);
                     progressed = true;
