@@ -64,6 +64,9 @@ enum Command {
     Doctor(doctor::DoctorArgs),
 }
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = Cli::parse();
     init_logging();
