@@ -575,3 +575,29 @@ def test_bookies_serve_tls_to_brokers_ledger_tools_and_recovery():
     finally:
         c.close()
         shutil.rmtree(certs, ignore_errors=True)
+
+
+def test_topic_policy_set_on_one_broker_applies_on_the_owner(cluster):
+    # Topic-level policies live in the metadata store (etcd here); the broker
+    # serving the topic follows a change made through the other broker.
+    topic = "persistent://public/default/policy-" + uuid.uuid4().hex[:6]
+    client = client_of(cluster.service_url())
+    first = client.create_producer(topic)
+    owner = cluster.owner_of(topic)
+    other = next(b for b in cluster.brokers if b is not owner)
+    path = "/admin/v2/" + topic.replace("://", "/") + "/maxProducers"
+    status, _ = cluster.http("POST", path, body="1", broker=other)
+    assert status == 204, status
+    status, value = cluster.http("GET", path, broker=owner)
+    assert (status, value) == (200, 1), (status, value)
+    deadline = time.time() + 10
+    while True:
+        try:
+            extra = client.create_producer(topic)
+        except pulsar.ProducerBusy:
+            break
+        extra.close()
+        assert time.time() < deadline, "the owner never applied maxProducers=1"
+        time.sleep(0.2)
+    first.close()
+    client.close()

@@ -20,7 +20,7 @@
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `txn_buffer`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `transaction`, `txn_client`, `service`, `lifecycle`, `cluster`, `watchers`
+//! 4. the service: `transaction`, `txn_client`, `service`, `txn_participants`, `lifecycle`, `cluster`, `watchers`, `policy_watch`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -75,7 +75,7 @@
 //! `pulsar/system/transaction_coordinator_assign`, each with a durable log
 //! replayed on open, timeouts, Pulsar's errors), which carry each outcome
 //! out on the partitions and subscriptions of the transaction
-//! (`transaction::Participants`, served in process by `service`); each
+//! (`transaction::Participants`, served by `txn_participants`); each
 //! topic's transaction buffer (`txn_buffer`: entries invisible until
 //! commit, markers, the read limit) and pending acks
 //! (`topic::pending_acks`).
@@ -102,6 +102,7 @@ pub mod metrics;
 mod nonpersistent;
 pub mod ownership;
 mod policies;
+mod policy_watch;
 pub mod schema;
 mod service;
 pub mod stats;
@@ -113,6 +114,7 @@ pub mod topic_name;
 mod transaction;
 mod txn_buffer;
 mod txn_client;
+mod txn_participants;
 mod watchers;
 
 use std::net::SocketAddr;
@@ -189,8 +191,12 @@ impl Broker {
         };
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
         service.admin.ensure_defaults().await?;
+        http::load_dynamic_config(&service).await?;
+        policy_watch::start(&service)
+            .await
+            .map_err(|e| BrokerError::Config(format!("watching stored policies: {e}")))?;
         if let Some(transactions) = &service.transactions {
-            transactions.set_participants(Arc::new(service::LocalParticipants::new(
+            transactions.set_participants(Arc::new(txn_participants::LocalParticipants::new(
                 Arc::downgrade(&service),
             )));
             service

@@ -10,12 +10,18 @@
 //! Never: applies them: `lifecycle` runs the periodic pass, `topic` checks
 //! producer admission.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use vela_log::Retention;
 use vela_wire::proto::ServerError;
 
-use crate::admin::{BacklogQuota, NamespacePolicies, RetentionPolicy};
+use serde_json::Value;
+
+use crate::admin::json::{PersistenceJson, RetentionJson};
+use crate::admin::policy_specs::{PublishRateJson, int_of};
+use crate::admin::{BacklogQuota, NamespacePolicies, RetentionPolicy, TopicRecord};
+use crate::config::PublishRate;
 use crate::error::ServiceError;
 
 /// What happens when a backlog quota is exceeded (Pulsar's
@@ -83,6 +89,40 @@ pub(crate) struct TopicPolicies {
     pub(crate) retention: Retention,
     /// Bytes not yet compacted that start a compaction.
     pub(crate) compaction_threshold_bytes: Option<u64>,
+    /// Limits set by policy (topic, else namespace); `None`: the broker's.
+    pub(crate) limits: PolicyLimits,
+    /// Replication (E, Qw, Qa) set by policy.
+    pub(crate) persistence: Option<(u8, u8, u8)>,
+    /// Deduplication set by policy.
+    pub(crate) deduplication: Option<bool>,
+}
+
+/// Limits a topic or its namespace sets over the broker's (Pulsar: 0 is no
+/// limit for the counts; a rate side of 0 or less is no limit).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct PolicyLimits {
+    /// Producers on the topic.
+    pub(crate) producers_max: Option<usize>,
+    /// Consumers on the topic.
+    pub(crate) consumers_max: Option<usize>,
+    /// Consumers on one subscription.
+    pub(crate) consumers_per_subscription_max: Option<usize>,
+    /// Subscriptions on the topic.
+    pub(crate) subscriptions_max: Option<usize>,
+    /// Publish rate of the topic.
+    pub(crate) publish_rate: Option<PublishRate>,
+    /// Largest message a producer may send, bytes.
+    pub(crate) message_size_max: Option<usize>,
+    /// Whether delayed delivery is on (`delayedDelivery.active`).
+    pub(crate) delayed_delivery: Option<bool>,
+    /// Whether a SUBSCRIBE may create its subscription (`None`: yes).
+    pub(crate) auto_subscription_creation: Option<bool>,
+    /// Producers without a schema are refused on a topic that has one.
+    pub(crate) schema_validation_enforced: bool,
+    /// Entries out and unacknowledged per consumer before it gets no more.
+    pub(crate) unacked_per_consumer_max: Option<u64>,
+    /// The same per subscription.
+    pub(crate) unacked_per_subscription_max: Option<u64>,
 }
 
 impl Default for TopicPolicies {
@@ -92,6 +132,9 @@ impl Default for TopicPolicies {
             quotas: Vec::new(),
             retention: Retention::NONE,
             compaction_threshold_bytes: None,
+            limits: PolicyLimits::default(),
+            persistence: None,
+            deduplication: None,
         }
     }
 }
@@ -99,13 +142,96 @@ impl Default for TopicPolicies {
 impl TopicPolicies {
     /// Parses a namespace's stored policies (validated by the admin API when
     /// set: unknown quota types or policies are skipped with a warning).
+    #[cfg(test)]
     pub(crate) fn from_namespace(policies: &NamespacePolicies) -> TopicPolicies {
-        let message_ttl = policies
-            .message_ttl_seconds
-            .filter(|s| *s > 0)
-            .map(|s| Duration::from_secs(u64::from(s)));
+        TopicPolicies::resolve(policies, &TopicRecord::default(), &BTreeMap::new())
+    }
+
+    /// The policies of a topic: each one the topic's own when set, else its
+    /// namespace's, else the broker's dynamic configuration's (`broker`, by
+    /// policy key), else the broker's flags (applied by the caller).
+    pub(crate) fn resolve(
+        policies: &NamespacePolicies,
+        topic: &TopicRecord,
+        broker: &BTreeMap<String, Value>,
+    ) -> TopicPolicies {
+        let pick = |key: &str| -> Option<&Value> {
+            topic
+                .policies
+                .get(key)
+                .or_else(|| policies.policies.get(key))
+                .or_else(|| broker.get(key))
+        };
+        let own = |key: &str| topic.policies.get(key);
+        let ttl_seconds = match own("messageTTL") {
+            Some(value) => int_of(value).and_then(|s| u64::try_from(s).ok()),
+            None => policies.message_ttl_seconds.map(u64::from),
+        };
+        let message_ttl = ttl_seconds.filter(|s| *s > 0).map(Duration::from_secs);
+        let backlog_quotas = if topic.backlog_quotas.is_empty() {
+            &policies.backlog_quotas
+        } else {
+            &topic.backlog_quotas
+        };
+        let retention = match own("retention")
+            .and_then(|v| serde_json::from_value::<RetentionJson>(v.clone()).ok())
+        {
+            Some(json) => Some(RetentionPolicy::from(json)),
+            None => policies.retention,
+        };
+        let compaction_threshold_bytes = match own("compactionThreshold") {
+            Some(value) => int_of(value).and_then(|b| u64::try_from(b).ok()),
+            None => policies.compaction_threshold_bytes,
+        };
+        let persistence = match own("persistence")
+            .and_then(|v| serde_json::from_value::<PersistenceJson>(v.clone()).ok())
+        {
+            Some(json) => json.to_policy().ok(),
+            None => policies.persistence,
+        };
+        let deduplication = match own("deduplicationEnabled") {
+            Some(value) => value.as_bool(),
+            None => policies.deduplication_enabled,
+        };
+        let count = |key: &str| {
+            pick(key)
+                .and_then(int_of)
+                .and_then(|n| usize::try_from(n).ok())
+                .filter(|n| *n > 0)
+        };
+        let publish_rate = pick("publishRate")
+            .and_then(|v| serde_json::from_value::<PublishRateJson>(v.clone()).ok())
+            .map(|rate| PublishRate {
+                messages_per_s: u64::try_from(rate.publish_throttling_rate_in_msg)
+                    .ok()
+                    .filter(|r| *r > 0),
+                bytes_per_s: u64::try_from(rate.publish_throttling_rate_in_byte)
+                    .ok()
+                    .filter(|r| *r > 0),
+            });
+        let delayed_delivery = pick("delayedDelivery")
+            .and_then(|v| v.get("active"))
+            .and_then(Value::as_bool);
+        let limits = PolicyLimits {
+            producers_max: count("maxProducers"),
+            consumers_max: count("maxConsumers"),
+            consumers_per_subscription_max: count("maxConsumersPerSubscription"),
+            subscriptions_max: count("maxSubscriptionsPerTopic"),
+            publish_rate,
+            message_size_max: count("maxMessageSize"),
+            delayed_delivery,
+            unacked_per_consumer_max: count("maxUnackedMessagesOnConsumer").map(|n| n as u64),
+            unacked_per_subscription_max: count("maxUnackedMessagesOnSubscription")
+                .map(|n| n as u64),
+            schema_validation_enforced: pick("schemaValidationEnforced")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            auto_subscription_creation: pick("autoSubscriptionCreation")
+                .and_then(|v| v.get("allowAutoSubscriptionCreation"))
+                .and_then(Value::as_bool),
+        };
         let mut quotas = Vec::new();
-        for (kind, quota) in &policies.backlog_quotas {
+        for (kind, quota) in backlog_quotas {
             match parse_quota(kind, quota) {
                 ParsedQuota::Limit(limit, policy) => quotas.push((limit, policy)),
                 ParsedQuota::NoLimit => {}
@@ -117,8 +243,11 @@ impl TopicPolicies {
         TopicPolicies {
             message_ttl,
             quotas,
-            retention: policies.retention.map_or(Retention::NONE, retention_of),
-            compaction_threshold_bytes: policies.compaction_threshold_bytes.filter(|b| *b > 0),
+            retention: retention.map_or(Retention::NONE, retention_of),
+            compaction_threshold_bytes: compaction_threshold_bytes.filter(|b| *b > 0),
+            limits,
+            persistence,
+            deduplication,
         }
     }
 }

@@ -33,66 +33,6 @@ use crate::subscription::HeldEntries;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};
 
-/// The participants of transactions (`transaction::Participants`): in
-/// process for topics this broker owns, through `txn_client` (the owner's
-/// END_TXN_ON_PARTITION / END_TXN_ON_SUBSCRIPTION) for the others.
-#[derive(Debug)]
-pub(crate) struct LocalParticipants(std::sync::Weak<Service>);
-
-impl LocalParticipants {
-    pub(crate) fn new(service: std::sync::Weak<Service>) -> LocalParticipants {
-        LocalParticipants(service)
-    }
-
-    fn service(&self) -> Result<Arc<Service>, ServiceError> {
-        self.0.upgrade().ok_or_else(|| {
-            ServiceError::new(ServerError::ServiceNotReady, "the broker is shutting down")
-        })
-    }
-}
-
-impl crate::transaction::Participants for LocalParticipants {
-    fn end_on_partition(
-        &self,
-        topic: String,
-        txn: crate::transaction::TxnId,
-        action: crate::transaction::TxnAction,
-    ) -> crate::transaction::ParticipantFuture {
-        let service = self.service();
-        Box::pin(async move {
-            let commit = action == crate::transaction::TxnAction::Commit;
-            service?
-                .end_txn_on_partition(&topic, (txn.most, txn.least), commit)
-                .await
-        })
-    }
-
-    fn end_on_subscription(
-        &self,
-        topic: String,
-        subscription: String,
-        txn: crate::transaction::TxnId,
-        action: crate::transaction::TxnAction,
-    ) -> crate::transaction::ParticipantFuture {
-        let service = self.service();
-        Box::pin(async move {
-            let commit = action == crate::transaction::TxnAction::Commit;
-            service?
-                .end_txn_on_subscription(&topic, &subscription, (txn.most, txn.least), commit)
-                .await
-        })
-    }
-}
-
-/// Where a transaction's outcome on one topic is carried out.
-enum TxnTarget {
-    Local(Arc<Topic>),
-    /// The owner's `pulsar://` URL.
-    Remote(String),
-    /// A topic that does not exist or has no transaction state.
-    Nothing,
-}
-
 /// Topics served at once by one broker. Each holds a log, its cursors and
 /// subscription tasks (a few KiB idle; cached entries and publishes in
 /// flight draw on the broker-wide budgets, not per topic); 100k topics is
@@ -130,6 +70,9 @@ pub(crate) struct Service {
     /// Bundle ownership in cluster mode (unset: a standalone broker owns
     /// everything).
     pub(crate) ownership: std::sync::OnceLock<Arc<Ownership>>,
+    /// Policies set by the broker's dynamic configuration, by policy key
+    /// (`http::brokers` keeps them in the store and here).
+    dynamic: Mutex<std::collections::BTreeMap<String, serde_json::Value>>,
     /// The subscriptions' read-ahead budget (`read_ahead_bytes_max`) and
     /// read-path stages, shared by every subscription.
     pub(crate) reads: crate::subscription::SubscriptionReads,
@@ -201,6 +144,7 @@ impl Service {
             ownership: std::sync::OnceLock::new(),
             meta: Arc::clone(&meta),
             write_path_sources: Mutex::new(Vec::new()),
+            dynamic: Mutex::new(std::collections::BTreeMap::new()),
             topics: Mutex::new(HashMap::new()),
             np_topics: Mutex::new(HashMap::new()),
             producer_names: AtomicU64::new(0),
@@ -208,63 +152,30 @@ impl Service {
         }
     }
 
-    /// Where a transaction's outcome is carried out on topic `name`.
-    async fn txn_target(&self, name: &str) -> Result<TxnTarget, ServiceError> {
-        let topic = TopicName::parse(name)?;
-        if topic.domain == TopicDomain::NonPersistent {
-            // No buffer, no pending acks: nothing to carry out.
-            return Ok(TxnTarget::Nothing);
-        }
-        if self.ownership.get().is_some() {
-            let owner = match self.lookup(&topic, false).await? {
-                LookupAnswer::Connect(owner) | LookupAnswer::Redirect(owner) => owner,
-            };
-            if owner.id != self.me().id {
-                return Ok(TxnTarget::Remote(owner.service_url));
-            }
-        }
-        match self.topic(&topic, false).await {
-            Ok(served) => Ok(TxnTarget::Local(served)),
-            Err(error) if error.code == ServerError::TopicNotFound => Ok(TxnTarget::Nothing),
-            Err(error) => Err(error),
-        }
+    /// The policies the broker's dynamic configuration sets, by policy key.
+    pub(crate) fn dynamic_policies(&self) -> std::collections::BTreeMap<String, serde_json::Value> {
+        self.dynamic.lock().clone()
     }
 
-    /// END_TXN_ON_PARTITION: on the topic here, or at its owner.
-    pub(crate) async fn end_txn_on_partition(
+    /// Replaces them and applies them to every served topic.
+    pub(crate) async fn set_dynamic_policies(
         &self,
-        name: &str,
-        txn: crate::txn_buffer::TxnKey,
-        commit: bool,
+        policies: std::collections::BTreeMap<String, serde_json::Value>,
     ) -> Result<(), ServiceError> {
-        match self.txn_target(name).await? {
-            TxnTarget::Local(topic) => topic.end_txn_on_partition(txn, commit).await,
-            TxnTarget::Remote(url) => {
-                crate::txn_client::end_on_partition(&url, name, txn, commit).await
+        *self.dynamic.lock() = policies;
+        let mut namespaces: Vec<crate::topic_name::NamespaceName> = self
+            .served_topic_handles()
+            .iter()
+            .map(|t| t.name.namespace.clone())
+            .collect();
+        namespaces.sort_by_key(|ns| ns.to_string());
+        namespaces.dedup();
+        for ns in namespaces {
+            if let Some(policies) = self.admin.namespace_policies(&ns).await? {
+                self.apply_policies(&ns, &policies);
             }
-            TxnTarget::Nothing => Ok(()),
         }
-    }
-
-    /// END_TXN_ON_SUBSCRIPTION: on the topic here, or at its owner.
-    pub(crate) async fn end_txn_on_subscription(
-        &self,
-        name: &str,
-        subscription: &str,
-        txn: crate::txn_buffer::TxnKey,
-        commit: bool,
-    ) -> Result<(), ServiceError> {
-        match self.txn_target(name).await? {
-            TxnTarget::Local(topic) => {
-                topic
-                    .end_txn_on_subscription(subscription, txn, commit)
-                    .await
-            }
-            TxnTarget::Remote(url) => {
-                crate::txn_client::end_on_subscription(&url, name, subscription, txn, commit).await
-            }
-            TxnTarget::Nothing => Ok(()),
-        }
+        Ok(())
     }
 
     /// A new connection id.
@@ -296,8 +207,6 @@ impl Service {
             })
     }
 
-    /// Partitions to answer in PARTITIONED_METADATA: N for a partitioned
-    /// topic, 0 otherwise. Fails when the namespace does not exist.
     /// The schema compatibility strategy that applies to `topic`: its own,
     /// else its namespace's, else the broker default (FULL), as Pulsar
     /// resolves it.
@@ -315,14 +224,33 @@ impl Service {
             .unwrap_or(CompatibilityStrategy::DEFAULT))
     }
 
+    /// Partitions to answer in PARTITIONED_METADATA: N for a partitioned
+    /// topic, 0 otherwise. Fails when the namespace does not exist.
+    /// With the namespace's `autoTopicCreation` asking for partitioned
+    /// topics, a topic that does not exist yet is created partitioned here
+    /// (as Pulsar answers PARTITIONED_METADATA).
     pub(crate) async fn partitions_of(&self, topic: &TopicName) -> Result<u32, ServiceError> {
-        self.namespace_policies_of(topic).await?;
+        let policies = self.namespace_policies_of(topic).await?;
         // A partition is itself a plain topic (as Pulsar answers): a client
         // opening `t-partition-0` must not look for its partitions.
         if topic.partition.is_some() {
             return Ok(0);
         }
-        Ok(self.admin.partitions(topic).await?.unwrap_or(0))
+        if let Some(n) = self.admin.partitions(topic).await? {
+            return Ok(n);
+        }
+        let auto = AutoCreation::of(&policies, self.config.auto_create_topics);
+        if let AutoCreation::Partitioned(n) = auto
+            && !self.admin.topic_exists(topic).await?
+        {
+            self.check_topic_quota(topic, &policies, n as usize).await?;
+            match self.admin.create_partitioned_topic(topic, n).await {
+                Ok(()) | Err(crate::admin::AdminError::Exists(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+            return Ok(self.admin.partitions(topic).await?.unwrap_or(0));
+        }
+        Ok(0)
     }
 
     /// What opening a topic of either kind checks first: its bundle is owned
@@ -376,7 +304,8 @@ impl Service {
         let policies = self.namespace_policies_of(topic).await?;
         let partitions = self.check_servable(topic).await?;
         let exists = partitions.is_some() || self.admin.topic_exists(topic).await?;
-        let may_create = create && self.config.auto_create_topics;
+        let may_create = create
+            && AutoCreation::of(&policies, self.config.auto_create_topics) != AutoCreation::Off;
         if !exists && !may_create {
             return Err(ServiceError::new(
                 ServerError::TopicNotFound,
@@ -402,11 +331,25 @@ impl Service {
             }
             Arc::clone(topics.entry(full_name.clone()).or_default())
         };
-        let persistence = policies.persistence_or(self.config.default_persistence);
-        let dedup = policies.deduplication_enabled.unwrap_or(false);
-        let lifecycle = TopicPolicies::from_namespace(&policies);
         let served = cell
             .get_or_try_init(|| async {
+                if !exists {
+                    self.check_topic_quota(topic, &policies, 1).await?;
+                }
+                let record = self.admin.topic_record(topic).await?;
+                let lifecycle =
+                    TopicPolicies::resolve(&policies, &record, &self.dynamic_policies());
+                let persistence =
+                    lifecycle
+                        .persistence
+                        .map_or(self.config.default_persistence, |(e, w, a)| {
+                            crate::config::PersistenceConfig {
+                                ensemble: e,
+                                write_quorum: w,
+                                ack_quorum: a,
+                            }
+                        });
+                let dedup = lifecycle.deduplication.unwrap_or(false);
                 self.admin.register_topic(topic).await?;
                 let config = LogConfig {
                     persistence: Persistence {
@@ -461,6 +404,7 @@ impl Service {
                 if lifecycle.compaction_threshold_bytes.is_some() {
                     crate::compaction::compaction_cursor(&served.log).await?;
                 }
+                served.set_policy_record(record);
                 served.set_lifecycle_policies(lifecycle);
                 served.rebuild_dedup().await?;
                 Ok::<_, ServiceError>(served)
@@ -763,17 +707,18 @@ impl Service {
         Ok(())
     }
 
-    /// Applies a namespace's (new) policies to its served topics: the
+    /// Applies a namespace's (new) policies to its served topics, each
+    /// resolved with the topic's own (topic > namespace > broker): the
     /// persistence reaches each topic's next ledger (the open one keeps its
-    /// replication, as in Pulsar); TTL, backlog quotas and retention apply
-    /// from the next lifecycle pass. Deduplication changes apply when a topic
-    /// next opens.
+    /// replication, as in Pulsar); the publish rate applies at once, count
+    /// limits at the next PRODUCER or SUBSCRIBE, TTL, backlog quotas and
+    /// retention from the next lifecycle pass. Deduplication changes apply
+    /// when a topic next opens.
     pub(crate) fn apply_policies(
         &self,
         ns: &crate::topic_name::NamespaceName,
         policies: &NamespacePolicies,
     ) {
-        let persistence = policies.persistence_or(self.config.default_persistence);
         let served: Vec<Arc<Topic>> = self
             .topics
             .lock()
@@ -781,19 +726,95 @@ impl Service {
             .filter_map(|c| c.get().cloned())
             .filter(|t| t.name.namespace == *ns)
             .collect();
-        let lifecycle = TopicPolicies::from_namespace(policies);
         for topic in served {
-            topic.log.set_retention(lifecycle.retention);
-            topic.set_lifecycle_policies(lifecycle.clone());
-            let result = topic.log.set_persistence(Persistence {
-                ensemble: persistence.ensemble,
-                write_quorum: persistence.write_quorum,
-                ack_quorum: persistence.ack_quorum,
-            });
-            if let Err(error) = result {
-                tracing::warn!(topic = %topic.full_name, %error, "persistence not applied");
-            }
+            let record = topic.policy_record();
+            self.apply_to(&topic, policies, record);
         }
+    }
+
+    /// Applies a topic's (new) own policies to it, or to each served
+    /// partition of a partitioned topic, as `apply_policies` does.
+    pub(crate) async fn apply_topic_record(
+        &self,
+        topic: &TopicName,
+        record: &crate::admin::TopicRecord,
+    ) -> Result<(), ServiceError> {
+        let base = topic.base();
+        let served: Vec<Arc<Topic>> = self
+            .topics
+            .lock()
+            .values()
+            .filter_map(|c| c.get().cloned())
+            .filter(|t| t.name.base() == base)
+            .collect();
+        if served.is_empty() {
+            return Ok(());
+        }
+        let policies = self.namespace_policies_of(topic).await?;
+        for served in served {
+            self.apply_to(&served, &policies, record.clone());
+        }
+        Ok(())
+    }
+
+    fn apply_to(
+        &self,
+        topic: &Topic,
+        policies: &NamespacePolicies,
+        record: crate::admin::TopicRecord,
+    ) {
+        let resolved = TopicPolicies::resolve(policies, &record, &self.dynamic_policies());
+        let persistence = resolved.persistence.map_or(
+            self.config.default_persistence,
+            |(ensemble, write_quorum, ack_quorum)| crate::config::PersistenceConfig {
+                ensemble,
+                write_quorum,
+                ack_quorum,
+            },
+        );
+        topic.log.set_retention(resolved.retention);
+        topic.set_policy_record(record);
+        topic.set_lifecycle_policies(resolved);
+        let result = topic.log.set_persistence(Persistence {
+            ensemble: persistence.ensemble,
+            write_quorum: persistence.write_quorum,
+            ack_quorum: persistence.ack_quorum,
+        });
+        if let Err(error) = result {
+            tracing::warn!(topic = %topic.full_name, %error, "persistence not applied");
+        }
+    }
+
+    /// Refuses `adding` new topics named `topic` past their namespace's
+    /// `maxTopicsPerNamespace` (partitions count one each, as in Pulsar).
+    pub(crate) async fn check_topic_quota(
+        &self,
+        topic: &TopicName,
+        policies: &NamespacePolicies,
+        adding: usize,
+    ) -> Result<(), ServiceError> {
+        let dynamic = self.dynamic_policies();
+        let max = policies
+            .policies
+            .get("maxTopicsPerNamespace")
+            .or_else(|| dynamic.get("maxTopicsPerNamespace"))
+            .and_then(crate::admin::policy_specs::int_of)
+            .and_then(|n| usize::try_from(n).ok())
+            .filter(|n| *n > 0);
+        let Some(max) = max else {
+            return Ok(());
+        };
+        let existing = self.admin.topics_of_namespace(&topic.namespace).await?;
+        if existing.iter().any(|t| *t == topic.to_string()) {
+            return Ok(());
+        }
+        if existing.len().saturating_add(adding) > max {
+            return Err(ServiceError::new(
+                ServerError::NotAllowedError,
+                "Exceed maximum number of topics in namespace",
+            ));
+        }
+        Ok(())
     }
 
     /// Registers a source of write-path stages (ledger client, bookies).
@@ -893,6 +914,40 @@ impl Service {
             topic.close().await;
         }
         errors
+    }
+}
+
+/// How a topic that does not exist may be created when a client asks for
+/// it: the namespace's `autoTopicCreation` policy, else the broker's flag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AutoCreation {
+    Off,
+    NonPartitioned,
+    Partitioned(u32),
+}
+
+impl AutoCreation {
+    fn of(policies: &NamespacePolicies, broker_allows: bool) -> AutoCreation {
+        let Some(policy) = policies.policies.get("autoTopicCreation").and_then(|v| {
+            serde_json::from_value::<crate::admin::policy_specs::AutoTopicCreationJson>(v.clone())
+                .ok()
+        }) else {
+            return if broker_allows {
+                AutoCreation::NonPartitioned
+            } else {
+                AutoCreation::Off
+            };
+        };
+        if !policy.allow_auto_topic_creation {
+            return AutoCreation::Off;
+        }
+        match (policy.topic_type.as_deref(), policy.default_num_partitions) {
+            (Some("partitioned"), Some(n)) => u32::try_from(n)
+                .ok()
+                .filter(|n| (1..=crate::admin::PARTITIONS_MAX).contains(n))
+                .map_or(AutoCreation::NonPartitioned, AutoCreation::Partitioned),
+            _ => AutoCreation::NonPartitioned,
+        }
     }
 }
 

@@ -116,6 +116,8 @@ pub struct PublisherStats {
     pub address: String,
     /// Client version string from CONNECT.
     pub client_version: String,
+    /// PRODUCER's metadata.
+    pub metadata: std::collections::BTreeMap<String, String>,
     /// Non-persistent topics: its messages dropped as they arrived, per
     /// second; `None` for persistent topics.
     pub msg_drop_rate: Option<f64>,
@@ -154,6 +156,8 @@ pub struct SubscriptionStats {
     pub read_position: Option<Position>,
     /// Consumers attached.
     pub consumers: Vec<ConsumerStats>,
+    /// Exclusive and Failover: the consumer the dispatcher delivers to.
+    pub active_consumer: Option<String>,
     /// Non-persistent subscriptions: messages dropped because no consumer
     /// could take them, per second; `None` for persistent ones.
     pub msg_drop_rate: Option<f64>,
@@ -174,4 +178,10 @@ pub struct ConsumerStats {
     pub msg_out_counter: u64,
     /// Client address.
     pub address: String,
+    /// Client version string from CONNECT.
+    pub client_version: String,
+    /// Wall-clock time of its last FLOW, ms.
+    pub last_flow_ms: u64,
+    /// SUBSCRIBE's metadata.
+    pub metadata: std::collections::BTreeMap<String, String>,
 }

@@ -137,9 +137,7 @@ where
     let value = Option::<Value>::deserialize(deserializer)?;
     let number = match value {
         None | Some(Value::Null) => return Ok(None),
-        Some(Value::Number(n)) => n.as_i64(),
-        Some(Value::String(text)) => text.trim().parse::<i64>().ok(),
-        Some(_) => None,
+        Some(v) => int_of(&v),
     };
     let number = number.ok_or_else(|| D::Error::custom("expected an integer"))?;
     T::try_from(number)
@@ -168,6 +166,16 @@ impl BacklogQuotaJson {
                 .clone()
                 .unwrap_or_else(|| "producer_request_hold".to_string()),
         }
+    }
+}
+
+/// An integer from a JSON number or a string holding one (Jackson's
+/// coercion, which Pulsar's clients rely on).
+pub fn int_of(value: &Value) -> Option<i64> {
+    match value {
+        Value::Number(n) => n.as_i64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
     }
 }
 
@@ -287,6 +295,9 @@ impl PoliciesBody {
                 .map_err(AdminError::Invalid)?
                 .flatten()
                 .map(|s| s.name().to_string()),
+            // The policies kept as JSON, properties and subscription grants
+            // are set through their own routes.
+            ..Default::default()
         })
     }
 }
@@ -433,11 +444,11 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
                 "blockedConsumerOnUnackedMsgs": false,
                 "address": c.address,
                 "connectedSince": "",
-                "clientVersion": "",
+                "clientVersion": c.client_version,
                 "lastAckedTimestamp": 0,
                 "lastConsumedTimestamp": 0,
-                "lastConsumedFlowTimestamp": 0,
-                "metadata": {}
+                "lastConsumedFlowTimestamp": c.last_flow_ms,
+                "metadata": c.metadata
             })
         })
         .collect();
@@ -450,7 +461,7 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
         "messageAckRate": 0.0,
         "chunkedMessageRate": 0,
         "msgBacklog": sub.msg_backlog,
-        "backlogSize": -1,
+        "backlogSize": 0,
         "earliestMsgPublishTimeInBacklog": 0,
         "msgBacklogNoDelayed": sub.msg_backlog,
         "blockedSubscriptionOnUnackedMsgs": false,
@@ -458,7 +469,7 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
         "msgInReplay": 0,
         "unackedMessages": sub.unacked_messages,
         "type": sub.sub_type,
-        "activeConsumerName": sub.consumers.first().map(|c| c.consumer_name.clone()),
+        "activeConsumerName": sub.active_consumer,
         "msgRateExpired": 0.0,
         "totalMsgExpired": sub.msg_expired_counter,
         "lastExpireTimestamp": 0,
@@ -501,7 +512,7 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
                 "address": p.address,
                 "connectedSince": "",
                 "clientVersion": p.client_version,
-                "metadata": {}
+                "metadata": p.metadata
             });
             with_drop_rate(document, p.msg_drop_rate)
         })

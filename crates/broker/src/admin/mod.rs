@@ -16,7 +16,9 @@
 //! to call these.
 
 pub mod json;
+pub mod policy_specs;
 mod records;
+mod topic_policies;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -30,7 +32,8 @@ use crate::topic_name::{NamespaceName, TopicDomain, TopicName};
 pub use crate::topic_name::{decode_segment, encode_segment};
 pub use records::{
     AuthAction, BACKLOG_QUOTA_POLICIES, BACKLOG_QUOTA_TYPES, BacklogQuota, ENSEMBLE_MAX,
-    GRANTED_ROLES_MAX, NamespacePolicies, ROLE_BYTES_MAX, RetentionPolicy, TenantInfo,
+    GRANTED_ROLES_MAX, NamespacePolicies, PROPERTIES_MAX, PROPERTY_BYTES_MAX, ROLE_BYTES_MAX,
+    RetentionPolicy, SUBSCRIPTION_GRANTS_MAX, TenantInfo, TopicRecord,
 };
 
 /// Most partitions a partitioned topic may have (Pulsar's

@@ -40,12 +40,36 @@ pub struct NamespacePolicies {
     /// `auth_policies.namespace_auth`); enforced when authorization is on.
     #[serde(default)]
     pub permissions: BTreeMap<String, BTreeSet<AuthAction>>,
+    /// Policies kept as Pulsar's JSON values, by `policy_specs` key (checked
+    /// by their spec when set).
+    #[serde(default)]
+    pub policies: BTreeMap<String, serde_json::Value>,
+    /// Free key-values (Pulsar's namespace `properties`), at most
+    /// `PROPERTIES_MAX`.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Roles allowed to use each subscription name (Pulsar's
+    /// `auth_policies.subscription_auth_roles`), at most
+    /// `SUBSCRIPTION_GRANTS_MAX` subscriptions.
+    #[serde(default)]
+    pub subscription_roles: BTreeMap<String, BTreeSet<String>>,
     /// The schema compatibility strategy of the namespace's topics (Pulsar's
     /// `schema_compatibility_strategy`, by name; `None`: the broker's
     /// default, FULL).
     #[serde(default)]
     pub schema_compatibility_strategy: Option<String>,
 }
+
+/// Properties one namespace or topic may carry; each key and value at most
+/// `PROPERTY_BYTES_MAX`. They live in one metadata record read at every
+/// topic load. When reached: a new key is refused (412).
+pub const PROPERTIES_MAX: usize = 256;
+/// Longest property key or value, bytes.
+pub const PROPERTY_BYTES_MAX: usize = 1024;
+/// Subscriptions with role grants on one namespace (each a map entry in the
+/// namespace's record). When reached: a grant on a new subscription is
+/// refused (412).
+pub const SUBSCRIPTION_GRANTS_MAX: usize = 1000;
 
 /// An action a role may be granted on a namespace (Pulsar's `AuthAction`,
 /// same JSON names). Only `produce` and `consume` mean anything here; the
@@ -149,6 +173,17 @@ impl NamespacePolicies {
                 ));
             }
         }
+        if self.properties.len() > PROPERTIES_MAX {
+            return Err(AdminError::Invalid(format!(
+                "a namespace carries at most PROPERTIES_MAX ({PROPERTIES_MAX}) properties"
+            )));
+        }
+        if self.subscription_roles.len() > SUBSCRIPTION_GRANTS_MAX {
+            return Err(AdminError::Invalid(format!(
+                "grants on at most SUBSCRIPTION_GRANTS_MAX ({SUBSCRIPTION_GRANTS_MAX}) \
+                 subscriptions"
+            )));
+        }
         for (kind, quota) in &self.backlog_quotas {
             if !BACKLOG_QUOTA_TYPES.contains(&kind.as_str()) {
                 return Err(AdminError::BadRequest(format!(
@@ -175,6 +210,43 @@ impl NamespacePolicies {
             },
             None => default,
         }
+    }
+}
+
+/// What one topic carries beside its data (`admin::topic_policies` keeps
+/// it), as stored.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TopicRecord {
+    /// Policies by `policy_specs` key, as checked JSON values (only the
+    /// REST layer writes them, each checked by its spec).
+    #[serde(default)]
+    pub policies: BTreeMap<String, serde_json::Value>,
+    /// Backlog quotas by type (`destination_storage`, `message_age`).
+    #[serde(default)]
+    pub backlog_quotas: BTreeMap<String, BacklogQuota>,
+    /// Free key-values (Pulsar's topic properties), at most `PROPERTIES_MAX`.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+impl TopicRecord {
+    /// True when nothing is set (the record is deleted rather than kept).
+    pub fn is_empty(&self) -> bool {
+        self.policies.is_empty() && self.backlog_quotas.is_empty() && self.properties.is_empty()
+    }
+
+    /// Checks the bounds and the backlog quotas as a namespace's.
+    pub fn validate(&self) -> Result<(), AdminError> {
+        if self.properties.len() > PROPERTIES_MAX {
+            return Err(AdminError::Invalid(format!(
+                "a topic carries at most PROPERTIES_MAX ({PROPERTIES_MAX}) properties"
+            )));
+        }
+        let quotas = NamespacePolicies {
+            backlog_quotas: self.backlog_quotas.clone(),
+            ..Default::default()
+        };
+        quotas.validate()
     }
 }
 

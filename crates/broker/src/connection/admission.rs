@@ -6,7 +6,7 @@
 
 use vela_wire::proto::{self, MessageIdData, ServerError};
 
-use super::session::{NAME_BYTES_MAX, Session};
+use super::session::{NAME_BYTES_MAX, Session, client_metadata};
 use crate::codec::{self, Outbound};
 use crate::error::ServiceError;
 use crate::schema;
@@ -69,6 +69,7 @@ impl Admitting {
             events: session.events_tx.clone(),
             address: session.peer.to_string(),
             client_version: session.client_version.clone(),
+            metadata: client_metadata(&body.metadata)?,
         };
         let success = proto::CommandProducerSuccess {
             request_id: body.request_id,

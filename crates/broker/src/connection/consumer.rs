@@ -23,7 +23,7 @@ use vela_wire::proto::{
 
 use super::deferred::{Deferred, TopicOpening};
 use super::non_persistent::{self, NpConsumer};
-use super::session::{Close, NAME_BYTES_MAX, Session};
+use super::session::{Close, NAME_BYTES_MAX, Session, client_metadata};
 use crate::authorization::TopicAction;
 use crate::codec;
 use crate::error::ServiceError;
@@ -179,7 +179,7 @@ impl Consumers {
             let sub_type = SubType::try_from(body.sub_type).map_err(|_| {
                 ServiceError::new(ServerError::NotAllowedError, "unknown subscription type")
             })?;
-            let info = consumer_info(session, body);
+            let info = consumer_info(session, body)?;
             let (consumer, notices) =
                 non_persistent::subscribe(session, body, &topic_name, sub_type, info).await?;
             self.np.insert(body.consumer_id, consumer);
@@ -209,7 +209,7 @@ impl Consumers {
         } else {
             reader_start(body.start_message_id.as_ref())
         };
-        let info = consumer_info(session, body);
+        let info = consumer_info(session, body)?;
         let request = SubscribeRequest {
             subscription: body.subscription.clone(),
             sub_type,
@@ -612,8 +612,12 @@ fn consumer_stats_response(
 }
 
 /// A consumer as SUBSCRIBE describes it (names bounded, Key_Shared STICKY
-/// ranges, whether its client understands REACHED_END_OF_TOPIC).
-fn consumer_info(session: &Session, body: &proto::CommandSubscribe) -> ConsumerInfo {
+/// ranges, whether its client understands REACHED_END_OF_TOPIC, its
+/// metadata: refused past `CLIENT_METADATA_ENTRIES_MAX`).
+fn consumer_info(
+    session: &Session,
+    body: &proto::CommandSubscribe,
+) -> Result<ConsumerInfo, ServiceError> {
     let sticky_ranges = match &body.key_shared_meta {
         Some(meta) if meta.key_shared_mode == proto::KeySharedMode::Sticky as i32 => {
             Some(meta.hash_ranges.iter().map(|r| (r.start, r.end)).collect())
@@ -625,7 +629,7 @@ fn consumer_info(session: &Session, body: &proto::CommandSubscribe) -> ConsumerI
         .as_ref()
         .and_then(|m| m.allow_out_of_order_delivery)
         .unwrap_or(false);
-    ConsumerInfo {
+    Ok(ConsumerInfo {
         conn_id: session.id,
         consumer_id: body.consumer_id,
         name: body
@@ -644,7 +648,9 @@ fn consumer_info(session: &Session, body: &proto::CommandSubscribe) -> ConsumerI
         epoch: body.consumer_epoch,
         allow_out_of_order,
         handles_end_of_topic: session.handles_end_of_topic(),
-    }
+        metadata: client_metadata(&body.metadata)?,
+        client_version: session.client_version.clone(),
+    })
 }
 
 async fn refuse(

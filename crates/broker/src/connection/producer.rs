@@ -32,6 +32,7 @@ use super::session::{Close, Session};
 use crate::authorization::TopicAction;
 use crate::codec::{self, Outbound};
 use crate::error::ServiceError;
+use crate::schema;
 use crate::service::Service;
 use crate::topic::{Admission, DedupCheck, Topic};
 use crate::topic_name::{TopicDomain, TopicName};
@@ -241,6 +242,32 @@ impl Producers {
             return Ok(success);
         }
         let topic = session.service.topic(&topic_name, true).await?;
+        if let Some(subscription) = body
+            .initial_subscription_name
+            .as_deref()
+            .filter(|s| !s.is_empty())
+        {
+            // Pulsar's ServerCnx.handleProducer: the producer creates the
+            // subscription (at the earliest entry) so nothing it sends is
+            // lost to a consumer that subscribes later (the dead-letter
+            // topic's initial subscription); it needs consume permission.
+            session
+                .authorize(&topic_name.namespace, TopicAction::Consume)
+                .await?;
+            topic.create_initial_subscription(subscription).await?;
+        }
+        let without_schema = body.schema.as_ref().is_none_or(schema::is_empty_schema);
+        if without_schema
+            && topic.lifecycle_policies().limits.schema_validation_enforced
+            && session.service.schemas.has_schema(&topic_name).await?
+        {
+            // The topic's or namespace's schemaValidationEnforced policy.
+            return Err(ServiceError::new(
+                ServerError::IncompatibleSchema,
+                "Producers cannot connect or send message without a schema to topics with a \
+                 schema if SchemaValidationEnforced is enabled",
+            ));
+        }
         let admission = Admitting::new(session, body, &topic_name, |name| {
             topic.last_sequence_id(name)
         })
@@ -359,6 +386,19 @@ impl Producers {
             return Ok(());
         };
         let messages = body.num_messages().unwrap_or(1).max(1) as u32;
+        if let Some(max) = producer.topic.message_size_max()
+            && entry.len() > max
+        {
+            // The topic's maxMessageSize policy (Pulsar answers the SEND
+            // with NotAllowedError; the entry is not stored).
+            let job = ReceiptJob::Error {
+                sequence_id,
+                code: ServerError::NotAllowedError,
+                message: "Exceed maximum message size".into(),
+            };
+            let _ = jobs.send(Box::new(job)).await;
+            return Ok(());
+        }
         // Publish rate: past it, this connection stops reading for the pause
         // (Pulsar's throttling: TCP back-pressure, nothing refused).
         let pause = producer.topic.publish_pause(messages, entry.len());

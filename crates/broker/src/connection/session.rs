@@ -34,6 +34,34 @@ use crate::topic_name::NamespaceName;
 /// consumer names are truncated.
 pub(super) const NAME_BYTES_MAX: usize = 1024;
 
+/// Key-values a PRODUCER or SUBSCRIBE may carry as `metadata` (shown in
+/// topic stats, kept while the producer or consumer lives), each key and
+/// value at most `NAME_BYTES_MAX`. Past either: the command is refused.
+pub(super) const CLIENT_METADATA_ENTRIES_MAX: usize = 64;
+
+/// A PRODUCER's or SUBSCRIBE's `metadata`, within the bounds above.
+pub(super) fn client_metadata(
+    metadata: &[vela_wire::proto::KeyValue],
+) -> Result<std::collections::BTreeMap<String, String>, crate::error::ServiceError> {
+    if metadata.len() > CLIENT_METADATA_ENTRIES_MAX
+        || metadata
+            .iter()
+            .any(|kv| kv.key.len() > NAME_BYTES_MAX || kv.value.len() > NAME_BYTES_MAX)
+    {
+        return Err(crate::error::ServiceError::new(
+            vela_wire::proto::ServerError::NotAllowedError,
+            format!(
+                "metadata holds at most CLIENT_METADATA_ENTRIES_MAX \
+                 ({CLIENT_METADATA_ENTRIES_MAX}) key-values of at most {NAME_BYTES_MAX} bytes"
+            ),
+        ));
+    }
+    Ok(metadata
+        .iter()
+        .map(|kv| (kv.key.clone(), kv.value.clone()))
+        .collect())
+}
+
 /// Why a connection closes (for the log line).
 #[derive(Debug)]
 pub(super) struct Close(pub(super) String);

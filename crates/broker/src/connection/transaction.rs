@@ -354,9 +354,13 @@ impl TxnRequests {
                 allowed?;
                 let commit = action_of(body.txn_action)?;
                 let topic = body.topic.unwrap_or_default();
-                service
-                    .end_txn_on_partition(&topic, (id.most, id.least), commit)
-                    .await
+                crate::txn_participants::end_on_partition(
+                    &service,
+                    &topic,
+                    (id.most, id.least),
+                    commit,
+                )
+                .await
             }
             .await;
             let (error, message) = split(result);
@@ -391,14 +395,14 @@ impl TxnRequests {
                         "END_TXN_ON_SUBSCRIPTION without a subscription",
                     ));
                 };
-                service
-                    .end_txn_on_subscription(
-                        &subscription.topic,
-                        &subscription.subscription,
-                        (id.most, id.least),
-                        commit,
-                    )
-                    .await
+                crate::txn_participants::end_on_subscription(
+                    &service,
+                    &subscription.topic,
+                    &subscription.subscription,
+                    (id.most, id.least),
+                    commit,
+                )
+                .await
             }
             .await;
             let (error, message) = split(result);

@@ -13,6 +13,8 @@
 //! writes and the tenant list need a superuser; namespace and topic
 //! administration a tenant admin; reading a topic's stats, metadata or
 //! lookup either grant on its namespace; subscription operations `consume`;
+//! schemas as Pulsar's `SchemasResource` (reads: either grant; registering:
+//! `produce`; the compatibility test and deletes: tenant admin);
 //! reading `/admin/v3/transactions/...` any authenticated role (as Pulsar
 //! 4.0.8, whose Transactions resource checks no role: the Go client's
 //! tests read transaction metadata anonymously), changing it a superuser.
@@ -139,6 +141,19 @@ pub(super) fn classify(method: &Method, path: &str) -> Need {
                 namespace(tenant, ns, TopicAction::Lookup)
             }
             ["namespaces", tenant, ..] => Need::TenantAdmin(tenant.to_string()),
+            // As Pulsar's SchemasResource: reads and the version of a schema
+            // are topic metadata (either grant), registering one needs
+            // `produce`, the compatibility test and deletes a tenant admin.
+            ["schemas", tenant, ns, _topic, ..] if read => {
+                namespace(tenant, ns, TopicAction::Lookup)
+            }
+            ["schemas", tenant, ns, _topic, "version"] if method == Method::POST => {
+                namespace(tenant, ns, TopicAction::Lookup)
+            }
+            ["schemas", tenant, ns, _topic, "schema"] if method == Method::POST => {
+                namespace(tenant, ns, TopicAction::Produce)
+            }
+            ["schemas", tenant, ..] => Need::TenantAdmin(tenant.to_string()),
             [domain, tenant, ns, rest @ ..] if is_domain(domain) => match rest {
                 [] | ["partitioned"] if read => namespace(tenant, ns, TopicAction::Lookup),
                 [
@@ -146,6 +161,9 @@ pub(super) fn classify(method: &Method, path: &str) -> Need {
                     "partitions" | "stats" | "partitioned-stats" | "internalStats",
                 ] if read => namespace(tenant, ns, TopicAction::Lookup),
                 [_topic, "subscriptions"] if read => namespace(tenant, ns, TopicAction::Consume),
+                [_topic, "ledger" | "messageid" | "lastMessageId", ..] if read => {
+                    namespace(tenant, ns, TopicAction::Consume)
+                }
                 [_topic, "subscription" | "all_subscription", ..] => {
                     namespace(tenant, ns, TopicAction::Consume)
                 }
@@ -248,6 +266,27 @@ mod tests {
                 ns(TopicAction::Lookup),
             ),
             (&get, "/admin/v2/vela/write-path", Need::Superuser),
+            (
+                &get,
+                "/admin/v2/schemas/acme/app/t/schemas",
+                ns(TopicAction::Lookup),
+            ),
+            (
+                &post,
+                "/admin/v2/schemas/acme/app/t/version",
+                ns(TopicAction::Lookup),
+            ),
+            (
+                &post,
+                "/admin/v2/schemas/acme/app/t/schema",
+                ns(TopicAction::Produce),
+            ),
+            (&post, "/admin/v2/schemas/acme/app/t/compatibility", admin()),
+            (
+                &Method::DELETE,
+                "/admin/v2/schemas/acme/app/t/schema",
+                admin(),
+            ),
             (&get, "/nowhere", Need::Authenticated),
             (&get, "/admin/v2/elsewhere/a/b", Need::Superuser),
             // Percent-encoded names are decoded before the check.

@@ -1,20 +1,23 @@
 //! Vela's broker-level routes: the health probe, `/metrics` (Prometheus
-//! text, written by `prometheus`) and the write-path and read-path
-//! breakdowns (`/admin/v2/vela/write-path`, `/admin/v2/vela/read-path`). Pulsar's `BrokersBase` routes belong here.
+//! text, written by `prometheus`), the write-path and read-path breakdowns
+//! (`/admin/v2/vela/write-path`, `/admin/v2/vela/read-path`) and Pulsar's
+//! `BrokersBase` routes: the active brokers, the leader, the dynamic
+//! configuration (`broker_config`).
 //! Never: keeps state; every figure comes from the service's metrics.
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::extract::{Query, State};
+use axum::extract::{Path, Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use serde_json::json;
+use serde_json::{Value, json};
 use vela_metrics::Snapshot;
 
-use super::api::{ApiResult, Params, Shared};
+use super::api::{ApiError, ApiResult, Params, Shared};
 use super::prometheus;
+use crate::config::CLUSTER_NAME;
 use crate::metrics::Stage;
 use crate::service::Service;
 use crate::topic_name::TopicName;
@@ -26,6 +29,59 @@ pub(super) fn routes() -> Router<Arc<Service>> {
         .route("/metrics/", get(metrics))
         .route("/admin/v2/vela/write-path", get(write_path))
         .route("/admin/v2/vela/read-path", get(read_path))
+        .route("/admin/v2/brokers/leaderBroker", get(leader_broker))
+        .route("/admin/v2/brokers", get(local_brokers))
+        .route("/admin/v2/brokers/{cluster}", get(active_brokers))
+        .merge(super::broker_config::routes())
+}
+
+/// The brokers serving now: this one alone in standalone mode, else every
+/// registered broker, sorted by id.
+async fn brokers_now(service: &Service) -> ApiResult<Vec<crate::ownership::BrokerInfo>> {
+    let mut brokers = match service.ownership.get() {
+        Some(ownership) => ownership
+            .brokers()
+            .await
+            .map_err(|e| ApiError::from(crate::service::ownership_error(e)))?,
+        None => vec![service.me()],
+    };
+    brokers.sort_by(|a, b| a.id.cmp(&b.id));
+    Ok(brokers)
+}
+
+/// `GET /admin/v2/brokers/{cluster}`: the ids of the active brokers.
+async fn active_brokers(
+    State(service): Shared,
+    Path(cluster): Path<String>,
+) -> ApiResult<axum::Json<Vec<String>>> {
+    if cluster != CLUSTER_NAME {
+        return Err(ApiError::not_found(format!(
+            "Cluster {cluster} does not exist"
+        )));
+    }
+    let brokers = brokers_now(&service).await?;
+    Ok(axum::Json(brokers.into_iter().map(|b| b.id).collect()))
+}
+
+/// `GET /admin/v2/brokers`: the ids of the local cluster's active brokers.
+async fn local_brokers(State(service): Shared) -> ApiResult<axum::Json<Vec<String>>> {
+    let brokers = brokers_now(&service).await?;
+    Ok(axum::Json(brokers.into_iter().map(|b| b.id).collect()))
+}
+
+/// `GET /admin/v2/brokers/leaderBroker`. Vela elects no leader (placement
+/// is decided in the metadata store by whichever broker a lookup reaches);
+/// the answer is the active broker with the smallest id, the same on every
+/// broker.
+async fn leader_broker(State(service): Shared) -> ApiResult<axum::Json<Value>> {
+    let brokers = brokers_now(&service).await?;
+    let Some(leader) = brokers.first() else {
+        return Err(ApiError::not_found("no active broker"));
+    };
+    Ok(axum::Json(json!({
+        "serviceUrl": leader.http_url,
+        "brokerId": leader.id,
+    })))
 }
 
 /// One row of a stage breakdown: count, mean, percentiles and a bound on the

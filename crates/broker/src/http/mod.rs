@@ -15,8 +15,11 @@
 //! `permissions` (namespace grants), `schema_policy` (the
 //! `schemaCompatibilityStrategy` routes, namespace and topic), `topics`
 //! (topics, partitioned topics, stats, subscriptions), `termination`
-//! (terminate), `non_persistent` (non-persistent topics); `prometheus`
-//! writes the metrics text.
+//! (terminate), `non_persistent` (non-persistent topics), `topic_policies`
+//! (topic-level policies and properties), `messages` (entries by id, peek,
+//! id by time), `schemas` (the schema registry), `namespace_policies`
+//! (namespace policies kept as Pulsar's JSON, properties, subscription
+//! grants); `prometheus` writes the metrics text.
 //! Layering: the top of the broker: nothing else in the crate uses this
 //! module except `lib.rs` (starting the listener). It reaches the broker
 //! through the service, the admin store and the topics, never a connection.
@@ -24,15 +27,20 @@
 
 mod api;
 mod auth;
+mod broker_config;
 mod brokers;
 mod bundles;
 mod lookup;
+mod messages;
+mod namespace_policies;
 mod namespaces;
 mod non_persistent;
 mod permissions;
 mod prometheus;
 mod schema_policy;
+mod schemas;
 mod termination;
+mod topic_policies;
 mod topics;
 mod transactions;
 
@@ -51,6 +59,7 @@ use crate::auth::TransportIdentity;
 use crate::error::BrokerError;
 use crate::service::Service;
 use api::ListenerScheme;
+pub(crate) use broker_config::load as load_dynamic_config;
 
 /// A running HTTP listener.
 #[derive(Debug)]
@@ -159,6 +168,10 @@ fn router(service: Arc<Service>) -> Router {
         .merge(termination::routes())
         .merge(non_persistent::routes())
         .merge(permissions::routes())
+        .merge(topic_policies::routes())
+        .merge(messages::routes())
+        .merge(schemas::routes())
+        .merge(namespace_policies::routes())
         .merge(schema_policy::routes())
         .merge(transactions::routes())
         .layer(axum::middleware::from_fn_with_state(

@@ -12,6 +12,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
+use axum::response::Response;
 use axum::routing::get;
 use serde_json::{Value, json};
 
@@ -289,20 +290,29 @@ async fn namespace_topics(
     Ok(axum::Json(topics))
 }
 
-/// A policy's value, or JSON `null` when unset (the Java client reads it as
-/// no value).
-fn optional<T: serde::Serialize>(value: Option<T>) -> ApiResult<axum::Json<Value>> {
-    let value = serde_json::to_value(value)
+/// A policy's value, or 204 without a body when unset (Pulsar's answer for
+/// a null value; the Go and Java clients read it as no value).
+fn optional<T: serde::Serialize>(value: Option<T>) -> ApiResult<Response> {
+    let value = value
+        .map(serde_json::to_value)
+        .transpose()
         .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
-    Ok(axum::Json(value))
+    Ok(super::topic_policies::policy_answer(value))
 }
 
 async fn get_persistence(
     State(service): Shared,
     Path((tenant, namespace)): Path<(String, String)>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<Response> {
     let ns = namespace_of(&tenant, &namespace)?;
     let policies = policies_of(&service, &ns).await?;
+    // The whole body as set (the mark-delete rate Vela keeps but does not
+    // apply), else the replication alone.
+    if policies.persistence.is_some()
+        && let Some(stored) = policies.policies.get("persistence")
+    {
+        return optional(Some(stored.clone()));
+    }
     optional(policies.persistence.map(PersistenceJson::from_policy))
 }
 
@@ -317,9 +327,12 @@ async fn set_persistence(
             "persistence policies should not be null",
         ));
     };
+    let stored = serde_json::to_value(&persistence)
+        .map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
     let persistence = persistence.to_policy()?;
     update_policies(&service, &tenant, &namespace, |p| {
-        p.persistence = Some(persistence)
+        p.persistence = Some(persistence);
+        p.policies.insert("persistence".to_string(), stored);
     })
     .await
 }
@@ -328,13 +341,17 @@ async fn remove_persistence(
     State(service): Shared,
     Path((tenant, namespace)): Path<(String, String)>,
 ) -> ApiResult<StatusCode> {
-    update_policies(&service, &tenant, &namespace, |p| p.persistence = None).await
+    update_policies(&service, &tenant, &namespace, |p| {
+        p.persistence = None;
+        p.policies.remove("persistence");
+    })
+    .await
 }
 
 async fn get_retention(
     State(service): Shared,
     Path((tenant, namespace)): Path<(String, String)>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<Response> {
     let ns = namespace_of(&tenant, &namespace)?;
     let policies = policies_of(&service, &ns).await?;
     optional(policies.retention.map(RetentionJson::from))
@@ -367,7 +384,7 @@ async fn remove_retention(
 async fn get_ttl(
     State(service): Shared,
     Path((tenant, namespace)): Path<(String, String)>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<Response> {
     let ns = namespace_of(&tenant, &namespace)?;
     optional(policies_of(&service, &ns).await?.message_ttl_seconds)
 }
@@ -401,7 +418,7 @@ async fn remove_ttl(
 async fn get_compaction_threshold(
     State(service): Shared,
     Path((tenant, namespace)): Path<(String, String)>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<Response> {
     let ns = namespace_of(&tenant, &namespace)?;
     optional(policies_of(&service, &ns).await?.compaction_threshold_bytes)
 }
@@ -446,7 +463,7 @@ async fn remove_compaction_threshold(
 async fn get_dedup(
     State(service): Shared,
     Path((tenant, namespace)): Path<(String, String)>,
-) -> ApiResult<axum::Json<Value>> {
+) -> ApiResult<Response> {
     let ns = namespace_of(&tenant, &namespace)?;
     optional(policies_of(&service, &ns).await?.deduplication_enabled)
 }

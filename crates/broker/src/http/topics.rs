@@ -180,9 +180,16 @@ async fn list_partitioned(
     ))
 }
 
-async fn create_topic(State(service): Shared, Path(path): TopicPath) -> ApiResult<StatusCode> {
+async fn create_topic(
+    State(service): Shared,
+    Path(path): TopicPath,
+    body: Bytes,
+) -> ApiResult<StatusCode> {
     let topic = topic_from(&path)?;
+    let properties: Option<BTreeMap<String, String>> = parse_body(&body, "topic properties")?;
+    super::topic_policies::check_topic_quota(&service, &topic, 1).await?;
     service.admin.create_topic(&topic).await?;
+    super::topic_policies::store_properties(&service, &topic, properties).await?;
     // Pulsar creates the managed ledger at once: open the topic here.
     service.topic(&topic, false).await?;
     no_content()
@@ -208,6 +215,9 @@ async fn delete_topic(
         ));
     }
     service.delete_topic(&topic).await?;
+    if topic.partition.is_none() {
+        service.admin.delete_topic_record(&topic).await?;
+    }
     no_content()
 }
 
@@ -245,10 +255,20 @@ async fn create_partitioned(
 ) -> ApiResult<StatusCode> {
     let topic = topic_from(&path)?;
     let partitions = partitions_from_body(&body)?;
+    super::topic_policies::check_topic_quota(&service, &topic, partitions as usize).await?;
     service
         .admin
         .create_partitioned_topic(&topic, partitions)
         .await?;
+    let value: Option<Value> = parse_body(&body, "the number of partitions")?;
+    let properties = match value.as_ref().and_then(|v| v.get("properties")) {
+        Some(Value::Null) | None => None,
+        Some(map) => Some(
+            serde_json::from_value::<BTreeMap<String, String>>(map.clone())
+                .map_err(|e| ApiError::bad_request(format!("cannot parse properties: {e}")))?,
+        ),
+    };
+    super::topic_policies::store_properties(&service, &topic, properties).await?;
     no_content()
 }
 
@@ -298,13 +318,34 @@ async fn delete_partitioned(
         }
     }
     service.admin.delete_partitioned_metadata(&topic).await?;
+    service.admin.delete_topic_record(&topic).await?;
     no_content()
 }
 
-async fn stats(State(service): Shared, Path(path): TopicPath) -> ApiResult<axum::Json<Value>> {
+/// `excludePublishers` / `excludeConsumers`: stats without those lists.
+fn exclude(
+    stats: &mut crate::stats::TopicStats,
+    params: &std::collections::HashMap<String, String>,
+) {
+    if flag(params, "excludePublishers") {
+        stats.publishers.clear();
+    }
+    if flag(params, "excludeConsumers") {
+        for subscription in &mut stats.subscriptions {
+            subscription.consumers.clear();
+        }
+    }
+}
+
+async fn stats(
+    State(service): Shared,
+    Path(path): TopicPath,
+    Query(params): Params,
+) -> ApiResult<axum::Json<Value>> {
     let topic = topic_from(&path)?;
     let served = open(&service, &topic).await?;
-    let stats = served.stats().await;
+    let mut stats = served.stats().await;
+    exclude(&mut stats, &params);
     Ok(axum::Json(json::topic_stats_json(
         &stats,
         &owner_broker(&service),
@@ -325,7 +366,9 @@ async fn partitioned_stats(
     let mut partitions = Vec::with_capacity(n as usize);
     for index in 0..n {
         let served = open(&service, &topic.partition(index)).await?;
-        partitions.push(served.stats().await);
+        let mut stats = served.stats().await;
+        exclude(&mut stats, &params);
+        partitions.push(stats);
     }
     let per_partition = flag_unless_false(&params, "perPartition");
     Ok(axum::Json(json::partitioned_stats_json(

@@ -446,6 +446,8 @@ mod tests {
             epoch: None,
             allow_out_of_order: false,
             handles_end_of_topic: true,
+            metadata: Default::default(),
+            client_version: String::new(),
         }
     }
 

@@ -248,6 +248,9 @@ impl NpSubscription {
                     unacked_messages: 0,
                     msg_out_counter: slot.msg_out,
                     address: slot.info.address.clone(),
+                    client_version: slot.info.client_version.clone(),
+                    last_flow_ms: slot.last_flow_ms,
+                    metadata: slot.info.metadata.clone(),
                 })
                 .collect(),
             msg_drop_rate: Some(msg_drop_rate),
@@ -267,6 +270,9 @@ impl NpSubscription {
             unacked_messages: 0,
             msg_out_counter: slot.msg_out,
             address: slot.info.address.clone(),
+            client_version: slot.info.client_version.clone(),
+            last_flow_ms: slot.last_flow_ms,
+            metadata: slot.info.metadata.clone(),
         })
     }
 }

@@ -3,7 +3,9 @@
 //! Key layout: `/schemas/{tenant}/{namespace}/{local}/{version:020}` → the
 //! protobuf-encoded `Schema` (partitions share their base topic's schemas).
 //! Versions count from 0. On the wire a version is 8 bytes, big-endian (the
-//! Java broker's `LongSchemaVersion`).
+//! Java broker's `LongSchemaVersion`). Beside each version,
+//! `{version:020}-time` holds when it was registered (ms, decimal), for the
+//! REST API's `timestamp`.
 //!
 //! Compatibility (`compat`, Pulsar's rules and strategies; `avro`, Avro's
 //! resolution rules): a schema identical (type, data, properties) to an
@@ -126,11 +128,8 @@ impl SchemaRegistry {
         Ok(Some((version, schema)))
     }
 
-    /// Every version, oldest first.
-    async fn all_versions(
-        &self,
-        topic: &TopicName,
-    ) -> Result<Vec<(u64, proto::Schema)>, ServiceError> {
+    /// Every version of the topic's schema, oldest first.
+    pub async fn all(&self, topic: &TopicName) -> Result<Vec<(u64, proto::Schema)>, ServiceError> {
         let mut all = Vec::new();
         for version in self.versions(topic).await? {
             if let Some(found) = self.get(topic, Some(version)).await? {
@@ -148,7 +147,7 @@ impl SchemaRegistry {
         schema: &proto::Schema,
         strategy: CompatibilityStrategy,
     ) -> Result<u64, ServiceError> {
-        let all = self.all_versions(topic).await?;
+        let all = self.all(topic).await?;
         if let Some((version, _)) = all
             .iter()
             .find(|(_, existing)| same_schema(existing, schema))
@@ -167,12 +166,49 @@ impl SchemaRegistry {
         let key = format!("{}/{next:020}", topic_dir(topic));
         let value = Bytes::from(schema.encode_to_vec());
         match self.meta.put(&key, value, ExpectedVersion::Absent).await {
-            Ok(_) => Ok(next),
+            Ok(_) => {
+                let now_ms = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis());
+                self.meta
+                    .put(
+                        &format!("{key}-time"),
+                        Bytes::from(now_ms.to_string()),
+                        ExpectedVersion::Any,
+                    )
+                    .await
+                    .map_err(meta_error)?;
+                Ok(next)
+            }
             Err(MetaError::Exists { .. }) => Err(ServiceError::new(
                 ServerError::ServiceNotReady,
                 "concurrent schema registration, retry",
             )),
             Err(e) => Err(meta_error(e)),
+        }
+    }
+
+    /// Whether `schema` would be accepted by `get_or_create` under
+    /// `strategy` (an identical version counts as accepted), without
+    /// registering it (Pulsar's `isCompatible`).
+    pub async fn is_compatible(
+        &self,
+        topic: &TopicName,
+        schema: &proto::Schema,
+        strategy: CompatibilityStrategy,
+    ) -> Result<bool, ServiceError> {
+        let all = self.all(topic).await?;
+        if all
+            .iter()
+            .any(|(_, existing)| same_schema(existing, schema))
+        {
+            return Ok(true);
+        }
+        let versions: Vec<proto::Schema> = all.into_iter().map(|(_, s)| s).collect();
+        match compat::check_new_schema(&versions, schema, strategy) {
+            Ok(()) => Ok(true),
+            Err(e) if e.code == ServerError::IncompatibleSchema => Ok(false),
+            Err(e) => Err(e),
         }
     }
 
@@ -186,7 +222,7 @@ impl SchemaRegistry {
         strategy: CompatibilityStrategy,
         idle: bool,
     ) -> Result<(), ServiceError> {
-        let all = self.all_versions(topic).await?;
+        let all = self.all(topic).await?;
         if all.is_empty() && idle {
             return self
                 .get_or_create(topic, schema, strategy)
@@ -239,6 +275,56 @@ impl SchemaRegistry {
                 Err(e) => Err(meta_error(e)),
             },
         }
+    }
+
+    /// When a version was registered (ms; 0 when not recorded).
+    pub async fn registered_at_ms(
+        &self,
+        topic: &TopicName,
+        version: u64,
+    ) -> Result<u64, ServiceError> {
+        let key = format!("{}/{version:020}-time", topic_dir(topic));
+        Ok(match self.meta.get(&key).await.map_err(meta_error)? {
+            Some((value, _)) => std::str::from_utf8(&value)
+                .ok()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0),
+            None => 0,
+        })
+    }
+
+    /// The version an identical schema (type, data, properties) has.
+    pub async fn version_of(
+        &self,
+        topic: &TopicName,
+        schema: &proto::Schema,
+    ) -> Result<Option<u64>, ServiceError> {
+        Ok(self
+            .all(topic)
+            .await?
+            .into_iter()
+            .find(|(_, existing)| same_schema(existing, schema))
+            .map(|(version, _)| version))
+    }
+
+    /// Deletes every version of the topic's schema; the newest version
+    /// deleted, `None` when it had none. The next schema registered starts
+    /// at version 0 again (Pulsar keeps counting after a non-forced delete).
+    /// The topic-level strategy is a policy and stays.
+    pub async fn delete_all(&self, topic: &TopicName) -> Result<Option<u64>, ServiceError> {
+        let dir = topic_dir(topic);
+        let versions = self.versions(topic).await?;
+        for child in self.meta.children(&dir).await.map_err(meta_error)? {
+            match self
+                .meta
+                .delete(&format!("{dir}/{child}"), ExpectedVersion::Any)
+                .await
+            {
+                Ok(()) | Err(MetaError::NotFound { .. }) => {}
+                Err(e) => return Err(meta_error(e)),
+            }
+        }
+        Ok(versions.last().copied())
     }
 
     /// True when the topic has at least one schema.

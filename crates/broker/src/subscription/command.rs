@@ -46,6 +46,10 @@ pub(crate) struct ConsumerInfo {
     pub(crate) epoch: Option<u64>,
     /// Key_Shared allowOutOfOrderDelivery: no fence when joining.
     pub(crate) allow_out_of_order: bool,
+    /// SUBSCRIBE's `metadata` (bounded by the connection), for stats.
+    pub(crate) metadata: std::collections::BTreeMap<String, String>,
+    /// Client version string from CONNECT, for stats.
+    pub(crate) client_version: String,
     /// The client understands REACHED_END_OF_TOPIC (see
     /// `connection::session`: not C++/Python nor Go, which close the
     /// connection on it).
@@ -281,6 +285,34 @@ pub(crate) struct SubscriptionSpec {
     /// The topic's transaction buffer (transactions on): entries are read
     /// up to its read limit, markers and aborted entries are skipped.
     pub(crate) txn: Option<Arc<crate::txn_buffer::TxnBuffer>>,
+    /// The topic's dispatch policies, changed while the subscription runs.
+    pub(crate) policy: Arc<DispatchPolicy>,
+}
+
+/// Policies a running subscription reads at each dispatch (set by the
+/// topic when its policies change; relaxed atomics: a change applies from
+/// the next dispatch pass).
+#[derive(Debug)]
+pub(crate) struct DispatchPolicy {
+    /// Entries with a future `deliver_at_time` wait (`delayedDelivery`).
+    pub(crate) delayed_delivery: std::sync::atomic::AtomicBool,
+    /// A consumer with this many entries out and unacknowledged gets no
+    /// more until some are acknowledged (`maxUnackedMessagesOnConsumer`,
+    /// counted in entries; 0: no limit).
+    pub(crate) unacked_per_consumer_max: std::sync::atomic::AtomicU64,
+    /// The same for the whole subscription
+    /// (`maxUnackedMessagesOnSubscription`).
+    pub(crate) unacked_per_subscription_max: std::sync::atomic::AtomicU64,
+}
+
+impl Default for DispatchPolicy {
+    fn default() -> DispatchPolicy {
+        DispatchPolicy {
+            delayed_delivery: std::sync::atomic::AtomicBool::new(true),
+            unacked_per_consumer_max: std::sync::atomic::AtomicU64::new(0),
+            unacked_per_subscription_max: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
 }
 
 /// The key of a consumer.

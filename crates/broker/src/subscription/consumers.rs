@@ -39,6 +39,8 @@ pub(crate) struct Slot {
     pub(crate) unacked: u64,
     /// Messages sent to it.
     pub(crate) msg_out: u64,
+    /// Wall-clock time of its last FLOW, ms (0: none yet).
+    pub(crate) last_flow_ms: u64,
     /// It sent a FLOW (it is ready for frames: nothing is sent before).
     pub(crate) flowed: bool,
     /// It was told the topic ended (REACHED_END_OF_TOPIC), at most once.
@@ -67,6 +69,9 @@ pub(crate) struct Consumers {
     active: Option<ConsumerKey>,
     /// Shared: where the next round robin search starts.
     round_robin: usize,
+    /// Entries out and unacknowledged past which a consumer takes no more
+    /// (0: no limit; `DispatchPolicy::unacked_per_consumer_max`).
+    unacked_max: u64,
 }
 
 impl Consumers {
@@ -83,7 +88,19 @@ impl Consumers {
             selector,
             active: None,
             round_robin: 0,
+            unacked_max: 0,
         }
+    }
+
+    /// Sets the per-consumer unacknowledged limit (0: none).
+    pub(super) fn set_unacked_max(&mut self, max: u64) {
+        self.unacked_max = max;
+    }
+
+    /// Whether `slot` may take an entry now: permits left and under the
+    /// unacknowledged limit.
+    fn takes(&self, slot: &Slot) -> bool {
+        slot.permits > 0 && (self.unacked_max == 0 || slot.unacked < self.unacked_max)
     }
 
     pub(crate) fn sub_type(&self) -> SubType {
@@ -119,10 +136,12 @@ impl Consumers {
         self.slots.iter().any(|s| key_of(&s.info) != key)
     }
 
-    /// Permits of all consumers (negative ones count as 0).
+    /// Permits of all consumers that may take entries now (negative ones
+    /// count as 0; a consumer at its unacknowledged limit counts 0).
     pub(crate) fn total_permits(&self) -> i64 {
         self.slots
             .iter()
+            .filter(|s| self.unacked_max == 0 || s.unacked < self.unacked_max)
             .fold(0i64, |sum, s| sum.saturating_add(s.permits.max(0)))
     }
 
@@ -213,6 +232,7 @@ impl Consumers {
             info,
             fence,
             permits: 0,
+            last_flow_ms: 0,
             unacked: 0,
             msg_out: 0,
             flowed: false,
@@ -251,6 +271,15 @@ impl Consumers {
         }
         self.active = None;
         slots
+    }
+
+    /// Exclusive and Failover: the name of the consumer entries go to.
+    pub(super) fn active_name(&self) -> Option<String> {
+        let active = self.active?;
+        self.slots
+            .iter()
+            .find(|s| key_of(&s.info) == active)
+            .map(|s| s.info.name.clone())
     }
 
     /// True for Exclusive and Failover (one active consumer at a time).
@@ -336,7 +365,7 @@ impl Consumers {
                     return Route::Stop;
                 };
                 match self.slots.iter().position(|s| key_of(&s.info) == active) {
-                    Some(index) if self.slots[index].permits > 0 => Route::Deliver(index),
+                    Some(index) if self.takes(&self.slots[index]) => Route::Deliver(index),
                     _ => Route::Stop,
                 }
             }
@@ -346,7 +375,7 @@ impl Consumers {
                 let Some(level) = self
                     .slots
                     .iter()
-                    .filter(|c| c.permits > 0)
+                    .filter(|c| self.takes(c))
                     .map(|c| c.info.priority_level)
                     .min()
                 else {
@@ -356,7 +385,7 @@ impl Consumers {
                 for step in 0..n {
                     let index = (self.round_robin + step) % n;
                     let candidate = &self.slots[index];
-                    if candidate.permits > 0 && candidate.info.priority_level == level {
+                    if self.takes(candidate) && candidate.info.priority_level == level {
                         self.round_robin = (index + 1) % n;
                         return Route::Deliver(index);
                     }
@@ -365,7 +394,7 @@ impl Consumers {
             }
             SubType::KeyShared => match self.selected_index(slot) {
                 Some(index)
-                    if self.slots[index].permits > 0
+                    if self.takes(&self.slots[index])
                         && !stuck.contains(&index)
                         && self.slots[index].fence.is_none_or(|fence| pos < fence) =>
                 {

@@ -2,9 +2,10 @@
 //! waits here, by due time, instead of going out; once due it goes to the
 //! replay set and out from there.
 //!
-//! Owns: [`Delayed`] and the rule of which entries wait (Shared
-//! subscriptions only, as the Java broker's default; the time is the
-//! producer's wall clock, compared with ours). Held in memory only: a
+//! Owns: [`Delayed`] and the rule of which entries wait (Shared and
+//! Key_Shared subscriptions, Pulsar's multi-consumer dispatchers, while the
+//! topic's delayed-delivery policy is on; the time is the producer's wall
+//! clock, compared with ours). Held in memory only: a
 //! restart reads the entries again and delays them again.
 //! Bounds: `DELAYED_ENTRIES_MAX`; when reached the dispatcher reads no new
 //! entries until some are due.
@@ -17,8 +18,8 @@ use vela_wire::proto::command_subscribe::SubType;
 
 use crate::codec;
 
-/// Delayed entries (deliver_at_time in the future) held per Shared
-/// subscription. When reached, no new entries are read until some are due.
+/// Delayed entries (deliver_at_time in the future) held per Shared or
+/// Key_Shared subscription. When reached, no new entries are read until some are due.
 pub(crate) const DELAYED_ENTRIES_MAX: usize = 100_000;
 
 /// Wall-clock time in ms (deliver_at_time is the producer's wall clock).
@@ -29,9 +30,9 @@ pub(crate) fn now_ms() -> u64 {
 }
 
 /// When the entry `data` is due, if a subscription of `sub_type` must hold
-/// it back now.
-pub(super) fn due_later(sub_type: SubType, data: &[u8]) -> Option<u64> {
-    if sub_type != SubType::Shared {
+/// it back now (`enabled`: the topic's delayed-delivery policy).
+pub(super) fn due_later(sub_type: SubType, enabled: bool, data: &[u8]) -> Option<u64> {
+    if !enabled || !matches!(sub_type, SubType::Shared | SubType::KeyShared) {
         return None;
     }
     codec::entry_deliver_at_ms(data).filter(|due_ms| *due_ms > now_ms())

@@ -43,9 +43,12 @@ use super::reader::{READ_BATCH_BYTES_MAX, READ_BATCH_ENTRIES_MAX, Reader};
 use super::redelivery::{Outstanding, REPLAY_ENTRIES_MAX, SLOT_UNKNOWN, UNACKED_ENTRIES_MAX};
 use super::seek::resolve_seek;
 use super::txn_view::{self, TxnView, Verdict};
+
+mod stats;
+mod txn;
 use crate::codec;
 use crate::error::ServiceError;
-use crate::stats::{ConsumerStats, RateMeter, SubscriptionStats};
+use crate::stats::RateMeter;
 
 /// Entries a subscription holds at most (out to consumers, to replay,
 /// delayed): new entries are read only while each set is under its bound,
@@ -101,6 +104,7 @@ pub(crate) fn spawn(
         consumers: Consumers::new(spec.sub_type, spec.sticky, consumers_max),
         outstanding: Outstanding::default(),
         delayed: Delayed::default(),
+        policy: spec.policy,
         reader: Reader::new(Arc::clone(&spec.log), read_position, spec.compaction),
         ahead: ReadAhead::new(spec.reads),
         log: spec.log,
@@ -129,6 +133,8 @@ struct Counters {
 }
 
 struct Dispatcher {
+    /// The topic's dispatch policies.
+    policy: Arc<super::command::DispatchPolicy>,
     name: String,
     /// Full topic name (for logs).
     topic: String,
@@ -176,8 +182,15 @@ impl Dispatcher {
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription started");
         loop {
             let txn_blocked = self.txn.as_ref().is_some_and(|t| t.blocked);
-            let waiting =
-                self.reader.caught_up && self.consumers.total_permits() > 0 && !txn_blocked;
+            self.consumers.set_unacked_max(
+                self.policy
+                    .unacked_per_consumer_max
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            );
+            let waiting = self.reader.caught_up
+                && self.consumers.total_permits() > 0
+                && !self.subscription_unacked_full()
+                && !txn_blocked;
             let read_position = self.next_read_position();
             let log = Arc::clone(&self.log);
             let next_due = self.delayed.next_due_ms();
@@ -359,6 +372,7 @@ impl Dispatcher {
             SubCommand::Flow { key, permits } => {
                 if let Some(slot) = self.consumers.get_mut(key) {
                     slot.permits = slot.permits.saturating_add(i64::from(permits));
+                    slot.last_flow_ms = delayed::now_ms();
                     slot.flowed = true;
                     self.reader.caught_up = false;
                 }
@@ -375,14 +389,7 @@ impl Dispatcher {
                 cumulative,
                 reply,
             } => {
-                // A transaction committed its acknowledgements.
-                let (ids, cumulative) = txn_view::committed_ids(positions, cumulative);
-                if !ids.is_empty() {
-                    self.ack((0, 0), AckType::Individual, ids, None).await;
-                }
-                if let Some(id) = cumulative {
-                    self.ack((0, 0), AckType::Cumulative, vec![id], None).await;
-                }
+                self.txn_committed(positions, cumulative).await;
                 let _ = reply.send(());
             }
             SubCommand::TxnAborted { positions } => self.txn_aborted(&positions),
@@ -491,45 +498,6 @@ impl Dispatcher {
         }
         self.reader.caught_up = false;
         Ok(())
-    }
-
-    fn stats(&mut self) -> SubscriptionStats {
-        let counters = &mut self.counters;
-        let [msg_rate_out, msg_throughput_out, msg_rate_redeliver] = counters.rates.rates(
-            std::time::Instant::now(),
-            [counters.msg_out, counters.bytes_out, counters.redelivered],
-        );
-        // Pulsar's names are the protocol's enum names.
-        let sub_type = self.consumers.sub_type().as_str_name();
-        SubscriptionStats {
-            name: self.name.clone(),
-            sub_type: sub_type.to_string(),
-            durable: self.durable,
-            msg_backlog: self.acks.backlog(&self.log),
-            unacked_messages: self.outstanding.pending_len() as u64,
-            msg_out_counter: self.counters.msg_out,
-            bytes_out_counter: self.counters.bytes_out,
-            msg_redeliver_counter: self.counters.redelivered,
-            msg_rate_out,
-            msg_throughput_out,
-            msg_rate_redeliver,
-            msg_expired_counter: self.counters.expired,
-            mark_delete: self.acks.mark_delete(),
-            read_position: Some(self.reader.position()),
-            consumers: self
-                .consumers
-                .iter()
-                .map(|slot| ConsumerStats {
-                    consumer_name: slot.info.name.clone(),
-                    available_permits: slot.permits,
-                    unacked_messages: slot.unacked,
-                    msg_out_counter: slot.msg_out,
-                    address: slot.info.address.clone(),
-                })
-                .collect(),
-            msg_drop_rate: None,
-            msg_drop_counter: 0,
-        }
     }
 
     /// An entry out to `owner` is no longer out (acked or sent again).
@@ -680,19 +648,6 @@ impl Dispatcher {
         let _ = slot.info.out.send(codec::encode_command(response)).await;
     }
 
-    /// A transaction that acknowledged entries of this subscription
-    /// aborted: those still out to a consumer are sent again.
-    fn txn_aborted(&mut self, positions: &[Position]) {
-        for &pos in positions {
-            if let Some(owner) = self.outstanding.owner(pos) {
-                self.outstanding.redeliver(pos);
-                self.unacked_one_less(owner);
-                self.counters.redelivered += 1;
-            }
-        }
-        self.reader.caught_up = false;
-    }
-
     fn redeliver(&mut self, key: ConsumerKey, ids: &[MessageIdData], epoch: Option<u64>) {
         if ids.is_empty()
             && let Some(epoch) = epoch
@@ -761,19 +716,29 @@ impl Dispatcher {
     }
 
     /// Sends entries while some consumer has permits.
+    /// `maxUnackedMessagesOnSubscription` reached: nothing more goes out
+    /// until acknowledgements come.
+    fn subscription_unacked_full(&self) -> bool {
+        let max = self
+            .policy
+            .unacked_per_subscription_max
+            .load(std::sync::atomic::Ordering::Relaxed);
+        max > 0 && self.outstanding.pending_len() as u64 >= max
+    }
+
     async fn dispatch(&mut self) {
         if let Some(txn) = &mut self.txn {
             txn.blocked = false;
         }
         self.release_due();
-        if self.consumers.is_empty() {
+        if self.consumers.is_empty() || self.subscription_unacked_full() {
             return;
         }
         let outstanding = &self.outstanding;
         self.consumers
             .lift_fences(|fence| outstanding.has_before(fence));
         loop {
-            if self.consumers.total_permits() <= 0 {
+            if self.consumers.total_permits() <= 0 || self.subscription_unacked_full() {
                 return;
             }
             let mut progressed = false;
@@ -841,7 +806,13 @@ impl Dispatcher {
                     progressed = true;
                     continue;
                 }
-                if let Some(due_ms) = delayed::due_later(self.consumers.sub_type(), &entry.data) {
+                if let Some(due_ms) = delayed::due_later(
+                    self.consumers.sub_type(),
+                    self.policy
+                        .delayed_delivery
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                    &entry.data,
+                ) {
                     // Delayed delivery: held until due, then replayed.
                     self.delayed.hold(due_ms, pos);
                     self.reader.move_past(pos);

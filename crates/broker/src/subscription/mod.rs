@@ -49,8 +49,8 @@ mod seek;
 mod txn_view;
 
 pub(crate) use command::{
-    ConnEvent, ConsumerInfo, ConsumerKey, ConsumerStatsSnapshot, SeekTarget, SubCommand,
-    SubscriptionHandle, SubscriptionSpec, key_of,
+    ConnEvent, ConsumerInfo, ConsumerKey, ConsumerStatsSnapshot, DispatchPolicy, SeekTarget,
+    SubCommand, SubscriptionHandle, SubscriptionSpec, key_of,
 };
 pub(crate) use consumers::{Consumers, Route};
 pub(crate) use delayed::now_ms;

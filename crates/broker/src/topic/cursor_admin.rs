@@ -35,6 +35,29 @@ impl Topic {
         ))
     }
 
+    /// A PRODUCER's `initial_subscription_name`: creates the subscription at
+    /// the earliest entry unless it exists; refused when the topic's
+    /// policies forbid creating subscriptions automatically.
+    pub(crate) async fn create_initial_subscription(&self, name: &str) -> Result<(), ServiceError> {
+        if self.subscription_names().iter().any(|n| n == name) {
+            return Ok(());
+        }
+        if self.lifecycle_policies().limits.auto_subscription_creation == Some(false) {
+            return Err(ServiceError::new(
+                vela_wire::proto::ServerError::NotAllowedError,
+                "Could not create the initial subscription due to the auto subscription creation \
+                 is not allowed.",
+            ));
+        }
+        match self
+            .create_subscription(name, SubscriptionStart::Earliest)
+            .await
+        {
+            Ok(()) | Err(AdminError::Exists(_)) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Creates a durable subscription (its cursor) without a consumer.
     pub(crate) async fn create_subscription(
         &self,

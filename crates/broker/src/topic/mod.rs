@@ -55,8 +55,8 @@ mod subscriptions;
 mod throttle;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -64,6 +64,7 @@ use tokio::sync::oneshot;
 use vela_log::{AppendPermit, Cursor, ManagedLog};
 use vela_wire::proto::ProducerAccessMode;
 
+use crate::admin::TopicRecord;
 use crate::codec::Outbound;
 use crate::compaction::Compaction;
 use crate::config::TopicLimits;
@@ -78,6 +79,7 @@ use dedup::DedupTable;
 use publish::Publisher;
 use quota::PolicyState;
 use subscriptions::SubscriptionTable;
+use vela_wire::proto::ServerError;
 
 pub(crate) use dedup::{DEDUP_UNKNOWN_MESSAGE, DedupCheck};
 pub(crate) use pending_acks::PendingAcks;
@@ -110,6 +112,16 @@ pub(crate) struct Topic {
     rates: Mutex<RateMeter<4>>,
     /// Compacted view and compaction status.
     pub(crate) compaction: Arc<Compaction>,
+    /// A publish rate set by topic or namespace policy, replacing the
+    /// broker's (`policy_rate_set` keeps SENDs off the lock when none is).
+    policy_rate: Mutex<Option<PublishThrottle>>,
+    policy_rate_set: AtomicBool,
+    /// Delayed delivery and unacknowledged limits, shared with the
+    /// subscription tasks.
+    dispatch_policy: Arc<crate::subscription::DispatchPolicy>,
+    /// Largest entry a SEND may carry by policy (`maxMessageSize`; 0: the
+    /// broker's frame limit only), read per SEND without a lock.
+    message_size_max: AtomicUsize,
     /// A termination began: producers are refused (retriably until the log
     /// is terminated, then with TopicTerminatedError).
     terminating: AtomicBool,
@@ -157,6 +169,10 @@ impl Topic {
             metrics: Arc::default(),
             rates: Mutex::new(RateMeter::new([0; 4])),
             compaction: Arc::new(compaction),
+            policy_rate: Mutex::new(None),
+            policy_rate_set: AtomicBool::new(false),
+            dispatch_policy: Arc::default(),
+            message_size_max: AtomicUsize::new(0),
             terminating: AtomicBool::new(false),
             txn,
         })
@@ -165,6 +181,11 @@ impl Topic {
     /// Charges a SEND against the topic's publish rate: how long the sending
     /// connection should stop reading (`None`: within the rate).
     pub(crate) fn publish_pause(&self, messages: u32, bytes: usize) -> Option<Duration> {
+        if self.policy_rate_set.load(Ordering::Acquire) {
+            return self.policy_rate.lock().as_ref().and_then(|throttle| {
+                throttle.charge(u64::from(messages), bytes as u64, Instant::now())
+            });
+        }
         self.publisher.pause(messages, bytes)
     }
 
@@ -358,9 +379,55 @@ impl Topic {
         self.policies.policies()
     }
 
-    /// Replaces them (topic open, namespace policy change).
+    /// Replaces them (topic open, namespace or topic policy change): the
+    /// publish rate at once, limits at the next PRODUCER or SUBSCRIBE, the
+    /// rest at the next lifecycle pass.
     pub(crate) fn set_lifecycle_policies(&self, policies: TopicPolicies) {
+        let rate = policies.limits.publish_rate;
+        let unchanged = rate == self.policies.policies().limits.publish_rate
+            && self.policy_rate_set.load(Ordering::Acquire) == rate.is_some();
+        if !unchanged {
+            let mut throttle = self.policy_rate.lock();
+            // A policy rate with neither side limited is no limit (Pulsar's
+            // -1/-1), also over the broker's.
+            *throttle = rate.and_then(|r| PublishThrottle::new(r, Instant::now()));
+            self.policy_rate_set
+                .store(rate.is_some(), Ordering::Release);
+        }
+        self.message_size_max.store(
+            policies.limits.message_size_max.unwrap_or(0),
+            Ordering::Relaxed,
+        );
+        let dispatch = &self.dispatch_policy;
+        dispatch.delayed_delivery.store(
+            policies.limits.delayed_delivery.unwrap_or(true),
+            Ordering::Relaxed,
+        );
+        dispatch.unacked_per_consumer_max.store(
+            policies.limits.unacked_per_consumer_max.unwrap_or(0),
+            Ordering::Relaxed,
+        );
+        dispatch.unacked_per_subscription_max.store(
+            policies.limits.unacked_per_subscription_max.unwrap_or(0),
+            Ordering::Relaxed,
+        );
         self.policies.set_policies(policies);
+    }
+
+    /// The topic's own policy record, as last applied.
+    pub(crate) fn policy_record(&self) -> TopicRecord {
+        self.policies.record()
+    }
+
+    /// Keeps the topic's own policy record (apply with
+    /// `set_lifecycle_policies`).
+    pub(crate) fn set_policy_record(&self, record: TopicRecord) {
+        self.policies.set_record(record);
+    }
+
+    /// The largest message a producer may send here, when a policy sets one.
+    pub(crate) fn message_size_max(&self) -> Option<usize> {
+        Some(self.message_size_max.load(Ordering::Relaxed)).filter(|max| *max > 0)
     }
 
     /// Records the lifecycle pass's verdict; true if a quota held producers
@@ -408,6 +475,14 @@ impl Topic {
             ));
         }
         self.policies.admit_producer(&self.log)?;
+        if let Some(max) = self.policies.policies().limits.producers_max
+            && self.producers.publishers().len() >= max
+        {
+            return Err(ServiceError::new(
+                ServerError::ProducerBusy,
+                format!("Topic reached max producers limit ({max})"),
+            ));
+        }
         self.producers
             .add(name, reg, access_mode, request_id, not_ready_reply)
     }
@@ -438,9 +513,71 @@ impl Topic {
         request: &SubscribeRequest,
         info: ConsumerInfo,
     ) -> Result<(SubscriptionHandle, ConsumerSlot), ServiceError> {
+        self.check_policy_limits(request).await?;
         self.subscriptions
-            .subscribe(&self.name, &self.log, &self.compaction, request, info)
+            .subscribe(
+                &self.name,
+                &self.log,
+                &self.compaction,
+                request,
+                info,
+                &self.dispatch_policy,
+            )
             .await
+    }
+
+    /// The count limits a policy sets on a new consumer (the broker's own
+    /// limits are the subscription table's). Counted when asked: a SUBSCRIBE
+    /// racing another may pass one over, as in Pulsar.
+    async fn check_policy_limits(&self, request: &SubscribeRequest) -> Result<(), ServiceError> {
+        let limits = self.policies.policies().limits;
+        if limits.auto_subscription_creation == Some(false)
+            && request.durable
+            && !self.subscription_names().contains(&request.subscription)
+        {
+            return Err(ServiceError::new(
+                ServerError::SubscriptionNotFound,
+                "Subscription does not exist",
+            ));
+        }
+        if let Some(max) = limits.consumers_max
+            && self.subscriptions.consumer_count() >= max
+        {
+            return Err(ServiceError::new(
+                ServerError::ConsumerBusy,
+                format!("Topic reached max consumers limit ({max})"),
+            ));
+        }
+        if let Some(max) = limits.subscriptions_max
+            && request.durable
+        {
+            let names = self.subscription_names();
+            if !names.contains(&request.subscription) && names.len() >= max {
+                return Err(ServiceError::new(
+                    ServerError::NotAllowedError,
+                    format!(
+                        "Exceed the maximum number of subscriptions of the topic: {}",
+                        self.full_name
+                    ),
+                ));
+            }
+        }
+        if let Some(max) = limits.consumers_per_subscription_max {
+            let attached = self
+                .subscriptions
+                .stats()
+                .await
+                .into_iter()
+                .find(|s| s.name == request.subscription)
+                .map_or(0, |s| s.consumers.len());
+            if attached >= max {
+                return Err(ServiceError::new(
+                    ServerError::ConsumerBusy,
+                    format!("Subscription reached max consumers limit ({max})"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Terminates the topic (Pulsar's `terminate`): the log takes no more

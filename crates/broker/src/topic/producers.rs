@@ -71,6 +71,8 @@ pub(crate) struct ProducerReg {
     pub(crate) address: String,
     /// Client version (stats).
     pub(crate) client_version: String,
+    /// PRODUCER's `metadata` (bounded by the connection), for stats.
+    pub(crate) metadata: std::collections::BTreeMap<String, String>,
 }
 
 /// Outcome of registering a producer.
@@ -482,6 +484,7 @@ impl ProducerTable {
                 access_mode: if reg.exclusive { "Exclusive" } else { "Shared" }.to_string(),
                 address: reg.address.clone(),
                 client_version: reg.client_version.clone(),
+                metadata: reg.metadata.clone(),
                 msg_drop_rate: None,
             })
             .collect();
@@ -517,6 +520,7 @@ mod tests {
                 events,
                 address: String::new(),
                 client_version: String::new(),
+                metadata: Default::default(),
             },
         }
     }

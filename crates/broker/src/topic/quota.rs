@@ -12,6 +12,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 use vela_log::{Cursor, ManagedLog};
 
+use crate::admin::TopicRecord;
 use crate::compaction::COMPACTION_SUBSCRIPTION;
 use crate::error::ServiceError;
 use crate::policies::{QuotaLimit, QuotaPolicy, TopicPolicies};
@@ -22,6 +23,9 @@ struct Policies {
     policies: TopicPolicies,
     /// The exceeded quota holding producers off, as of the last lifecycle pass.
     quota_block: Option<(QuotaLimit, QuotaPolicy)>,
+    /// The topic's own policies as stored (resolved into `policies` with its
+    /// namespace's).
+    record: TopicRecord,
 }
 
 /// The policies of one topic and its quota verdict.
@@ -37,6 +41,16 @@ impl PolicyState {
     /// Replaces them (topic open, namespace policy change).
     pub(crate) fn set_policies(&self, policies: TopicPolicies) {
         self.0.lock().policies = policies;
+    }
+
+    /// The topic's own policy record, as last applied.
+    pub(crate) fn record(&self) -> TopicRecord {
+        self.0.lock().record.clone()
+    }
+
+    /// Keeps the topic's own policy record (applied with `set_policies`).
+    pub(crate) fn set_record(&self, record: TopicRecord) {
+        self.0.lock().record = record;
     }
 
     /// The exceeded quota holding producers off, if any.

@@ -160,6 +160,7 @@ impl SubscriptionTable {
         compaction: &Arc<Compaction>,
         request: &SubscribeRequest,
         info: ConsumerInfo,
+        policy: &Arc<crate::subscription::DispatchPolicy>,
     ) -> Result<(SubscriptionHandle, ConsumerSlot), ServiceError> {
         let slot = self.reserve_consumer()?;
         let mut generation = self.create.lock().await;
@@ -221,6 +222,7 @@ impl SubscriptionTable {
                         sticky: request.sticky,
                         compaction: request.read_compacted.then(|| Arc::clone(compaction)),
                         consumers_max: self.consumers_per_subscription_max,
+                        policy: Arc::clone(policy),
                         reads: self.reads.clone(),
                         held: Arc::clone(&self.held),
                         txn: self.txn.clone(),
@@ -282,6 +284,11 @@ impl SubscriptionTable {
         let (reply, answer) = oneshot::channel();
         handle.tx.send(command(reply)).await.ok()?;
         Some(answer.await.ok())
+    }
+
+    /// Consumers attached now, over all subscriptions.
+    pub(crate) fn consumer_count(&self) -> usize {
+        self.consumer_count.load(Ordering::Acquire)
     }
 
     /// Names of the subscriptions with a task now.

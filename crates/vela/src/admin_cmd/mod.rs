@@ -16,19 +16,23 @@
 //! Map: here the command line and its dispatch; `api`: the HTTP client,
 //! REST paths, pulsar-admin's units and the output, shared by one module
 //! per command family: `tenants`, `namespaces` (and their policies),
-//! `topics` (and subscriptions), `tokens` (local), `write_path`.
+//! `topics` (and subscriptions), `policies` (topic and namespace policies
+//! by name, schemas, brokers, message reads), `tokens` (local),
+//! `write_path`.
 
 use clap::{Args, Subcommand};
 
 mod api;
 mod namespaces;
+mod policies;
 mod tenants;
 mod tokens;
 mod topics;
 mod write_path;
 
-use api::{Api, ApiArgs, out, print_json};
+use api::{Api, ApiArgs, print_json};
 use namespaces::{NamespacesCmd, namespaces};
+use policies::{BrokersCmd, PolicyCmd, SchemasCmd};
 use tenants::{TenantsCmd, tenants};
 use tokens::{TokensCmd, tokens};
 use topics::{TopicsCmd, topics};
@@ -57,7 +61,16 @@ enum AdminCommand {
     /// Topics, their stats and subscriptions.
     #[command(subcommand)]
     Topics(TopicsCmd),
-    /// Broker checks.
+    /// Topic-level policies (one get/set/remove per policy; `list` names them).
+    #[command(subcommand)]
+    TopicPolicies(PolicyCmd),
+    /// Namespace policies kept as Pulsar's JSON (and the typed ones).
+    #[command(subcommand)]
+    NamespacePolicies(PolicyCmd),
+    /// Topic schemas.
+    #[command(subcommand)]
+    Schemas(SchemasCmd),
+    /// Brokers: health, list, leader, dynamic configuration.
     #[command(subcommand)]
     Brokers(BrokersCmd),
     /// Token authentication: make keys and tokens (local, no HTTP).
@@ -82,12 +95,6 @@ enum ClustersCmd {
     List,
 }
 
-#[derive(Debug, Subcommand)]
-enum BrokersCmd {
-    /// Check the broker answers.
-    Healthcheck,
-}
-
 pub(crate) fn run(args: AdminArgs) -> anyhow::Result<()> {
     if let AdminCommand::Tokens(cmd) = args.command {
         return tokens(cmd);
@@ -98,9 +105,10 @@ pub(crate) fn run(args: AdminArgs) -> anyhow::Result<()> {
         AdminCommand::Clusters(ClustersCmd::List) => {
             print_json(&api.get_json("/admin/v2/clusters")?)
         }
-        AdminCommand::Brokers(BrokersCmd::Healthcheck) => {
-            out(&api.call("GET", "/admin/v2/brokers/health", None)?)
-        }
+        AdminCommand::Brokers(cmd) => policies::brokers(&api, cmd),
+        AdminCommand::TopicPolicies(cmd) => policies::topic_policies(&api, cmd),
+        AdminCommand::NamespacePolicies(cmd) => policies::namespace_policies(&api, cmd),
+        AdminCommand::Schemas(cmd) => policies::schemas(&api, cmd),
         AdminCommand::Tenants(cmd) => tenants(&api, cmd),
         AdminCommand::Namespaces(cmd) => namespaces(&api, cmd),
         AdminCommand::Topics(cmd) => topics(&api, cmd),

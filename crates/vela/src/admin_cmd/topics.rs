@@ -130,6 +130,44 @@ pub(super) enum TopicsCmd {
     PartitionedTerminate { topic: String },
     /// Which broker serves a topic.
     Lookup { topic: String },
+    /// The next messages of a subscription (a missing one is created at
+    /// the earliest message, as Pulsar).
+    PeekMessages {
+        topic: String,
+        #[arg(short = 's', long = "subscription")]
+        subscription: String,
+        #[arg(short = 'n', long = "count", default_value_t = 1)]
+        count: u64,
+    },
+    /// A message by ledger and entry id.
+    GetMessageById {
+        topic: String,
+        #[arg(short = 'l', long = "ledgerId")]
+        ledger: u64,
+        #[arg(short = 'e', long = "entryId")]
+        entry: u64,
+    },
+    /// The id of the first message published at or after a time.
+    GetMessageId {
+        topic: String,
+        /// How long ago (e.g. 10m).
+        #[arg(short = 'd', long = "datetime")]
+        ago: String,
+    },
+    /// A topic's properties.
+    GetProperties { topic: String },
+    /// Adds or replaces properties (`-p key=value`, repeated).
+    UpdateProperties {
+        topic: String,
+        #[arg(short = 'p', long = "property")]
+        properties: Vec<String>,
+    },
+    /// Removes a property.
+    RemoveProperties {
+        topic: String,
+        #[arg(short = 'k', long = "key")]
+        key: String,
+    },
 }
 
 /// A message id as Java's `MessageIdImpl.toString()`: `ledger:entry:partition`.
@@ -161,6 +199,26 @@ pub(super) fn topics(api: &Api, cmd: TopicsCmd) -> anyhow::Result<()> {
     use TopicsCmd as T;
     let done = |r: anyhow::Result<String>| r.map(|_| ());
     match cmd {
+        T::PeekMessages {
+            topic,
+            subscription,
+            count,
+        } => super::policies::peek_messages(api, &topic, &subscription, count),
+        T::GetMessageById {
+            topic,
+            ledger,
+            entry,
+        } => super::policies::message_by_id(api, &topic, ledger, entry),
+        T::GetMessageId { topic, ago } => {
+            super::policies::message_id_at(api, &topic, now_ms() - seconds(&ago)? * 1000)
+        }
+        T::GetProperties { topic } => super::policies::properties(api, &topic, &[], None),
+        T::UpdateProperties { topic, properties } => {
+            super::policies::properties(api, &topic, &properties, None)
+        }
+        T::RemoveProperties { topic, key } => {
+            super::policies::properties(api, &topic, &[], Some(&key))
+        }
         T::List { namespace } => print_json(&api.get_json(&namespace_topics_path(&namespace)?)?),
         T::ListPartitionedTopics { namespace } => print_json(&api.get_json(&format!(
             "{}/partitioned",

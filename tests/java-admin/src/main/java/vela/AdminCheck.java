@@ -23,7 +23,8 @@ import org.apache.pulsar.common.policies.data.TopicStats;
  * The official Java admin client against a running `vela standalone --bookies 2
  * --ensemble-size 1`: tenants, namespaces and policies, a partitioned topic whose
  * namespace persistence is raised to E=2/Qw=2/Qa=2 (the next ledger must be on two
- * bookies), stats after a produce, subscriptions. Exits non-zero on the first
+ * bookies), stats after a produce, subscriptions; topic-level policies, properties,
+ * schemas and message reads (`PolicyCheck`). Exits non-zero on the first
  * failed check. Args: HTTP URL, Pulsar URL.
  */
 public final class AdminCheck {
@@ -193,6 +194,8 @@ public final class AdminCheck {
             BacklogQuota quota = quotas.get(BacklogQuota.BacklogQuotaType.destination_storage);
             check(quota != null && quota.getLimitSize() == (1 << 20)
                     && quota.getPolicy() == BacklogQuota.RetentionPolicy.producer_exception, "backlog quota");
+
+            PolicyCheck.run(admin, serviceUrl, ns, AdminCheck::check);
 
             expect(PulsarAdminException.NotFoundException.class, "stats of a missing topic",
                     () -> admin.topics().getStats("persistent://" + ns + "/missing"));
