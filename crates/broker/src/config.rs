@@ -321,6 +321,12 @@ pub struct TransactionConfig {
     pub timeout_max: Duration,
     /// How often each coordinator looks for timed-out transactions.
     pub timeout_check_interval: Duration,
+    /// Transaction state records this broker holds in memory at most, over
+    /// every topic and subscription (`txn_buffer::TxnBudget`): open and
+    /// aborted transactions of each topic's buffer plus positions held by
+    /// transactional acks (~100 bytes each). When reached: a SEND opening a
+    /// transaction on a topic, or a transactional ACK, gets NotAllowedError.
+    pub state_entries_max: usize,
 }
 
 impl Default for TransactionConfig {
@@ -331,6 +337,7 @@ impl Default for TransactionConfig {
             ops_per_transaction_max: 10_000,
             timeout_max: Duration::from_secs(24 * 3600),
             timeout_check_interval: Duration::from_secs(1),
+            state_entries_max: 1_000_000,
         }
     }
 }

@@ -583,9 +583,9 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
         "lastOffloadLedgerId": 0,
         "lastOffloadSuccessTimeStamp": 0,
         "lastOffloadFailureTimeStamp": 0,
-        "ongoingTxnCount": 0,
-        "abortedTxnCount": 0,
-        "committedTxnCount": 0,
+        "ongoingTxnCount": stats.ongoing_txn_count,
+        "abortedTxnCount": stats.aborted_txn_count,
+        "committedTxnCount": stats.committed_txn_count,
         "waitingPublishers": 0,
         "publishers": publishers,
         "subscriptions": subscriptions,
@@ -636,6 +636,9 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
             out.msg_drop_rate = Some(out.msg_drop_rate.unwrap_or(0.0) + rate);
         }
         out.msg_drop_counter += p.msg_drop_counter;
+        out.ongoing_txn_count += p.ongoing_txn_count;
+        out.committed_txn_count += p.committed_txn_count;
+        out.aborted_txn_count += p.aborted_txn_count;
         for s in &p.subscriptions {
             let merged = subscriptions
                 .entry(s.name.clone())

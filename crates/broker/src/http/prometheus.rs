@@ -148,6 +148,29 @@ fn transaction_families(service: &Service, w: &mut Writer) {
     let Some(transactions) = &service.transactions else {
         return;
     };
+    if let Some(budget) = &service.txn_budget {
+        let cluster = labels(&[("cluster", CLUSTER_NAME)]);
+        w.family(
+            "vela_transaction_state_entries",
+            "gauge",
+            "Transaction state records held: open and aborted transactions of every topic, positions held by transactional acks.",
+        );
+        w.sample(
+            "vela_transaction_state_entries",
+            &cluster,
+            budget.used() as f64,
+        );
+        w.family(
+            "vela_transaction_state_entries_max",
+            "gauge",
+            "Their bound (--transaction-state-entries-max).",
+        );
+        w.sample(
+            "vela_transaction_state_entries_max",
+            &cluster,
+            budget.max() as f64,
+        );
+    }
     let stats = transactions.stats();
     if stats.is_empty() {
         return;
