@@ -289,6 +289,12 @@ pub struct BrokerConfig {
     /// A ledger this old is full (Pulsar's
     /// `managedLedgerMaxLedgerRolloverTimeMinutes`, 240 min).
     pub ledger_rollover_max: Duration,
+    /// When a topic's closed ledgers are offloaded and their bookie copies
+    /// deleted (Pulsar's `managedLedgerOffloadThresholdInBytes`,
+    /// `managedLedgerOffloadThresholdInSeconds` (both off),
+    /// `managedLedgerOffloadDeletionLagMs` (4 h)); applies only when the
+    /// `LogEnv` has an offloader.
+    pub offload_policy: vela_log::OffloadPolicy,
     /// Time between two passes applying message TTL, backlog quotas and
     /// retention to the served topics (Pulsar checks quotas every 60 s).
     pub policy_check_interval: Duration,
@@ -336,6 +342,12 @@ pub struct TransactionConfig {
     pub timeout_max: Duration,
     /// How often each coordinator looks for timed-out transactions.
     pub timeout_check_interval: Duration,
+    /// Transaction state records this broker holds in memory at most, over
+    /// every topic and subscription (`txn_buffer::TxnBudget`): open and
+    /// aborted transactions of each topic's buffer plus positions held by
+    /// transactional acks (~100 bytes each). When reached: a SEND opening a
+    /// transaction on a topic, or a transactional ACK, gets NotAllowedError.
+    pub state_entries_max: usize,
 }
 
 impl Default for TransactionConfig {
@@ -346,6 +358,7 @@ impl Default for TransactionConfig {
             ops_per_transaction_max: 10_000,
             timeout_max: Duration::from_secs(24 * 3600),
             timeout_check_interval: Duration::from_secs(1),
+            state_entries_max: 1_000_000,
         }
     }
 }
@@ -371,6 +384,7 @@ impl BrokerConfig {
             ledger_bytes_max: 2048 << 20,
             ledger_rollover_min: Duration::from_secs(10 * 60),
             ledger_rollover_max: Duration::from_secs(240 * 60),
+            offload_policy: vela_log::OffloadPolicy::default(),
             policy_check_interval: Duration::from_secs(60),
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),

@@ -1,6 +1,7 @@
 //! The policies a served topic enforces, as the broker reads them from the
 //! namespace's stored policies: message TTL, backlog quotas (Pulsar's three
-//! policies), retention and the compaction threshold.
+//! policies), retention, the compaction threshold and the offload policy
+//! (thresholds, deletion lag) over the broker's default.
 //!
 //! Owns: parsing [`NamespacePolicies`] once into [`TopicPolicies`] (Pulsar's
 //! numbers and names: −1 is "no limit", quota policies by name) and the
@@ -13,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use vela_log::Retention;
+use vela_log::{OffloadPolicy, Retention};
 use vela_wire::proto::ServerError;
 
 use serde_json::Value;
@@ -95,6 +96,11 @@ pub(crate) struct TopicPolicies {
     pub(crate) persistence: Option<(u8, u8, u8)>,
     /// Deduplication set by policy.
     pub(crate) deduplication: Option<bool>,
+    /// The namespace's offload numbers as Pulsar stores them (see
+    /// `TopicPolicies::offload_policy`).
+    pub(crate) offload_threshold_bytes: Option<i64>,
+    pub(crate) offload_threshold_seconds: Option<i64>,
+    pub(crate) offload_deletion_lag_ms: Option<i64>,
 }
 
 /// Limits a topic or its namespace sets over the broker's (Pulsar: 0 is no
@@ -139,6 +145,9 @@ impl Default for TopicPolicies {
             limits: PolicyLimits::default(),
             persistence: None,
             deduplication: None,
+            offload_threshold_bytes: None,
+            offload_threshold_seconds: None,
+            offload_deletion_lag_ms: None,
         }
     }
 }
@@ -254,6 +263,37 @@ impl TopicPolicies {
             limits,
             persistence,
             deduplication,
+            offload_threshold_bytes: pick("offloadThreshold")
+                .and_then(int_of)
+                .or(policies.offload_threshold_bytes),
+            offload_threshold_seconds: pick("offloadThresholdInSeconds")
+                .and_then(int_of)
+                .or(policies.offload_threshold_seconds),
+            offload_deletion_lag_ms: pick("offloadDeletionLagMs")
+                .and_then(int_of)
+                .or(policies.offload_deletion_lag_ms),
+        }
+    }
+
+    /// The offload policy a topic follows: the namespace's numbers over the
+    /// broker's `default`. Thresholds: unset or −1 is the default (Pulsar's
+    /// "-1 falls back"), another negative turns it off, 0 or more is the
+    /// threshold. Deletion lag: unset is the default, negative keeps the
+    /// bookie copy.
+    pub(crate) fn offload_policy(&self, default: OffloadPolicy) -> OffloadPolicy {
+        let threshold = |value: Option<i64>, default: Option<u64>| match value {
+            None | Some(-1) => default,
+            Some(value) => u64::try_from(value).ok(),
+        };
+        let age_default = default.threshold_age.map(|age| age.as_secs());
+        OffloadPolicy {
+            threshold_bytes: threshold(self.offload_threshold_bytes, default.threshold_bytes),
+            threshold_age: threshold(self.offload_threshold_seconds, age_default)
+                .map(Duration::from_secs),
+            deletion_lag: match self.offload_deletion_lag_ms {
+                None => default.deletion_lag,
+                Some(ms) => u64::try_from(ms).ok().map(Duration::from_millis),
+            },
         }
     }
 }
@@ -391,6 +431,45 @@ mod tests {
                     QuotaPolicy::ConsumerBacklogEviction
                 ),
             ]
+        );
+    }
+
+    #[test]
+    fn namespace_offload_numbers_override_the_broker_default() {
+        let default = OffloadPolicy {
+            threshold_bytes: Some(1000),
+            threshold_age: None,
+            deletion_lag: Some(Duration::from_secs(60)),
+        };
+        let unset = TopicPolicies::default();
+        assert_eq!(unset.offload_policy(default), default);
+        let set = TopicPolicies {
+            offload_threshold_bytes: Some(0),
+            offload_threshold_seconds: Some(30),
+            offload_deletion_lag_ms: Some(0),
+            ..TopicPolicies::default()
+        };
+        assert_eq!(
+            set.offload_policy(default),
+            OffloadPolicy {
+                threshold_bytes: Some(0),
+                threshold_age: Some(Duration::from_secs(30)),
+                deletion_lag: Some(Duration::ZERO),
+            }
+        );
+        let off = TopicPolicies {
+            offload_threshold_bytes: Some(-2),
+            offload_threshold_seconds: Some(-1),
+            offload_deletion_lag_ms: Some(-1),
+            ..TopicPolicies::default()
+        };
+        assert_eq!(
+            off.offload_policy(default),
+            OffloadPolicy {
+                threshold_bytes: None,
+                threshold_age: None,
+                deletion_lag: None,
+            }
         );
     }
 }

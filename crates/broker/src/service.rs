@@ -86,6 +86,9 @@ pub(crate) struct Service {
     pub(crate) np_budget: Arc<ByteBudget>,
     /// The transaction coordinators (`None`: transactions are off).
     pub(crate) transactions: Option<Arc<crate::transaction::Coordinators>>,
+    /// The transaction state of every topic's buffer and pending acks
+    /// (`TransactionConfig::state_entries_max`; transactions on).
+    pub(crate) txn_budget: Option<Arc<crate::txn_buffer::TxnBudget>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
 }
@@ -116,8 +119,13 @@ impl Service {
                 },
             ))
         });
+        let txn_budget = config
+            .transactions
+            .as_ref()
+            .map(|txn| crate::txn_buffer::TxnBudget::new(txn.state_entries_max));
         Service {
             transactions,
+            txn_budget,
             held_entries: HeldEntries::new(config.held_entries_max),
             np_budget: ByteBudget::new(config.non_persistent_limits.inflight_bytes_max),
             config,
@@ -354,6 +362,7 @@ impl Service {
                     ledger_age_min: self.config.ledger_rollover_min,
                     ledger_age_max: self.config.ledger_rollover_max,
                     retention: lifecycle.retention,
+                    offload: lifecycle.offload_policy(self.config.offload_policy),
                     ..LogConfig::default()
                 };
                 let log = ManagedLog::open(&self.log_env, &topic.log_name(), config).await?;
@@ -363,6 +372,26 @@ impl Service {
                     Arc::clone(&self.meta),
                     Arc::clone(self.log_env.ledgers()),
                 );
+                let txn = match &self.txn_budget {
+                    Some(budget) => Some(crate::topic::TopicTxn {
+                        buffer: crate::txn_buffer::TxnBuffer::open(
+                            Arc::clone(&log),
+                            Arc::clone(&self.meta),
+                            Arc::clone(budget),
+                        )
+                        .await
+                        .map_err(|e| {
+                            ServiceError::new(ServerError::ServiceNotReady, e.to_string())
+                        })?,
+                        acks: crate::topic::PendingAcks::new(
+                            full_name.clone(),
+                            Arc::clone(&log),
+                            Arc::clone(&self.meta),
+                            Arc::clone(budget),
+                        ),
+                    }),
+                    None => None,
+                };
                 let served = Topic::new(
                     topic.clone(),
                     log,
@@ -371,6 +400,7 @@ impl Service {
                     self.config.topic_limits,
                     self.reads.clone(),
                     Arc::clone(&self.held_entries),
+                    txn,
                 );
                 if lifecycle.compaction_threshold_bytes.is_some() {
                     crate::compaction::compaction_cursor(&served.log).await?;
@@ -744,6 +774,9 @@ impl Service {
             },
         );
         topic.log.set_retention(resolved.retention);
+        topic
+            .log
+            .set_offload_policy(resolved.offload_policy(self.config.offload_policy));
         topic.set_policy_record(record);
         topic.set_lifecycle_policies(resolved);
         let result = topic.log.set_persistence(Persistence {

@@ -9,10 +9,11 @@
 //! message of it was acknowledged; after a reconnect the broker redelivers
 //! what was not acknowledged (at-least-once).
 //! Never: holds more than `receiver_queue_size` messages per partition plus
-//! one batch (a broker that sends more than the permits allow loses the
-//! connection), or decompresses past `DECOMPRESSED_BYTES_MAX`.
+//! one broker read beyond them (`READ_OVERSHOOT_BYTES_MAX` per partition: a
+//! broker that sends more than that past the permits loses the connection),
+//! or decompresses past `DECOMPRESSED_BYTES_MAX`.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -34,6 +35,7 @@ use crate::client::{Client, partition_name};
 use crate::connection::{Connection, ConsumerEvents};
 use crate::error::ClientError;
 use crate::message::{Message, MessageId};
+use crate::receive_queue::ReceiveQueue;
 
 /// Largest payload a message (or a whole batch) may decompress to: the
 /// broker's default max message size times the best compression ratio worth
@@ -43,6 +45,16 @@ pub const DECOMPRESSED_BYTES_MAX: usize = 64 * 1024 * 1024;
 /// Messages one batch may add beyond the permits (a batch counts as its
 /// messages, but the broker sends it whole).
 const BATCH_OVERSHOOT_MAX: usize = 10_000;
+
+/// Bytes (payloads plus per-message overhead) one partition may queue beyond
+/// its permits. Pulsar's dispatcher sizes a read by the permits over its
+/// average messages per entry, which starts at 1: with 1,000 permits it reads
+/// up to `dispatcherMaxReadBatchSize` (100) entries, and each may be a batch of
+/// 1,000 messages, so 100,000 messages arrive for 1,000 permits. One read is
+/// bounded by `dispatcherMaxReadSizeBytes` (5 MB) or one entry of at most the
+/// max message size (5 MiB); this allows that, with room for the overhead
+/// of many small messages, and no more.
+const READ_OVERSHOOT_BYTES_MAX: usize = 64 * 1024 * 1024;
 
 /// First pause before re-subscribing; doubles up to `RECONNECT_BACKOFF_MAX`.
 const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -86,8 +98,9 @@ struct ConsumerCore {
     client: Client,
     options: ConsumerOptions,
     partitions: Vec<Arc<TopicConsumer>>,
-    queue: Mutex<VecDeque<(usize, Message)>>,
+    queue: Mutex<ReceiveQueue>,
     queue_messages_max: usize,
+    queue_bytes_max: usize,
     arrived: Notify,
     closed: AtomicBool,
 }
@@ -145,6 +158,7 @@ impl Consumer {
         };
         let per_partition = options.receiver_queue_size.max(1) as usize;
         let queue_messages_max = topics.len() * (per_partition + BATCH_OVERSHOOT_MAX);
+        let queue_bytes_max = topics.len() * READ_OVERSHOOT_BYTES_MAX;
         let core = Arc::new_cyclic(|weak| ConsumerCore {
             partitions: topics
                 .iter()
@@ -165,8 +179,9 @@ impl Consumer {
                 .collect(),
             client: client.clone(),
             options,
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(ReceiveQueue::default()),
             queue_messages_max,
+            queue_bytes_max,
             arrived: Notify::new(),
             closed: AtomicBool::new(false),
         });
@@ -506,8 +521,8 @@ impl TopicConsumer {
         }
         let overflow = {
             let mut queue = core.queue.lock();
-            queue.extend(messages.into_iter().map(|m| (self.index, m)));
-            queue.len() > core.queue_messages_max
+            queue.extend(self.index, messages);
+            queue.is_past(core.queue_messages_max, core.queue_bytes_max)
         };
         core.arrived.notify_one();
         if overflow {
@@ -532,7 +547,7 @@ impl TopicConsumer {
             state.reconnecting = true;
         }
         // What was queued is delivered again after the re-subscribe.
-        core.queue.lock().retain(|(index, _)| *index != self.index);
+        core.queue.lock().remove_partition(self.index);
         tracing::info!(topic = %self.topic, reason, "consumer disconnected; reconnecting");
         tokio::spawn(reconnect(Arc::clone(self)));
     }

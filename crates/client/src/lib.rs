@@ -27,6 +27,7 @@ mod consumer;
 mod error;
 mod message;
 mod producer;
+mod receive_queue;
 
 pub use client::{Client, ClientConfig, LOOKUP_REDIRECTS_MAX};
 pub use consumer::{Consumer, ConsumerOptions, DECOMPRESSED_BYTES_MAX};

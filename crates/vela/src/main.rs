@@ -15,6 +15,7 @@ mod ledgers_cmd;
 mod limit_args;
 mod listener_args;
 mod memory_args;
+mod offload_args;
 mod perf;
 mod persistence_args;
 mod process;
@@ -64,6 +65,9 @@ enum Command {
     Doctor(doctor::DoctorArgs),
 }
 
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     let cli = Cli::parse();
     init_logging();
@@ -77,9 +81,28 @@ fn main() {
         Command::Doctor(args) => doctor::run(args),
     };
     if let Err(error) = result {
-        eprintln!("vela: {error:#}");
+        eprintln!("vela: {}", error_report(&error));
         std::process::exit(1);
     }
+}
+
+/// The error and its causes on one line, as `{:#}` prints them, but leaving
+/// out a cause whose text the previous one already quotes (an error type that
+/// puts its source in its own message and also returns it as `source()`).
+fn error_report(error: &anyhow::Error) -> String {
+    let mut report = String::new();
+    let mut previous = String::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if !previous.contains(&text) {
+            if !report.is_empty() {
+                report.push_str(": ");
+            }
+            report.push_str(&text);
+        }
+        previous = text;
+    }
+    report
 }
 
 fn init_logging() {
@@ -89,4 +112,30 @@ fn init_logging() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_report;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("disk says no")]
+    struct Io;
+
+    #[derive(Debug, thiserror::Error)]
+    enum Open {
+        #[error("journal: {0}")]
+        Journal(#[from] Io),
+    }
+
+    #[test]
+    fn a_cause_the_message_already_quotes_is_printed_once() {
+        let error = anyhow::Error::new(Open::from(Io)).context("cannot open bookie 0");
+        assert_eq!(
+            error_report(&error),
+            "cannot open bookie 0: journal: disk says no"
+        );
+        let plain = anyhow::Error::new(Io).context("cannot open bookie 0");
+        assert_eq!(error_report(&plain), "cannot open bookie 0: disk says no");
+    }
 }

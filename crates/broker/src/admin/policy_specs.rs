@@ -264,18 +264,25 @@ pub const POLICY_SPECS: &[PolicySpec] = &[
         Some("subscriptionExpirationTime"),
         int(0, "Invalid value for subscription expiration time"),
     ),
-    spec(
-        "offloadThresholdInSeconds",
-        None,
-        Some("offloadThresholdInSeconds"),
-        int(0, "Invalid value for offloadThresholdInSecond"),
-    ),
-    spec(
-        "offloadThreshold",
-        None,
-        Some("offloadThreshold"),
-        int(-1, "Invalid value for offloadThreshold"),
-    ),
+    // Pulsar's Policies default both thresholds to -1 (the broker's).
+    PolicySpec {
+        namespace_unset: Some(-1),
+        ..spec(
+            "offloadThresholdInSeconds",
+            None,
+            Some("offloadThresholdInSeconds"),
+            int(0, "Invalid value for offloadThresholdInSecond"),
+        )
+    },
+    PolicySpec {
+        namespace_unset: Some(-1),
+        ..spec(
+            "offloadThreshold",
+            None,
+            Some("offloadThreshold"),
+            int(-1, "Invalid value for offloadThreshold"),
+        )
+    },
     spec(
         "offloadDeletionLagMs",
         None,

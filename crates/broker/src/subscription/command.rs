@@ -137,6 +137,16 @@ pub(crate) enum SubCommand {
         /// Set when the client wants an ACK_RESPONSE.
         request_id: Option<u64>,
     },
+    /// A transaction's acknowledgements committed: applied as acks
+    /// (entries with an ack set: those batch indexes only).
+    TxnCommitted {
+        positions: Vec<(Position, Vec<u64>)>,
+        cumulative: Option<Position>,
+        reply: oneshot::Sender<()>,
+    },
+    /// A transaction's acknowledgements aborted: those entries still out
+    /// to consumers are sent again.
+    TxnAborted { positions: Vec<Position> },
     /// REDELIVER_UNACKNOWLEDGED_MESSAGES (empty ids: all of this consumer's).
     Redeliver {
         /// Consumer.
@@ -274,6 +284,9 @@ pub(crate) struct SubscriptionSpec {
     pub(crate) reads: super::read_ahead::SubscriptionReads,
     /// The broker-wide count of entries subscriptions hold.
     pub(crate) held: std::sync::Arc<super::held::HeldEntries>,
+    /// The topic's transaction buffer (transactions on): entries are read
+    /// up to its read limit, markers and aborted entries are skipped.
+    pub(crate) txn: Option<Arc<crate::txn_buffer::TxnBuffer>>,
     /// The topic's dispatch policies, changed while the subscription runs.
     pub(crate) policy: Arc<DispatchPolicy>,
 }

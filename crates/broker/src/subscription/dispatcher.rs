@@ -45,9 +45,13 @@ use super::read_ahead::{Fetched, ReadAhead};
 use super::reader::{READ_BATCH_BYTES_MAX, READ_BATCH_ENTRIES_MAX, Reader};
 use super::redelivery::{Outstanding, REPLAY_ENTRIES_MAX, SLOT_UNKNOWN, UNACKED_ENTRIES_MAX};
 use super::seek::resolve_seek;
+use super::txn_view::{self, TxnView, Verdict};
+
+mod stats;
+mod txn;
 use crate::codec;
 use crate::error::ServiceError;
-use crate::stats::{ConsumerStats, RateMeter, SubscriptionStats};
+use crate::stats::RateMeter;
 
 /// Entries a subscription holds at most (out to consumers, to replay,
 /// delayed): new entries are read only while each set is under its bound,
@@ -94,6 +98,7 @@ pub(crate) fn spawn(
         held: HeldShare::new(spec.held),
         held_blocked: false,
         terminated: spec.log.is_terminated(),
+        txn: spec.txn.map(TxnView::new),
         name: spec.name,
         topic: spec.topic,
         partition: spec.partition,
@@ -156,6 +161,8 @@ struct Dispatcher {
     held_blocked: bool,
     /// The topic was terminated (its log takes no more entries).
     terminated: bool,
+    /// The topic's transaction buffer (transactions on).
+    txn: Option<TxnView>,
 }
 
 /// Why the subscription task woke up.
@@ -180,6 +187,7 @@ impl Dispatcher {
     async fn run(mut self, mut rx: CommandReceiver, on_end: Box<dyn FnOnce(&str) + Send>) {
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription started");
         loop {
+            let txn_blocked = self.txn.as_ref().is_some_and(|t| t.blocked);
             self.consumers.set_unacked_max(
                 self.policy
                     .unacked_per_consumer_max
@@ -187,7 +195,8 @@ impl Dispatcher {
             );
             let waiting = self.reader.caught_up
                 && self.consumers.total_permits() > 0
-                && !self.subscription_unacked_full();
+                && !self.subscription_unacked_full()
+                && !txn_blocked;
             let read_position = self.next_read_position();
             let log = Arc::clone(&self.log);
             let next_due = self.delayed.next_due_ms();
@@ -206,6 +215,7 @@ impl Dispatcher {
             let held_blocked = self.held_blocked;
             let reading = self.ahead.in_flight();
             let ahead = &mut self.ahead;
+            let txn = self.txn.as_mut();
             // Boxed: the futures of this wait (timers, the log's watch, the
             // channel) live only while it waits, and a parked subscription
             // task holds only the dispatcher's state (~1.3 KiB less each).
@@ -230,6 +240,7 @@ impl Dispatcher {
                     },
                     result = ahead.finished(), if reading => Wake::Read(result),
                     _ = log.wait_for_entry_at(read_position), if waiting => Wake::Again,
+                    _ = txn_view::limit_moved(txn), if txn_blocked => Wake::Again,
                     _ = tokio::time::sleep(delay), if next_due.is_some() => Wake::Again,
                     _ = tokio::time::sleep_until(retry_at), if retrying => Wake::Retry,
                     _ = tokio::time::sleep_until(rate_resume_at.unwrap_or(retry_at)),
@@ -325,6 +336,10 @@ impl Dispatcher {
             self.reader.caught_up = true;
             return;
         }
+        if !self.reader.has_compaction() && self.txn.as_mut().is_some_and(|t| t.stops_at(from)) {
+            self.reader.caught_up = true; // at the transaction read limit
+            return;
+        }
         if self.reader.has_compaction() {
             if !demand {
                 return;
@@ -387,6 +402,15 @@ impl Dispatcher {
                 request_id,
             } => self.ack(key, ack_type, ids, request_id).await,
             SubCommand::Redeliver { key, ids, epoch } => self.redeliver(key, &ids, epoch),
+            SubCommand::TxnCommitted {
+                positions,
+                cumulative,
+                reply,
+            } => {
+                self.txn_committed(positions, cumulative).await;
+                let _ = reply.send(());
+            }
+            SubCommand::TxnAborted { positions } => self.txn_aborted(&positions),
             SubCommand::Seek { target, reply } => {
                 let result = self.seek(target).await;
                 let _ = reply.send(result);
@@ -492,49 +516,6 @@ impl Dispatcher {
         }
         self.reader.caught_up = false;
         Ok(())
-    }
-
-    fn stats(&mut self) -> SubscriptionStats {
-        let counters = &mut self.counters;
-        let [msg_rate_out, msg_throughput_out, msg_rate_redeliver] = counters.rates.rates(
-            std::time::Instant::now(),
-            [counters.msg_out, counters.bytes_out, counters.redelivered],
-        );
-        // Pulsar's names are the protocol's enum names.
-        let sub_type = self.consumers.sub_type().as_str_name();
-        SubscriptionStats {
-            name: self.name.clone(),
-            sub_type: sub_type.to_string(),
-            durable: self.durable,
-            msg_backlog: self.acks.backlog(&self.log),
-            unacked_messages: self.outstanding.pending_len() as u64,
-            msg_out_counter: self.counters.msg_out,
-            bytes_out_counter: self.counters.bytes_out,
-            msg_redeliver_counter: self.counters.redelivered,
-            msg_rate_out,
-            msg_throughput_out,
-            msg_rate_redeliver,
-            msg_expired_counter: self.counters.expired,
-            mark_delete: self.acks.mark_delete(),
-            read_position: Some(self.reader.position()),
-            consumers: self
-                .consumers
-                .iter()
-                .map(|slot| ConsumerStats {
-                    consumer_name: slot.info.name.clone(),
-                    available_permits: slot.permits,
-                    unacked_messages: slot.unacked,
-                    msg_out_counter: slot.msg_out,
-                    address: slot.info.address.clone(),
-                    client_version: slot.info.client_version.clone(),
-                    last_flow_ms: slot.last_flow_ms,
-                    metadata: slot.info.metadata.clone(),
-                })
-                .collect(),
-            active_consumer: self.consumers.active_name(),
-            msg_drop_rate: None,
-            msg_drop_counter: 0,
-        }
     }
 
     /// An entry out to `owner` is no longer out (acked or sent again).
@@ -768,6 +749,9 @@ impl Dispatcher {
         // one holds this pass back.
         self.rates.refresh(&self.policy);
         self.rates.resume_at = None;
+        if let Some(txn) = &mut self.txn {
+            txn.blocked = false;
+        }
         self.release_due();
         if self.consumers.is_empty() || self.subscription_unacked_full() {
             return;
@@ -823,6 +807,25 @@ impl Dispatcher {
                 };
                 taken += 1;
                 let pos = entry.position;
+                match self
+                    .txn
+                    .as_mut()
+                    .map_or(Verdict::Deliver, |t| t.verdict(&entry))
+                {
+                    Verdict::Deliver => {}
+                    Verdict::Wait => {
+                        self.ahead.put_back(entry);
+                        self.reader.caught_up = true;
+                        return;
+                    }
+                    Verdict::Skip => {
+                        // Acknowledged, as Pulsar's dispatchers do.
+                        let _ = self.acks.ack(&self.log, &[pos]);
+                        self.reader.move_past(pos);
+                        progressed = true;
+                        continue;
+                    }
+                }
                 if self.acks.is_acked(pos) || self.outstanding.contains(pos) {
                     self.reader.move_past(pos);
                     progressed = true;

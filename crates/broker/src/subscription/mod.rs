@@ -21,10 +21,13 @@
 //!   and the read position;
 //! - `read_ahead`: entries read ahead and the read in flight, within the
 //!   broker-wide read-ahead budget;
-//! - `seek`: finding positions by message id or publish time.
+//! - `seek`: finding positions by message id or publish time;
+//! - `txn_view`: the topic's transaction buffer as the task sees it (read
+//!   limit, markers and aborted entries skipped).
 //!
-//! Dependencies point down that list; this module only re-exports. A
-//! transaction's pending acks belong beside `acks`. `consumers` (who may
+//! Dependencies point down that list; this module only re-exports.  A
+//! transaction's pending acks are the topic's (`topic::pending_acks`): the
+//! task applies them when their transaction commits (`TxnCommitted`). `consumers` (who may
 //! take an entry) is shared with non-persistent subscriptions.
 //!
 //! Owns: which consumer gets which entry (Exclusive, Failover, Shared,
@@ -46,6 +49,7 @@ mod read_ahead;
 mod reader;
 mod redelivery;
 mod seek;
+mod txn_view;
 
 pub(crate) use command::{
     ConnEvent, ConsumerInfo, ConsumerKey, ConsumerStatsSnapshot, SeekTarget, SubCommand,

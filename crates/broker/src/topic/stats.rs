@@ -70,6 +70,10 @@ impl Topic {
                 bytes_out_counter,
             ],
         );
+        let (ongoing_txn_count, committed_txn_count, aborted_txn_count) = self
+            .txn
+            .as_ref()
+            .map_or((0, 0, 0), |(buffer, _)| buffer.txn_counts());
         TopicStats {
             topic: self.full_name.clone(),
             msg_in_counter,
@@ -90,6 +94,9 @@ impl Topic {
             subscriptions,
             msg_drop_rate: None,
             msg_drop_counter: 0,
+            ongoing_txn_count,
+            committed_txn_count,
+            aborted_txn_count,
         }
     }
 }

@@ -136,6 +136,16 @@ impl Standalone {
         ))
     }
 
+    /// `POST path` with a JSON `body`: the status code and body.
+    pub(crate) fn http_post_json(&self, path: &str, body: &str) -> (u16, String) {
+        self.http(&format!(
+            "POST {path} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            self.http_addr,
+            body.len()
+        ))
+    }
+
     /// The text of `/metrics`.
     pub(crate) fn metrics(&self) -> String {
         self.http_get("/metrics").1
