@@ -257,6 +257,42 @@ def test_topic_publish_rate_throttles(pb, pc):
     producer.close()
 
 
+@pytest.mark.parametrize("policy", ["dispatchRate", "subscriptionDispatchRate"])
+def test_dispatch_rate_throttles_delivery(pb, pc, policy):
+    # dispatchRate is the topic's, shared by its subscriptions;
+    # subscriptionDispatchRate is each subscription's own.
+    topic = "persistent://%s/dispatch" % new_namespace(pb)
+    create_topic(pb, topic)
+    rate, count = 10, 30
+    set_topic_policy(pb, topic, policy, {"dispatchThrottlingRateInMsg": rate, "dispatchThrottlingRateInByte": -1,
+                                         "ratePeriodInSecond": 1, "relativeToPublishRate": False})
+    consumers = [pc.subscribe(topic, "sub-%d" % i) for i in range(2)]
+    producer = pc.create_producer(topic, batching_enabled=False)
+
+    def deliver_all():
+        started = time.time()
+        for i in range(count):
+            producer.send(b"%06d" % i)
+        for consumer in consumers:
+            got = [consumer.receive(timeout_millis=30000) for _ in range(count)]
+            assert [m.data() for m in got] == [b"%06d" % i for i in range(count)]
+            for m in got:
+                consumer.acknowledge(m)
+        return time.time() - started
+
+    elapsed = deliver_all()
+    # One period of burst, then the rate.
+    delivered = count * (2 if policy == "dispatchRate" else 1)
+    assert elapsed >= (delivered - rate) / rate * 0.8, "not throttled: %.2f s" % elapsed
+    # Removed: subscriptions send at once again.
+    status, _ = http(pb, "DELETE", rest(topic) + "/" + policy)
+    assert status == 204
+    assert deliver_all() < elapsed
+    producer.close()
+    for consumer in consumers:
+        consumer.close()
+
+
 def test_max_message_size_refuses_larger_sends(pb, pc):
     topic = "persistent://%s/size" % new_namespace(pb)
     create_topic(pb, topic)

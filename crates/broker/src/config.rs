@@ -134,6 +134,27 @@ impl PublishRate {
     }
 }
 
+/// A dispatch rate (Pulsar's `DispatchRate`): messages and bytes sent to
+/// consumers per period, `None` for no limit on that side. Past it a
+/// subscription sends nothing more until the rate allows: entries wait in
+/// the log, nothing is dropped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DispatchRate {
+    /// Messages per period (a batch counts its messages).
+    pub messages_per_period: Option<u64>,
+    /// Payload bytes per period.
+    pub bytes_per_period: Option<u64>,
+    /// The period (Pulsar's `ratePeriodInSecond`).
+    pub period: Duration,
+}
+
+impl DispatchRate {
+    /// Whether either side is limited.
+    pub fn is_limited(&self) -> bool {
+        self.messages_per_period.is_some() || self.bytes_per_period.is_some()
+    }
+}
+
 /// Limits of every topic (Pulsar's `maxProducersPerTopic`,
 /// `maxConsumersPerTopic`, `maxConsumersPerSubscription` and the publish
 /// rate). Past a count limit PRODUCER gets ProducerBusy and SUBSCRIBE gets
@@ -273,6 +294,12 @@ pub struct BrokerConfig {
     /// A ledger this old is full (Pulsar's
     /// `managedLedgerMaxLedgerRolloverTimeMinutes`, 240 min).
     pub ledger_rollover_max: Duration,
+    /// When a topic's closed ledgers are offloaded and their bookie copies
+    /// deleted (Pulsar's `managedLedgerOffloadThresholdInBytes`,
+    /// `managedLedgerOffloadThresholdInSeconds` (both off),
+    /// `managedLedgerOffloadDeletionLagMs` (4 h)); applies only when the
+    /// `LogEnv` has an offloader.
+    pub offload_policy: vela_log::OffloadPolicy,
     /// Time between two passes applying message TTL, backlog quotas and
     /// retention to the served topics (Pulsar checks quotas every 60 s).
     pub policy_check_interval: Duration,
@@ -330,6 +357,12 @@ pub struct TransactionConfig {
     pub timeout_max: Duration,
     /// How often each coordinator looks for timed-out transactions.
     pub timeout_check_interval: Duration,
+    /// Transaction state records this broker holds in memory at most, over
+    /// every topic and subscription (`txn_buffer::TxnBudget`): open and
+    /// aborted transactions of each topic's buffer plus positions held by
+    /// transactional acks (~100 bytes each). When reached: a SEND opening a
+    /// transaction on a topic, or a transactional ACK, gets NotAllowedError.
+    pub state_entries_max: usize,
 }
 
 impl Default for TransactionConfig {
@@ -340,6 +373,7 @@ impl Default for TransactionConfig {
             ops_per_transaction_max: 10_000,
             timeout_max: Duration::from_secs(24 * 3600),
             timeout_check_interval: Duration::from_secs(1),
+            state_entries_max: 1_000_000,
         }
     }
 }
@@ -366,6 +400,7 @@ impl BrokerConfig {
             ledger_bytes_max: 2048 << 20,
             ledger_rollover_min: Duration::from_secs(10 * 60),
             ledger_rollover_max: Duration::from_secs(240 * 60),
+            offload_policy: vela_log::OffloadPolicy::default(),
             policy_check_interval: Duration::from_secs(60),
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),

@@ -17,10 +17,10 @@
 //! Layering (bottom first). A module uses only modules of its own layer or
 //! below, and no two modules use each other, directly or not, at any depth
 //! (`tests/layering.rs` checks both against this list):
-//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`
+//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`, `rate_limit`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
-//! 3. topics: `compaction`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `transaction`, `service`, `lifecycle`, `cluster`, `watchers`, `policy_watch`, `replication`
+//! 3. topics: `compaction`, `txn_buffer`, `subscription`, `topic`, `nonpersistent`
+//! 4. the service: `transaction`, `txn_client`, `service`, `txn_participants`, `lifecycle`, `cluster`, `watchers`, `policy_watch`, `replication`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -83,9 +83,12 @@
 //! Transactions (`transaction`, off unless `BrokerConfig::transactions`):
 //! the coordinators (one per partition of
 //! `pulsar/system/transaction_coordinator_assign`, each with a durable log
-//! replayed on open, timeouts, Pulsar's errors). Not implemented yet: the
-//! per-topic transaction buffer and pending acks; transactional SENDs and
-//! ACKs are refused (NotAllowedError) rather than applied at once.
+//! replayed on open, timeouts, Pulsar's errors), which carry each outcome
+//! out on the partitions and subscriptions of the transaction
+//! (`transaction::Participants`, served by `txn_participants`); each
+//! topic's transaction buffer (`txn_buffer`: entries invisible until
+//! commit, markers, the read limit) and pending acks
+//! (`topic::pending_acks`).
 //! Deduplication keeps no snapshot: its table is rebuilt from the newest
 //! `DEDUP_REBUILD_ENTRIES_MAX` entries when a topic opens.
 
@@ -110,6 +113,7 @@ mod nonpersistent;
 pub mod ownership;
 mod policies;
 mod policy_watch;
+mod rate_limit;
 mod replication;
 pub mod schema;
 mod service;
@@ -120,6 +124,9 @@ mod topic;
 mod topic_list;
 pub mod topic_name;
 mod transaction;
+mod txn_buffer;
+mod txn_client;
+mod txn_participants;
 mod watchers;
 
 use std::net::SocketAddr;
@@ -210,6 +217,9 @@ impl Broker {
             .await
             .map_err(|e| BrokerError::Config(format!("watching stored policies: {e}")))?;
         if let Some(transactions) = &service.transactions {
+            transactions.set_participants(Arc::new(txn_participants::LocalParticipants::new(
+                Arc::downgrade(&service),
+            )));
             service
                 .admin
                 .ensure_coordinator_assign(transactions.count())

@@ -1,6 +1,7 @@
 //! The periodic pass applying namespace policies to served topics over
 //! time: message TTL, backlog quotas (Pulsar's three policies), the
-//! compaction threshold and retention trimming; and dropping the
+//! offload and compaction thresholds and retention trimming (which also
+//! deletes bookie copies of offloaded ledgers past their deletion lag); and dropping the
 //! non-persistent topics nobody uses (Pulsar's inactive-topic cleanup).
 //!
 //! Owns: the pass over every served topic (`run`, one task per broker) and
@@ -71,6 +72,11 @@ pub(crate) async fn enforce(topic: &Topic) {
     let was_blocked = topic.set_quota_block(blocked);
     if blocked.is_some() && !was_blocked {
         topic.disconnect_producers();
+    }
+    // Offload thresholds (a no-op without an offloader or thresholds);
+    // bookie copies past their deletion lag go in the trim below.
+    if topic.log.offload_by_policy() {
+        tracing::info!(topic = %topic.full_name, "offload started by its threshold");
     }
     if let Some(threshold) = policies.compaction_threshold_bytes {
         let compacted_to = match crate::compaction::compaction_cursor(&topic.log).await {

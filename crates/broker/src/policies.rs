@@ -1,6 +1,7 @@
 //! The policies a served topic enforces, as the broker reads them from the
 //! namespace's stored policies: message TTL, backlog quotas (Pulsar's three
-//! policies), retention and the compaction threshold.
+//! policies), retention, the compaction threshold and the offload policy
+//! (thresholds, deletion lag) over the broker's default.
 //!
 //! Owns: parsing [`NamespacePolicies`] once into [`TopicPolicies`] (Pulsar's
 //! numbers and names: −1 is "no limit", quota policies by name) and the
@@ -13,15 +14,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use vela_log::Retention;
+use vela_log::{OffloadPolicy, Retention};
 use vela_wire::proto::ServerError;
 
 use serde_json::Value;
 
 use crate::admin::json::{PersistenceJson, RetentionJson};
-use crate::admin::policy_specs::{PublishRateJson, int_of};
+use crate::admin::policy_specs::{DispatchRateJson, PublishRateJson, int_of};
 use crate::admin::{BacklogQuota, NamespacePolicies, RetentionPolicy, TopicRecord};
-use crate::config::PublishRate;
+use crate::config::{DispatchRate, PublishRate};
 use crate::error::ServiceError;
 
 /// What happens when a backlog quota is exceeded (Pulsar's
@@ -95,6 +96,11 @@ pub(crate) struct TopicPolicies {
     pub(crate) persistence: Option<(u8, u8, u8)>,
     /// Deduplication set by policy.
     pub(crate) deduplication: Option<bool>,
+    /// The namespace's offload numbers as Pulsar stores them (see
+    /// `TopicPolicies::offload_policy`).
+    pub(crate) offload_threshold_bytes: Option<i64>,
+    pub(crate) offload_threshold_seconds: Option<i64>,
+    pub(crate) offload_deletion_lag_ms: Option<i64>,
 }
 
 /// Limits a topic or its namespace sets over the broker's (Pulsar: 0 is no
@@ -111,6 +117,10 @@ pub(crate) struct PolicyLimits {
     pub(crate) subscriptions_max: Option<usize>,
     /// Publish rate of the topic.
     pub(crate) publish_rate: Option<PublishRate>,
+    /// Dispatch rate of the topic, over its subscriptions together.
+    pub(crate) dispatch_rate: Option<DispatchRate>,
+    /// Dispatch rate of each subscription.
+    pub(crate) subscription_dispatch_rate: Option<DispatchRate>,
     /// Largest message a producer may send, bytes.
     pub(crate) message_size_max: Option<usize>,
     /// Whether delayed delivery is on (`delayedDelivery.active`).
@@ -135,6 +145,9 @@ impl Default for TopicPolicies {
             limits: PolicyLimits::default(),
             persistence: None,
             deduplication: None,
+            offload_threshold_bytes: None,
+            offload_threshold_seconds: None,
+            offload_deletion_lag_ms: None,
         }
     }
 }
@@ -218,6 +231,8 @@ impl TopicPolicies {
             consumers_per_subscription_max: count("maxConsumersPerSubscription"),
             subscriptions_max: count("maxSubscriptionsPerTopic"),
             publish_rate,
+            dispatch_rate: pick("dispatchRate").and_then(dispatch_rate_of),
+            subscription_dispatch_rate: pick("subscriptionDispatchRate").and_then(dispatch_rate_of),
             message_size_max: count("maxMessageSize"),
             delayed_delivery,
             unacked_per_consumer_max: count("maxUnackedMessagesOnConsumer").map(|n| n as u64),
@@ -248,8 +263,56 @@ impl TopicPolicies {
             limits,
             persistence,
             deduplication,
+            offload_threshold_bytes: pick("offloadThreshold")
+                .and_then(int_of)
+                .or(policies.offload_threshold_bytes),
+            offload_threshold_seconds: pick("offloadThresholdInSeconds")
+                .and_then(int_of)
+                .or(policies.offload_threshold_seconds),
+            offload_deletion_lag_ms: pick("offloadDeletionLagMs")
+                .and_then(int_of)
+                .or(policies.offload_deletion_lag_ms),
         }
     }
+
+    /// The offload policy a topic follows: the namespace's numbers over the
+    /// broker's `default`. Thresholds: unset or −1 is the default (Pulsar's
+    /// "-1 falls back"), another negative turns it off, 0 or more is the
+    /// threshold. Deletion lag: unset is the default, negative keeps the
+    /// bookie copy.
+    pub(crate) fn offload_policy(&self, default: OffloadPolicy) -> OffloadPolicy {
+        let threshold = |value: Option<i64>, default: Option<u64>| match value {
+            None | Some(-1) => default,
+            Some(value) => u64::try_from(value).ok(),
+        };
+        let age_default = default.threshold_age.map(|age| age.as_secs());
+        OffloadPolicy {
+            threshold_bytes: threshold(self.offload_threshold_bytes, default.threshold_bytes),
+            threshold_age: threshold(self.offload_threshold_seconds, age_default)
+                .map(Duration::from_secs),
+            deletion_lag: match self.offload_deletion_lag_ms {
+                None => default.deletion_lag,
+                Some(ms) => u64::try_from(ms).ok().map(Duration::from_millis),
+            },
+        }
+    }
+}
+
+/// A stored dispatch rate (Pulsar's numbers: a side of 0 or less is no
+/// limit, the period at least a second). `relativeToPublishRate` rates are
+/// not applied (Vela does not follow the publish rate).
+fn dispatch_rate_of(value: &Value) -> Option<DispatchRate> {
+    let json: DispatchRateJson = serde_json::from_value(value.clone()).ok()?;
+    if json.relative_to_publish_rate {
+        return None;
+    }
+    let positive = |n: i64| u64::try_from(n).ok().filter(|n| *n > 0);
+    let rate = DispatchRate {
+        messages_per_period: positive(json.dispatch_throttling_rate_in_msg),
+        bytes_per_period: positive(json.dispatch_throttling_rate_in_byte),
+        period: Duration::from_secs(positive(json.rate_period_in_second).unwrap_or(1)),
+    };
+    rate.is_limited().then_some(rate)
 }
 
 /// A stored backlog quota, read.
@@ -368,6 +431,45 @@ mod tests {
                     QuotaPolicy::ConsumerBacklogEviction
                 ),
             ]
+        );
+    }
+
+    #[test]
+    fn namespace_offload_numbers_override_the_broker_default() {
+        let default = OffloadPolicy {
+            threshold_bytes: Some(1000),
+            threshold_age: None,
+            deletion_lag: Some(Duration::from_secs(60)),
+        };
+        let unset = TopicPolicies::default();
+        assert_eq!(unset.offload_policy(default), default);
+        let set = TopicPolicies {
+            offload_threshold_bytes: Some(0),
+            offload_threshold_seconds: Some(30),
+            offload_deletion_lag_ms: Some(0),
+            ..TopicPolicies::default()
+        };
+        assert_eq!(
+            set.offload_policy(default),
+            OffloadPolicy {
+                threshold_bytes: Some(0),
+                threshold_age: Some(Duration::from_secs(30)),
+                deletion_lag: Some(Duration::ZERO),
+            }
+        );
+        let off = TopicPolicies {
+            offload_threshold_bytes: Some(-2),
+            offload_threshold_seconds: Some(-1),
+            offload_deletion_lag_ms: Some(-1),
+            ..TopicPolicies::default()
+        };
+        assert_eq!(
+            off.offload_policy(default),
+            OffloadPolicy {
+                threshold_bytes: None,
+                threshold_age: None,
+                deletion_lag: None,
+            }
         );
     }
 }

@@ -97,6 +97,9 @@ pub(crate) struct Service {
     /// Statistics of the running replicators by (topic, remote cluster);
     /// the reconciler keeps it in step with the replicators it runs.
     replicators: Mutex<HashMap<(String, String), Arc<crate::stats::ReplicatorStats>>>,
+    /// The transaction state of every topic's buffer and pending acks
+    /// (`TransactionConfig::state_entries_max`; transactions on).
+    pub(crate) txn_budget: Option<Arc<crate::txn_buffer::TxnBudget>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
 }
@@ -128,8 +131,13 @@ impl Service {
             ))
         });
         let admin = Admin::for_cluster(Arc::clone(&meta), &config.cluster_name);
+        let txn_budget = config
+            .transactions
+            .as_ref()
+            .map(|txn| crate::txn_buffer::TxnBudget::new(txn.state_entries_max));
         Service {
             transactions,
+            txn_budget,
             held_entries: HeldEntries::new(config.held_entries_max),
             np_budget: ByteBudget::new(config.non_persistent_limits.inflight_bytes_max),
             config,
@@ -369,6 +377,7 @@ impl Service {
                     ledger_age_min: self.config.ledger_rollover_min,
                     ledger_age_max: self.config.ledger_rollover_max,
                     retention: lifecycle.retention,
+                    offload: lifecycle.offload_policy(self.config.offload_policy),
                     ..LogConfig::default()
                 };
                 let log = ManagedLog::open(&self.log_env, &topic.log_name(), config).await?;
@@ -378,6 +387,26 @@ impl Service {
                     Arc::clone(&self.meta),
                     Arc::clone(self.log_env.ledgers()),
                 );
+                let txn = match &self.txn_budget {
+                    Some(budget) => Some(crate::topic::TopicTxn {
+                        buffer: crate::txn_buffer::TxnBuffer::open(
+                            Arc::clone(&log),
+                            Arc::clone(&self.meta),
+                            Arc::clone(budget),
+                        )
+                        .await
+                        .map_err(|e| {
+                            ServiceError::new(ServerError::ServiceNotReady, e.to_string())
+                        })?,
+                        acks: crate::topic::PendingAcks::new(
+                            full_name.clone(),
+                            Arc::clone(&log),
+                            Arc::clone(&self.meta),
+                            Arc::clone(budget),
+                        ),
+                    }),
+                    None => None,
+                };
                 let served = Topic::new(
                     topic.clone(),
                     log,
@@ -386,6 +415,7 @@ impl Service {
                     self.config.topic_limits,
                     self.reads.clone(),
                     Arc::clone(&self.held_entries),
+                    txn,
                 );
                 if lifecycle.compaction_threshold_bytes.is_some() {
                     crate::compaction::compaction_cursor(&served.log).await?;
@@ -771,6 +801,9 @@ impl Service {
             },
         );
         topic.log.set_retention(resolved.retention);
+        topic
+            .log
+            .set_offload_policy(resolved.offload_policy(self.config.offload_policy));
         topic.set_policy_record(record);
         topic.set_lifecycle_policies(resolved);
         let result = topic.log.set_persistence(Persistence {

@@ -95,6 +95,12 @@ pub struct TopicStats {
     pub msg_drop_rate: Option<f64>,
     /// Non-persistent topics: messages dropped as they arrived, in all.
     pub msg_drop_counter: u64,
+    /// Transactions with entries here not ended yet.
+    pub ongoing_txn_count: u64,
+    /// Transactions committed here since the topic opened.
+    pub committed_txn_count: u64,
+    /// Transactions aborted here since the topic opened.
+    pub aborted_txn_count: u64,
     /// Replicators to remote clusters, by remote cluster.
     pub replication: Vec<ReplicationStats>,
 }

@@ -40,4 +40,16 @@ pub enum LogError {
     /// Bad configuration.
     #[error("config: {0}")]
     Config(String),
+    /// An offload cannot run or failed (not retried).
+    #[error("offload: {0}")]
+    Offload(String),
+    /// The object store failed during an offload (retried with back-off).
+    #[error("offload: object store: {0}")]
+    OffloadStore(String),
+    /// An offload of the log is running already (Pulsar's message).
+    #[error("Offload already in progress")]
+    OffloadInProgress(String),
+    /// A position the operation cannot use.
+    #[error("{0}")]
+    InvalidPosition(String),
 }

@@ -28,6 +28,50 @@ pub(crate) struct LedgerInfo {
     /// for the ledger being written.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) closed_unix_ms: Option<u64>,
+    /// Where the ledger was (or is being) copied in object storage (Pulsar's
+    /// `OffloadContext`); absent for a ledger never offloaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) offload: Option<OffloadInfo>,
+}
+
+/// A ledger's offload state (Pulsar's `OffloadContext`). The uid names the
+/// attempt's objects; it is recorded *before* any object is written, so an
+/// attempt cut short (crash, store down) leaves a uid whose objects the next
+/// attempt deletes. Readers use the objects only once `complete` is set,
+/// which is stored only after both objects were fully written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct OffloadInfo {
+    /// High and low halves of the attempt's 128-bit uid (Pulsar's
+    /// `uidMsb`/`uidLsb`): JSON numbers stay within 64 bits.
+    pub(crate) uid_msb: u64,
+    pub(crate) uid_lsb: u64,
+    /// Both objects are written: reads come from object storage.
+    #[serde(default)]
+    pub(crate) complete: bool,
+    /// The bookies' copy is deleted (after the deletion lag): the objects
+    /// are the only copy.
+    #[serde(default)]
+    pub(crate) bookie_deleted: bool,
+    /// When the offload completed (ms since the Unix epoch); the deletion
+    /// lag counts from here. 0 until complete.
+    #[serde(default)]
+    pub(crate) offloaded_unix_ms: u64,
+}
+
+impl OffloadInfo {
+    pub(crate) fn uid(&self) -> u128 {
+        (u128::from(self.uid_msb) << 64) | u128::from(self.uid_lsb)
+    }
+
+    pub(crate) fn started(uid: u128) -> OffloadInfo {
+        OffloadInfo {
+            uid_msb: (uid >> 64) as u64,
+            uid_lsb: uid as u64,
+            complete: false,
+            bookie_deleted: false,
+            offloaded_unix_ms: 0,
+        }
+    }
 }
 
 /// A log's ledger list.
@@ -141,11 +185,21 @@ mod tests {
                 size_bytes: 99,
                 created_unix_ms: 1,
                 closed_unix_ms: None,
+                offload: Some(OffloadInfo {
+                    complete: true,
+                    offloaded_unix_ms: 5,
+                    ..OffloadInfo::started(u128::MAX - 3)
+                }),
             }],
             terminated: true,
         };
         let bytes = serde_json::to_vec(&info).unwrap();
         assert_eq!(serde_json::from_slice::<LogInfo>(&bytes).unwrap(), info);
+        assert_eq!(info.ledgers[0].offload.unwrap().uid(), u128::MAX - 3);
+        // Records written before offloading existed still decode.
+        let old = br#"{"version":1,"ledgers":[{"ledger_id":3,"entries":1,"size_bytes":2,"created_unix_ms":4}]}"#;
+        let decoded: LogInfo = serde_json::from_slice(old).unwrap();
+        assert_eq!(decoded.ledgers[0].offload, None);
         let cursor = CursorInfo {
             version: FORMAT_VERSION,
             mark_delete: Some((7, 1)),

@@ -8,7 +8,9 @@
 //! Owns: the ledger list and cursor metadata of each log; the broker-wide
 //! entry cache (`cache`) and append budget (`budget`); the one ordered queue
 //! of appends above the ledger writer (`queue`); the
-//! `LedgerBackend` seam (`backend`) with in-memory ledgers (`memory`, tests).
+//! `LedgerBackend` seam (`backend`) with in-memory ledgers (`memory`, tests);
+//! the `LedgerOffloader` seam (`offload`) through which closed ledgers go to
+//! object storage and are read back (`log::offload` runs it).
 //! The backend over the real ledger client is `vela-ledger-backend`'s: this
 //! crate depends on neither the ledger client nor the bookie.
 //! Never: parses Pulsar frames or metadata (entries are opaque bytes); acknowledges
@@ -41,6 +43,7 @@ mod error;
 mod format;
 mod log;
 pub mod memory;
+pub mod offload;
 mod queue;
 mod store;
 
@@ -58,5 +61,9 @@ pub use error::LogError;
 pub use log::{
     APPEND_BUDGET_BYTES_DEFAULT, AppendFuture, CacheMisses, ENTRY_CACHE_BYTES_DEFAULT,
     LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog, Retention,
+};
+pub use offload::{
+    LedgerOffloader, OFFLOAD_DELETION_LAG_DEFAULT, OffloadCounters, OffloadError, OffloadPolicy,
+    OffloadState, OffloadStatus, OffloadTarget,
 };
 pub use queue::{APPENDER_BYTES_MAX, LedgerAppender};

@@ -78,6 +78,8 @@ pub(crate) struct BrokerArgs {
     #[command(flatten)]
     memory: MemoryArgs,
     #[command(flatten)]
+    offload: crate::offload_args::OffloadArgs,
+    #[command(flatten)]
     security: SecurityArgs,
     #[command(flatten)]
     limits: LimitArgs,
@@ -117,6 +119,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         let log_env = args
             .memory
             .apply(LogEnv::new(store.clone(), Arc::new(ReplicatedLedgers::new(ledgers))));
+        let log_env = args.offload.offloader(log_env)?;
 
         let mut config = BrokerConfig::new(SocketAddr::new(args.bind, args.port));
         config.advertised_host = args.advertised_host();
@@ -128,6 +131,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         config.bundle_split_topics_max = args.bundle_split_topics_max as usize;
         config.bundle_split_msg_rate_max = args.bundle_split_msg_rate_max as f64;
         args.topics.apply(&mut config)?;
+    args.offload.apply(&mut config);
         args.transactions.apply(&mut config);
         args.security.apply(args.bind, &mut config)?;
         args.limits.apply(&mut config);

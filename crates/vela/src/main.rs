@@ -15,6 +15,7 @@ mod ledgers_cmd;
 mod limit_args;
 mod listener_args;
 mod memory_args;
+mod offload_args;
 mod perf;
 mod persistence_args;
 mod process;

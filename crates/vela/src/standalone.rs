@@ -136,6 +136,8 @@ pub(crate) struct StandaloneArgs {
     #[command(flatten)]
     memory: MemoryArgs,
     #[command(flatten)]
+    offload: crate::offload_args::OffloadArgs,
+    #[command(flatten)]
     security: SecurityArgs,
     #[command(flatten)]
     limits: LimitArgs,
@@ -292,6 +294,7 @@ async fn serve(
         store.clone(),
         Arc::new(ReplicatedLedgers::new(ledgers)),
     ));
+    let log_env = args.offload.offloader(log_env)?;
 
     let mut config = BrokerConfig::new(SocketAddr::new(args.bind, args.port));
     config.advertised_host = args.advertised_host();
@@ -300,6 +303,7 @@ async fn serve(
     config.default_persistence = persistence;
     config.keepalive = Duration::from_secs(args.keepalive_s);
     args.topics.apply(&mut config)?;
+    args.offload.apply(&mut config);
     args.transactions.apply(&mut config);
     args.security.apply(args.bind, &mut config)?;
     args.limits.apply(&mut config);

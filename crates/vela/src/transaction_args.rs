@@ -29,6 +29,13 @@ pub(crate) struct TransactionArgs {
     /// Longest transaction timeout a client may ask for, in seconds.
     #[arg(long, default_value_t = 86_400, value_parser = clap::value_parser!(u64).range(1..=31_536_000))]
     max_transaction_timeout_s: u64,
+    /// Transaction state records the broker holds in memory at most, over
+    /// every topic and subscription: open and aborted transactions of each
+    /// topic's transaction buffer plus positions held by transactional
+    /// acks (~100 bytes each). Past it a SEND opening a transaction on a
+    /// topic, or a transactional ACK, gets NotAllowedError.
+    #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
+    transaction_state_entries_max: u64,
 }
 
 impl TransactionArgs {
@@ -45,6 +52,8 @@ impl TransactionArgs {
             ops_per_transaction_max: usize::try_from(self.max_operations_per_transaction)
                 .unwrap_or(usize::MAX),
             timeout_max: Duration::from_secs(self.max_transaction_timeout_s),
+            state_entries_max: usize::try_from(self.transaction_state_entries_max)
+                .unwrap_or(usize::MAX),
             ..TransactionConfig::default()
         });
     }

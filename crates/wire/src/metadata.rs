@@ -215,6 +215,10 @@ pub struct MetadataSummary {
     pub deliver_at_time_ms: Option<i64>,
     /// Field 20: internal marker messages.
     pub marker_type: Option<i32>,
+    /// Field 22: the transaction's least significant bits.
+    pub txnid_least_bits: Option<u64>,
+    /// Field 23: the transaction's most significant bits (its coordinator).
+    pub txnid_most_bits: Option<u64>,
     /// Field 24: for a batch, the highest sequence id.
     pub highest_sequence_id: Option<u64>,
     /// Field 27.
@@ -254,7 +258,7 @@ fn walk(
         let (field, wire_type) = reader.tag()?;
         match field {
             1 | 6 | 18 => on_bytes(field, ByteSpan::new(reader.len_field(wire_type)?)),
-            2 | 3 | 8 | 9 | 11 | 12 | 19 | 20 | 24 | 27 | 29 => {
+            2 | 3 | 8 | 9 | 11 | 12 | 19 | 20 | 22 | 23 | 24 | 27 | 29 => {
                 on_varint(field, reader.varint_field(wire_type)?);
             }
             _ => reader.skip(wire_type)?,
@@ -281,6 +285,8 @@ impl MetadataSummary {
                 12 => summary.event_time_ms = Some(value),
                 19 => summary.deliver_at_time_ms = Some(value as i64),
                 20 => summary.marker_type = Some(value as i32),
+                22 => summary.txnid_least_bits = Some(value),
+                23 => summary.txnid_most_bits = Some(value),
                 24 => summary.highest_sequence_id = Some(value),
                 27 => summary.num_chunks_from_msg = Some(value as i32),
                 29 => summary.chunk_id = Some(value as i32),
@@ -338,6 +344,8 @@ mod tests {
             chunk_id: Some(2),
             num_chunks_from_msg: Some(3),
             marker_type: Some(4),
+            txnid_least_bits: Some(300),
+            txnid_most_bits: Some(2),
             event_time: Some(11),
             properties: vec![crate::proto::KeyValue {
                 key: "a".into(),
@@ -360,6 +368,8 @@ mod tests {
         assert_eq!(summary.chunk_id, Some(2));
         assert_eq!(summary.num_chunks_from_msg, Some(3));
         assert_eq!(summary.marker_type, Some(4));
+        assert_eq!(summary.txnid_least_bits, Some(300));
+        assert_eq!(summary.txnid_most_bits, Some(2));
         assert_eq!(summary.event_time_ms, Some(11));
         assert!(summary.has_required_fields());
         assert_eq!(summary.message_count(), 1);

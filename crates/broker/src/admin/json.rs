@@ -235,6 +235,12 @@ pub struct PoliciesBody {
     #[serde(default)]
     compaction_threshold: Option<i64>,
     #[serde(default)]
+    offload_threshold: Option<i64>,
+    #[serde(default)]
+    offload_threshold_in_seconds: Option<i64>,
+    #[serde(default)]
+    offload_deletion_lag_ms: Option<i64>,
+    #[serde(default)]
     auth_policies: Option<AuthPoliciesJson>,
     #[serde(default)]
     schema_compatibility_strategy: Option<String>,
@@ -273,6 +279,9 @@ impl PoliciesBody {
             compaction_threshold_bytes: self
                 .compaction_threshold
                 .and_then(|b| u64::try_from(b).ok()),
+            offload_threshold_bytes: self.offload_threshold,
+            offload_threshold_seconds: self.offload_threshold_in_seconds,
+            offload_deletion_lag_ms: self.offload_deletion_lag_ms,
             // The grants a creating body carries (as Pulsar's
             // createNamespace stores them); later changes go through the
             // permissions routes.
@@ -325,6 +334,20 @@ pub fn ttl_seconds(value: i64) -> Result<u32, AdminError> {
     u32::try_from(value).map_err(|_| AdminError::Invalid("Invalid value for message TTL".into()))
 }
 
+/// A namespace's offload number: set through its policy route (kept by
+/// `policy_specs` key), else from the body that created the namespace.
+fn offload_number(
+    policies: &NamespacePolicies,
+    key: &str,
+    created: fn(&NamespacePolicies) -> Option<i64>,
+) -> Option<i64> {
+    policies
+        .policies
+        .get(key)
+        .and_then(int_of)
+        .or_else(|| created(policies))
+}
+
 /// Pulsar's Policies document for GET on a namespace of a broker of
 /// cluster `local`.
 pub fn policies_json(policies: &NamespacePolicies, local: &str) -> Value {
@@ -357,6 +380,9 @@ pub fn policies_json(policies: &NamespacePolicies, local: &str) -> Value {
         "message_ttl_in_seconds": policies.message_ttl_seconds,
         "retention_policies": policies.retention.map(RetentionJson::from),
         "compaction_threshold": policies.compaction_threshold_bytes,
+        "offload_threshold": offload_number(policies, "offloadThreshold", |p| p.offload_threshold_bytes).unwrap_or(-1),
+        "offload_threshold_in_seconds": offload_number(policies, "offloadThresholdInSeconds", |p| p.offload_threshold_seconds).unwrap_or(-1),
+        "offload_deletion_lag_ms": offload_number(policies, "offloadDeletionLagMs", |p| p.offload_deletion_lag_ms),
         "schema_compatibility_strategy": policies
             .schema_compatibility_strategy
             .as_deref()
@@ -554,9 +580,9 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
         "lastOffloadLedgerId": 0,
         "lastOffloadSuccessTimeStamp": 0,
         "lastOffloadFailureTimeStamp": 0,
-        "ongoingTxnCount": 0,
-        "abortedTxnCount": 0,
-        "committedTxnCount": 0,
+        "ongoingTxnCount": stats.ongoing_txn_count,
+        "abortedTxnCount": stats.aborted_txn_count,
+        "committedTxnCount": stats.committed_txn_count,
         "waitingPublishers": 0,
         "publishers": publishers,
         "subscriptions": subscriptions,
@@ -655,6 +681,9 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
                 None => out.replication.push(r.clone()),
             }
         }
+        out.ongoing_txn_count += p.ongoing_txn_count;
+        out.committed_txn_count += p.committed_txn_count;
+        out.aborted_txn_count += p.aborted_txn_count;
         for s in &p.subscriptions {
             let merged = subscriptions
                 .entry(s.name.clone())
@@ -754,7 +783,7 @@ pub fn internal_stats_json(input: &InternalStatsInput<'_>) -> Value {
                 "entries": l.entries,
                 "size": l.size_bytes,
                 "timestamp": l.created_unix_ms,
-                "offloaded": false,
+                "offloaded": l.offloaded,
                 "underReplicated": false,
                 "metadata": input.metadata.get(&l.ledger_id),
             })

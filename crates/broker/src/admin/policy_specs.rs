@@ -99,7 +99,7 @@ const fn spec(
 
 /// Every policy kept as a JSON value. Policies Vela applies are read in
 /// `policies::TopicPolicies::resolve`; the others (offload, replication,
-/// dispatch and subscribe rates, dedup snapshots, inactive topics,
+/// replicator and subscribe rates, dedup snapshots, inactive topics,
 /// subscription expiry, bookie affinity) are stored and served back so
 /// tools round-trip them; Vela has no such mechanism to apply them to.
 pub const POLICY_SPECS: &[PolicySpec] = &[
@@ -264,18 +264,25 @@ pub const POLICY_SPECS: &[PolicySpec] = &[
         Some("subscriptionExpirationTime"),
         int(0, "Invalid value for subscription expiration time"),
     ),
-    spec(
-        "offloadThresholdInSeconds",
-        None,
-        Some("offloadThresholdInSeconds"),
-        int(0, "Invalid value for offloadThresholdInSecond"),
-    ),
-    spec(
-        "offloadThreshold",
-        None,
-        Some("offloadThreshold"),
-        int(-1, "Invalid value for offloadThreshold"),
-    ),
+    // Pulsar's Policies default both thresholds to -1 (the broker's).
+    PolicySpec {
+        namespace_unset: Some(-1),
+        ..spec(
+            "offloadThresholdInSeconds",
+            None,
+            Some("offloadThresholdInSeconds"),
+            int(0, "Invalid value for offloadThresholdInSecond"),
+        )
+    },
+    PolicySpec {
+        namespace_unset: Some(-1),
+        ..spec(
+            "offloadThreshold",
+            None,
+            Some("offloadThreshold"),
+            int(-1, "Invalid value for offloadThreshold"),
+        )
+    },
     spec(
         "offloadDeletionLagMs",
         None,

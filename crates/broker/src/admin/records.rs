@@ -1,7 +1,7 @@
 //! The records the admin store keeps, as stored: a tenant's info and a
 //! namespace's policies (persistence, retention, TTL, backlog quotas,
-//! deduplication, compaction threshold, permission grants), with the
-//! validation Pulsar applies to them.
+//! deduplication, compaction and offload thresholds, permission grants),
+//! with the validation Pulsar applies to them.
 //!
 //! Owns: these types and their JSON as stored (serde field names are a
 //! storage format: renaming one loses stored values). Never: the REST
@@ -36,6 +36,20 @@ pub struct NamespacePolicies {
     /// automatically).
     #[serde(default)]
     pub compaction_threshold_bytes: Option<u64>,
+    /// Offload a topic's older closed ledgers once newer ones hold more
+    /// bytes than this (Pulsar's `offload_threshold`: −1 or `None`: the
+    /// broker's default, other negatives: off).
+    #[serde(default)]
+    pub offload_threshold_bytes: Option<i64>,
+    /// Offload closed ledgers older than this many seconds (Pulsar's
+    /// `offload_threshold_in_seconds`, same conventions).
+    #[serde(default)]
+    pub offload_threshold_seconds: Option<i64>,
+    /// Delete an offloaded ledger's bookie copy this long after its offload
+    /// (Pulsar's `offload_deletion_lag_ms`: `None`: the broker's default,
+    /// negative: keep it).
+    #[serde(default)]
+    pub offload_deletion_lag_ms: Option<i64>,
     /// Actions granted to roles on the namespace's topics (Pulsar's
     /// `auth_policies.namespace_auth`); enforced when authorization is on.
     #[serde(default)]

@@ -272,20 +272,51 @@ impl Consumers {
                 .ack(session, body.consumer_id, body.request_id)
                 .await;
         }
-        // Transactional acks need the subscription's pending acks (not built
-        // yet): refused, never applied before their commit.
+        // Transactional acks are held by the topic's pending acks until
+        // their transaction ends; answered once durable.
         if body.txnid_most_bits.is_some() || body.txnid_least_bits.is_some() {
+            let txn = (
+                body.txnid_most_bits.unwrap_or(0),
+                body.txnid_least_bits.unwrap_or(0),
+            );
+            let Some(consumer) = self.map.get(&body.consumer_id) else {
+                return session
+                    .send(proto::CommandAckResponse {
+                        consumer_id: body.consumer_id,
+                        txnid_least_bits: body.txnid_least_bits,
+                        txnid_most_bits: body.txnid_most_bits,
+                        error: Some(ServerError::ConsumerNotFound as i32),
+                        message: Some(format!("Consumer {} not found", body.consumer_id)),
+                        request_id: body.request_id,
+                    })
+                    .await;
+            };
+            let topic = Arc::clone(&consumer.topic);
+            let subscription = consumer.sub.name.clone();
+            let cumulative = body.ack_type == proto::command_ack::AckType::Cumulative as i32;
+            // Awaited here: the reader waits for the durable record (the
+            // client waits for the answer anyway), nothing queues unbounded.
+            let result = topic
+                .txn_ack(&subscription, txn, &body.message_id, cumulative)
+                .await;
+            if let Err(error) = &result {
+                tracing::info!(topic = %topic.full_name, %subscription, ?txn, %error, "transactional ack refused");
+            }
+            let Some(request_id) = body.request_id else {
+                return Ok(());
+            };
+            let (error, message) = match result {
+                Ok(()) => (None, None),
+                Err(e) => (Some(e.code as i32), Some(e.message)),
+            };
             return session
                 .send(proto::CommandAckResponse {
                     consumer_id: body.consumer_id,
                     txnid_least_bits: body.txnid_least_bits,
                     txnid_most_bits: body.txnid_most_bits,
-                    error: Some(ServerError::NotAllowedError as i32),
-                    message: Some(
-                        "Transactional acknowledgements are not supported by this broker yet"
-                            .into(),
-                    ),
-                    request_id: body.request_id,
+                    error,
+                    message,
+                    request_id: Some(request_id),
                 })
                 .await;
         }

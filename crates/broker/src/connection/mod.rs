@@ -509,6 +509,18 @@ impl Connection {
                 let body = required(command.end_txn, kind)?;
                 self.txn_requests.on_end_txn(&self.session, body).await
             }
+            Type::EndTxnOnPartition => {
+                let body = required(command.end_txn_on_partition, kind)?;
+                self.txn_requests
+                    .on_end_txn_on_partition(&self.session, body)
+                    .await
+            }
+            Type::EndTxnOnSubscription => {
+                let body = required(command.end_txn_on_subscription, kind)?;
+                self.txn_requests
+                    .on_end_txn_on_subscription(&self.session, body)
+                    .await
+            }
             other => Err(Close(format!("unsupported command {other:?}"))),
         }
     }

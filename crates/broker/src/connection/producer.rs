@@ -46,6 +46,8 @@ enum ReceiptJob {
         issued: Instant,
         append: AppendFuture,
         topic_metrics: Arc<crate::metrics::TopicMetrics>,
+        /// The SEND's transaction: its buffer learns where the entry landed.
+        txn: Option<crate::txn_buffer::TxnKey>,
         _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
     },
     Duplicate {
@@ -68,10 +70,6 @@ enum ReceiptJob {
 /// when the broker closed its producer (unload, termination) are expected
 /// and must not close the connection. The oldest is forgotten first.
 const RECENTLY_CLOSED_PRODUCERS_MAX: usize = 1000;
-
-/// SEND_ERROR text for a transactional SEND: topics have no transaction
-/// buffer yet, so such a message is refused rather than stored visible.
-const TXN_SEND_REFUSED: &str = "Transactional messages are not supported by this broker yet";
 
 struct ConnProducer {
     topic: Arc<Topic>,
@@ -337,17 +335,41 @@ impl Producers {
         let Some(producer) = self.map.get(&body.producer_id) else {
             return self.unknown_producer(session, body.producer_id);
         };
-        // Transactional messages need the topic's transaction buffer (not
-        // built yet): refused, never stored visible before their commit.
-        if body.txnid_most_bits().is_some() || body.txnid_least_bits().is_some() {
+        // A transactional SEND: the topic's buffer is readied first (one
+        // metadata write per topic, ever), or the SEND is refused.
+        let txn = match (body.txnid_most_bits(), body.txnid_least_bits()) {
+            (None, None) => None,
+            (most, least) => Some((most.unwrap_or(0), least.unwrap_or(0))),
+        };
+        if txn.is_some()
+            && let Err(error) = producer.topic.prepare_txn_publish().await
+        {
             let job = ReceiptJob::Error {
                 sequence_id: body.sequence_id,
-                code: ServerError::NotAllowedError,
-                message: TXN_SEND_REFUSED.into(),
+                code: error.code,
+                message: error.message,
             };
             let _ = producer.jobs.send(Box::new(job)).await;
             return Ok(());
         }
+        // The stored entry carries its transaction id (Go clients set it
+        // only on the command); one copy, before its budget is reserved.
+        let entry = match txn.map(|txn| crate::txn_buffer::with_txn_id(&entry, txn)) {
+            None => entry,
+            Some(Ok(tagged)) => tagged,
+            Some(Err(error)) => {
+                let job = ReceiptJob::Error {
+                    sequence_id: body.sequence_id,
+                    code: ServerError::NotAllowedError,
+                    message: error.to_string(),
+                };
+                let _ = producer.jobs.send(Box::new(job)).await;
+                return Ok(());
+            }
+        };
+        let Some(producer) = self.map.get(&body.producer_id) else {
+            return Ok(());
+        };
         let jobs = producer.jobs.clone();
         let topic = Arc::clone(&producer.topic);
         let sequence_id = body.sequence_id;
@@ -392,14 +414,38 @@ impl Producers {
         // (Pulsar's throttling: TCP back-pressure, nothing refused).
         let pause = producer.topic.publish_pause(messages, entry.len());
         let issued = Instant::now();
-        let job = match producer.topic.publish(
-            &producer.name,
-            sequence_id as i64,
-            highest_sequence_id as i64,
-            entry,
-            messages,
-            append_permit,
-        ) {
+        let published = match txn {
+            None => Ok(producer.topic.publish(
+                &producer.name,
+                sequence_id as i64,
+                highest_sequence_id as i64,
+                entry,
+                messages,
+                append_permit,
+            )),
+            Some(txn) => producer.topic.publish_txn(
+                txn,
+                &producer.name,
+                sequence_id as i64,
+                highest_sequence_id as i64,
+                entry,
+                messages,
+                append_permit,
+            ),
+        };
+        let published = match published {
+            Ok(check) => check,
+            Err(error) => {
+                let job = ReceiptJob::Error {
+                    sequence_id,
+                    code: error.code,
+                    message: error.message,
+                };
+                let _ = jobs.send(Box::new(job)).await;
+                return Ok(());
+            }
+        };
+        let job = match published {
             DedupCheck::Duplicate => ReceiptJob::Duplicate {
                 sequence_id,
                 highest_sequence_id,
@@ -418,6 +464,7 @@ impl Producers {
                 issued,
                 append,
                 topic_metrics: Arc::clone(&producer.topic.metrics),
+                txn,
                 _permits: (send_permit, bytes_permit),
             },
         };
@@ -523,9 +570,13 @@ async fn receipt_loop(
                 issued,
                 append,
                 topic_metrics,
+                txn,
                 _permits,
             } => match append.await {
                 Ok(position) => {
+                    if let Some(txn) = txn {
+                        topic.txn_appended(txn, position);
+                    }
                     // Durable: re-sends of it are duplicates from now on.
                     topic.dedup_persisted(
                         &producer_name,

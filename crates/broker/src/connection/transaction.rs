@@ -1,5 +1,8 @@
 //! Transaction coordinator commands: TC_CLIENT_CONNECT, NEW_TXN,
-//! ADD_PARTITION_TO_TXN, ADD_SUBSCRIPTION_TO_TXN, END_TXN.
+//! ADD_PARTITION_TO_TXN, ADD_SUBSCRIPTION_TO_TXN, END_TXN; and the
+//! participant commands another broker's coordinator sends
+//! (END_TXN_ON_PARTITION, END_TXN_ON_SUBSCRIPTION: a superuser's when
+//! authentication is on), served by the same code as in-process outcomes.
 //!
 //! With transactions off each is answered ERROR(NotAllowedError,
 //! "Transactions are not enabled.") as Pulsar does. TC_CLIENT_CONNECT opens
@@ -308,5 +311,110 @@ fn split(result: Result<(), ServiceError>) -> (Option<i32>, Option<String>) {
     match result {
         Ok(()) => (None, None),
         Err(error) => (Some(error.code as i32), Some(error.message)),
+    }
+}
+
+/// The outcome an END_TXN_ON_* command asks for.
+fn action_of(action: Option<i32>) -> Result<bool, ServiceError> {
+    match action.map(proto::TxnAction::try_from) {
+        Some(Ok(proto::TxnAction::Commit)) => Ok(true),
+        Some(Ok(proto::TxnAction::Abort)) => Ok(false),
+        other => Err(ServiceError::new(
+            ServerError::InvalidTxnStatus,
+            format!("Unsupported txnAction {other:?}"),
+        )),
+    }
+}
+
+impl TxnRequests {
+    /// Participant commands come from brokers: with authentication on,
+    /// only a superuser may send them.
+    fn check_participant_caller(session: &Session) -> Result<(), ServiceError> {
+        let (_, superuser) = Self::caller(session);
+        if session.service.config.auth.is_some() && !superuser {
+            return Err(ServiceError::new(
+                ServerError::AuthorizationError,
+                "only a superuser may end a transaction on a topic",
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn on_end_txn_on_partition(
+        &self,
+        session: &Session,
+        body: proto::CommandEndTxnOnPartition,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let id = txn_id(body.txnid_most_bits, body.txnid_least_bits);
+        let allowed = Self::check_participant_caller(session);
+        let service = Arc::clone(&session.service);
+        self.spawn(session, async move {
+            let result = async {
+                allowed?;
+                let commit = action_of(body.txn_action)?;
+                let topic = body.topic.unwrap_or_default();
+                crate::txn_participants::end_on_partition(
+                    &service,
+                    &topic,
+                    (id.most, id.least),
+                    commit,
+                )
+                .await
+            }
+            .await;
+            let (error, message) = split(result);
+            proto::CommandEndTxnOnPartitionResponse {
+                request_id,
+                txnid_least_bits: Some(id.least),
+                txnid_most_bits: Some(id.most),
+                error,
+                message,
+            }
+            .into()
+        })
+        .await
+    }
+
+    pub(super) async fn on_end_txn_on_subscription(
+        &self,
+        session: &Session,
+        body: proto::CommandEndTxnOnSubscription,
+    ) -> Result<(), Close> {
+        let request_id = body.request_id;
+        let id = txn_id(body.txnid_most_bits, body.txnid_least_bits);
+        let allowed = Self::check_participant_caller(session);
+        let service = Arc::clone(&session.service);
+        self.spawn(session, async move {
+            let result = async {
+                allowed?;
+                let commit = action_of(body.txn_action)?;
+                let Some(subscription) = body.subscription else {
+                    return Err(ServiceError::new(
+                        ServerError::InvalidTopicName,
+                        "END_TXN_ON_SUBSCRIPTION without a subscription",
+                    ));
+                };
+                crate::txn_participants::end_on_subscription(
+                    &service,
+                    &subscription.topic,
+                    &subscription.subscription,
+                    (id.most, id.least),
+                    commit,
+                )
+                .await
+            }
+            .await;
+            let (error, message) = split(result);
+            proto::CommandEndTxnOnSubscriptionResponse {
+                request_id,
+                txnid_least_bits: Some(id.least),
+                txnid_most_bits: Some(id.most),
+                error,
+                message,
+            }
+            .into()
+        })
+        .await
     }
 }

@@ -16,7 +16,8 @@
 //! `permissions` (namespace grants), `schema_policy` (the
 //! `schemaCompatibilityStrategy` routes, namespace and topic), `topics`
 //! (topics, partitioned topics, stats, subscriptions), `termination`
-//! (terminate), `non_persistent` (non-persistent topics), `topic_policies`
+//! (terminate), `offload` (tiered storage trigger and status),
+//! `non_persistent` (non-persistent topics), `topic_policies`
 //! (topic-level policies and properties), `messages` (entries by id, peek,
 //! id by time), `schemas` (the schema registry), `namespace_policies`
 //! (namespace policies kept as Pulsar's JSON, properties, subscription
@@ -37,6 +38,7 @@ mod messages;
 mod namespace_policies;
 mod namespaces;
 mod non_persistent;
+mod offload;
 mod permissions;
 mod prometheus;
 mod schema_policy;
@@ -185,6 +187,7 @@ fn router(service: Arc<Service>) -> Router {
         .merge(bundles::routes())
         .merge(topics::routes())
         .merge(termination::routes())
+        .merge(offload::routes())
         .merge(non_persistent::routes())
         .merge(permissions::routes())
         .merge(topic_policies::routes())

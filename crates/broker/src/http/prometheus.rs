@@ -134,6 +134,7 @@ pub(super) async fn render(service: &Service) -> String {
     broker_families(service, rows.len(), &mut w);
     transaction_families(service, &mut w);
     memory_families(service, &mut w);
+    offload_families(service, &mut w);
     storage_families(
         &service.config.cluster_name,
         &service.storage_metrics(),
@@ -150,6 +151,29 @@ fn transaction_families(service: &Service, w: &mut Writer) {
     let Some(transactions) = &service.transactions else {
         return;
     };
+    if let Some(budget) = &service.txn_budget {
+        let cluster = labels(&[("cluster", service.config.cluster_name.as_str())]);
+        w.family(
+            "vela_transaction_state_entries",
+            "gauge",
+            "Transaction state records held: open and aborted transactions of every topic, positions held by transactional acks.",
+        );
+        w.sample(
+            "vela_transaction_state_entries",
+            &cluster,
+            budget.used() as f64,
+        );
+        w.family(
+            "vela_transaction_state_entries_max",
+            "gauge",
+            "Their bound (--transaction-state-entries-max).",
+        );
+        w.sample(
+            "vela_transaction_state_entries_max",
+            &cluster,
+            budget.max() as f64,
+        );
+    }
     let stats = transactions.stats();
     if stats.is_empty() {
         return;
@@ -277,6 +301,64 @@ fn memory_families(service: &Service, w: &mut Writer) {
         w.family(name, kind, help);
         w.sample(name, &cluster, value);
     }
+}
+
+/// Tiered storage (only with an offloader): what was offloaded and read
+/// back, failures, and the latency of reads from object storage.
+fn offload_families(service: &Service, w: &mut Writer) {
+    let Some(offloader) = service.log_env.offloader() else {
+        return;
+    };
+    let cluster = labels(&[("cluster", service.config.cluster_name.as_str())]);
+    let c = offloader.counters();
+    let counters: [(&str, &str, u64); 6] = [
+        (
+            "vela_offload_offloaded_bytes_total",
+            "Bytes of objects written by completed ledger offloads.",
+            c.offloaded_bytes,
+        ),
+        (
+            "vela_offload_offloaded_ledgers_total",
+            "Ledgers offloaded to object storage.",
+            c.offloaded_ledgers,
+        ),
+        (
+            "vela_offload_errors_total",
+            "Ledger offload attempts that failed (retried or not).",
+            c.offload_errors,
+        ),
+        (
+            "vela_offload_read_errors_total",
+            "Reads from object storage that failed (store unreachable, object missing or corrupt).",
+            c.read_errors,
+        ),
+        (
+            "vela_offload_read_entries_total",
+            "Entries read from object storage.",
+            c.read_entries,
+        ),
+        (
+            "vela_offload_read_bytes_total",
+            "Payload bytes read from object storage.",
+            c.read_bytes,
+        ),
+    ];
+    for (name, help, value) in counters {
+        w.family(name, "counter", help);
+        w.sample(name, &cluster, value as f64);
+    }
+    let name = "vela_offload_read_latency_seconds";
+    w.family(
+        name,
+        "summary",
+        "Latency of reads from object storage (index fetch included).",
+    );
+    w.sample(
+        &format!("{name}_sum"),
+        &cluster,
+        c.read_latency_us_total as f64 / 1e6,
+    );
+    w.sample(&format!("{name}_count"), &cluster, c.reads as f64);
 }
 
 /// The storage metrics, one family block each (header once, then samples).

@@ -126,7 +126,7 @@ async fn targets(service: &Service, topic: &TopicName) -> ApiResult<Vec<TopicNam
 }
 
 /// A served (opened if needed) existing topic, 404 when absent.
-async fn open(service: &Service, topic: &TopicName) -> ApiResult<Arc<Topic>> {
+pub(super) async fn open(service: &Service, topic: &TopicName) -> ApiResult<Arc<Topic>> {
     if topic.partition.is_none() && service.admin.partitions(topic).await?.is_some() {
         return Err(ApiError::not_found(format!(
             "Topic {topic} is a partitioned topic: use its partitions or partitioned-stats"

@@ -17,6 +17,8 @@ use crate::compaction::Compaction;
 use crate::error::ServiceError;
 use crate::stats::SubscriptionStats;
 
+use super::policy::DispatchPolicy;
+
 /// Commands queued for one subscription task; senders wait when it is full.
 pub(crate) const SUBSCRIPTION_COMMANDS_MAX: usize = 1024;
 
@@ -135,6 +137,16 @@ pub(crate) enum SubCommand {
         /// Set when the client wants an ACK_RESPONSE.
         request_id: Option<u64>,
     },
+    /// A transaction's acknowledgements committed: applied as acks
+    /// (entries with an ack set: those batch indexes only).
+    TxnCommitted {
+        positions: Vec<(Position, Vec<u64>)>,
+        cumulative: Option<Position>,
+        reply: oneshot::Sender<()>,
+    },
+    /// A transaction's acknowledgements aborted: those entries still out
+    /// to consumers are sent again.
+    TxnAborted { positions: Vec<Position> },
     /// REDELIVER_UNACKNOWLEDGED_MESSAGES (empty ids: all of this consumer's).
     Redeliver {
         /// Consumer.
@@ -272,34 +284,11 @@ pub(crate) struct SubscriptionSpec {
     pub(crate) reads: super::read_ahead::SubscriptionReads,
     /// The broker-wide count of entries subscriptions hold.
     pub(crate) held: std::sync::Arc<super::held::HeldEntries>,
+    /// The topic's transaction buffer (transactions on): entries are read
+    /// up to its read limit, markers and aborted entries are skipped.
+    pub(crate) txn: Option<Arc<crate::txn_buffer::TxnBuffer>>,
     /// The topic's dispatch policies, changed while the subscription runs.
     pub(crate) policy: Arc<DispatchPolicy>,
-}
-
-/// Policies a running subscription reads at each dispatch (set by the
-/// topic when its policies change; relaxed atomics: a change applies from
-/// the next dispatch pass).
-#[derive(Debug)]
-pub(crate) struct DispatchPolicy {
-    /// Entries with a future `deliver_at_time` wait (`delayedDelivery`).
-    pub(crate) delayed_delivery: std::sync::atomic::AtomicBool,
-    /// A consumer with this many entries out and unacknowledged gets no
-    /// more until some are acknowledged (`maxUnackedMessagesOnConsumer`,
-    /// counted in entries; 0: no limit).
-    pub(crate) unacked_per_consumer_max: std::sync::atomic::AtomicU64,
-    /// The same for the whole subscription
-    /// (`maxUnackedMessagesOnSubscription`).
-    pub(crate) unacked_per_subscription_max: std::sync::atomic::AtomicU64,
-}
-
-impl Default for DispatchPolicy {
-    fn default() -> DispatchPolicy {
-        DispatchPolicy {
-            delayed_delivery: std::sync::atomic::AtomicBool::new(true),
-            unacked_per_consumer_max: std::sync::atomic::AtomicU64::new(0),
-            unacked_per_subscription_max: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
 }
 
 /// The key of a consumer.

@@ -15,6 +15,8 @@
 //! slot waits); nothing is sent to a consumer whose permits are ≤ 0; the
 //! entries held (out, to replay, delayed) stay within their bounds plus
 //! one read batch (asserted in debug builds).
+//! Dispatch rates (`policy::Rates`) are asked before each entry and
+//! charged after it: past one, the task sends nothing until its timer.
 //! Never: reads more than `READ_BATCH_ENTRIES_MAX` entries at once, has
 //! more than one log read in flight or more than `READ_AHEAD_READS_MAX`
 //! reads' worth read ahead, holds more than `UNACKED_ENTRIES_MAX` unacked
@@ -38,13 +40,18 @@ use super::command::{
 use super::consumers::{Consumers, Route};
 use super::delayed::{self, DELAYED_ENTRIES_MAX, Delayed};
 use super::held::HeldShare;
+use super::policy::{DispatchPolicy, Rates};
 use super::read_ahead::{Fetched, ReadAhead};
 use super::reader::{READ_BATCH_BYTES_MAX, READ_BATCH_ENTRIES_MAX, Reader};
 use super::redelivery::{Outstanding, REPLAY_ENTRIES_MAX, SLOT_UNKNOWN, UNACKED_ENTRIES_MAX};
 use super::seek::resolve_seek;
+use super::txn_view::{self, TxnView, Verdict};
+
+mod stats;
+mod txn;
 use crate::codec;
 use crate::error::ServiceError;
-use crate::stats::{ConsumerStats, RateMeter, SubscriptionStats};
+use crate::stats::RateMeter;
 
 /// Entries a subscription holds at most (out to consumers, to replay,
 /// delayed): new entries are read only while each set is under its bound,
@@ -91,6 +98,7 @@ pub(crate) fn spawn(
         held: HeldShare::new(spec.held),
         held_blocked: false,
         terminated: spec.log.is_terminated(),
+        txn: spec.txn.map(TxnView::new),
         name: spec.name,
         topic: spec.topic,
         partition: spec.partition,
@@ -100,6 +108,7 @@ pub(crate) fn spawn(
         outstanding: Outstanding::default(),
         delayed: Delayed::default(),
         policy: spec.policy,
+        rates: Rates::default(),
         reader: Reader::new(Arc::clone(&spec.log), read_position, spec.compaction),
         ahead: ReadAhead::new(spec.reads),
         log: spec.log,
@@ -129,7 +138,9 @@ struct Counters {
 
 struct Dispatcher {
     /// The topic's dispatch policies.
-    policy: Arc<super::command::DispatchPolicy>,
+    policy: Arc<DispatchPolicy>,
+    /// The dispatch rates it keeps to.
+    rates: Rates,
     name: String,
     /// Full topic name (for logs).
     topic: String,
@@ -150,6 +161,8 @@ struct Dispatcher {
     held_blocked: bool,
     /// The topic was terminated (its log takes no more entries).
     terminated: bool,
+    /// The topic's transaction buffer (transactions on).
+    txn: Option<TxnView>,
 }
 
 /// Why the subscription task woke up.
@@ -174,6 +187,7 @@ impl Dispatcher {
     async fn run(mut self, mut rx: CommandReceiver, on_end: Box<dyn FnOnce(&str) + Send>) {
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription started");
         loop {
+            let txn_blocked = self.txn.as_ref().is_some_and(|t| t.blocked);
             self.consumers.set_unacked_max(
                 self.policy
                     .unacked_per_consumer_max
@@ -181,7 +195,8 @@ impl Dispatcher {
             );
             let waiting = self.reader.caught_up
                 && self.consumers.total_permits() > 0
-                && !self.subscription_unacked_full();
+                && !self.subscription_unacked_full()
+                && !txn_blocked;
             let read_position = self.next_read_position();
             let log = Arc::clone(&self.log);
             let next_due = self.delayed.next_due_ms();
@@ -193,10 +208,14 @@ impl Dispatcher {
                 .retry_at()
                 .unwrap_or_else(tokio::time::Instant::now);
             let retrying = self.reader.retry_at().is_some();
+            let rate_resume_at = self.rates.resume_at;
+            let rates_seen = self.rates.version();
+            let policy = Arc::clone(&self.policy);
             let held = Arc::clone(self.held.budget());
             let held_blocked = self.held_blocked;
             let reading = self.ahead.in_flight();
             let ahead = &mut self.ahead;
+            let txn = self.txn.as_mut();
             // Boxed: the futures of this wait (timers, the log's watch, the
             // channel) live only while it waits, and a parked subscription
             // task holds only the dispatcher's state (~1.3 KiB less each).
@@ -209,6 +228,11 @@ impl Dispatcher {
                 freed.as_mut().enable();
                 let held_waiting = held_blocked && held.is_full();
                 let held_ready = held_blocked && !held_waiting;
+                // New dispatch rates: the same, for a replacement.
+                let rates_changed = policy.rates_changed();
+                tokio::pin!(rates_changed);
+                rates_changed.as_mut().enable();
+                let rates_stale = policy.rates_version() != rates_seen;
                 tokio::select! {
                     command = rx.recv() => match command {
                         Some(command) => Wake::Command(command),
@@ -216,10 +240,15 @@ impl Dispatcher {
                     },
                     result = ahead.finished(), if reading => Wake::Read(result),
                     _ = log.wait_for_entry_at(read_position), if waiting => Wake::Again,
+                    _ = txn_view::limit_moved(txn), if txn_blocked => Wake::Again,
                     _ = tokio::time::sleep(delay), if next_due.is_some() => Wake::Again,
                     _ = tokio::time::sleep_until(retry_at), if retrying => Wake::Retry,
+                    _ = tokio::time::sleep_until(rate_resume_at.unwrap_or(retry_at)),
+                        if rate_resume_at.is_some() => Wake::Again,
                     _ = &mut freed, if held_waiting => Wake::Again,
                     _ = std::future::ready(()), if held_ready => Wake::Again,
+                    _ = &mut rates_changed => Wake::Again,
+                    _ = std::future::ready(()), if rates_stale => Wake::Again,
                 }
             })
             .await;
@@ -307,6 +336,10 @@ impl Dispatcher {
             self.reader.caught_up = true;
             return;
         }
+        if !self.reader.has_compaction() && self.txn.as_mut().is_some_and(|t| t.stops_at(from)) {
+            self.reader.caught_up = true; // at the transaction read limit
+            return;
+        }
         if self.reader.has_compaction() {
             if !demand {
                 return;
@@ -369,6 +402,15 @@ impl Dispatcher {
                 request_id,
             } => self.ack(key, ack_type, ids, request_id).await,
             SubCommand::Redeliver { key, ids, epoch } => self.redeliver(key, &ids, epoch),
+            SubCommand::TxnCommitted {
+                positions,
+                cumulative,
+                reply,
+            } => {
+                self.txn_committed(positions, cumulative).await;
+                let _ = reply.send(());
+            }
+            SubCommand::TxnAborted { positions } => self.txn_aborted(&positions),
             SubCommand::Seek { target, reply } => {
                 let result = self.seek(target).await;
                 let _ = reply.send(result);
@@ -474,49 +516,6 @@ impl Dispatcher {
         }
         self.reader.caught_up = false;
         Ok(())
-    }
-
-    fn stats(&mut self) -> SubscriptionStats {
-        let counters = &mut self.counters;
-        let [msg_rate_out, msg_throughput_out, msg_rate_redeliver] = counters.rates.rates(
-            std::time::Instant::now(),
-            [counters.msg_out, counters.bytes_out, counters.redelivered],
-        );
-        // Pulsar's names are the protocol's enum names.
-        let sub_type = self.consumers.sub_type().as_str_name();
-        SubscriptionStats {
-            name: self.name.clone(),
-            sub_type: sub_type.to_string(),
-            durable: self.durable,
-            msg_backlog: self.acks.backlog(&self.log),
-            unacked_messages: self.outstanding.pending_len() as u64,
-            msg_out_counter: self.counters.msg_out,
-            bytes_out_counter: self.counters.bytes_out,
-            msg_redeliver_counter: self.counters.redelivered,
-            msg_rate_out,
-            msg_throughput_out,
-            msg_rate_redeliver,
-            msg_expired_counter: self.counters.expired,
-            mark_delete: self.acks.mark_delete(),
-            read_position: Some(self.reader.position()),
-            consumers: self
-                .consumers
-                .iter()
-                .map(|slot| ConsumerStats {
-                    consumer_name: slot.info.name.clone(),
-                    available_permits: slot.permits,
-                    unacked_messages: slot.unacked,
-                    msg_out_counter: slot.msg_out,
-                    address: slot.info.address.clone(),
-                    client_version: slot.info.client_version.clone(),
-                    last_flow_ms: slot.last_flow_ms,
-                    metadata: slot.info.metadata.clone(),
-                })
-                .collect(),
-            active_consumer: self.consumers.active_name(),
-            msg_drop_rate: None,
-            msg_drop_counter: 0,
-        }
     }
 
     /// An entry out to `owner` is no longer out (acked or sent again).
@@ -746,6 +745,13 @@ impl Dispatcher {
     }
 
     async fn dispatch(&mut self) {
+        // The topic's rates as of now; `resume_at` is set again below if
+        // one holds this pass back.
+        self.rates.refresh(&self.policy);
+        self.rates.resume_at = None;
+        if let Some(txn) = &mut self.txn {
+            txn.blocked = false;
+        }
         self.release_due();
         if self.consumers.is_empty() || self.subscription_unacked_full() {
             return;
@@ -754,7 +760,10 @@ impl Dispatcher {
         self.consumers
             .lift_fences(|fence| outstanding.has_before(fence));
         loop {
-            if self.consumers.total_permits() <= 0 || self.subscription_unacked_full() {
+            if self.consumers.total_permits() <= 0
+                || self.subscription_unacked_full()
+                || self.rates.limited()
+            {
                 return;
             }
             let mut progressed = false;
@@ -792,12 +801,31 @@ impl Dispatcher {
             }
             let mut stuck_slots: HashSet<u32> = self.outstanding.replay_slots();
             let mut taken = 0;
-            while taken < READ_BATCH_ENTRIES_MAX {
+            while taken < READ_BATCH_ENTRIES_MAX && !self.rates.limited() {
                 let Some(entry) = self.ahead.take(self.reader.position()) else {
                     break;
                 };
                 taken += 1;
                 let pos = entry.position;
+                match self
+                    .txn
+                    .as_mut()
+                    .map_or(Verdict::Deliver, |t| t.verdict(&entry))
+                {
+                    Verdict::Deliver => {}
+                    Verdict::Wait => {
+                        self.ahead.put_back(entry);
+                        self.reader.caught_up = true;
+                        return;
+                    }
+                    Verdict::Skip => {
+                        // Acknowledged, as Pulsar's dispatchers do.
+                        let _ = self.acks.ack(&self.log, &[pos]);
+                        self.reader.move_past(pos);
+                        progressed = true;
+                        continue;
+                    }
+                }
                 if self.acks.is_acked(pos) || self.outstanding.contains(pos) {
                     self.reader.move_past(pos);
                     progressed = true;
@@ -876,7 +904,7 @@ impl Dispatcher {
         let mut stuck_slots: HashSet<u32> = HashSet::new();
         let mut stuck_consumers: HashSet<usize> = HashSet::new();
         for pos in self.outstanding.replay_first(READ_BATCH_ENTRIES_MAX) {
-            if self.consumers.total_permits() <= 0 {
+            if self.consumers.total_permits() <= 0 || self.rates.limited() {
                 break;
             }
             if self.acks.is_acked(pos) {
@@ -960,6 +988,7 @@ impl Dispatcher {
             return;
         }
         self.outstanding.sent(pos, key, hash_slot);
+        self.rates.charge(u64::from(messages), entry_bytes as u64);
         self.counters.msg_out += u64::from(messages);
         self.counters.bytes_out += entry_bytes as u64;
     }

@@ -15,14 +15,19 @@
 //! - `delayed`: delayed delivery;
 //! - `held`: the broker-wide count of entries subscriptions hold (out,
 //!   to replay, delayed) and its bound;
+//! - `policy`: the topic's policies a running subscription reads (delayed
+//!   delivery, unacknowledged limits, dispatch rates);
 //! - `reader`: where entries are read from (the log, or the compacted view)
 //!   and the read position;
 //! - `read_ahead`: entries read ahead and the read in flight, within the
 //!   broker-wide read-ahead budget;
-//! - `seek`: finding positions by message id or publish time.
+//! - `seek`: finding positions by message id or publish time;
+//! - `txn_view`: the topic's transaction buffer as the task sees it (read
+//!   limit, markers and aborted entries skipped).
 //!
-//! Dependencies point down that list; this module only re-exports. A
-//! transaction's pending acks belong beside `acks`. `consumers` (who may
+//! Dependencies point down that list; this module only re-exports.  A
+//! transaction's pending acks are the topic's (`topic::pending_acks`): the
+//! task applies them when their transaction commits (`TxnCommitted`). `consumers` (who may
 //! take an entry) is shared with non-persistent subscriptions.
 //!
 //! Owns: which consumer gets which entry (Exclusive, Failover, Shared,
@@ -39,19 +44,22 @@ mod consumers;
 mod delayed;
 mod dispatcher;
 mod held;
+mod policy;
 mod read_ahead;
 mod reader;
 mod redelivery;
 mod seek;
+mod txn_view;
 
 pub(crate) use command::{
-    ConnEvent, ConsumerInfo, ConsumerKey, ConsumerStatsSnapshot, DispatchPolicy, SeekTarget,
-    SubCommand, SubscriptionHandle, SubscriptionSpec, key_of,
+    ConnEvent, ConsumerInfo, ConsumerKey, ConsumerStatsSnapshot, SeekTarget, SubCommand,
+    SubscriptionHandle, SubscriptionSpec, key_of,
 };
 pub(crate) use consumers::{Consumers, Route};
 pub(crate) use delayed::now_ms;
 pub(crate) use dispatcher::spawn;
 pub(crate) use held::HeldEntries;
+pub(crate) use policy::{DispatchPolicy, DispatchRates};
 pub(crate) use read_ahead::SubscriptionReads;
 pub(crate) use reader::READ_BATCH_ENTRIES_MAX;
 pub(crate) use seek::{first_published_at_or_after, resolve_seek};

@@ -99,6 +99,11 @@ impl Outstanding {
             .collect()
     }
 
+    /// The consumer the entry is out to.
+    pub(super) fn owner(&self, pos: Position) -> Option<ConsumerKey> {
+        self.pending.get(&pos).map(|p| p.owner)
+    }
+
     /// True if the entry is out to `owner`.
     pub(super) fn is_out_to(&self, pos: Position, owner: ConsumerKey) -> bool {
         self.pending.get(&pos).is_some_and(|p| p.owner == owner)

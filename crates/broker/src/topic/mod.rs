@@ -14,11 +14,16 @@
 //!   quota verdict behind producer admission;
 //! - `cursor_admin`: admin operations on subscriptions (create, reset,
 //!   skip, expire, evict);
-//! - `stats`: the statistics snapshot.
+//! - `stats`: the statistics snapshot;
+//! - `pending_acks`: transactional acknowledgements held per subscription
+//!   until their transaction ends.
 //!
 //! A non-persistent topic (`nonpersistent`) reuses `producers`, `throttle`
-//! and `ConsumerSlot` and sits beside `Topic` in the service; a
-//! transaction buffer would sit beside `publish`.
+//! and `ConsumerSlot` and sits beside `Topic` in the service. The
+//! transaction buffer (`crate::txn_buffer`, shared with the subscription
+//! tasks) is held here: a transactional SEND is admitted by it, then
+//! appended through `publish` like any other (dedup included). Lock order:
+//! `DedupTable` → the buffer's state.
 //!
 //! Locks (all short `parking_lot` mutexes, never held across an await,
 //! except `SubscriptionTable::create`, an async mutex held while a
@@ -41,6 +46,7 @@
 
 pub(crate) mod cursor_admin;
 mod dedup;
+mod pending_acks;
 mod producers;
 mod publish;
 mod quota;
@@ -68,6 +74,7 @@ use crate::policies::{QuotaLimit, QuotaPolicy, TopicPolicies};
 use crate::stats::RateMeter;
 use crate::subscription::{ConsumerInfo, HeldEntries, SubCommand, SubscriptionHandle};
 use crate::topic_name::TopicName;
+use crate::txn_buffer::{BufferError, TxnBuffer, TxnKey};
 use dedup::DedupTable;
 use publish::Publisher;
 use quota::PolicyState;
@@ -78,6 +85,7 @@ pub(crate) use dedup::{
     DEDUP_UNKNOWN_MESSAGE, DedupCheck, REPLICATOR_PREFIX, is_replicator, replicated_sequence_id,
     replication_cursor_name, replicator_producer_name,
 };
+pub(crate) use pending_acks::PendingAcks;
 pub(crate) use producers::{Admission, ProducerReg, ProducerTable};
 pub(crate) use subscriptions::{ConsumerSlot, SubscribeRequest};
 pub(crate) use throttle::PublishThrottle;
@@ -125,10 +133,20 @@ pub(crate) struct Topic {
     /// A termination began: producers are refused (retriably until the log
     /// is terminated, then with TopicTerminatedError).
     terminating: AtomicBool,
+    /// The transaction buffer and pending acks (transactions on).
+    txn: Option<(Arc<TxnBuffer>, PendingAcks)>,
+}
+
+/// The transaction parts of a topic (transactions on).
+#[derive(Debug)]
+pub(crate) struct TopicTxn {
+    pub(crate) buffer: Arc<TxnBuffer>,
+    pub(crate) acks: PendingAcks,
 }
 
 impl Topic {
     /// Wraps an opened log.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         name: TopicName,
         log: Arc<ManagedLog>,
@@ -137,8 +155,10 @@ impl Topic {
         limits: TopicLimits,
         reads: crate::subscription::SubscriptionReads,
         held: Arc<HeldEntries>,
+        txn: Option<TopicTxn>,
     ) -> Arc<Topic> {
         let full_name = name.to_string();
+        let txn = txn.map(|t| (t.buffer, t.acks));
         Arc::new(Topic {
             producers: ProducerTable::new(full_name.clone(), limits.producers_max),
             full_name,
@@ -153,6 +173,7 @@ impl Topic {
                 limits.consumers_per_subscription_max,
                 reads,
                 held,
+                txn.as_ref().map(|(buffer, _)| Arc::clone(buffer)),
             ),
             policies: PolicyState::default(),
             metrics: Arc::default(),
@@ -163,6 +184,7 @@ impl Topic {
             dispatch_policy: Arc::default(),
             message_size_max: AtomicUsize::new(0),
             terminating: AtomicBool::new(false),
+            txn,
         })
     }
 
@@ -207,6 +229,149 @@ impl Topic {
         }
     }
 
+    /// The transaction buffer, or NotAllowedError when transactions are off.
+    fn buffer(&self) -> Result<&Arc<TxnBuffer>, ServiceError> {
+        self.txn.as_ref().map(|(buffer, _)| buffer).ok_or_else(|| {
+            ServiceError::new(
+                vela_wire::proto::ServerError::NotAllowedError,
+                "Transactions are not enabled.",
+            )
+        })
+    }
+
+    /// Readies the transaction buffer for this topic's transactional SENDs
+    /// (a metadata write before the first one).
+    pub(crate) async fn prepare_txn_publish(&self) -> Result<(), ServiceError> {
+        self.buffer()?.ensure_tracked().await.map_err(buffer_error)
+    }
+
+    /// [`Topic::publish`] for a SEND of transaction `txn`, its entry with
+    /// the transaction id in its metadata (`txn_buffer::with_txn_id`, before
+    /// its append budget is reserved): held invisible by the buffer until
+    /// the transaction ends. Call `prepare_txn_publish` first.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn publish_txn(
+        &self,
+        txn: TxnKey,
+        producer: &str,
+        sequence_id: i64,
+        highest_sequence_id: i64,
+        entry: Bytes,
+        messages: u32,
+        permit: AppendPermit,
+    ) -> Result<DedupCheck, ServiceError> {
+        let buffer = self.buffer()?;
+        buffer.admit(txn).map_err(buffer_error)?;
+        let check = self.publish(
+            producer,
+            sequence_id,
+            highest_sequence_id,
+            entry,
+            messages,
+            permit,
+        );
+        if !matches!(&check, DedupCheck::Appended(append) if !append.is_refused()) {
+            buffer.not_appended(txn);
+        }
+        Ok(check)
+    }
+
+    /// An entry of transaction `txn` is durable at `position`.
+    pub(crate) fn txn_appended(&self, txn: TxnKey, position: vela_log::Position) {
+        if let Some((buffer, _)) = &self.txn {
+            buffer.appended(txn, position);
+        }
+    }
+
+    /// END_TXN_ON_PARTITION: the commit or abort marker, durable.
+    pub(crate) async fn end_txn_on_partition(
+        &self,
+        txn: TxnKey,
+        commit: bool,
+    ) -> Result<(), ServiceError> {
+        self.buffer()?.end(txn, commit).await.map_err(buffer_error)
+    }
+
+    /// A transactional ACK on `subscription`: held for `txn` (durably).
+    pub(crate) async fn txn_ack(
+        &self,
+        subscription: &str,
+        txn: TxnKey,
+        ids: &[vela_wire::proto::MessageIdData],
+        cumulative: bool,
+    ) -> Result<(), ServiceError> {
+        self.buffer()?;
+        let Some((_, acks)) = &self.txn else {
+            return Ok(());
+        };
+        acks.ack(subscription, txn, ids, cumulative).await
+    }
+
+    /// END_TXN_ON_SUBSCRIPTION: a commit applies the acknowledgements
+    /// `txn` holds on `subscription` (through its task when it runs, else
+    /// on its cursor) and flushes the cursor; an abort sends the entries
+    /// still out to consumers again. Then the record is deleted.
+    /// Idempotent: a retry flushes and deletes again.
+    pub(crate) async fn end_txn_on_subscription(
+        &self,
+        subscription: &str,
+        txn: TxnKey,
+        commit: bool,
+    ) -> Result<(), ServiceError> {
+        self.buffer()?;
+        let Some((_, acks)) = &self.txn else {
+            return Ok(());
+        };
+        let released = acks.release(subscription, txn).await?;
+        if let Some(released) = released {
+            if commit {
+                let individual = released.individual.clone();
+                let cumulative = released.cumulative;
+                let applied = self
+                    .subscriptions
+                    .ask_live(subscription, |reply| SubCommand::TxnCommitted {
+                        positions: individual,
+                        cumulative,
+                        reply,
+                    })
+                    .await;
+                if !matches!(applied, Some(Some(()))) {
+                    self.ack_on_cursor(subscription, &released)?;
+                }
+            } else if let Some(handle) = self.subscriptions.live(subscription) {
+                let positions = released.individual.iter().map(|(p, _)| *p).collect();
+                let _ = handle.tx.send(SubCommand::TxnAborted { positions }).await;
+            }
+        }
+        if commit && let Some(cursor) = self.log.cursor(subscription) {
+            cursor.flush().await?;
+        }
+        acks.forget(subscription, txn).await
+    }
+
+    /// Applies committed acknowledgements on a subscription without a task.
+    fn ack_on_cursor(
+        &self,
+        subscription: &str,
+        released: &pending_acks::Released,
+    ) -> Result<(), ServiceError> {
+        let Some(cursor) = self.log.cursor(subscription) else {
+            // The subscription is gone: nothing to acknowledge.
+            return Ok(());
+        };
+        for (position, ack_set) in &released.individual {
+            if ack_set.is_empty() {
+                cursor.ack(&[*position])?;
+            } else {
+                cursor.ack_batch_indexes(*position, ack_set)?;
+            }
+        }
+        if let Some(position) = released.cumulative {
+            cursor.ack_cumulative(position)?;
+        }
+        Ok(())
+    }
+
     /// `producer`'s SENDs up to `sequence_id` are durable (deduplication).
     pub(crate) fn dedup_persisted(&self, producer: &str, sequence_id: i64) {
         self.dedup_of(producer)
@@ -249,11 +414,22 @@ impl Topic {
     }
 
     /// Replaces them (topic open, namespace or topic policy change): the
-    /// publish rate at once, limits at the next PRODUCER or SUBSCRIBE, the
-    /// rest at the next lifecycle pass.
+    /// publish and dispatch rates at once, limits at the next PRODUCER or
+    /// SUBSCRIBE, the rest at the next lifecycle pass.
     pub(crate) fn set_lifecycle_policies(&self, policies: TopicPolicies) {
+        let applied = self.policies.policies().limits;
+        let dispatch = (
+            policies.limits.dispatch_rate,
+            policies.limits.subscription_dispatch_rate,
+        );
+        if dispatch != (applied.dispatch_rate, applied.subscription_dispatch_rate) {
+            self.dispatch_policy
+                .set_rates(crate::subscription::DispatchRates::new(
+                    dispatch.0, dispatch.1,
+                ));
+        }
         let rate = policies.limits.publish_rate;
-        let unchanged = rate == self.policies.policies().limits.publish_rate
+        let unchanged = rate == applied.publish_rate
             && self.policy_rate_set.load(Ordering::Acquire) == rate.is_some();
         if !unchanged {
             let mut throttle = self.policy_rate.lock();
@@ -493,6 +669,9 @@ impl Topic {
     /// As [`Topic::close`], then deletes the log, its cursors and ledgers.
     pub(crate) async fn delete(&self) -> Result<(), vela_log::LogError> {
         self.detach_clients().await;
+        if let Some((buffer, _)) = &self.txn {
+            buffer.delete().await;
+        }
         if let Err(error) = self.compaction.delete().await {
             tracing::warn!(topic = %self.full_name, %error, "compacted data not deleted");
         }
@@ -550,4 +729,18 @@ impl Topic {
         names.dedup();
         names
     }
+}
+
+/// A buffer failure as the client hears it.
+fn buffer_error(error: BufferError) -> ServiceError {
+    use vela_wire::proto::ServerError;
+    let code = match &error {
+        BufferError::Full { .. } | BufferError::Aborted(..) | BufferError::Malformed => {
+            ServerError::NotAllowedError
+        }
+        BufferError::Log(log) => return ServiceError::from(log.clone()),
+        BufferError::Meta(_) => ServerError::MetadataError,
+        BufferError::Corrupt(_) => ServerError::UnknownError,
+    };
+    ServiceError::new(code, error.to_string())
 }

@@ -73,6 +73,10 @@ impl Topic {
                 bytes_out_counter,
             ],
         );
+        let (ongoing_txn_count, committed_txn_count, aborted_txn_count) = self
+            .txn
+            .as_ref()
+            .map_or((0, 0, 0), |(buffer, _)| buffer.txn_counts());
         TopicStats {
             topic: self.full_name.clone(),
             msg_in_counter,
@@ -95,6 +99,9 @@ impl Topic {
             msg_drop_counter: 0,
             // The service adds its replicators (`Service::topic_stats`).
             replication: Vec::new(),
+            ongoing_txn_count,
+            committed_txn_count,
+            aborted_txn_count,
         }
     }
 }

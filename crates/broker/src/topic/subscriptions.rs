@@ -121,6 +121,8 @@ pub(crate) struct SubscriptionTable {
     reads: SubscriptionReads,
     /// The broker-wide count of entries subscriptions hold.
     held: Arc<HeldEntries>,
+    /// The topic's transaction buffer (transactions on).
+    txn: Option<Arc<crate::txn_buffer::TxnBuffer>>,
 }
 
 impl SubscriptionTable {
@@ -129,9 +131,11 @@ impl SubscriptionTable {
         consumers_per_subscription_max: usize,
         reads: SubscriptionReads,
         held: Arc<HeldEntries>,
+        txn: Option<Arc<crate::txn_buffer::TxnBuffer>>,
     ) -> SubscriptionTable {
         SubscriptionTable {
             held,
+            txn,
             map: Arc::default(),
             create: tokio::sync::Mutex::new(0),
             consumer_count: Arc::new(AtomicUsize::new(0)),
@@ -221,6 +225,7 @@ impl SubscriptionTable {
                         policy: Arc::clone(policy),
                         reads: self.reads.clone(),
                         held: Arc::clone(&self.held),
+                        txn: self.txn.clone(),
                     },
                     on_end,
                 );

@@ -1,6 +1,6 @@
 //! `PublishThrottle`: a topic's publish rate (messages and bytes per second)
-//! as two token buckets, and how long a connection must stop reading to keep
-//! to it.
+//! as two token buckets (`rate_limit::RateLimiter`, period one second), and
+//! how long a connection must stop reading to keep to it.
 //!
 //! Owns: the buckets of one topic (shared by every producer of the topic).
 //! Each bucket holds up to one second of its rate (the burst a producer may
@@ -16,93 +16,43 @@
 
 use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
-
 use crate::config::PublishRate;
+use crate::rate_limit::RateLimiter;
 
 /// Longest pause of a connection after one SEND: long enough that the rate
 /// holds for any single producer, short enough for keep-alive PINGs (30 s)
 /// and shutdown not to notice.
 pub(crate) const THROTTLE_PAUSE_MAX: Duration = Duration::from_secs(1);
 
-/// Debt a bucket may carry, in seconds of its rate: bounds how far many
+/// Debt the buckets may carry, in seconds of the rate: bounds how far many
 /// connections sending at once can run ahead of the rate (each pays with its
 /// pause) and how long a topic stays throttled after a burst.
 const THROTTLE_DEBT_MAX_S: f64 = 10.0;
 
-#[derive(Debug)]
-struct Bucket {
-    /// Tokens per second (and the capacity: one second of them).
-    rate: f64,
-    /// Tokens now; negative is debt.
-    tokens: f64,
-}
-
-impl Bucket {
-    fn new(rate: u64) -> Bucket {
-        let rate = rate.max(1) as f64;
-        Bucket { rate, tokens: rate }
-    }
-
-    fn refill(&mut self, elapsed: Duration) {
-        self.tokens = (self.tokens + elapsed.as_secs_f64() * self.rate).min(self.rate);
-    }
-
-    /// Takes `amount`; returns the pause that pays the debt, if any.
-    fn take(&mut self, amount: u64) -> Duration {
-        self.tokens = (self.tokens - amount as f64).max(-THROTTLE_DEBT_MAX_S * self.rate);
-        if self.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-self.tokens / self.rate)
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Buckets {
-    messages: Option<Bucket>,
-    bytes: Option<Bucket>,
-    at: Instant,
-}
-
 /// A topic's publish-rate buckets.
 #[derive(Debug)]
 pub(crate) struct PublishThrottle {
-    buckets: Mutex<Buckets>,
+    limiter: RateLimiter,
 }
 
 impl PublishThrottle {
     /// Buckets for `rate`; `None` when nothing is limited.
     pub(crate) fn new(rate: PublishRate, now: Instant) -> Option<PublishThrottle> {
-        if !rate.is_limited() {
-            return None;
-        }
-        Some(PublishThrottle {
-            buckets: Mutex::new(Buckets {
-                messages: rate.messages_per_s.map(Bucket::new),
-                bytes: rate.bytes_per_s.map(Bucket::new),
-                at: now,
-            }),
-        })
+        RateLimiter::new(
+            rate.messages_per_s,
+            rate.bytes_per_s,
+            Duration::from_secs(1),
+            THROTTLE_DEBT_MAX_S,
+            now,
+        )
+        .map(|limiter| PublishThrottle { limiter })
     }
 
     /// Charges one SEND of `messages` messages and `bytes` bytes at `now`;
     /// returns how long its connection should stop reading (`None`: within
     /// the rate), at most `THROTTLE_PAUSE_MAX`.
     pub(crate) fn charge(&self, messages: u64, bytes: u64, now: Instant) -> Option<Duration> {
-        let mut buckets = self.buckets.lock();
-        let elapsed = now.saturating_duration_since(buckets.at);
-        buckets.at = buckets.at.max(now);
-        let mut pause = Duration::ZERO;
-        if let Some(bucket) = buckets.messages.as_mut() {
-            bucket.refill(elapsed);
-            pause = pause.max(bucket.take(messages));
-        }
-        if let Some(bucket) = buckets.bytes.as_mut() {
-            bucket.refill(elapsed);
-            pause = pause.max(bucket.take(bytes));
-        }
+        let pause = self.limiter.charge(messages, bytes, now);
         (!pause.is_zero()).then(|| pause.min(THROTTLE_PAUSE_MAX))
     }
 }

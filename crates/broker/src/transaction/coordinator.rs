@@ -18,8 +18,11 @@
 //! order, so whatever was answered is recovered. A log failure stops the
 //! coordinator (every later request: TransactionCoordinatorNotFound) until
 //! it is opened again, which replays the log.
-//! Never: tells topics about a commit or abort (the transaction buffer and
-//! pending acks of topics are the next step; see ARCHITECTURE.md).
+//! The outcome reaches the participants (`participants`: the partitions'
+//! buffers and the subscriptions' pending acks) between the COMMITTING /
+//! ABORTING record and the final one, which is written only once every
+//! participant answered.
+//! Never: reaches topics itself (the `Participants` seam does).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -31,6 +34,7 @@ use tokio::sync::watch;
 use vela_log::{AppendFuture, CursorStart, LogConfig, LogEnv, ManagedLog, Persistence, Position};
 use vela_meta::{IdAllocator, MetadataStore};
 
+use super::participants::{Participants, Target, tell_all};
 use super::record::{Record, TxnStatus};
 use super::types::{CoordinatorStats, TxnAction, TxnError, TxnId, TxnView};
 use crate::config::TransactionConfig;
@@ -89,6 +93,8 @@ pub(crate) struct Coordinator {
     log: Arc<ManagedLog>,
     cursor: Arc<vela_log::Cursor>,
     seqs: IdAllocator,
+    /// Where outcomes are carried out (`None`: nowhere, unit tests).
+    participants: Option<Arc<dyn Participants>>,
     state: Mutex<State>,
     /// The log failed: every request is refused until the coordinator is
     /// opened again.
@@ -115,6 +121,7 @@ impl Coordinator {
         env: &LogEnv,
         meta: Arc<dyn MetadataStore>,
         persistence: Persistence,
+        participants: Option<Arc<dyn Participants>>,
     ) -> Result<Arc<Coordinator>, TxnError> {
         let log_config = LogConfig {
             persistence,
@@ -130,6 +137,7 @@ impl Coordinator {
             log,
             cursor,
             seqs,
+            participants,
             state: Mutex::new(State::default()),
             failed: AtomicBool::new(false),
             created: AtomicU64::new(0),
@@ -395,11 +403,15 @@ impl Coordinator {
         self.finish(seq, target).await
     }
 
-    /// Writes the final status of a COMMITTING or ABORTING transaction,
-    /// then frees its records. One writer; concurrent callers wait for it.
+    /// Carries out a COMMITTING or ABORTING transaction: tells its
+    /// participants (every partition it produced to, every subscription it
+    /// acknowledged on; asked again until all answered), then writes the
+    /// final status and frees its records. One runner at a time;
+    /// concurrent callers wait for it.
     async fn finish(&self, seq: u64, in_progress: TxnStatus) -> Result<(), TxnError> {
         let id = self.txn_id(seq);
-        let Some(ended) = in_progress.ended() else {
+        let (Some(ended), Some(action)) = (in_progress.ended(), TxnAction::of_status(in_progress))
+        else {
             return Err(TxnError::InvalidStatus {
                 id,
                 expected: TxnStatus::Committing,
@@ -409,7 +421,7 @@ impl Coordinator {
         enum Step {
             Gone,
             Wait(watch::Receiver<bool>),
-            Write(AppendFuture, watch::Sender<bool>),
+            Run(Vec<Target>, watch::Sender<bool>),
         }
         let step = {
             let mut state = self.state.lock();
@@ -419,23 +431,27 @@ impl Coordinator {
                 Some(txn) => match &txn.ending {
                     Some(waiting) => Step::Wait(waiting.clone()),
                     None => {
-                        let record = Record::Status {
-                            seq,
-                            from: in_progress,
-                            to: ended,
-                        };
-                        let append = self.log.append(record.encode());
-                        if append.is_refused() {
-                            return Err(TxnError::Busy);
-                        }
                         let (done, waiting) = watch::channel(false);
                         txn.ending = Some(waiting);
-                        Step::Write(append, done)
+                        let mut targets: Vec<Target> = txn
+                            .produced
+                            .iter()
+                            .cloned()
+                            .map(Target::Partition)
+                            .collect();
+                        for (topic, subscriptions) in &txn.acked {
+                            targets.extend(
+                                subscriptions
+                                    .iter()
+                                    .map(|sub| Target::Subscription(topic.clone(), sub.clone())),
+                            );
+                        }
+                        Step::Run(targets, done)
                     }
                 },
             }
         };
-        let (append, done) = match step {
+        let (targets, done) = match step {
             Step::Gone => return Ok(()),
             Step::Wait(mut waiting) => {
                 return match waiting.wait_for(|done| *done).await {
@@ -443,9 +459,40 @@ impl Coordinator {
                     Err(_) => Err(TxnError::CoordinatorNotFound(self.id)),
                 };
             }
-            Step::Write(append, done) => (append, done),
+            Step::Run(targets, done) => (targets, done),
         };
-        let position = self.durable(append).await?;
+        // Whatever fails below leaves the transaction to the next try (a
+        // client's retry or the tick); waiters hear of the failure.
+        let stop_running = || {
+            if let Some(txn) = self.state.lock().txns.get_mut(&seq) {
+                txn.ending = None;
+            }
+        };
+        if let Some(participants) = &self.participants
+            && !targets.is_empty()
+            && let Err(error) =
+                tell_all(participants, id, action, targets, || !self.is_ready()).await
+        {
+            stop_running();
+            return Err(TxnError::Participant(error.to_string()));
+        }
+        let record = Record::Status {
+            seq,
+            from: in_progress,
+            to: ended,
+        };
+        let append = self.log.append(record.encode());
+        if append.is_refused() {
+            stop_running();
+            return Err(TxnError::Busy);
+        }
+        let position = match self.durable(append).await {
+            Ok(position) => position,
+            Err(error) => {
+                stop_running();
+                return Err(error);
+            }
+        };
         let positions = {
             let mut state = self.state.lock();
             state.txns.remove(&seq).map(|txn| txn.positions)
@@ -468,7 +515,7 @@ impl Coordinator {
 
     /// Aborts timed-out transactions; finishes those a crash left
     /// COMMITTING or ABORTING; trims freed ledgers.
-    async fn tick(&self) {
+    async fn tick(self: &Arc<Self>) {
         if !self.is_ready() {
             return;
         }
@@ -490,6 +537,18 @@ impl Coordinator {
                 .collect()
         };
         for (seq, in_progress) in due {
+            // One task each: a transaction whose participants do not answer
+            // yet holds up no other (its `ending` keeps the tick from
+            // starting it twice).
+            let coordinator = Arc::clone(self);
+            tokio::spawn(async move { coordinator.end_due(seq, in_progress).await });
+        }
+        self.log.trim().await;
+    }
+
+    /// Ends one transaction the tick found due.
+    async fn end_due(&self, seq: u64, in_progress: Option<TxnStatus>) {
+        {
             let result = match in_progress {
                 None => {
                     tracing::info!(
@@ -509,7 +568,6 @@ impl Coordinator {
                 tracing::debug!(coordinator = self.id, seq, %error, "could not end a transaction");
             }
         }
-        self.log.trim().await;
     }
 
     /// The transaction's state for the admin API (`None`: not open).

@@ -6,23 +6,23 @@
 //! ([`TxnId`]: most significant bits = coordinator id, least = a sequence
 //! number), [`TxnError`] with Pulsar's codes and messages, and the admin
 //! view of a transaction ([`TxnView`]). `coordinator`: one coordinator (its
-//! table, log, timeouts); `record`: its log records.
+//! table, log, timeouts); `record`: its log records; `participants`: the
+//! seam through which an outcome reaches the partitions and subscriptions
+//! a transaction registered (the service implements it).
 //! Never: checks bundle ownership or authorization (the connection does,
-//! before asking), or reaches topics: committing and aborting on the
-//! partitions and subscriptions a transaction registered is the
-//! transaction buffer's and pending acks' job (next step, ARCHITECTURE.md
-//! "Transactions").
+//! before asking), or reaches topics other than through `Participants`.
 //!
 //! Bounds: `TransactionConfig::coordinators` coordinators,
 //! `open_per_coordinator_max` open transactions each,
 //! `ops_per_transaction_max` partitions plus subscriptions per transaction.
 
 mod coordinator;
+mod participants;
 mod record;
 mod types;
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use parking_lot::Mutex;
 use tokio::sync::OnceCell;
@@ -31,6 +31,7 @@ use vela_meta::MetadataStore;
 
 use crate::config::TransactionConfig;
 use coordinator::Coordinator;
+pub(crate) use participants::{ParticipantFuture, Participants};
 pub(crate) use types::{CoordinatorStats, TxnAction, TxnError, TxnId, TxnView};
 
 /// The partitioned topic whose partitions name the coordinators (clients
@@ -47,6 +48,8 @@ pub(crate) struct Coordinators {
     env: LogEnv,
     meta: Arc<dyn MetadataStore>,
     persistence: Persistence,
+    /// Where outcomes are carried out (set once the service exists).
+    participants: OnceLock<Arc<dyn Participants>>,
     open: Mutex<HashMap<u64, CoordinatorCell>>,
 }
 
@@ -62,8 +65,15 @@ impl Coordinators {
             env,
             meta,
             persistence,
+            participants: OnceLock::new(),
             open: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Sets where outcomes are carried out (before the first coordinator
+    /// opens; later calls are ignored).
+    pub(crate) fn set_participants(&self, participants: Arc<dyn Participants>) {
+        let _ = self.participants.set(participants);
     }
 
     /// Partitions of the assign topic (coordinators in the cluster).
@@ -95,6 +105,7 @@ impl Coordinators {
                 &self.env,
                 Arc::clone(&self.meta),
                 self.persistence,
+                self.participants.get().cloned(),
             )
         })
         .await?;

@@ -20,6 +20,7 @@ fn config() -> TransactionConfig {
         ops_per_transaction_max: 2,
         timeout_max: Duration::from_secs(3600),
         timeout_check_interval: Duration::from_millis(20),
+        ..TransactionConfig::default()
     }
 }
 
@@ -250,4 +251,148 @@ async fn the_log_recovers_open_transactions_and_forgets_ended_ones() {
 
 async fn coordinator_log_append(coordinator: &Coordinator, record: record::Record) {
     coordinator.append_for_test(record).await;
+}
+
+/// Participants that record what they are told and fail the first
+/// `failures` requests.
+#[derive(Debug, Default)]
+struct Recording {
+    failures: std::sync::atomic::AtomicUsize,
+    told: parking_lot::Mutex<Vec<(String, TxnAction)>>,
+}
+
+impl Recording {
+    fn answer(&self, what: String, action: TxnAction) -> Result<(), ServiceError> {
+        let failing = self
+            .failures
+            .fetch_update(
+                std::sync::atomic::Ordering::AcqRel,
+                std::sync::atomic::Ordering::Acquire,
+                |n| n.checked_sub(1),
+            )
+            .is_ok();
+        if failing {
+            return Err(ServiceError::new(ServerError::ServiceNotReady, "not yet"));
+        }
+        self.told.lock().push((what, action));
+        Ok(())
+    }
+}
+
+impl Participants for Recording {
+    fn end_on_partition(&self, topic: String, _txn: TxnId, action: TxnAction) -> ParticipantFuture {
+        let result = self.answer(topic, action);
+        Box::pin(async move { result })
+    }
+
+    fn end_on_subscription(
+        &self,
+        topic: String,
+        subscription: String,
+        _txn: TxnId,
+        action: TxnAction,
+    ) -> ParticipantFuture {
+        let result = self.answer(format!("{topic}/{subscription}"), action);
+        Box::pin(async move { result })
+    }
+}
+
+#[tokio::test]
+async fn every_participant_is_told_before_the_final_status_is_written() {
+    let (env, meta) = env();
+    let participants = Arc::new(Recording::default());
+    participants
+        .failures
+        .store(3, std::sync::atomic::Ordering::Release);
+    let (committing, aborted) = {
+        let tcs = coordinators(&env, &meta);
+        tcs.set_participants(Arc::clone(&participants) as Arc<dyn Participants>);
+        tcs.connect(0).await.unwrap();
+        let id = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+        tcs.add_partitions(
+            id,
+            None,
+            false,
+            vec!["persistent://public/default/a".into()],
+        )
+        .await
+        .unwrap();
+        tcs.add_subscriptions(
+            id,
+            None,
+            false,
+            vec![("persistent://public/default/b".into(), "s".into())],
+        )
+        .await
+        .unwrap();
+        // The first rounds fail: END_TXN answers only once both answered.
+        tcs.end(id, TxnAction::Commit, None, false).await.unwrap();
+        let mut told = participants.told.lock().clone();
+        told.sort_by(|a, b| a.0.cmp(&b.0));
+        assert_eq!(
+            told,
+            [
+                (
+                    "persistent://public/default/a".to_string(),
+                    TxnAction::Commit
+                ),
+                (
+                    "persistent://public/default/b/s".to_string(),
+                    TxnAction::Commit
+                ),
+            ]
+        );
+        assert!(tcs.view(id).unwrap().is_none());
+        participants.told.lock().clear();
+
+        // A transaction left COMMITTING (a crash before its participants
+        // answered) and one aborted with no participant.
+        let committing = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+        tcs.add_partitions(
+            committing,
+            None,
+            false,
+            vec!["persistent://public/default/c".into()],
+        )
+        .await
+        .unwrap();
+        let coordinator = tcs.get(0).unwrap();
+        coordinator_log_append(
+            &coordinator,
+            record::Record::Status {
+                seq: committing.least,
+                from: TxnStatus::Open,
+                to: TxnStatus::Committing,
+            },
+        )
+        .await;
+        let aborted = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+        tcs.end(aborted, TxnAction::Abort, None, false)
+            .await
+            .unwrap();
+        assert!(
+            participants.told.lock().is_empty(),
+            "no participants to tell"
+        );
+        tcs.close().await;
+        (committing, aborted)
+    };
+    // After a restart the coordinator tells the COMMITTING one's
+    // participants, then forgets it.
+    let tcs = coordinators(&env, &meta);
+    tcs.set_participants(Arc::clone(&participants) as Arc<dyn Participants>);
+    tcs.connect(0).await.unwrap();
+    assert!(tcs.view(aborted).unwrap().is_none());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tcs.view(committing).unwrap().is_some() {
+        assert!(tokio::time::Instant::now() < deadline, "never finished");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        participants.told.lock().clone(),
+        [(
+            "persistent://public/default/c".to_string(),
+            TxnAction::Commit
+        )]
+    );
 }

@@ -24,13 +24,22 @@ impl std::fmt::Display for TxnId {
 }
 
 /// What END_TXN asks.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum TxnAction {
     Commit,
     Abort,
 }
 
 impl TxnAction {
+    /// The action a COMMITTING or ABORTING transaction carries out.
+    pub(super) fn of_status(status: TxnStatus) -> Option<TxnAction> {
+        match status {
+            TxnStatus::Committing => Some(TxnAction::Commit),
+            TxnStatus::Aborting => Some(TxnAction::Abort),
+            _ => None,
+        }
+    }
+
     /// The status a transaction is in while this action is carried out.
     pub(super) fn in_progress(self) -> TxnStatus {
         match self {
@@ -67,6 +76,8 @@ pub(crate) enum TxnError {
     Meta(#[from] vela_meta::MetaError),
     #[error("transaction log is corrupt: {0}")]
     Corrupt(String),
+    #[error("transaction participants did not all answer: {0}")]
+    Participant(String),
 }
 
 impl From<TxnError> for ServiceError {
@@ -80,6 +91,7 @@ impl From<TxnError> for ServiceError {
             TxnError::Log(log) => return ServiceError::from(log.clone()),
             TxnError::Meta(_) => ServerError::MetadataError,
             TxnError::Corrupt(_) => ServerError::UnknownError,
+            TxnError::Participant(_) => ServerError::ServiceNotReady,
         };
         ServiceError::new(code, error.to_string())
     }

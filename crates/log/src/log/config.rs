@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::backend::{LedgerBackend, Persistence};
 use crate::budget::AppendBudget;
 use crate::cache::EntryCache;
+use crate::offload::{LedgerOffloader, OffloadPolicy};
 use crate::store::Store;
 
 /// Entry cache of `LogEnv::new` (tests, embedders): the binary sizes its own
@@ -68,6 +69,9 @@ pub struct LogConfig {
     pub cursor_persist_interval: Duration,
     /// Consumed data kept (see [`Retention`]).
     pub retention: Retention,
+    /// When closed ledgers are offloaded and their bookie copies deleted
+    /// (used only with an offloader in the `LogEnv`).
+    pub offload: OffloadPolicy,
 }
 
 impl Default for LogConfig {
@@ -82,6 +86,7 @@ impl Default for LogConfig {
             cursor_persisted_ranges_max: 10_000,
             cursor_persist_interval: Duration::from_millis(100),
             retention: Retention::NONE,
+            offload: OffloadPolicy::default(),
         }
     }
 }
@@ -94,6 +99,8 @@ pub struct LogEnv {
     pub(crate) ledgers: Arc<dyn LedgerBackend>,
     pub(crate) cache: EntryCache,
     pub(crate) append_budget: AppendBudget,
+    /// Where closed ledgers are offloaded; `None`: nowhere (offloads fail).
+    pub(crate) offloader: Option<Arc<dyn LedgerOffloader>>,
 }
 
 impl LogEnv {
@@ -106,6 +113,7 @@ impl LogEnv {
             ledgers,
             cache: EntryCache::new(ENTRY_CACHE_BYTES_DEFAULT),
             append_budget: AppendBudget::new(APPEND_BUDGET_BYTES_DEFAULT),
+            offloader: None,
         }
     }
 
@@ -115,6 +123,18 @@ impl LogEnv {
         self.cache = cache;
         self.append_budget = append_budget;
         self
+    }
+
+    /// The same, offloading closed ledgers through `offloader` (shared by
+    /// every log opened through it). Set it before opening logs.
+    pub fn with_offloader(mut self, offloader: Arc<dyn LedgerOffloader>) -> LogEnv {
+        self.offloader = Some(offloader);
+        self
+    }
+
+    /// The offloader, if any.
+    pub fn offloader(&self) -> Option<&Arc<dyn LedgerOffloader>> {
+        self.offloader.as_ref()
     }
 
     /// The entry cache shared by the logs.

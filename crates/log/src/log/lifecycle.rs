@@ -27,7 +27,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{LedgerBackendError, OpenLedger};
+use crate::backend::OpenLedger;
 use crate::error::LogError;
 use crate::format::{self, LedgerInfo, LogInfo};
 
@@ -112,6 +112,7 @@ impl Shared {
                 size_bytes: 0,
                 created_unix_ms: closed_at,
                 closed_unix_ms: None,
+                offload: None,
             });
             (
                 LogInfo {
@@ -160,6 +161,8 @@ impl Shared {
         self.queue.set_writer(created);
         drop(meta_guard);
         self.trim().await;
+        // A ledger closed: the offload thresholds may select it.
+        Shared::offload_by_policy(&self);
     }
 
     /// Oldest mark-delete position over all cursors, and whether there is
@@ -178,9 +181,16 @@ impl Shared {
         (slowest, true)
     }
 
+    /// Deletes the consumed ledgers that retention lets go, then the bookie
+    /// copies of offloaded ledgers past their deletion lag.
+    pub(crate) async fn trim(&self) {
+        self.trim_consumed().await;
+        self.release_offloaded().await;
+    }
+
     /// Deletes the consumed ledgers that retention lets go, oldest first,
     /// never the ledger being written (the module doc has the rules).
-    pub(crate) async fn trim(&self) {
+    async fn trim_consumed(&self) {
         let (Some(Some(slowest)), has_cursors) = self.slowest_mark_delete() else {
             return;
         };
@@ -199,7 +209,7 @@ impl Shared {
             let total_bytes: u64 = state.ledgers.iter().map(|l| l.size_bytes).sum();
             let now = unix_ms();
             let mut freed_bytes = 0u64;
-            let mut trimmed: Vec<u64> = Vec::new();
+            let mut trimmed: Vec<LedgerInfo> = Vec::new();
             for ledger in consumed {
                 if !has_cursors && recent_for_readers(ledger, now, age_min) {
                     break;
@@ -208,7 +218,7 @@ impl Shared {
                     break;
                 }
                 freed_bytes += ledger.size_bytes;
-                trimmed.push(ledger.ledger_id);
+                trimmed.push(*ledger);
             }
             if trimmed.is_empty() {
                 return;
@@ -242,15 +252,8 @@ impl Shared {
                 return;
             }
         }
-        for ledger_id in trimmed {
-            match self.env.ledgers.delete(ledger_id).await {
-                Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {
-                    tracing::debug!(log = self.name, ledger_id, "trimmed consumed ledger");
-                }
-                Err(error) => {
-                    tracing::warn!(log = self.name, ledger_id, %error, "could not delete a trimmed ledger");
-                }
-            }
+        for ledger in &trimmed {
+            self.delete_ledger_everywhere(ledger).await;
         }
     }
 }
@@ -268,6 +271,7 @@ mod tests {
             size_bytes: 100,
             created_unix_ms: ms.saturating_sub(1000),
             closed_unix_ms: Some(ms),
+            offload: None,
         }
     }
 

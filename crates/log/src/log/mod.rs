@@ -9,7 +9,9 @@
 //! close).
 //! Modules: `config` (what a log is given), `positions` (position arithmetic
 //! over the ledger list), `ledger_order` (ids increase, wall-clock stamps),
-//! `lifecycle` (rollover and trimming).
+//! `lifecycle` (rollover and trimming), `offload` (tiered storage: offloads,
+//! their status, deletion of bookie copies, reads of offloaded ledgers),
+//! `sizes` (backlog bytes), `append_future`.
 //!
 //! Append order: `ManagedLog::append` pushes onto the append queue under its
 //! lock, so the order of `append` calls (across threads: the order in which
@@ -18,22 +20,23 @@
 //! Never: reorders appends, confirms an entry the ledger has not
 //! acknowledged at Qa, or waits for anything in `append`.
 
+mod append_future;
 mod config;
 mod ledger_order;
 mod lifecycle;
+mod offload;
 mod positions;
+mod sizes;
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
-use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::{oneshot, watch};
 
+pub use append_future::AppendFuture;
 pub use config::{APPEND_BUDGET_BYTES_DEFAULT, ENTRY_CACHE_BYTES_DEFAULT};
 pub use config::{LogConfig, LogEnv, Retention};
 
@@ -43,6 +46,7 @@ use crate::cache::{LogCache, ReadMark};
 use crate::cursor::{Cursor, CursorLog, CursorSettings, CursorStart};
 use crate::error::LogError;
 use crate::format::{self, LedgerInfo, LogInfo};
+use crate::offload::{OffloadPolicy, OffloadStatus, OffloadTarget};
 use crate::position::Position;
 use crate::queue::{AppendQueue, LedgerLimits, QueueHooks};
 use crate::store::Version;
@@ -77,6 +81,8 @@ pub struct LedgerSummary {
     pub size_bytes: u64,
     /// When the log created it (ms since the Unix epoch).
     pub created_unix_ms: u64,
+    /// Its offload to object storage is complete (reads go there).
+    pub offloaded: bool,
 }
 
 /// Sizes of a log, for stats.
@@ -118,6 +124,11 @@ pub(crate) struct Shared {
     cursors: Mutex<HashMap<String, Arc<Cursor>>>,
     /// Terminated: its queue stopped for good, its record says so.
     terminated: AtomicBool,
+    /// When ledgers are offloaded and their bookie copies deleted (starts
+    /// as `config.offload`).
+    offload_policy: Mutex<OffloadPolicy>,
+    /// The last offload's status; `running` keeps offloads one at a time.
+    offload_status: Mutex<OffloadStatus>,
 }
 
 /// A topic's managed log. Cheap to share behind an `Arc`.
@@ -199,6 +210,7 @@ impl ManagedLog {
                 size_bytes: 0,
                 created_unix_ms: unix_ms(),
                 closed_unix_ms: None,
+                offload: None,
             });
         }
         version =
@@ -249,6 +261,7 @@ impl ManagedLog {
                 env: env.clone(),
                 persistence: Mutex::new(config.persistence),
                 retention: Mutex::new(config.retention),
+                offload_policy: Mutex::new(config.offload),
                 config,
                 state: Mutex::new(State {
                     ledgers: info.ledgers,
@@ -261,6 +274,7 @@ impl ManagedLog {
                 confirmed,
                 cursors: Mutex::new(HashMap::new()),
                 terminated: AtomicBool::new(info.terminated),
+                offload_status: Mutex::new(OffloadStatus::NOT_RUN),
             }
         });
         match appender {
@@ -396,7 +410,7 @@ impl ManagedLog {
         let mut position = from;
         while out.len() < entries_max && (out.is_empty() || bytes < bytes_max) {
             // Decide under the lock what to read, then read without it.
-            let (ledger_id, last_wanted) = {
+            let (ledger_id, last_wanted, offloaded) = {
                 let state = self.shared.state.lock();
                 let Some(normalized) =
                     positions::normalize(&state.ledgers, state.last_confirmed, position)
@@ -422,9 +436,19 @@ impl ManagedLog {
                 let bytes_left = bytes_max.saturating_sub(bytes) as u64;
                 let fit = (bytes_left / mean_entry_bytes).max(1);
                 let wanted = ((entries_max - out.len()) as u64).min(fit);
+                // A complete offload: the objects are read (the bookies'
+                // copy may be gone).
+                let offloaded = ledger.offload.filter(|o| o.complete).map(|o| {
+                    let target = OffloadTarget {
+                        ledger_id: ledger.ledger_id,
+                        uid: o.uid(),
+                    };
+                    (target, o.bookie_deleted)
+                });
                 (
                     position.ledger_id,
                     last_in_ledger.min(position.entry_id + wanted - 1),
+                    offloaded,
                 )
             };
             let run = self.shared.cache.run_from(
@@ -450,7 +474,20 @@ impl ManagedLog {
                 .next_cached
                 .map_or(last_wanted, |cached| cached.entry_id - 1);
             debug_assert!(first <= last, "a bookie read of {first}..={last}");
-            let entries = self.shared.env.ledgers.read(ledger_id, first, last).await?;
+            let bytes_left = bytes_max.saturating_sub(bytes);
+            let entries = match offloaded {
+                Some((target, bookie_deleted)) => {
+                    self.shared
+                        .read_offloaded(target, bookie_deleted, first, last, bytes_left)
+                        .await?
+                }
+                None => self.shared.env.ledgers.read(ledger_id, first, last).await?,
+            };
+            if entries.is_empty() {
+                break;
+            }
+            debug_assert!(entries.len() as u64 <= last - first + 1);
+            let last = first + entries.len() as u64 - 1;
             self.shared.cache.count_misses(entries.len());
             for (offset, data) in entries.into_iter().enumerate() {
                 let read = Position::new(ledger_id, first + offset as u64);
@@ -662,64 +699,6 @@ impl ManagedLog {
         *self.shared.retention.lock() = retention;
     }
 
-    /// Payload bytes of the confirmed entries after `after` (all of them for
-    /// `None`): a subscription's backlog size. Exact per whole ledger,
-    /// proportional by entry count within the ledger holding `after`.
-    pub fn bytes_after(&self, after: Option<Position>) -> u64 {
-        let state = self.shared.state.lock();
-        let mut bytes = 0u64;
-        for ledger in &state.ledgers {
-            match after {
-                Some(after) if ledger.ledger_id < after.ledger_id => {}
-                Some(after) if ledger.ledger_id == after.ledger_id => {
-                    let remaining = ledger.entries.saturating_sub(after.entry_id + 1);
-                    bytes += (ledger.size_bytes * remaining)
-                        .checked_div(ledger.entries)
-                        .unwrap_or(0);
-                }
-                _ => bytes += ledger.size_bytes,
-            }
-        }
-        bytes
-    }
-
-    /// The position up to which entries must be consumed so that at most
-    /// `bytes` of the newest entries remain after it (`None`: nothing needs
-    /// to go). Used to evict a backlog down to a quota.
-    pub fn position_keeping_bytes(&self, bytes: u64) -> Option<Position> {
-        let state = self.shared.state.lock();
-        let mut kept = 0u64;
-        for ledger in state.ledgers.iter().rev() {
-            if ledger.entries == 0 {
-                continue;
-            }
-            if kept + ledger.size_bytes <= bytes {
-                kept += ledger.size_bytes;
-                continue;
-            }
-            // Within this ledger: keep the newest entries that fit.
-            let average = (ledger.size_bytes / ledger.entries).max(1);
-            let keep_entries = (bytes - kept) / average;
-            let drop_entries = ledger.entries - keep_entries.min(ledger.entries);
-            return drop_entries
-                .checked_sub(1)
-                .map(|last| Position::new(ledger.ledger_id, last))
-                .or_else(|| {
-                    // Nothing of this ledger goes: the end of the one before.
-                    let index = state
-                        .ledgers
-                        .iter()
-                        .position(|l| l.ledger_id == ledger.ledger_id)?;
-                    state.ledgers[..index]
-                        .iter()
-                        .rev()
-                        .find(|l| l.entries > 0)
-                        .map(|l| Position::new(l.ledger_id, l.entries - 1))
-                });
-        }
-        None
-    }
-
     /// The ledgers the log holds, oldest first (the last one is being written
     /// while the log is open).
     pub fn ledgers(&self) -> Vec<LedgerSummary> {
@@ -733,6 +712,7 @@ impl ManagedLog {
                 entries: l.entries,
                 size_bytes: l.size_bytes,
                 created_unix_ms: l.created_unix_ms,
+                offloaded: l.offload.is_some_and(|o| o.complete),
             })
             .collect()
     }
@@ -742,6 +722,16 @@ impl ManagedLog {
         &self,
         ledger_id: u64,
     ) -> Result<Option<LedgerDescription>, LogError> {
+        let only_offloaded = self
+            .shared
+            .state
+            .lock()
+            .ledgers
+            .iter()
+            .any(|l| l.ledger_id == ledger_id && l.offload.is_some_and(|o| o.bookie_deleted));
+        if only_offloaded {
+            return Ok(None); // only in object storage: no bookie metadata
+        }
         Ok(self.shared.env.ledgers.describe(ledger_id).await?)
     }
 
@@ -840,14 +830,18 @@ impl ManagedLog {
             cursor.delete().await?;
         }
         let _meta = self.shared.meta_lock.lock().await;
-        let ledger_ids = self.ledger_ids();
+        let ledgers = self.shared.state.lock().ledgers.clone();
         self.shared
             .env
             .store
             .delete(&format::log_key(&self.shared.name))
             .await?;
-        for ledger_id in ledger_ids {
-            match self.shared.env.ledgers.delete(ledger_id).await {
+        for ledger in &ledgers {
+            if ledger.offload.is_some() {
+                self.shared.delete_ledger_everywhere(ledger).await;
+                continue;
+            }
+            match self.shared.env.ledgers.delete(ledger.ledger_id).await {
                 Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {}
                 Err(error) => return Err(error.into()),
             }
@@ -860,34 +854,6 @@ impl Drop for ManagedLog {
     fn drop(&mut self) {
         // Cursors hold a weak reference to the log; nothing else to release.
         self.shared.cursors.lock().clear();
-    }
-}
-
-/// Future of one append: the entry's position once durable.
-#[derive(Debug)]
-pub struct AppendFuture {
-    receiver: oneshot::Receiver<Result<Position, LogError>>,
-    refused: bool,
-}
-
-impl AppendFuture {
-    /// True when the log refused the append at once (`EntryTooLarge`,
-    /// `Overloaded`, or the log had stopped): the entry is not and never
-    /// will be in the log, and the future resolves to why. False when the
-    /// append was queued (it may still fail later, stopping the log).
-    pub fn is_refused(&self) -> bool {
-        self.refused
-    }
-}
-
-impl Future for AppendFuture {
-    type Output = Result<Position, LogError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        Pin::new(&mut self.receiver).poll(cx).map(|result| {
-            result
-                .unwrap_or_else(|_| Err(LogError::Closed("append dropped by the log".to_string())))
-        })
     }
 }
 

@@ -1,5 +1,6 @@
 //! `vela admin topics`: topics and partitioned topics, their stats and
-//! subscriptions (create, reset, skip, expire), unload, terminate and lookup.
+//! subscriptions (create, reset, skip, expire), unload, terminate, lookup,
+//! offload and its status.
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
@@ -184,6 +185,32 @@ pub(super) enum TopicsCmd {
         #[arg(short = 'k', long = "key")]
         key: String,
     },
+    /// Offload the topic's older ledgers to object storage, keeping about
+    /// this many of the newest bytes on the bookies (as pulsar-admin).
+    Offload {
+        topic: String,
+        /// Bytes to keep on the bookies.
+        #[arg(short = 's', long = "size-threshold")]
+        size_threshold: u64,
+    },
+    /// Status of the topic's last offload.
+    OffloadStatus { topic: String },
+}
+
+/// The first ledger to keep so that the newest ledgers hold no more than
+/// `threshold_bytes` (pulsar-admin's rule, from the internal stats' ledger
+/// list, oldest first): its entry 0, or `None` when nothing needs to go.
+fn first_ledger_within_threshold(ledgers: &[(u64, u64)], threshold_bytes: u64) -> Option<u64> {
+    let mut suffix_bytes = 0u64;
+    let mut previous = ledgers.last()?.0;
+    for &(ledger_id, size_bytes) in ledgers.iter().rev() {
+        suffix_bytes = suffix_bytes.saturating_add(size_bytes);
+        if suffix_bytes > threshold_bytes {
+            return Some(previous);
+        }
+        previous = ledger_id;
+    }
+    None
 }
 
 /// A message id as Java's `MessageIdImpl.toString()`: `ledger:entry:partition`.
@@ -393,6 +420,40 @@ pub(super) fn topics(api: &Api, cmd: TopicsCmd) -> anyhow::Result<()> {
                 ids.join(", ")
             ))
         }
+        T::Offload {
+            topic,
+            size_threshold,
+        } => {
+            let path = topic_path(&topic)?;
+            let stats = api.get_json(&format!("{path}/internalStats"))?;
+            let ledgers: Vec<(u64, u64)> = stats["ledgers"]
+                .as_array()
+                .map(|ledgers| {
+                    ledgers
+                        .iter()
+                        .filter_map(|l| Some((l["ledgerId"].as_u64()?, l["size"].as_u64()?)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            if ledgers.is_empty() {
+                bail!("Topic doesn't have any data");
+            }
+            let Some(ledger_id) = first_ledger_within_threshold(&ledgers, size_threshold) else {
+                return out("Nothing to offload");
+            };
+            let id = format!("{ledger_id}:0");
+            done(api.call(
+                "PUT",
+                &format!("{path}/offload"),
+                Some(&message_id_json(&id)?),
+            ))?;
+            out(&format!(
+                "Offload triggered for {topic} for messages before {ledger_id}:0:-1"
+            ))
+        }
+        T::OffloadStatus { topic } => {
+            print_json(&api.get_json(&format!("{}/offload", topic_path(&topic)?))?)
+        }
         T::Lookup { topic } => {
             let name = TopicName::parse(&topic).with_context(|| format!("bad topic {topic:?}"))?;
             let path = format!(
@@ -404,5 +465,20 @@ pub(super) fn topics(api: &Api, cmd: TopicsCmd) -> anyhow::Result<()> {
             );
             print_json(&api.get_json(&path)?)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_offload_point_keeps_the_newest_bytes() {
+        let ledgers = [(1, 100), (2, 100), (3, 100), (4, 10)];
+        assert_eq!(first_ledger_within_threshold(&ledgers, 0), Some(4));
+        assert_eq!(first_ledger_within_threshold(&ledgers, 150), Some(3));
+        assert_eq!(first_ledger_within_threshold(&ledgers, 210), Some(2));
+        assert_eq!(first_ledger_within_threshold(&ledgers, 310), None);
+        assert_eq!(first_ledger_within_threshold(&[], 0), None);
     }
 }
