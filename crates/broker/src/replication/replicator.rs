@@ -16,7 +16,12 @@
 //! replicator producers uses to drop the resends: exactly once.
 //! Skipped (acknowledged, not sent): entries that came from another cluster
 //! (`replicated_from`: never sent back), entries whose `replicate_to`
-//! leaves the remote out, markers, entries whose metadata does not parse.
+//! leaves the remote out, markers, entries whose metadata does not parse,
+//! entries of aborted transactions. Transactions: as Pulsar's replicators
+//! read up to `maxReadPosition`, nothing at or after the topic buffer's read
+//! limit (the first entry of its oldest open transaction) is sent until
+//! the limit moves; a committed transaction's entries go without their
+//! transaction id.
 //! Reconnects: the client reconnects and resends a producer's pending
 //! entries by itself; a producer that cannot be created or fails is
 //! replaced after a back-off from `BACKOFF_MIN` doubling to `BACKOFF_MAX`
@@ -39,6 +44,7 @@ use vela_wire::proto::{KeyValue, MessageMetadata};
 use crate::codec::{self, REPL_SOURCE_POSITION_PROPERTY};
 use crate::stats::ReplicatorStats;
 use crate::topic::{Topic, replicated_sequence_id, replicator_producer_name};
+use crate::txn_buffer::TxnBuffer;
 
 /// Entries one replicator has sent and not yet seen stored (Pulsar's
 /// `replicationProducerQueueSize`, 1000). When reached: it reads no more
@@ -207,13 +213,27 @@ async fn replicate(
     };
     let mut in_flight: VecDeque<InFlight> = VecDeque::new();
     let mut unsent: VecDeque<LogEntry> = VecDeque::new();
+    let buffer = context.topic.txn_buffer();
+    let mut limit_changes = buffer.map(|b| b.subscribe());
     loop {
-        // Send what was read, within the window and the budget.
+        // Send what was read, within the window, the budget and the
+        // transaction buffer's read limit.
+        let mut at_txn_limit = false;
         while in_flight.len() < REPLICATOR_PENDING_MAX {
             let Some(entry) = unsent.front() else {
                 break;
             };
-            let item = match prepare(context, entry) {
+            let gate = txn_gate(buffer.map(|b| &**b), entry);
+            if gate == TxnGate::Wait {
+                at_txn_limit = true;
+                break;
+            }
+            let prepared = if gate == TxnGate::Skip {
+                Ok(Prepared::Skip)
+            } else {
+                prepare(context, entry)
+            };
+            let item = match prepared {
                 Err(ended) => return ended,
                 Ok(Prepared::Skip) => skipped(entry.position),
                 Ok(Prepared::Send {
@@ -262,7 +282,7 @@ async fn replicate(
         }
         let waiting_receipt = in_flight.front().is_some();
         let may_read = unsent.is_empty() && in_flight.len() < REPLICATOR_PENDING_MAX;
-        let budget_full = !unsent.is_empty() && !waiting_receipt;
+        let budget_full = !unsent.is_empty() && !waiting_receipt && !at_txn_limit;
         tokio::select! {
             biased;
             _ = stop.changed() => return Ended::Stopped,
@@ -286,11 +306,53 @@ async fn replicate(
                 Err(error) => return error.into(),
             },
             _ = tokio::time::sleep(BUDGET_RETRY), if budget_full => {}
+            _ = limit_moved(&mut limit_changes), if at_txn_limit => {}
         }
         context
             .stats
             .backlog_entries
             .store(context.cursor.backlog_entries(), Ordering::Relaxed);
+    }
+}
+
+/// What the topic's transaction buffer lets a replicator do with an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TxnGate {
+    /// Not a transaction's, or a committed one's: replicate it.
+    Send,
+    /// At or after the read limit (an open transaction): not yet.
+    Wait,
+    /// A marker or an aborted transaction's entry: acknowledged, never sent.
+    Skip,
+}
+
+fn txn_gate(buffer: Option<&TxnBuffer>, entry: &LogEntry) -> TxnGate {
+    let Some(buffer) = buffer else {
+        return TxnGate::Send;
+    };
+    if buffer
+        .read_limit()
+        .is_some_and(|limit| entry.position >= limit)
+    {
+        TxnGate::Wait
+    } else if buffer.has_txns() && buffer.is_hidden(&entry.data) {
+        TxnGate::Skip
+    } else {
+        TxnGate::Send
+    }
+}
+
+/// Resolves once the read limit changed since the last call (pending
+/// forever without a buffer).
+async fn limit_moved(changes: &mut Option<watch::Receiver<Option<Position>>>) {
+    match changes {
+        Some(changes) => {
+            if changes.changed().await.is_err() {
+                // The buffer is gone (the topic closes): do not spin.
+                tokio::time::sleep(BUDGET_RETRY).await;
+            }
+        }
+        None => std::future::pending().await,
     }
 }
 
@@ -480,5 +542,86 @@ mod tests {
             decide(&entry(&produced(), Position::new(1 << 40, 0)), "a", "b"),
             Ok(Err(Ended::Unreplicable(_)))
         ));
+    }
+
+    /// A topic's buffer over in-memory ledgers and metadata.
+    async fn log_and_buffer() -> (Arc<ManagedLog>, Arc<TxnBuffer>, vela_log::LogEnv) {
+        let meta: Arc<dyn vela_meta::MetadataStore> = Arc::new(vela_meta::MemoryStore::new());
+        let ledgers = Arc::new(vela_log::memory::MemoryBackend(
+            vela_log::memory::MemoryLedgers::new(),
+        ));
+        let env = vela_log::LogEnv::new(Arc::clone(&meta), ledgers);
+        let config = vela_log::LogConfig {
+            persistence: vela_log::Persistence::SINGLE,
+            ..vela_log::LogConfig::default()
+        };
+        let log = ManagedLog::open(&env, "t/ns/persistent/r", config)
+            .await
+            .unwrap();
+        let budget = crate::txn_buffer::TxnBudget::new(100);
+        let buffer = TxnBuffer::open(Arc::clone(&log), meta, budget)
+            .await
+            .unwrap();
+        (log, buffer, env)
+    }
+
+    /// Appends `data` and returns it as read back.
+    async fn append(log: &ManagedLog, data: Bytes) -> LogEntry {
+        let position = log.append(data.clone()).await.unwrap();
+        LogEntry { position, data }
+    }
+
+    fn plain() -> Bytes {
+        let mut metadata = produced();
+        metadata.txnid_most_bits = None;
+        metadata.txnid_least_bits = None;
+        vela_wire::build_stored_entry(&metadata.encode_to_vec(), b"body")
+    }
+
+    #[tokio::test]
+    async fn open_transactions_wait_aborted_ones_are_skipped_committed_ones_go() {
+        let (log, buffer, _env) = log_and_buffer().await;
+        let before = append(&log, plain()).await;
+        assert_eq!(txn_gate(None, &before), TxnGate::Send);
+        assert_eq!(txn_gate(Some(&buffer), &before), TxnGate::Send);
+        buffer.ensure_tracked().await.unwrap();
+
+        let (committed, aborted) = ((0, 1), (0, 2));
+        let mut entries = Vec::new();
+        for txn in [committed, aborted] {
+            buffer.admit(txn).unwrap();
+            let data = crate::txn_buffer::with_txn_id(&plain(), txn).unwrap();
+            let entry = append(&log, data).await;
+            buffer.appended(txn, entry.position);
+            entries.push(entry);
+        }
+        let after = append(&log, plain()).await;
+        // Both open: the first open entry and everything after it wait.
+        for entry in entries.iter().chain([&after]) {
+            assert_eq!(txn_gate(Some(&buffer), entry), TxnGate::Wait);
+        }
+        assert_eq!(txn_gate(Some(&buffer), &before), TxnGate::Send);
+
+        buffer.end(committed, true).await.unwrap();
+        assert_eq!(txn_gate(Some(&buffer), &entries[0]), TxnGate::Send);
+        assert_eq!(txn_gate(Some(&buffer), &entries[1]), TxnGate::Wait);
+        assert_eq!(txn_gate(Some(&buffer), &after), TxnGate::Wait);
+        // The committed entry goes without its transaction id.
+        let Ok(Ok(Prepared::Send { metadata, .. })) = decide(&entries[0], "a", "b") else {
+            panic!("a committed transaction's entry is replicated");
+        };
+        assert_eq!(metadata.txnid_most_bits, None);
+
+        buffer.end(aborted, false).await.unwrap();
+        assert_eq!(txn_gate(Some(&buffer), &entries[1]), TxnGate::Skip);
+        assert_eq!(txn_gate(Some(&buffer), &after), TxnGate::Send);
+        let markers = log
+            .read(log.next_position(after.position), 10, 1 << 20)
+            .await
+            .unwrap();
+        assert_eq!(markers.len(), 2, "a commit and an abort marker");
+        for marker in &markers {
+            assert_eq!(txn_gate(Some(&buffer), marker), TxnGate::Skip);
+        }
     }
 }

@@ -229,6 +229,12 @@ impl Topic {
         }
     }
 
+    /// The transaction buffer (`None` when transactions are off): what
+    /// readers other than subscriptions (replicators) must respect.
+    pub(crate) fn txn_buffer(&self) -> Option<&Arc<TxnBuffer>> {
+        self.txn.as_ref().map(|(buffer, _)| buffer)
+    }
+
     /// The transaction buffer, or NotAllowedError when transactions are off.
     fn buffer(&self) -> Result<&Arc<TxnBuffer>, ServiceError> {
         self.txn.as_ref().map(|(buffer, _)| buffer).ok_or_else(|| {
