@@ -14,10 +14,11 @@ use crate::message::Message;
 /// properties: the struct itself, its id and producer name.
 const MESSAGE_OVERHEAD_BYTES: usize = std::mem::size_of::<Message>() + 64;
 
-/// Messages of every partition, tagged with the partition's index.
+/// Messages of every partition, tagged with the partition's index and the
+/// bytes each is counted as (computed once, on arrival).
 #[derive(Debug, Default)]
 pub(crate) struct ReceiveQueue {
-    messages: VecDeque<(usize, Message)>,
+    messages: VecDeque<(usize, Message, usize)>,
     bytes: usize,
 }
 
@@ -37,22 +38,30 @@ fn cost_bytes(message: &Message) -> usize {
 impl ReceiveQueue {
     pub(crate) fn extend(&mut self, index: usize, messages: impl IntoIterator<Item = Message>) {
         for message in messages {
-            self.bytes += cost_bytes(&message);
-            self.messages.push_back((index, message));
+            let cost = cost_bytes(&message);
+            self.bytes += cost;
+            self.messages.push_back((index, message, cost));
         }
     }
 
     pub(crate) fn pop_front(&mut self) -> Option<(usize, Message)> {
-        let next = self.messages.pop_front()?;
-        self.bytes -= cost_bytes(&next.1);
-        Some(next)
+        let (index, message, cost) = self.messages.pop_front()?;
+        self.bytes -= cost;
+        Some((index, message))
     }
 
     /// Drops every message of partition `index` (its connection was lost:
     /// the broker delivers them again).
     pub(crate) fn remove_partition(&mut self, index: usize) {
-        self.messages.retain(|(i, _)| *i != index);
-        self.bytes = self.messages.iter().map(|(_, m)| cost_bytes(m)).sum();
+        let mut removed_bytes = 0;
+        self.messages.retain(|(i, _, cost)| {
+            let keep = *i != index;
+            if !keep {
+                removed_bytes += cost;
+            }
+            keep
+        });
+        self.bytes -= removed_bytes;
     }
 
     /// Whether the queue is past both bounds: a broker may send more
