@@ -11,7 +11,7 @@
 //! applies it to the namespace's served topics; DELETE removes it.
 //! Never: keeps state.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use axum::Router;
@@ -23,7 +23,7 @@ use axum::routing::{get, post};
 use serde_json::Value;
 
 use super::api::{ApiError, ApiResult, Params, Shared, namespace_of, no_content};
-use super::topic_policies::policy_answer;
+use super::topic_policies::{policy_answer, request_value};
 use crate::admin::json::parse_body;
 use crate::admin::policy_specs::{POLICY_SPECS, PolicySpec};
 use crate::admin::{NamespacePolicies, PROPERTY_BYTES_MAX, ROLE_BYTES_MAX};
@@ -124,22 +124,6 @@ async fn get_policy(
     Ok(policy_answer(value))
 }
 
-fn request_value(
-    spec: &PolicySpec,
-    params: &HashMap<String, String>,
-    body: &[u8],
-) -> ApiResult<Value> {
-    let value: Option<Value> = parse_body(body, spec.key)?;
-    if let Some(value) = value {
-        return Ok(value);
-    }
-    let from_query = spec
-        .namespace_route
-        .and_then(|route| params.get(route))
-        .map(|text| serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone())));
-    Ok(from_query.unwrap_or(Value::Null))
-}
-
 async fn set_policy(
     spec: &'static PolicySpec,
     State(service): Shared,
@@ -147,7 +131,7 @@ async fn set_policy(
     Query(params): Params,
     body: Bytes,
 ) -> ApiResult<StatusCode> {
-    let value = spec.check(request_value(spec, &params, &body)?)?;
+    let value = spec.check(request_value(spec, spec.namespace_route, &params, &body)?)?;
     update(&service, &tenant, &namespace, |p| {
         p.policies.insert(spec.key.to_string(), value);
         Ok(())

@@ -122,13 +122,22 @@ async fn latest(
     Path((tenant, namespace, local)): Path<(String, String, String)>,
 ) -> ApiResult<axum::Json<Value>> {
     let topic = topic(&tenant, &namespace, &local)?;
+    stored_schema(&service, &topic, None).await
+}
+
+/// A stored version (`None`: the latest) as Pulsar's GetSchemaResponse, or 404.
+async fn stored_schema(
+    service: &Service,
+    topic: &TopicName,
+    version: Option<u64>,
+) -> ApiResult<axum::Json<Value>> {
     let (version, schema) = service
         .schemas
-        .get(&topic, None)
+        .get(topic, version)
         .await?
         .ok_or_else(not_found)?;
     Ok(axum::Json(
-        schema_json(&service, &topic, version, &schema).await?,
+        schema_json(service, topic, version, &schema).await?,
     ))
 }
 
@@ -140,14 +149,7 @@ async fn by_version(
     let version: u64 = version
         .parse()
         .map_err(|_| ApiError::bad_request(format!("bad schema version {version}")))?;
-    let (version, schema) = service
-        .schemas
-        .get(&topic, Some(version))
-        .await?
-        .ok_or_else(not_found)?;
-    Ok(axum::Json(
-        schema_json(&service, &topic, version, &schema).await?,
-    ))
+    stored_schema(&service, &topic, Some(version)).await
 }
 
 async fn all(

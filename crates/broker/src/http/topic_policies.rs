@@ -229,10 +229,12 @@ async fn get_policy(
     Ok(policy_answer(None))
 }
 
-/// The value of a POST: its JSON body, or (an empty body) the query
-/// parameter named as the route, as Pulsar's `messageTTL` takes it.
-fn request_value(
+/// The value of a POST to a policy's `route` (its topic or namespace route):
+/// its JSON body, or (an empty body) the query parameter named as the route,
+/// as Pulsar's `messageTTL` takes it.
+pub(super) fn request_value(
     spec: &PolicySpec,
+    route: Option<&str>,
     params: &HashMap<String, String>,
     body: &[u8],
 ) -> ApiResult<Value> {
@@ -240,8 +242,7 @@ fn request_value(
     if let Some(value) = value {
         return Ok(value);
     }
-    let from_query = spec
-        .topic_route
+    let from_query = route
         .and_then(|route| params.get(route))
         .map(|text| serde_json::from_str(text).unwrap_or_else(|_| Value::String(text.clone())));
     Ok(from_query.unwrap_or(Value::Null))
@@ -255,7 +256,7 @@ async fn set_policy(
     body: Bytes,
 ) -> ApiResult<StatusCode> {
     let topic = existing_topic(&service, &path).await?;
-    let mut value = spec.check(request_value(spec, &params, &body)?)?;
+    let mut value = spec.check(request_value(spec, spec.topic_route, &params, &body)?)?;
     let replication = matches!(spec.kind, crate::admin::policy_specs::PolicyKind::Clusters);
     if replication {
         // Recorded clusters the tenant may use (`admin::clusters`).
