@@ -127,3 +127,43 @@ def start_broker(extra_args=(), data_dir=None):
 
 def stop_broker(b):
     _stop(b)
+
+
+# A broker that frees storage within a test's patience: ledgers roll over
+# every POLICY_BROKER_LEDGER_ENTRIES_MAX entries with no minimum age (the
+# default waits 10 minutes) and policies apply every second. Shared by the
+# lifecycle and topic-policy modules.
+POLICY_BROKER_LEDGER_ENTRIES_MAX = 10
+POLICY_BROKER_CHECK_INTERVAL_S = 1
+
+
+def start_policy_broker():
+    return _start(
+        [
+            "--ledger-max-entries",
+            str(POLICY_BROKER_LEDGER_ENTRIES_MAX),
+            "--ledger-min-rollover-minutes",
+            "0",
+            "--policy-check-interval-s",
+            str(POLICY_BROKER_CHECK_INTERVAL_S),
+        ]
+    )
+
+
+def quiet_client(b):
+    """A client with a 10 s operation timeout that logs errors only."""
+    import pulsar
+
+    return pulsar.Client(
+        b.url,
+        operation_timeout_seconds=10,
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
+    )
+
+
+def create_namespace(b, prefix):
+    """A fresh namespace public/<prefix>-<random>."""
+    ns = "public/%s-%s" % (prefix, uuid.uuid4().hex[:8])
+    status, body = http(b, "PUT", "/admin/v2/namespaces/" + ns)
+    assert status == 204, (status, body)
+    return ns

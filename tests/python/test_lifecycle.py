@@ -14,35 +14,31 @@ import uuid
 import pulsar
 import pytest
 
-from conftest import _start, _stop, http, restart
+from conftest import (
+    POLICY_BROKER_CHECK_INTERVAL_S,
+    POLICY_BROKER_LEDGER_ENTRIES_MAX,
+    _start,
+    _stop,
+    create_namespace,
+    http,
+    quiet_client,
+    restart,
+    start_policy_broker,
+)
 
-POLICY_CHECK_INTERVAL_S = 1
-LEDGER_ENTRIES_MAX = 10
+POLICY_CHECK_INTERVAL_S = POLICY_BROKER_CHECK_INTERVAL_S
+LEDGER_ENTRIES_MAX = POLICY_BROKER_LEDGER_ENTRIES_MAX
 WAIT_S = 20
 
 
 @pytest.fixture(scope="module")
 def lc_broker():
-    b = _start(
-        [
-            "--ledger-max-entries",
-            str(LEDGER_ENTRIES_MAX),
-            "--ledger-min-rollover-minutes",
-            "0",
-            "--policy-check-interval-s",
-            str(POLICY_CHECK_INTERVAL_S),
-        ]
-    )
+    b = start_policy_broker()
     yield b
     _stop(b)
 
 
-def new_client(b):
-    return pulsar.Client(
-        b.url,
-        operation_timeout_seconds=10,
-        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error),
-    )
+new_client = quiet_client
 
 
 @pytest.fixture
@@ -53,10 +49,7 @@ def lc_client(lc_broker):
 
 
 def new_namespace(b):
-    ns = "public/lc-" + uuid.uuid4().hex[:8]
-    status, body = http(b, "PUT", "/admin/v2/namespaces/" + ns)
-    assert status == 204, (status, body)
-    return ns
+    return create_namespace(b, "lc")
 
 
 def set_policy(b, ns, what, body):
