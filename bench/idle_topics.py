@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 
 import pulsar
 import pulsar.asyncio
@@ -39,6 +40,18 @@ READY_TIMEOUT_S = 120
 # Quiet time after the last topic before the "after" figures are taken: the
 # cursors' first persist and any deferred work are done by then.
 SETTLE_S = 5
+
+
+def alive_tasks(http):
+    """The broker runtime's alive tasks (`vela_runtime_alive_tasks`), or None."""
+    try:
+        with urllib.request.urlopen(http.rstrip("/") + "/metrics", timeout=60) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith("vela_runtime_alive_tasks{"):
+                    return float(line.rsplit(" ", 1)[1])
+    except OSError:
+        pass
+    return None
 
 
 def rss_kib(pid):
@@ -69,7 +82,7 @@ def vela_pid(root_pid):
         pid = frontier.pop()
         try:
             with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip() == "vela":
+                if f.read().strip().startswith("vela"):
                     return pid
         except OSError:
             pass
@@ -94,42 +107,60 @@ def start(vela, data_dir, heaptrack_out):
             raise RuntimeError("vela standalone exited before its ready line")
         if "ready" in line and "pulsar://" in line:
             url = next(w for w in line.split() if w.startswith("pulsar://"))
-            return proc, url, spawned
+            http = next(w for w in line.split() if w.startswith("http://"))
+            return proc, (url, http), spawned
     raise RuntimeError("no ready line")
 
 
-async def create_all(url, topics, concurrency, prefix):
-    client = pulsar.asyncio.Client(url, operation_timeout_seconds=120)
-    gate = asyncio.Semaphore(concurrency)
+async def create_measure_close(url, http, args, pid, spawned):
+    """Creates the topics, measures once they settled, closes the client
+    (before the broker stops: no reconnect attempts). Returns the figures."""
+    client = pulsar.asyncio.Client(
+        url, operation_timeout_seconds=120,
+        logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
+    )
+    gate = asyncio.Semaphore(args.concurrency)
     held = []
 
     async def one(i):
-        topic = f"persistent://public/default/{prefix}-{i}"
+        topic = f"persistent://public/default/idle-{i}"
         async with gate:
             producer = await client.create_producer(topic, batching_enabled=False)
             consumer = await client.subscribe(topic, "idle")
             held.append((producer, consumer))
 
-    await asyncio.gather(*(one(i) for i in range(topics)))
-    return client, held
+    await asyncio.sleep(2)
+    rss_before = rss_kib(pid)
+    tasks_before = alive_tasks(http)
+    t_before = time.monotonic() - spawned
+    began = time.monotonic()
+    await asyncio.gather(*(one(i) for i in range(args.topics)))
+    created_s = time.monotonic() - began
+    await asyncio.sleep(SETTLE_S)
+    rss_after = rss_kib(pid)
+    tasks_after = alive_tasks(http)
+    t_after = time.monotonic() - spawned
+    await client.close()
+    tasks = (tasks_before, tasks_after)
+    return rss_before, rss_after, t_before, t_after, created_s, tasks
 
 
 def massif_heap(path, at_s):
-    """Heap bytes in heaptrack's massif snapshots: the last at or before each
-    of `at_s` (seconds since the program started)."""
+    """Heap bytes in heaptrack's massif snapshots (`time=` in seconds since
+    the program started): the last at or before each of `at_s`."""
     out = subprocess.run(
         ["heaptrack_print", "--print-massif", path + ".massif", "-f", path,
          "--print-peaks", "0", "--print-allocators", "0", "--print-temporary", "0",
          "--print-leaks", "0"],
         capture_output=True, text=True, check=False,
     )
-    peak = re.search(r"peak heap memory consumption:\s*([\d.]+)([KMG]?)B", out.stdout)
+    peak = re.search(r"peak heap memory consumption:\s*([\d.]+)([KMG]?)", out.stdout)
     snapshots = []
     with open(path + ".massif") as f:
         time_s = None
         for line in f:
             if line.startswith("time="):
-                time_s = float(line.split("=")[1]) / 1000.0
+                time_s = float(line.split("=")[1])
             elif line.startswith("mem_heap_B=") and time_s is not None:
                 snapshots.append((time_s, int(line.split("=")[1])))
     values = []
@@ -149,31 +180,30 @@ def main():
     parser.add_argument("--vela", default=os.path.join(ROOT, "target/release/vela"))
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--heaptrack", action="store_true")
+    parser.add_argument("--data-root", default=None,
+                        help="where the data directory goes (e.g. /dev/shm: topic creation "
+                             "waits for no fsync; memory figures are the process's either way)")
     args = parser.parse_args()
 
-    data_dir = tempfile.mkdtemp(prefix="vela-idle-topics-")
+    data_dir = tempfile.mkdtemp(prefix="vela-idle-topics-", dir=args.data_root)
     heaptrack_out = os.path.join(data_dir, "heaptrack") if args.heaptrack else None
     proc = None
     try:
-        proc, url, spawned = start(args.vela, data_dir, heaptrack_out)
+        proc, (url, http), spawned = start(args.vela, data_dir, heaptrack_out)
         pid = vela_pid(proc.pid)
-        time.sleep(2)
-        rss_before = rss_kib(pid)
-        t_before = time.monotonic() - spawned
-        began = time.monotonic()
-        client, held = asyncio.run(create_all(url, args.topics, args.concurrency, "idle"))
-        created_s = time.monotonic() - began
-        time.sleep(SETTLE_S)
-        rss_after = rss_kib(pid)
-        t_after = time.monotonic() - spawned
+        rss_before, rss_after, t_before, t_after, created_s, tasks = asyncio.run(
+            create_measure_close(url, http, args, pid, spawned)
+        )
         per_topic_rss = (rss_after - rss_before) * 1024 / args.topics
         print(f"topics: {args.topics} (one producer, one subscription with one consumer each), "
               f"created in {created_s:.1f} s")
         print(f"broker RSS: {rss_before / 1024:.1f} MiB before, {rss_after / 1024:.1f} MiB after: "
               f"{per_topic_rss / 1024:.2f} KiB per topic")
+        if None not in tasks:
+            print(f"broker runtime tasks: {tasks[0]:.0f} before, {tasks[1]:.0f} after: "
+                  f"{(tasks[1] - tasks[0]) / args.topics:.2f} per topic")
         os.kill(pid, signal.SIGTERM)
         proc.wait(timeout=120)
-        del held, client
         if heaptrack_out:
             files = glob.glob(heaptrack_out + "*.zst") + glob.glob(heaptrack_out + "*.gz")
             if not files:

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::client_core::{ClientCore, PENDING_BYTES_MAX};
@@ -125,10 +125,10 @@ enum Command {
 pub struct LedgerWriter {
     ledger_id: LedgerId,
     quorum: Quorum,
-    /// Boxed: a channel allocates its first block of 32 slots up front, ~3
-    /// KiB per open ledger at a command's size (idle or not); 256 bytes
-    /// boxed, for one small allocation per add.
-    commands: mpsc::Sender<Box<Command>>,
+    /// A mailbox (~150 bytes idle; a tokio channel's padded state and first
+    /// block of 32 slots were ~800 per open ledger, idle or not), of boxed
+    /// commands (256 bytes each; the queue moves pointers).
+    commands: vela_mailbox::Sender<Box<Command>>,
     count_budget: Arc<Semaphore>,
     bytes_budget: Arc<Semaphore>,
     lac: Arc<AtomicU64>,
@@ -177,7 +177,7 @@ impl LedgerWriter {
             .config
             .pending_bytes_max
             .clamp(ENTRY_PAYLOAD_BYTES_MAX, PENDING_BYTES_MAX);
-        let (commands, receiver) = mpsc::channel(pending_adds_max + 1);
+        let (commands, receiver) = vela_mailbox::mailbox(pending_adds_max + 1);
         let lac = Arc::new(AtomicU64::new(LAC_NONE));
         // A fresh ledger starts empty; a writer is only ever given a new ledger.
         let ensemble = metadata.last_ensemble().1.to_vec();
@@ -335,8 +335,8 @@ impl LedgerWriter {
         // the one close), and every queued add holds a permit: it is never full.
         match self.commands.try_send(command) {
             Ok(()) => Ok(()),
-            Err(mpsc::error::TrySendError::Full(command))
-            | Err(mpsc::error::TrySendError::Closed(command)) => {
+            Err(vela_mailbox::TrySendError::Full(command))
+            | Err(vela_mailbox::TrySendError::Closed(command)) => {
                 debug_assert!(self.commands.is_closed(), "writer command queue full");
                 let gone = LedgerError::WriterGone(self.ledger_id);
                 if let Command::Add { reply, .. } = *command {
@@ -423,7 +423,7 @@ struct WriterTask {
 }
 
 impl WriterTask {
-    async fn run(mut self, mut commands: mpsc::Receiver<Box<Command>>) {
+    async fn run(mut self, mut commands: vela_mailbox::Receiver<Box<Command>>) {
         let mut close: Option<oneshot::Sender<Result<LedgerMetadata, LedgerError>>> = None;
         loop {
             if close.is_some() && self.pending.is_empty() {

@@ -29,8 +29,9 @@
 //! is not open yet is handled once a task of its own opened it: the reader
 //! never waits for a topic to open while under `DEFERRED_LOADS_MAX` of
 //! those), the writer (`writer::write_loop`: one vectored write per wake-up
-//! of up to `frames_per_wakeup_max` frames) and one receipt task per
-//! producer (answers SENDs strictly in SEND order).
+//! of up to `frames_per_wakeup_max` frames) and, per producer, its receipts'
+//! drain task while SENDs wait for their receipt (answers SENDs strictly in
+//! SEND order; `receipts`).
 //!
 //! Bounds: producers and consumers per connection; topic loads off the
 //! reader per connection (`DEFERRED_LOADS_MAX`: past it a command opens its
@@ -58,6 +59,7 @@ mod deferred;
 mod lookup;
 mod non_persistent;
 mod producer;
+mod receipts;
 mod schema;
 mod session;
 mod topic_list;

@@ -221,15 +221,15 @@ pub(crate) struct SubscriptionHandle {
     pub(crate) tx: CommandSender,
 }
 
-/// The sending side of a subscription's commands. Commands travel boxed: a
-/// channel allocates its first block of 32 slots up front, and at ~150 bytes
-/// a `SubCommand` that block was ~5 KiB per subscription, idle or not; a box
-/// is 8 bytes a slot (one allocation per command instead).
+/// The sending side of a subscription's commands: a `vela_mailbox` (an idle
+/// one is ~150 bytes, where a tokio channel's first block and padded state
+/// were ~800 per subscription, idle or not). Commands travel boxed: a
+/// `SubCommand` is ~150 bytes, and a queue of them moves pointers.
 #[derive(Debug, Clone)]
-pub(crate) struct CommandSender(mpsc::Sender<Box<SubCommand>>);
+pub(crate) struct CommandSender(vela_mailbox::Sender<Box<SubCommand>>);
 
 /// The receiving side (the subscription task's).
-pub(crate) type CommandReceiver = mpsc::Receiver<Box<SubCommand>>;
+pub(crate) type CommandReceiver = vela_mailbox::Receiver<Box<SubCommand>>;
 
 /// The subscription task is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -238,7 +238,7 @@ pub(crate) struct TaskGone;
 impl CommandSender {
     /// A command channel of `SUBSCRIPTION_COMMANDS_MAX` commands.
     pub(crate) fn channel() -> (CommandSender, CommandReceiver) {
-        let (tx, rx) = mpsc::channel(SUBSCRIPTION_COMMANDS_MAX);
+        let (tx, rx) = vela_mailbox::mailbox(SUBSCRIPTION_COMMANDS_MAX);
         (CommandSender(tx), rx)
     }
 

@@ -284,7 +284,11 @@ impl Dispatcher {
             self.held_blocked = false;
             Box::pin(self.dispatch()).await;
             self.report_held();
-            self.tell_end_of_topic().await;
+            if self.terminated {
+                // Boxed (a terminated topic only): its send would otherwise
+                // sit in every parked subscription task's future.
+                Box::pin(self.tell_end_of_topic()).await;
+            }
         }
         tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription stopped");
         on_end(&self.name);
@@ -313,5 +317,32 @@ impl Dispatcher {
                 self.reader.schedule_retry();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A parked subscription task holds its `Dispatcher` (plus the wait
+    /// loop's few locals): the largest part of an idle topic's fixed cost
+    /// (ARCHITECTURE.md, "Memory model"). A field that grows it past the
+    /// bound belongs behind a `Box` or an `Option<Box<_>>`.
+    #[test]
+    fn a_parked_subscription_task_holds_little() {
+        let sizes = [
+            ("Dispatcher", std::mem::size_of::<Dispatcher>()),
+            ("Consumers", std::mem::size_of::<Consumers>()),
+            ("Outstanding", std::mem::size_of::<Outstanding>()),
+            ("Reader", std::mem::size_of::<Reader>()),
+            ("ReadAhead", std::mem::size_of::<ReadAhead>()),
+            ("Rates", std::mem::size_of::<Rates>()),
+            ("Acks", std::mem::size_of::<Acks>()),
+            ("Counters", std::mem::size_of::<Counters>()),
+            ("Option<TxnView>", std::mem::size_of::<Option<TxnView>>()),
+            ("Delayed", std::mem::size_of::<Delayed>()),
+        ];
+        eprintln!("{sizes:?}");
+        assert!(sizes[0].1 <= 1024, "{sizes:?}");
     }
 }
