@@ -83,7 +83,11 @@ PULSAR_EXTRA_CONF = (
 )
 # A run stops when the data directory's disk gets this close to the point
 # where Vela's bookies turn read-only (room_gib).
-MIN_ROOM_DURING_GIB = 2.0
+MIN_ROOM_DURING_GIB = 3.0
+# What a run keeps on disk (space_needed_gib): minutes of writes in ledger
+# storage, and the journals' share.
+RETAINED_MINUTES = 2.5
+JOURNAL_GIB = 2.0
 # Vela's bookies turn read-only at this share of the disk in use
 # (--disk-usage-max-percent), counted as `df` counts Use%.
 BOOKIE_DISK_USAGE_MAX = 0.95
@@ -270,13 +274,15 @@ def workload_settings(path: Path) -> dict:
 
 
 def space_needed_gib(wl: dict) -> float:
-    """Room a run needs before it starts: with ledgers rolling over each
-    minute and GC every minute, about 3 minutes of writes (journal and
-    ledger storage) plus the backlog, or less for a short run."""
+    """Room a run needs before it starts. With ledgers rolling over after a
+    minute and GC every minute, ledger storage holds about the last 2.5
+    minutes of writes (the ledger being written, a consumed one waiting for
+    the GC pass) plus any backlog; the journals hold up to 2 GiB more."""
     rate_bps = float(wl.get("producerRate", 0)) * float(wl.get("messageSize", 1024))
     minutes = float(wl.get("warmupDurationMinutes", 1)) + float(wl.get("testDurationMinutes", 1))
     backlog = float(wl.get("consumerBacklogSizeGB", 0))
-    return 2 * (rate_bps * 60 * min(minutes, 3.0) / 2**30 + backlog) + 1.0
+    retained = rate_bps * 60 * min(minutes, RETAINED_MINUTES) / 2**30
+    return retained + backlog + JOURNAL_GIB + 1.0
 
 
 def run_omb(omb: Path, system: str, workload: Path, opts: bench.Options, tag: str) -> dict:
