@@ -436,6 +436,9 @@ impl LedgerStorage {
             }
             r => r,
         };
+        if sequential {
+            self.read_cache.lock().note_read_ahead_done(ledger_id);
+        }
         read.map(|entry| (entry, ReadSource::EntryLog))
     }
 
