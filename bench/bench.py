@@ -314,6 +314,10 @@ class Server:
         self.ready_ms: float | None = None  # first acknowledged message
         self.idle_rss_mib: float | None = None
         self.log_path = opts.log_dir / f"{data_dir.name}.server.log"
+        # Geo-replication (bench/geo_replication.py): the cluster's name and
+        # more command-line flags.
+        self.cluster_name: str | None = None
+        self.extra_args: list = []
 
     @property
     def pid(self) -> int:
@@ -374,6 +378,9 @@ class VelaServer(Server):
         cmd = [self.opts.vela, "standalone", "--data-dir", self.data_dir,
                "--port", "0", "--http-port", "0", "--bookies", str(self.bookies)]
         cmd += self.journal_args()
+        if self.cluster_name:
+            cmd += ["--cluster-name", self.cluster_name]
+        cmd += self.extra_args
         if self.bookies == 3:
             cmd += ["--ensemble-size", "2", "--write-quorum", "2", "--ack-quorum", "2"]
         started = time.monotonic()
@@ -431,8 +438,10 @@ class PulsarServer(Server):
         quorum = 2 if self.bookies == 3 else 1
         conf = self.data_dir / "standalone.conf"
         template = (PULSAR_HOME / "standalone.conf.in").read_text()
-        conf.write_text(template.format(
-            broker_port=broker_port, web_port=web_port, quorum=quorum))
+        text = template.format(broker_port=broker_port, web_port=web_port, quorum=quorum)
+        if self.cluster_name:
+            text = text.replace("clusterName=standalone", f"clusterName={self.cluster_name}")
+        conf.write_text(text)
         return conf
 
     def start(self) -> None:
@@ -453,7 +462,8 @@ class PulsarServer(Server):
                       "--config", conf, "--no-functions-worker", "--no-stream-storage",
                       "--num-bookies", str(self.bookies),
                       "--metadata-dir", self.data_dir / "metadata",
-                      "--bookkeeper-dir", self.data_dir / "bookkeeper"])
+                      "--bookkeeper-dir", self.data_dir / "bookkeeper"]
+                   + self.extra_args)
             started = time.monotonic()
             self.proc = spawn(cmd, self.log_path, cwd=self.data_dir)
             if wait_for_port(broker_port, self.proc, timeout=180):
@@ -1388,6 +1398,9 @@ def main() -> int:
     # Catch-up scenarios (bench/catch_up.py) run apart: a backlog, then drains.
     if len(sys.argv) > 1 and sys.argv[1] in catch_up.SCENARIOS:
         return catch_up.main(sys.argv[1:])
+    # Geo-replication (bench/geo_replication.py): two standalones per system.
+    if len(sys.argv) > 1 and sys.argv[1] in geo_replication.SCENARIOS:
+        return geo_replication.main(sys.argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenarios", nargs="*", default=["all"],
@@ -1546,4 +1559,5 @@ def report_again(args) -> int:
 
 if __name__ == "__main__":
     import catch_up  # noqa: E402  (bench/catch_up.py; it imports this module)
+    import geo_replication  # noqa: E402  (bench/geo_replication.py; likewise)
     sys.exit(main())

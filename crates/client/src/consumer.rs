@@ -73,6 +73,9 @@ pub struct ConsumerOptions {
     pub receiver_queue_size: u32,
     /// Consumer name (`None`: a generated one).
     pub name: Option<String>,
+    /// `replicateSubscriptionState`: the subscription's position follows
+    /// to the topic's other clusters (geo-replication).
+    pub replicate_subscription_state: bool,
 }
 
 impl ConsumerOptions {
@@ -84,6 +87,7 @@ impl ConsumerOptions {
             initial_position: InitialPosition::Latest,
             receiver_queue_size: 1000,
             name: None,
+            replicate_subscription_state: false,
         }
     }
 }
@@ -471,6 +475,9 @@ impl TopicConsumer {
                         consumer_id,
                         request_id,
                         consumer_name: options.name.clone(),
+                        replicate_subscription_state: options
+                            .replicate_subscription_state
+                            .then_some(true),
                         ..Default::default()
                     };
                     subscribe.set_sub_type(options.sub_type);
