@@ -96,6 +96,16 @@ pub(crate) struct ProduceArgs {
     /// (through the admin API) before producing; 0: do not create.
     #[arg(long, default_value_t = 0)]
     partitions: u32,
+    /// Create the producers, send nothing, hold them for --test-duration
+    /// seconds (0: until interrupted), then close them: the load of many
+    /// idle producers (bench scenario topics-100k-idle).
+    #[arg(long)]
+    idle: bool,
+    /// Distinct message keys, cycled over each producer's messages
+    /// (`key-N`); on a partitioned topic the key picks the partition.
+    /// 0: no key.
+    #[arg(long, default_value_t = 0)]
+    keys: u64,
     /// Client memory limit for pending messages (e.g. 64M, 1G; 0: none).
     #[arg(long = "memory-limit", value_parser = parse_bytes, default_value = "0")]
     memory_limit: u64,
@@ -172,6 +182,23 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         producers.len(),
         creating.elapsed().as_secs_f64()
     );
+    if args.idle {
+        eprintln!("produce: holding them idle");
+        let hold = Duration::from_secs(if args.test_duration == 0 {
+            u64::from(u32::MAX)
+        } else {
+            args.test_duration
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(hold) => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        for producer in &producers {
+            let _ = producer.close().await;
+        }
+        client.close().await;
+        return Ok(());
+    }
     eprintln!(
         "produce: {} producer(s) on {} topic(s), {} B messages, rate {}, max outstanding {}, batching {}",
         producers.len(),
@@ -218,6 +245,7 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
             busy_wait: args.busy_wait,
             size: args.size,
             messages_max: per_producer_messages,
+            keys: args.keys,
             stop: stop.clone(),
         };
         workers.spawn(send.run());
@@ -251,6 +279,7 @@ struct SendLoop {
     busy_wait: bool,
     size: usize,
     messages_max: u64,
+    keys: u64,
     stop: watch::Receiver<bool>,
 }
 
@@ -274,7 +303,11 @@ impl SendLoop {
             };
             let payload = stamp_payload(self.size);
             let handed_at = Instant::now();
-            match self.producer.send(OutgoingMessage::new(payload)).await {
+            let mut message = OutgoingMessage::new(payload);
+            if self.keys > 0 {
+                message = message.with_key(format!("key-{}", sent % self.keys));
+            }
+            match self.producer.send(message).await {
                 Ok(receipt) => {
                     let in_flight = InFlight {
                         handed_at,
