@@ -13,7 +13,6 @@ use vela_wire::proto::ServerError;
 
 use super::{Service, ownership_error};
 use crate::error::ServiceError;
-use crate::nonpersistent::NonPersistentTopic;
 use crate::ownership::BundleRange;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};

@@ -1,5 +1,7 @@
 //! The engine's own tests: expectations, group commit, failed commits.
 
+#![allow(clippy::unwrap_used)]
+
 use super::*;
 
 #[test]
