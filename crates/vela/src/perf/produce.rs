@@ -96,6 +96,11 @@ pub(crate) struct ProduceArgs {
     /// (through the admin API) before producing; 0: do not create.
     #[arg(long, default_value_t = 0)]
     partitions: u32,
+    /// Clients (each its own connection to a broker) the producers are
+    /// spread over, round robin: a broker caps producers per connection
+    /// (Vela: 10,000 by default).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    connections: u32,
     /// Create the producers, send nothing, hold them for --test-duration
     /// seconds (0: until interrupted), then close them: the load of many
     /// idle producers (bench scenario topics-100k-idle).
@@ -140,7 +145,10 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         memory_limit_bytes: (args.memory_limit > 0).then_some(args.memory_limit as usize),
         ..ClientConfig::default()
     };
-    let client = Client::new(&args.service_url, config).context("bad --service-url")?;
+    let clients = (0..args.connections)
+        .map(|_| Client::new(&args.service_url, config.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .context("bad --service-url")?;
     let outstanding = if args.max_outstanding == 0 {
         OUTSTANDING_UNLIMITED
     } else {
@@ -164,7 +172,7 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
     let creating = Instant::now();
     let producers = super::create_all(topics.len() * per_topic, |index| {
         let (client, topic, options) = (
-            client.clone(),
+            clients[index % clients.len()].clone(),
             topics[index / per_topic].clone(),
             options.clone(),
         );
@@ -196,7 +204,9 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         for producer in &producers {
             let _ = producer.close().await;
         }
-        client.close().await;
+        for client in &clients {
+            client.close().await;
+        }
         return Ok(());
     }
     eprintln!(
@@ -263,7 +273,9 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
     for producer in &producers {
         let _ = producer.close().await;
     }
-    client.close().await;
+    for client in &clients {
+        client.close().await;
+    }
     let summary = recorder.summary("produce", summary_from.elapsed());
     args.output
         .emit(&summary, &format!("produce {} B", args.size))?;
