@@ -104,13 +104,19 @@ def room_gib(path: Path) -> float:
 class Scenario:
     name: str
     title: str
-    kind: str  # "sync", "async", "e2e" or "fanout" (non-persistent)
+    kind: str  # "sync", "async", "e2e", "fanout" (non-persistent) or "idle"
     size: int
     compression: str = "none"
     rate: int = 0  # 0: as fast as possible (with topics > 1: over all topics)
     topics: int = 1  # `vela perf produce -t`: one producer per topic
-    # fanout: subscriptions of the non-persistent topic, one consumer each.
+    # fanout and e2e: subscriptions of the topic, one consumer each (e2e:
+    # 0 means one).
     subscriptions: int = 0
+    # The topic is created partitioned, this many partitions (vela perf
+    # --partitions, through the admin API of the system under test).
+    partitions: int = 0
+    # Distinct message keys cycled over the messages (vela perf --keys).
+    keys: int = 0
     # Clients that drive Pulsar in this scenario (Vela is always driven by
     # `vela perf`); see reference_client for the one the ratios use.
     pulsar_clients: tuple = ("pulsar-perf", "vela-perf")
@@ -153,6 +159,10 @@ SCENARIOS = {
         Scenario("async-128-lz4", "async batched 128 B LZ4", "async", 128,
                  compression="lz4"),
         Scenario("e2e-10k", "end-to-end at 10k msg/s", "e2e", 1024, rate=10_000),
+        # Catch-up issue 27: ten subscriptions at the tail of one persistent
+        # topic, 50k msg/s batched 1 KiB, end-to-end latency over all ten.
+        Scenario("fan-out-10", "10 subscriptions at the tail, 50k msg/s, end to end", "e2e",
+                 1024, rate=50_000, subscriptions=10, pulsar_clients=("vela-perf",)),
         # Many topics (issue 19): one fixed aggregate rate spread over 1,
         # 1,000 and 10,000 topics, batched 1 KiB, `vela perf` driving both
         # systems (the same client, created 256 producers at a time).
@@ -162,6 +172,16 @@ SCENARIOS = {
                  rate=20_000, topics=1_000, pulsar_clients=("vela-perf",)),
         Scenario("topics-10k", "10,000 topics, 20k msg/s in all, batched 1 KiB", "async",
                  1024, rate=20_000, topics=10_000, pulsar_clients=("vela-perf",)),
+        # Topic loading at scale: 100,000 topics, each auto-created by its
+        # producer's lookup (`vela perf produce --idle`, 256 created at a
+        # time), then held idle for the run; msg/s is topics created per
+        # second, peak RSS the broker's (see run_idle_topics).
+        Scenario("topics-100k-idle", "100,000 topics with a producer each, idle", "idle", 1024,
+                 topics=100_000, pulsar_clients=("vela-perf",)),
+        # Key-based routing over many partitions: one topic of 100 partitions,
+        # 10,000 keys, batched 1 KiB at a fixed 20k msg/s.
+        Scenario("partitions-100", "1 topic of 100 partitions, keyed 1 KiB at 20k msg/s", "async",
+                 1024, rate=20_000, partitions=100, keys=10_000, pulsar_clients=("vela-perf",)),
         # Non-persistent fan-out: a batched producer as fast as it goes, one
         # consumer per subscription; msg/s is what the subscriptions received
         # in all (a message nobody can take is dropped, as in Pulsar), latency
@@ -309,6 +329,10 @@ class Server:
         self.ready_ms: float | None = None  # first acknowledged message
         self.idle_rss_mib: float | None = None
         self.log_path = opts.log_dir / f"{data_dir.name}.server.log"
+        # Geo-replication (bench/geo_replication.py): the cluster's name and
+        # more command-line flags.
+        self.cluster_name: str | None = None
+        self.extra_args: list = []
 
     @property
     def pid(self) -> int:
@@ -369,6 +393,9 @@ class VelaServer(Server):
         cmd = [self.opts.vela, "standalone", "--data-dir", self.data_dir,
                "--port", "0", "--http-port", "0", "--bookies", str(self.bookies)]
         cmd += self.journal_args()
+        if self.cluster_name:
+            cmd += ["--cluster-name", self.cluster_name]
+        cmd += self.extra_args
         if self.bookies == 3:
             cmd += ["--ensemble-size", "2", "--write-quorum", "2", "--ack-quorum", "2"]
         started = time.monotonic()
@@ -426,8 +453,10 @@ class PulsarServer(Server):
         quorum = 2 if self.bookies == 3 else 1
         conf = self.data_dir / "standalone.conf"
         template = (PULSAR_HOME / "standalone.conf.in").read_text()
-        conf.write_text(template.format(
-            broker_port=broker_port, web_port=web_port, quorum=quorum))
+        text = template.format(broker_port=broker_port, web_port=web_port, quorum=quorum)
+        if self.cluster_name:
+            text = text.replace("clusterName=standalone", f"clusterName={self.cluster_name}")
+        conf.write_text(text)
         return conf
 
     def start(self) -> None:
@@ -448,7 +477,8 @@ class PulsarServer(Server):
                       "--config", conf, "--no-functions-worker", "--no-stream-storage",
                       "--num-bookies", str(self.bookies),
                       "--metadata-dir", self.data_dir / "metadata",
-                      "--bookkeeper-dir", self.data_dir / "bookkeeper"])
+                      "--bookkeeper-dir", self.data_dir / "bookkeeper"]
+                   + self.extra_args)
             started = time.monotonic()
             self.proc = spawn(cmd, self.log_path, cwd=self.data_dir)
             if wait_for_port(broker_port, self.proc, timeout=180):
@@ -607,6 +637,8 @@ def vela_perf_produce_cmd(opts: Options, sc: Scenario, url: str, topic: str,
            "--warmup", str(warmup), "-i", "5", "--json"]
     if sc.topics > 1:
         cmd += ["-t", str(sc.topics)]
+    if sc.keys:
+        cmd += ["--keys", str(sc.keys)]
     if not sc.batching:
         cmd.append("--disable-batching")
     return cmd
@@ -634,7 +666,57 @@ def figures_from_vela(summary: dict, fig: Figures) -> Figures:
     return fig
 
 
+def run_idle_topics(opts: Options, sc: Scenario, server: Server, tag: str) -> Figures:
+    """An "idle" scenario: `vela perf produce --idle -t N` creates N topics,
+    one producer each (each topic auto-created at its producer's lookup,
+    CREATE_IN_FLIGHT_MAX of vela perf at a time), and holds them idle for
+    the run's duration. msg/s is topics created per second; peak RSS the
+    broker's, creation included; the note has the time and the RSS at the
+    end of the idle hold. A system that cannot create them all fails the
+    run with the client's error."""
+    fig = Figures(server.system, server.bookies, "vela-perf")
+    topic = f"persistent://public/default/{sc.name}-{tag}"
+    out = opts.log_dir / f"{server.data_dir.name}.{tag}.produce.log"
+    rss_before = rss_mib(server.pid)
+    started = time.monotonic()
+    proc = spawn([opts.vela, "perf", "produce", topic, "-u", server.service_url,
+                  "-t", str(sc.topics), "--idle", "--test-duration", str(opts.duration),
+                  # 16 connections: a Vela broker takes 10,000 producers per
+                  # connection by default; Pulsar's clients can spread too.
+                  "--connections", "16"], out)
+    # Creating 100,000 producers takes minutes on a loaded machine (Pulsar
+    # far longer, if at all): one hour at most.
+    deadline = time.monotonic() + 3600 + opts.duration
+    peak, idle_rss = None, None
+    created = re.compile(r"created (\d+) producer\(s\) in ([\d.]+) s")
+    while proc.poll() is None:
+        rss = rss_mib(server.pid)
+        if rss is not None:
+            peak = rss if peak is None else max(peak, rss)
+            if created.search(out.read_text(errors="replace")):
+                idle_rss = rss  # the last sample while held idle
+        if time.monotonic() > deadline:
+            stop(proc, grace=10.0)
+            raise Fail(f"{sc.topics:,} producers not created within an hour:\n{tail(out)}")
+        time.sleep(0.5)
+    CHILDREN.discard(proc)
+    fig.client_cpu_cores = None  # mostly idle: not a load figure
+    match = created.search(out.read_text(errors="replace"))
+    if proc.returncode != 0 or match is None:
+        raise Fail(f"vela perf produce --idle failed after {time.monotonic() - started:.0f} s "
+                   f"(broker RSS {fmt(rss_mib(server.pid), 0)} MiB):\n{tail(out)}")
+    count, seconds = int(match.group(1)), float(match.group(2))
+    fig.messages_per_s = count / seconds if seconds > 0 else None
+    fig.peak_rss_mib = peak
+    fig.note = (f"idle: {count:,} topics with a producer each created in {seconds:.1f} s "
+                f"({fmt(fig.messages_per_s, 0)} topics/s); broker RSS {fmt(rss_before, 0)} MiB "
+                f"before, {fmt(idle_rss, 0)} MiB held idle, {fmt(peak, 0)} MiB peak")
+    return fig
+
+
 def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figures:
+    if sc.kind == "idle":
+        return run_idle_topics(opts, sc, server, tag)
     fig = Figures(server.system, server.bookies, "vela-perf")
     topic = f"{sc.topic_domain}://public/default/{sc.name}-{tag}"
     base = opts.log_dir / f"{server.data_dir.name}.{tag}"
@@ -642,8 +724,11 @@ def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figu
         out = Path(f"{base}.produce.log")
         bounds, stages_before = write_path_buckets(server)
         started = time.monotonic()
-        proc = spawn(vela_perf_produce_cmd(opts, sc, server.service_url, topic,
-                                           opts.duration, opts.warmup), out)
+        cmd = vela_perf_produce_cmd(opts, sc, server.service_url, topic, opts.duration,
+                                    opts.warmup)
+        if sc.partitions:
+            cmd += ["--partitions", str(sc.partitions), "--admin-url", server.admin_url]
+        proc = spawn(cmd, out)
         # Creating producers comes before the measured run: 10,000 of them
         # take tens of seconds on a loaded Pulsar.
         creating_s = sc.topics // 50
@@ -821,6 +906,8 @@ def space_needed_gib(sc: Scenario, opts: Options, bookies: int) -> float:
     """Free space a run needs: MIN_FREE_GIB when it sends as fast as it can;
     at a fixed rate, what it writes (journal and entry logs, per copy) plus
     the MIN_FREE_DURING_GIB a run stops at."""
+    if sc.kind == "idle":
+        return MIN_FREE_DURING_GIB  # nothing is sent
     if sc.rate == 0:
         return MIN_FREE_GIB
     copies = 2 if bookies == 3 else 1
@@ -1383,6 +1470,9 @@ def main() -> int:
     # Catch-up scenarios (bench/catch_up.py) run apart: a backlog, then drains.
     if len(sys.argv) > 1 and sys.argv[1] in catch_up.SCENARIOS:
         return catch_up.main(sys.argv[1:])
+    # Geo-replication (bench/geo_replication.py): two standalones per system.
+    if len(sys.argv) > 1 and sys.argv[1] in geo_replication.SCENARIOS:
+        return geo_replication.main(sys.argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenarios", nargs="*", default=["all"],
@@ -1541,4 +1631,5 @@ def report_again(args) -> int:
 
 if __name__ == "__main__":
     import catch_up  # noqa: E402  (bench/catch_up.py; it imports this module)
+    import geo_replication  # noqa: E402  (bench/geo_replication.py; likewise)
     sys.exit(main())

@@ -202,6 +202,14 @@ pub(crate) fn entry_message_count(entry: &[u8]) -> u32 {
         .map_or(1, |n| u32::try_from(n).unwrap_or(1).max(1))
 }
 
+/// A stored entry's `marker_type` (a marker the broker wrote: never
+/// delivered), scanned without allocating; `None` for a message.
+pub(crate) fn entry_marker_type(entry: &[u8]) -> Option<i32> {
+    metadata_slice(entry)
+        .and_then(|m| vela_wire::MetadataSummary::scan(m).ok())
+        .and_then(|s| s.marker_type)
+}
+
 /// Absolute delivery time of a stored entry in ms (`deliver_at_time`), if set.
 pub(crate) fn entry_deliver_at_ms(entry: &[u8]) -> Option<u64> {
     metadata_slice(entry)

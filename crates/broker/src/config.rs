@@ -331,7 +331,48 @@ pub struct BrokerConfig {
     /// reached: replicators send nothing more until receipts free room (the
     /// entries stay in the log, their cursors behind).
     pub replication_inflight_bytes_max: usize,
+    /// How often a topic with a replicated subscription takes a snapshot of
+    /// its position in every remote cluster, in ms
+    /// (`--replicated-subscriptions-snapshot-frequency-ms`, Pulsar's
+    /// `replicatedSubscriptionsSnapshotFrequencyMillis`, 1000): a consumer
+    /// failing over resumes at most about this much behind.
+    pub replicated_subscriptions_snapshot_frequency_ms: u64,
+    /// How replicators connect to remote clusters unless a cluster's
+    /// record says otherwise (Pulsar's `brokerClient*` settings).
+    pub broker_client: BrokerClientConfig,
 }
+
+/// How replicators connect to remote clusters by default (Pulsar's
+/// `brokerClientTlsEnabled`, `brokerClientTrustCertsFilePath`,
+/// `brokerClientAuthenticationPlugin`,
+/// `brokerClientAuthenticationParameters`); a cluster's record
+/// (`admin::ClusterClient`) may set each for itself.
+#[derive(Clone, Default)]
+pub struct BrokerClientConfig {
+    /// Connect to remotes' `brokerServiceUrlTls` over TLS.
+    pub tls_enabled: bool,
+    /// PEM roots remotes' certificates must chain to.
+    pub trust_certs_file: Option<std::path::PathBuf>,
+    /// Authentication plugin (`...AuthenticationToken` or `token`).
+    pub authentication_plugin: Option<String>,
+    /// Its parameters (`token:...`, `file:///path`): a credential, never
+    /// printed.
+    pub authentication_parameters: Option<String>,
+}
+
+impl std::fmt::Debug for BrokerClientConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerClientConfig")
+            .field("tls_enabled", &self.tls_enabled)
+            .field("trust_certs_file", &self.trust_certs_file)
+            .field("authentication_plugin", &self.authentication_plugin)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Default of `BrokerConfig::replicated_subscriptions_snapshot_frequency_ms`
+/// (Pulsar's).
+pub const REPLICATED_SUBSCRIPTIONS_SNAPSHOT_FREQUENCY_MS_DEFAULT: u64 = 1000;
 
 /// Default of `BrokerConfig::replication_inflight_bytes_max`: 64 MiB, a
 /// full window (`REPLICATOR_PENDING_MAX`, 1000 entries) of 64 KiB entries,
@@ -410,6 +451,9 @@ impl BrokerConfig {
             advertised_listeners: crate::listeners::AdvertisedListeners::default(),
             transactions: None,
             replication_inflight_bytes_max: REPLICATION_INFLIGHT_BYTES_DEFAULT,
+            replicated_subscriptions_snapshot_frequency_ms:
+                REPLICATED_SUBSCRIPTIONS_SNAPSHOT_FREQUENCY_MS_DEFAULT,
+            broker_client: BrokerClientConfig::default(),
         }
     }
 

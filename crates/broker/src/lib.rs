@@ -17,10 +17,10 @@
 //! Layering (bottom first). A module uses only modules of its own layer or
 //! below, and no two modules use each other, directly or not, at any depth
 //! (`tests/layering.rs` checks both against this list):
-//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`, `rate_limit`
+//! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `markers`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`, `rate_limit`
 //! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
 //! 3. topics: `compaction`, `txn_buffer`, `subscription`, `topic`, `nonpersistent`
-//! 4. the service: `transaction`, `txn_client`, `service`, `txn_participants`, `lifecycle`, `cluster`, `watchers`, `policy_watch`, `replication`
+//! 4. the service: `transaction`, `txn_client`, `shutdown`, `service`, `txn_participants`, `lifecycle`, `cluster`, `watchers`, `policy_watch`, `replication`
 //! 5. edges: `connection`, `accept`, `http`
 //!
 //! Inside a directory module the same holds: `mod.rs` may use its children,
@@ -108,6 +108,7 @@ mod inflight;
 pub mod key_shared;
 mod lifecycle;
 pub mod listeners;
+mod markers;
 pub mod metrics;
 mod nonpersistent;
 pub mod ownership;
@@ -117,6 +118,7 @@ mod rate_limit;
 mod replication;
 pub mod schema;
 mod service;
+mod shutdown;
 pub mod stats;
 mod subscription;
 pub mod tls;

@@ -121,6 +121,9 @@ pub(crate) struct PolicyLimits {
     pub(crate) dispatch_rate: Option<DispatchRate>,
     /// Dispatch rate of each subscription.
     pub(crate) subscription_dispatch_rate: Option<DispatchRate>,
+    /// Dispatch rate of each replicator (`replicatorDispatchRate`: per
+    /// topic and remote cluster).
+    pub(crate) replicator_dispatch_rate: Option<DispatchRate>,
     /// Largest message a producer may send, bytes.
     pub(crate) message_size_max: Option<usize>,
     /// Whether delayed delivery is on (`delayedDelivery.active`).
@@ -233,6 +236,7 @@ impl TopicPolicies {
             publish_rate,
             dispatch_rate: pick("dispatchRate").and_then(dispatch_rate_of),
             subscription_dispatch_rate: pick("subscriptionDispatchRate").and_then(dispatch_rate_of),
+            replicator_dispatch_rate: pick("replicatorDispatchRate").and_then(dispatch_rate_of),
             message_size_max: count("maxMessageSize"),
             delayed_delivery,
             unacked_per_consumer_max: count("maxUnackedMessagesOnConsumer").map(|n| n as u64),

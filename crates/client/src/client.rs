@@ -37,6 +37,12 @@ pub struct ClientConfig {
     /// not yet acknowledged) at once; `None`: no client-wide limit (each
     /// producer still has its own).
     pub memory_limit_bytes: Option<usize>,
+    /// TLS toward brokers of a `pulsar+ssl://` service URL (the roots
+    /// trusted); `None`: such URLs are refused.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// A token sent at CONNECT (auth method `token`); `None`: no
+    /// credentials.
+    pub auth_token: Option<String>,
 }
 
 impl Default for ClientConfig {
@@ -45,6 +51,8 @@ impl Default for ClientConfig {
             operation_timeout: Duration::from_secs(30),
             connect_timeout: Duration::from_secs(10),
             memory_limit_bytes: None,
+            tls: None,
+            auth_token: None,
         }
     }
 }
@@ -58,6 +66,9 @@ pub struct Client {
 #[derive(Debug)]
 pub(crate) struct ClientInner {
     service_addr: String,
+    /// The service URL is `pulsar+ssl://`: every connection is TLS, and
+    /// lookups follow the brokers' TLS URLs.
+    tls: bool,
     pub(crate) config: ClientConfig,
     pool: tokio::sync::Mutex<HashMap<String, Connection>>,
     next_id: AtomicU64,
@@ -65,15 +76,19 @@ pub(crate) struct ClientInner {
     pub(crate) memory: Option<Arc<Semaphore>>,
 }
 
-/// `host:port` of a `pulsar://host:port[/]` URL.
-fn parse_service_url(url: &str) -> Result<String, ClientError> {
+/// `host:port` of a `pulsar://` URL, or of a `pulsar+ssl://` one when
+/// `tls`.
+fn parse_url(url: &str, tls: bool) -> Result<String, ClientError> {
     let bad = |reason| ClientError::InvalidUrl {
         url: url.to_string(),
         reason,
     };
-    let rest = url
-        .strip_prefix("pulsar://")
-        .ok_or_else(|| bad("expected pulsar://host:port (TLS is not supported yet)"))?;
+    let (scheme, expected) = if tls {
+        ("pulsar+ssl://", "expected pulsar+ssl://host:port")
+    } else {
+        ("pulsar://", "expected pulsar://host:port")
+    };
+    let rest = url.strip_prefix(scheme).ok_or_else(|| bad(expected))?;
     let rest = rest.trim_end_matches('/');
     // Several hosts: take the first (each is a full broker).
     let first = rest.split(',').next().unwrap_or_default();
@@ -88,13 +103,21 @@ fn parse_service_url(url: &str) -> Result<String, ClientError> {
 impl Client {
     /// A client of the cluster at `url` (`pulsar://host:port`). Connects lazily.
     pub fn new(url: &str, config: ClientConfig) -> Result<Client, ClientError> {
-        let service_addr = parse_service_url(url)?;
+        let tls = url.starts_with("pulsar+ssl://");
+        if tls && config.tls.is_none() {
+            return Err(ClientError::InvalidUrl {
+                url: url.to_string(),
+                reason: "a pulsar+ssl:// URL needs ClientConfig::tls (the roots trusted)",
+            });
+        }
+        let service_addr = parse_url(url, tls)?;
         let memory = config
             .memory_limit_bytes
             .map(|bytes| Arc::new(Semaphore::new(bytes.min(Semaphore::MAX_PERMITS))));
         Ok(Client {
             inner: Arc::new(ClientInner {
                 service_addr,
+                tls,
                 config,
                 pool: tokio::sync::Mutex::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
@@ -151,6 +174,36 @@ impl Client {
         Ok(response.partitions.unwrap_or(0))
     }
 
+    /// Registers `schema` on `topic` unless it is there (the broker checks
+    /// it against the topic's compatibility strategy); its version there.
+    /// What a replicator does before sending messages of a schema.
+    pub async fn get_or_create_schema(
+        &self,
+        topic: &str,
+        schema: vela_wire::proto::Schema,
+    ) -> Result<Vec<u8>, ClientError> {
+        let connection = self.lookup(topic).await?;
+        let answer = connection
+            .request(
+                "get or create schema",
+                self.inner.config.operation_timeout,
+                |request_id| {
+                    BaseCommand::from(vela_wire::proto::CommandGetOrCreateSchema {
+                        request_id,
+                        topic: topic.to_string(),
+                        schema: schema.clone(),
+                        ..Default::default()
+                    })
+                },
+            )
+            .await?;
+        answer
+            .get_or_create_schema_response
+            .and_then(|response| response.schema_version)
+            .map(|version| version.to_vec())
+            .ok_or_else(|| ClientError::Protocol("expected GET_OR_CREATE_SCHEMA_RESPONSE".into()))
+    }
+
     /// The connection to the broker that serves `topic`, following redirects.
     pub(crate) async fn lookup(&self, topic: &str) -> Result<Connection, ClientError> {
         let mut addr = self.inner.service_addr.clone();
@@ -174,11 +227,13 @@ impl Client {
             let response = answer
                 .lookup_topic_response
                 .ok_or_else(|| ClientError::Protocol("expected LOOKUP_RESPONSE".into()))?;
-            let target = response
-                .broker_service_url
-                .as_deref()
-                .map(parse_service_url)
-                .transpose()?;
+            let tls = self.inner.tls;
+            let target_url = if tls {
+                response.broker_service_url_tls.as_deref()
+            } else {
+                response.broker_service_url.as_deref()
+            };
+            let target = target_url.map(|url| parse_url(url, tls)).transpose()?;
             let proxied = response.proxy_through_service_url.unwrap_or(false);
             match response.response() {
                 LookupType::Connect => {
@@ -214,7 +269,17 @@ impl Client {
         {
             return Ok(connection.clone());
         }
-        let connection = Connection::connect(addr, self.inner.config.connect_timeout).await?;
+        let config = &self.inner.config;
+        let tls = if self.inner.tls {
+            config.tls.clone()
+        } else {
+            None
+        };
+        let security = crate::connection::Security {
+            tls,
+            token: config.auth_token.clone(),
+        };
+        let connection = Connection::connect(addr, config.connect_timeout, &security).await?;
         pool.insert(addr.to_string(), connection.clone());
         Ok(connection)
     }
@@ -233,7 +298,11 @@ pub(crate) fn partition_name(topic: &str, index: u32) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_service_url;
+    use super::parse_url;
+
+    fn parse_service_url(url: &str) -> Result<String, crate::ClientError> {
+        parse_url(url, false)
+    }
 
     #[test]
     fn service_urls() {
@@ -249,5 +318,11 @@ mod tests {
         assert!(parse_service_url("pulsar://h").is_err());
         assert!(parse_service_url("pulsar://:1").is_err());
         assert!(parse_service_url("pulsar://h:x").is_err());
+        assert_eq!(
+            parse_url("pulsar+ssl://h:6651", true).ok(),
+            Some("h:6651".to_string())
+        );
+        assert!(parse_url("pulsar://h:6651", true).is_err());
+        assert!(parse_service_url("pulsar+ssl://h:6651").is_err());
     }
 }

@@ -1,6 +1,7 @@
-//! One TCP connection to a broker: the CONNECT handshake, a reader task that
-//! routes every incoming command, and a writer task that coalesces outgoing
-//! frames into few writes.
+//! One TCP connection to a broker (TLS when the client's service URL is
+//! `pulsar+ssl://`; a token at CONNECT when given): the CONNECT handshake,
+//! a reader task that routes every incoming command, and a writer task that
+//! coalesces outgoing frames into few writes.
 //!
 //! Owns: the socket, the request-id → waiter map, and the producer-id and
 //! consumer-id → handler maps of this connection. Answers PING with PONG.
@@ -18,9 +19,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use parking_lot::Mutex;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{mpsc, oneshot, watch};
 use vela_wire::proto::base_command::Type;
 use vela_wire::proto::{
@@ -107,11 +107,22 @@ struct Shared {
     max_message_size_bytes: usize,
 }
 
+/// How a connection authenticates and protects itself.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Security {
+    /// TLS with these roots (`None`: plain TCP).
+    pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+    /// A token sent at CONNECT.
+    pub(crate) token: Option<String>,
+}
+
 impl Connection {
-    /// Connects to `addr` (`host:port`) and completes the CONNECT handshake.
+    /// Connects to `addr` (`host:port`), over TLS when `security` says so,
+    /// and completes the CONNECT handshake.
     pub(crate) async fn connect(
         addr: &str,
         connect_timeout: Duration,
+        security: &Security,
     ) -> Result<Connection, ClientError> {
         let failed = |reason: String| ClientError::Connect {
             addr: addr.to_string(),
@@ -124,7 +135,40 @@ impl Connection {
         stream
             .set_nodelay(true)
             .map_err(|e| failed(e.to_string()))?;
-        let (mut reader, mut writer) = stream.into_split();
+        let Some(tls) = &security.tls else {
+            let (reader, writer) = stream.into_split();
+            return Connection::start(addr, connect_timeout, security, reader, writer).await;
+        };
+        let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        let name = rustls::pki_types::ServerName::try_from(host.to_string())
+            .map_err(|e| failed(format!("not a TLS server name: {e}")))?;
+        let connector = tokio_rustls::TlsConnector::from(Arc::clone(tls));
+        let stream = tokio::time::timeout(connect_timeout, connector.connect(name, stream))
+            .await
+            .map_err(|_| failed(format!("no TLS handshake within {connect_timeout:?}")))?
+            .map_err(|e| failed(format!("TLS: {e}")))?;
+        let (reader, writer) = tokio::io::split(stream);
+        Connection::start(addr, connect_timeout, security, reader, writer).await
+    }
+
+    /// The CONNECT handshake on an open stream, then the reader and
+    /// writer tasks.
+    async fn start<R, W>(
+        addr: &str,
+        connect_timeout: Duration,
+        security: &Security,
+        mut reader: R,
+        mut writer: W,
+    ) -> Result<Connection, ClientError>
+    where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
+        let failed = |reason: String| ClientError::Connect {
+            addr: addr.to_string(),
+            reason,
+        };
         let mut decoder =
             FrameDecoder::new(MESSAGE_SIZE_MAX_DEFAULT_BYTES + FRAME_HEADER_ROOM_BYTES);
         let mut buf = BytesMut::with_capacity(READ_CHUNK_BYTES);
@@ -134,6 +178,11 @@ impl Connection {
                 &BaseCommand::from(CommandConnect {
                     client_version: concat!("vela-client/", env!("CARGO_PKG_VERSION")).into(),
                     protocol_version: Some(PROTOCOL_VERSION),
+                    auth_method_name: security.token.as_ref().map(|_| "token".to_string()),
+                    auth_data: security
+                        .token
+                        .as_ref()
+                        .map(|t| Bytes::copy_from_slice(t.as_bytes())),
                     ..Default::default()
                 }),
                 &mut frame,
@@ -374,6 +423,9 @@ fn answer_request_id(command: &BaseCommand) -> Option<u64> {
                 .request_id
         }
         Type::GetSchemaResponse => command.get_schema_response.as_ref()?.request_id,
+        Type::GetOrCreateSchemaResponse => {
+            command.get_or_create_schema_response.as_ref()?.request_id
+        }
         Type::ConsumerStatsResponse => command.consumer_stats_response.as_ref()?.request_id,
         Type::AckResponse => command.ack_response.as_ref()?.request_id?,
         _ => return None,
@@ -382,7 +434,7 @@ fn answer_request_id(command: &BaseCommand) -> Option<u64> {
 
 async fn read_loop(
     shared: Arc<Shared>,
-    mut reader: OwnedReadHalf,
+    mut reader: impl AsyncRead + Unpin,
     mut decoder: FrameDecoder,
     mut buf: BytesMut,
 ) {
@@ -517,13 +569,19 @@ fn server_error_in(command: &BaseCommand) -> Option<ClientError> {
             (response.response() == Partitions::Failed)
                 .then(|| failed(response.error, &response.message))
         }
+        Type::GetOrCreateSchemaResponse => {
+            let response = command.get_or_create_schema_response.as_ref()?;
+            response
+                .error_code
+                .map(|code| failed(Some(code), &response.error_message))
+        }
         _ => None,
     }
 }
 
 async fn write_loop(
     shared: Arc<Shared>,
-    mut writer: OwnedWriteHalf,
+    mut writer: impl AsyncWrite + Unpin,
     mut frames: mpsc::Receiver<Bytes>,
 ) {
     let mut buf = BytesMut::with_capacity(WRITE_COALESCE_BYTES_MAX);

@@ -73,6 +73,9 @@ pub struct ConsumerOptions {
     pub receiver_queue_size: u32,
     /// Consumer name (`None`: a generated one).
     pub name: Option<String>,
+    /// `replicateSubscriptionState`: the subscription's position follows
+    /// to the topic's other clusters (geo-replication).
+    pub replicate_subscription_state: bool,
 }
 
 impl ConsumerOptions {
@@ -84,6 +87,7 @@ impl ConsumerOptions {
             initial_position: InitialPosition::Latest,
             receiver_queue_size: 1000,
             name: None,
+            replicate_subscription_state: false,
         }
     }
 }
@@ -194,9 +198,19 @@ impl Consumer {
     /// The next message, waiting for one.
     pub async fn receive(&self) -> Result<Message, ClientError> {
         loop {
+            // A message already queued is taken without registering as a
+            // waiter: the Notify's waiter list (a lock to join, another to
+            // leave) is paid only when the queue is empty.
+            let next = self.core.queue.lock().pop_front();
+            if let Some((index, message)) = next {
+                self.core.partitions[index].consumed().await;
+                return Ok(message);
+            }
             let arrived = self.core.arrived.notified();
             tokio::pin!(arrived);
             arrived.as_mut().enable();
+            // Registered: a message queued from here on wakes us. Look once
+            // more for one queued before we registered.
             let next = self.core.queue.lock().pop_front();
             if let Some((index, message)) = next {
                 self.core.partitions[index].consumed().await;
@@ -461,6 +475,9 @@ impl TopicConsumer {
                         consumer_id,
                         request_id,
                         consumer_name: options.name.clone(),
+                        replicate_subscription_state: options
+                            .replicate_subscription_state
+                            .then_some(true),
                         ..Default::default()
                     };
                     subscribe.set_sub_type(options.sub_type);

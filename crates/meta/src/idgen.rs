@@ -8,11 +8,17 @@
 //! every process on the same key; they increase within one allocator, but not
 //! across allocators, and the unused rest of a range is lost when its process
 //! stops (gaps are normal). With a range of one id (the ledger allocator),
-//! ids increase across every allocator too. The first id is 1: 0 is never
-//! handed out, so callers may use it as "none".
+//! ids increase across every allocator too: an id is only ever taken from a
+//! reservation made after its caller started, so it is greater than every id
+//! any allocator handed out before. Concurrent callers of such an allocator
+//! share one CAS: it reserves one id for each caller waiting at that moment
+//! (at most `SHARED_RESERVATION_IDS_MAX`), and ids it reserved for callers that
+//! turned out to be served already are lost (a gap). The first id is 1: 0 is
+//! never handed out, so callers may use it as "none".
 
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use tokio::sync::Mutex;
@@ -37,6 +43,10 @@ pub const ID_RANGE_LEN_DEFAULT: u64 = 1000;
 /// matters.
 pub const LEDGER_ID_RANGE_LEN: u64 = 1;
 
+/// Ids one shared reservation (range of one id, concurrent callers) takes at
+/// most: one per caller waiting, so one CAS serves a burst of topic loads.
+const SHARED_RESERVATION_IDS_MAX: u64 = 1024;
+
 /// CAS attempts before `reserve` gives up with `Contention`. Each failure means
 /// another allocator succeeded, so 64 in a row is pathological.
 const ID_CAS_ATTEMPTS_MAX: u32 = 64;
@@ -55,7 +65,18 @@ pub struct IdAllocator {
     range_len: u64,
     /// Ids reserved and not yet handed out. The async mutex makes concurrent
     /// callers share one refill instead of each reserving a range.
-    reserved: Mutex<Range<u64>>,
+    reserved: Mutex<Reserved>,
+    /// Callers so far (with a range of one id): caller number `n` may take an
+    /// id from the reservation only if `n <= Reserved::callers_covered`.
+    callers: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Reserved {
+    ids: Range<u64>,
+    /// With a range of one id: the callers that had started when `ids` was
+    /// reserved (`callers` read before the CAS).
+    callers_covered: u64,
 }
 
 impl IdAllocator {
@@ -75,7 +96,8 @@ impl IdAllocator {
             store,
             key: key.to_owned(),
             range_len,
-            reserved: Mutex::new(0..0),
+            reserved: Mutex::new(Reserved::default()),
+            callers: AtomicU64::new(0),
         })
     }
 
@@ -86,24 +108,46 @@ impl IdAllocator {
             store,
             key: LEDGER_ID_KEY.to_owned(),
             range_len: LEDGER_ID_RANGE_LEN,
-            reserved: Mutex::new(0..0),
+            reserved: Mutex::new(Reserved::default()),
+            callers: AtomicU64::new(0),
         }
     }
 
     /// The next unique id.
     pub async fn next_id(&self) -> Result<u64, MetaError> {
-        let mut reserved = self.reserved.lock().await;
-        if reserved.is_empty() {
-            *reserved = self.reserve().await?;
+        if self.range_len == 1 {
+            return self.next_id_shared().await;
         }
-        let id = reserved.start;
-        reserved.start += 1;
+        let mut reserved = self.reserved.lock().await;
+        if reserved.ids.is_empty() {
+            reserved.ids = self.reserve(self.range_len).await?;
+        }
+        let id = reserved.ids.start;
+        reserved.ids.start += 1;
         debug_assert!(id >= ID_FIRST);
         Ok(id)
     }
 
-    /// Reserves the next range with a CAS on the counter.
-    async fn reserve(&self) -> Result<Range<u64>, MetaError> {
+    /// An id from a reservation made after this call started (see the module
+    /// doc), reserving one for every caller waiting.
+    async fn next_id_shared(&self) -> Result<u64, MetaError> {
+        let me = self.callers.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut reserved = self.reserved.lock().await;
+        if reserved.ids.is_empty() || me > reserved.callers_covered {
+            let started = self.callers.load(Ordering::SeqCst);
+            debug_assert!(started >= me);
+            let ids = (started - me + 1).min(SHARED_RESERVATION_IDS_MAX);
+            reserved.ids = self.reserve(ids).await?;
+            reserved.callers_covered = started;
+        }
+        let id = reserved.ids.start;
+        reserved.ids.start += 1;
+        debug_assert!(id >= ID_FIRST);
+        Ok(id)
+    }
+
+    /// Reserves the next `len` ids with a CAS on the counter.
+    async fn reserve(&self, len: u64) -> Result<Range<u64>, MetaError> {
         for _ in 0..ID_CAS_ATTEMPTS_MAX {
             let (start, expected) = match self.store.get(&self.key).await? {
                 None => (ID_FIRST, ExpectedVersion::Absent),
@@ -113,7 +157,7 @@ impl IdAllocator {
                 ),
             };
             let end = start
-                .checked_add(self.range_len)
+                .checked_add(len)
                 .ok_or_else(|| MetaError::IdsExhausted {
                     key: self.key.clone(),
                 })?;
@@ -157,6 +201,36 @@ fn decode_counter(key: &str, value: &[u8]) -> Result<u64, MetaError> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// Concurrent callers of the ledger allocator share reservations, and a
+    /// call that starts after others returned, on any allocator, gets a
+    /// greater id than all of them (no leftover of an earlier reservation).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shared_reservations_keep_ids_unique_and_increasing() {
+        let store: Arc<dyn MetadataStore> = Arc::new(crate::MemoryStore::new());
+        let first = Arc::new(IdAllocator::for_ledgers(Arc::clone(&store)));
+        let second = IdAllocator::for_ledgers(Arc::clone(&store));
+        for _round in 0..3 {
+            let callers: Vec<_> = (0..200)
+                .map(|_| {
+                    let first = Arc::clone(&first);
+                    tokio::spawn(async move { first.next_id().await.unwrap() })
+                })
+                .collect();
+            let mut ids = Vec::new();
+            for caller in callers {
+                ids.push(caller.await.unwrap());
+            }
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), 200, "unique");
+            let newest = ids[ids.len() - 1];
+            let from_second = second.next_id().await.unwrap();
+            assert!(from_second > newest);
+            let from_first = first.next_id().await.unwrap();
+            assert!(from_first > from_second, "no id reserved before the call");
+        }
+    }
 
     #[test]
     fn counter_decoding() {

@@ -7,6 +7,7 @@
 //! loss) or one TTL after their handle is dropped.
 
 use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -20,20 +21,29 @@ use crate::watch::Watcher;
 
 #[derive(Debug, Default)]
 pub(crate) struct MemoryBackend {
-    records: BTreeMap<String, Record>,
+    records: Mutex<BTreeMap<String, Record>>,
+}
+
+impl MemoryBackend {
+    fn records(&self) -> MutexGuard<'_, BTreeMap<String, Record>> {
+        // Every change is one insert or remove: the map is whole after a panic.
+        self.records
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 impl LocalBackend for MemoryBackend {
     const BLOCKING: bool = false;
 
     fn get(&self, key: &str) -> Result<Option<Record>, MetaError> {
-        Ok(self.records.get(key).cloned())
+        Ok(self.records().get(key).cloned())
     }
 
     fn children(&self, path: &str, prefix: &str) -> Result<Vec<String>, MetaError> {
         let mut names = Vec::new();
-        let below = self
-            .records
+        let records = self.records();
+        let below = records
             .range::<str, _>((
                 std::ops::Bound::Included(prefix),
                 std::ops::Bound::Unbounded,
@@ -53,14 +63,15 @@ impl LocalBackend for MemoryBackend {
         Ok(names)
     }
 
-    fn commit(&mut self, mutations: &[Mutation<'_>], _revision: u64) -> Result<(), MetaError> {
+    fn commit(&self, mutations: &[Mutation<'_>], _revision: u64) -> Result<(), MetaError> {
+        let mut records = self.records();
         for mutation in mutations {
             match mutation {
                 Mutation::Put { key, record } => {
-                    self.records.insert((*key).to_owned(), (*record).clone());
+                    records.insert((*key).to_owned(), (*record).clone());
                 }
                 Mutation::Delete { key } => {
-                    self.records.remove(*key);
+                    records.remove(*key);
                 }
             }
         }

@@ -76,6 +76,8 @@ pub(crate) struct BrokerArgs {
     #[command(flatten)]
     transactions: TransactionArgs,
     #[command(flatten)]
+    replication: crate::replication_args::ReplicationArgs,
+    #[command(flatten)]
     memory: MemoryArgs,
     #[command(flatten)]
     offload: crate::offload_args::OffloadArgs,
@@ -133,6 +135,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         args.topics.apply(&mut config)?;
     args.offload.apply(&mut config);
         args.transactions.apply(&mut config);
+        args.replication.apply(&mut config);
         args.security.apply(args.bind, &mut config)?;
         args.limits.apply(&mut config);
         args.listeners.apply(&mut config)?;

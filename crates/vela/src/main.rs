@@ -21,6 +21,7 @@ mod perf;
 mod persistence_args;
 mod process;
 mod registration;
+mod replication_args;
 mod security_args;
 mod standalone;
 mod storage_args;

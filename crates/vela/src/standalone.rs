@@ -134,6 +134,8 @@ pub(crate) struct StandaloneArgs {
     #[command(flatten)]
     transactions: TransactionArgs,
     #[command(flatten)]
+    replication: crate::replication_args::ReplicationArgs,
+    #[command(flatten)]
     memory: MemoryArgs,
     #[command(flatten)]
     offload: crate::offload_args::OffloadArgs,
@@ -305,6 +307,7 @@ async fn serve(
     args.topics.apply(&mut config)?;
     args.offload.apply(&mut config);
     args.transactions.apply(&mut config);
+    args.replication.apply(&mut config);
     args.security.apply(args.bind, &mut config)?;
     args.limits.apply(&mut config);
     args.listeners.apply(&mut config)?;

@@ -109,6 +109,7 @@ async fn subscribe(
         initial_position: InitialPosition::Earliest,
         receiver_queue_size: RECEIVER_QUEUE,
         name: None,
+        replicate_subscription_state: false,
     };
     client.subscribe(topic, options).await.unwrap()
 }

@@ -28,6 +28,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::Standalone;
+use common::geo::{self, add_cluster, ok, replicated_namespace, vela_admin};
 use futures::StreamExt;
 use pulsar::consumer::{InitialPosition, Message};
 use pulsar::routing_policy::RoutingPolicy;
@@ -53,76 +54,9 @@ async fn client(broker: &Standalone) -> Pulsar<TokioExecutor> {
         .expect("the client connects")
 }
 
-fn ok(answer: (u16, String), what: &str) {
-    assert!(
-        (200..300).contains(&answer.0),
-        "{what}: HTTP {} {}",
-        answer.0,
-        answer.1
-    );
-}
-
-/// `vela admin --admin-url {broker} args...`: its output; panics when it
-/// fails.
-fn vela_admin(broker: &Standalone, args: &[&str]) -> String {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_vela"))
-        .arg("admin")
-        .arg("--admin-url")
-        .arg(format!("http://{}", broker.http_addr))
-        .args(args)
-        .output()
-        .expect("vela admin runs");
-    assert!(
-        output.status.success(),
-        "vela admin {args:?}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
-/// Records `other` as cluster `name` on `broker` (`vela admin clusters
-/// create`).
-fn add_cluster(broker: &Standalone, name: &str, other: &Standalone) {
-    vela_admin(
-        broker,
-        &[
-            "clusters",
-            "create",
-            name,
-            "--broker-url",
-            other.pulsar_url.trim_end_matches('/'),
-            "--url",
-            &format!("http://{}", other.http_addr),
-        ],
-    );
-}
-
-/// Tenant `geo` allowed on both, namespace `geo/ns` replicated among both,
-/// with `vela admin`.
-fn replicated_namespace(broker: &Standalone) {
-    vela_admin(broker, &["tenants", "create", "geo", "-c", "a,b"]);
-    vela_admin(broker, &["namespaces", "create", "geo/ns"]);
-    vela_admin(
-        broker,
-        &["namespaces", "set-clusters", "geo/ns", "-c", "a,b"],
-    );
-    // Lists print one item a line.
-    let clusters = vela_admin(broker, &["namespaces", "get-clusters", "geo/ns"]);
-    assert_eq!(clusters.lines().collect::<Vec<_>>(), ["a", "b"]);
-}
-
 /// Two standalones, `a` and `b`, replicating `geo/ns` both ways.
 fn two_clusters(a_dir: Option<&std::path::Path>) -> (Standalone, Standalone) {
-    let a = match a_dir {
-        Some(dir) => Standalone::start_in(dir, &["--cluster-name", "a"]),
-        None => Standalone::start(&["--cluster-name", "a"]),
-    };
-    let b = Standalone::start(&["--cluster-name", "b"]);
-    add_cluster(&a, "b", &b);
-    add_cluster(&b, "a", &a);
-    replicated_namespace(&a);
-    replicated_namespace(&b);
-    (a, b)
+    geo::two_clusters(a_dir, &[])
 }
 
 fn topic(name: &str) -> String {
@@ -304,22 +238,22 @@ async fn replication_settles(a: &Standalone, name: &str) {
     assert!(metrics.contains(&sample), "no {sample:?} in the metrics");
 }
 
-/// A partitioned topic (created with the same partitions on both sides)
-/// replicates partition by partition: every message arrives, each key's in
-/// order.
+/// A partitioned topic created on `a` only gets its partitioned metadata on
+/// `b` (through `b`'s admin API, as Pulsar creates it on every replication
+/// cluster) and replicates partition by partition: every message arrives,
+/// each key's in order.
 #[tokio::test]
 async fn partitioned_topics_replicate_per_partition() {
     let (a, b) = two_clusters(None);
-    for broker in [&a, &b] {
-        ok(
-            broker.http_put_json("/admin/v2/persistent/geo/ns/parts/partitions", "3"),
-            "create partitioned topic",
-        );
-    }
+    ok(
+        a.http_put_json("/admin/v2/persistent/geo/ns/parts/partitions", "3"),
+        "create partitioned topic",
+    );
     let (client_a, client_b) = (client(&a).await, client(&b).await);
     let topic = topic("parts");
-    let mut on_b = subscribe(&client_b, &topic).await;
-    // Keyed routing: each key's messages go to one partition.
+    // Keyed routing: each key's messages go to one partition. The producer
+    // loads the partitions on `a`, whose replicators make the metadata on
+    // `b`.
     let mut producer = client_a
         .producer()
         .with_topic(&topic)
@@ -331,6 +265,19 @@ async fn partitioned_topics_replicate_per_partition() {
         .build()
         .await
         .expect("create producer");
+    let deadline = tokio::time::Instant::now() + RECEIVE_TIMEOUT;
+    loop {
+        let (status, body) = b.http_get("/admin/v2/persistent/geo/ns/parts/partitions");
+        if status == 200 && body.contains("\"partitions\":3") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b never got the partitioned metadata: {status} {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut on_b = subscribe(&client_b, &topic).await;
     send_tagged(&mut producer, "parts", COUNT).await;
     let mut next_per_key: BTreeMap<String, usize> = BTreeMap::new();
     let mut seen = 0;

@@ -66,6 +66,7 @@ async fn subscribe(client: &Client, subscription: &str) -> Consumer {
         initial_position: InitialPosition::Earliest,
         receiver_queue_size: 100,
         name: None,
+        replicate_subscription_state: false,
     };
     client.subscribe(TOPIC, options).await.unwrap()
 }

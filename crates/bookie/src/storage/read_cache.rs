@@ -10,7 +10,7 @@
 //!
 //! Never: holds more than `read_cache_bytes_max` bytes of buffers, does I/O.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 use bytes::Bytes;
 
@@ -39,6 +39,12 @@ pub(crate) struct ReadCache {
     next_segment_id: u64,
     /// ledger → entry id after the last one read from a log.
     next_expected: HashMap<u64, u64>,
+    /// Ledgers with a read-ahead at the disk now. A ledger reader's pipelined
+    /// misses arrive together; each reading its own window would pull the
+    /// same megabytes several times, every buffer pinned by the one entry
+    /// handed out of it. While one read-ahead runs, the others read their
+    /// entry only. At most one key per read in flight.
+    ahead_in_flight: HashSet<u64>,
 }
 
 impl ReadCache {
@@ -50,6 +56,7 @@ impl ReadCache {
             bytes_max,
             next_segment_id: 0,
             next_expected: HashMap::new(),
+            ahead_in_flight: HashSet::new(),
         }
     }
 
@@ -73,7 +80,15 @@ impl ReadCache {
         } else {
             *next = entry_id.saturating_add(1);
         }
-        sequential
+        // One read-ahead per ledger at a time: the caller reads ahead only
+        // when this returns true, and then calls `note_read_ahead_done`.
+        sequential && self.ahead_in_flight.insert(ledger_id)
+    }
+
+    /// The read-ahead that `note_miss` allowed for the ledger has ended (read,
+    /// cached or failed).
+    pub(crate) fn note_read_ahead_done(&mut self, ledger_id: u64) {
+        self.ahead_in_flight.remove(&ledger_id);
     }
 
     /// After a read-ahead: the scan continues after the last entry read.
@@ -162,13 +177,30 @@ mod tests {
         let mut c = ReadCache::new(100);
         assert!(!c.note_miss(1, 10), "first read of a ledger");
         assert!(c.note_miss(1, 11));
+        c.note_read_ahead_done(1);
         assert!(
             c.note_miss(1, 14),
             "pipelined reads arrive a little out of order"
         );
+        c.note_read_ahead_done(1);
         assert!(!c.note_miss(1, 12), "behind the scan");
         assert!(!c.note_miss(1, 500), "jump");
         assert!(!c.note_miss(2, 51), "other ledger");
         assert!(c.note_miss(1, 501));
+    }
+
+    #[test]
+    fn one_read_ahead_per_ledger_at_a_time() {
+        let mut c = ReadCache::new(100);
+        assert!(!c.note_miss(1, 10));
+        assert!(c.note_miss(1, 11), "sequential: reads ahead");
+        assert!(
+            !c.note_miss(1, 12),
+            "pipelined miss while it runs: its entry only"
+        );
+        assert!(!c.note_miss(2, 0));
+        assert!(c.note_miss(2, 1), "other ledgers are not held back");
+        c.note_read_ahead_done(1);
+        assert!(c.note_miss(1, 13), "after it: the next read ahead");
     }
 }

@@ -860,7 +860,8 @@ pub fn lookup_json(owner: &LookupUrls) -> Value {
     })
 }
 
-/// Pulsar's ClusterData (the URL fields Vela keeps; others are ignored).
+/// Pulsar's ClusterData (the URLs and the replicators' client settings
+/// Vela keeps; others are ignored).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterDataJson {
@@ -876,6 +877,9 @@ pub struct ClusterDataJson {
     /// `pulsar+ssl://host:port`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub broker_service_url_tls: Option<String>,
+    /// `brokerClientTlsEnabled`, `authenticationPlugin`, ...
+    #[serde(default, flatten)]
+    pub client: super::ClusterClient,
 }
 
 impl From<ClusterData> for ClusterDataJson {
@@ -885,6 +889,7 @@ impl From<ClusterData> for ClusterDataJson {
             service_url_tls: data.service_url_tls,
             broker_service_url: data.broker_service_url,
             broker_service_url_tls: data.broker_service_url_tls,
+            client: data.client,
         }
     }
 }
@@ -896,6 +901,7 @@ impl From<ClusterDataJson> for ClusterData {
             service_url_tls: json.service_url_tls,
             broker_service_url: json.broker_service_url,
             broker_service_url_tls: json.broker_service_url_tls,
+            client: json.client,
         }
     }
 }

@@ -33,7 +33,7 @@ use crate::topic_name::{NamespaceName, TopicDomain, TopicName};
 pub use crate::topic_name::{decode_segment, encode_segment};
 pub use records::{
     AuthAction, BACKLOG_QUOTA_POLICIES, BACKLOG_QUOTA_TYPES, BacklogQuota, CLUSTERS_MAX,
-    ClusterData, ENSEMBLE_MAX, GRANTED_ROLES_MAX, NamespacePolicies, PROPERTIES_MAX,
+    ClusterClient, ClusterData, ENSEMBLE_MAX, GRANTED_ROLES_MAX, NamespacePolicies, PROPERTIES_MAX,
     PROPERTY_BYTES_MAX, REPLICATION_CLUSTERS_MAX, ROLE_BYTES_MAX, RetentionPolicy,
     SUBSCRIPTION_GRANTS_MAX, TenantInfo, TopicRecord,
 };

@@ -296,6 +296,30 @@ pub struct ClusterData {
     /// `pulsar+ssl://host:port`.
     #[serde(default)]
     pub broker_service_url_tls: Option<String>,
+    /// How other clusters' brokers authenticate and protect their
+    /// connections to it (Pulsar's names).
+    #[serde(default, flatten)]
+    pub client: ClusterClient,
+}
+
+/// How brokers of other clusters (replicators) connect to a cluster, as
+/// Pulsar's ClusterData names it; unset fields fall back to the broker's
+/// `brokerClient*` settings.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterClient {
+    /// Connect to `brokerServiceUrlTls` over TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_client_tls_enabled: Option<bool>,
+    /// PEM roots its TLS certificate must chain to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub broker_client_trust_certs_file_path: Option<String>,
+    /// Authentication plugin (`...AuthenticationToken` or `token`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication_plugin: Option<String>,
+    /// Its parameters (`token:...`, `file:///path`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authentication_parameters: Option<String>,
 }
 
 /// Clusters one metadata store records. Each is a small record read when

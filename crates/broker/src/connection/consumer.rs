@@ -229,6 +229,7 @@ impl Consumers {
             reader_start,
             sticky: info.sticky_ranges.is_some(),
             read_compacted: body.read_compacted.unwrap_or(false),
+            replicated: body.replicate_subscription_state.unwrap_or(false),
         };
         let (sub, slot) = topic.subscribe(&request, info).await?;
         tracing::debug!(conn = session.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");

@@ -3,8 +3,9 @@
 //! replication clusters of namespaces and topics change.
 //!
 //! Owns: the reconciler task ([`run`]): the running replicators, one
-//! `vela_client::Client` per remote cluster (from its `brokerServiceUrl`,
-//! `admin::clusters`), the broker-wide budget of bytes replicators have in
+//! `vela_client::Client` per remote cluster (from its record,
+//! `admin::clusters`: `brokerServiceUrl`, or `brokerServiceUrlTls` over
+//! TLS, and a token; `remote`), the broker-wide budget of bytes replicators have in
 //! flight, and deleting the `pulsar.repl.{remote}` cursor of a remote no
 //! longer wanted. Each replicator (`replicator`) reads its topic's log from
 //! its durable cursor and produces to the same topic in the remote cluster.
@@ -19,23 +20,32 @@
 //! (past it replicators wait for receipts: back-pressure, never a queue);
 //! one replicator per (served topic, remote), so their number follows the
 //! served topics (`service::TOPICS_MAX`) times `REPLICATION_CLUSTERS_MAX`.
+//! Replicated subscriptions: one snapshot controller (`snapshots`) per
+//! topic with a running replicator, started and stopped with them; the
+//! replicators carry its markers and hand it those the remotes sent.
 //! Never: replicates a message that came from another cluster (no
 //! ping-pong), creates the remote's namespace, or blocks a worker.
 
+mod rate;
+mod remote;
+mod remote_admin;
 mod replicator;
+mod snapshots;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use tokio::sync::{Semaphore, watch};
-use vela_client::{Client, ClientConfig};
+use vela_client::Client;
 use vela_log::CursorStart;
 
+use crate::admin::ClusterData;
 use crate::service::Service;
 use crate::stats::ReplicatorStats;
 use crate::topic::{REPLICATOR_PREFIX, Topic, replication_cursor_name as cursor_name};
 use replicator::Replicator;
+use snapshots::Controller;
 
 /// How often served topics are compared with the replicators running: new
 /// topics are looked at each time (a store read or two each), every topic
@@ -57,12 +67,27 @@ const RESUME_AFTER_START: Duration = Duration::from_secs(5);
 struct Running {
     topic: Arc<Topic>,
     replicator: Replicator,
+    stats: Arc<ReplicatorStats>,
 }
 
-/// A remote cluster's client, made from its broker URL.
+/// A topic's snapshot controller and its task.
+struct ControllerTask {
+    controller: Arc<Controller>,
+    stop: watch::Sender<bool>,
+}
+
+impl Drop for ControllerTask {
+    fn drop(&mut self) {
+        // Its task ends at its next wake-up.
+        let _ = self.stop.send(true);
+    }
+}
+
+/// A remote cluster's client, made from its record (URLs, TLS, token).
 struct Remote {
-    url: String,
+    data: ClusterData,
     client: Client,
+    admin: Option<Arc<remote_admin::RemoteAdmin>>,
 }
 
 /// The reconciler's state: owned by its task, no lock.
@@ -71,6 +96,8 @@ struct Reconciler {
     remotes: HashMap<String, Remote>,
     /// Remote clusters of each served topic, as last read.
     wanted: HashMap<String, Vec<String>>,
+    /// Snapshot controllers of the topics with a running replicator.
+    controllers: HashMap<String, ControllerTask>,
     budget: Arc<Semaphore>,
     passes: u32,
 }
@@ -87,6 +114,7 @@ pub(crate) async fn run(service: Weak<Service>, mut shutdown: watch::Receiver<bo
         running: HashMap::new(),
         remotes: HashMap::new(),
         wanted: HashMap::new(),
+        controllers: HashMap::new(),
         budget: Arc::new(Semaphore::new(budget.clamp(1, Semaphore::MAX_PERMITS))),
         passes: 0,
     };
@@ -111,6 +139,7 @@ pub(crate) async fn run(service: Weak<Service>, mut shutdown: watch::Receiver<bo
             _ = shutdown.changed() => break,
         }
     }
+    state.controllers.clear();
     let stopping: Vec<Running> = state.running.drain().map(|(_, r)| r).collect();
     stop_all(stopping).await;
 }
@@ -211,7 +240,7 @@ impl Reconciler {
             }
         }
         // Start what is wanted and not running.
-        let mut urls: HashMap<String, Option<String>> = HashMap::new();
+        let mut records: HashMap<String, Option<ClusterData>> = HashMap::new();
         for topic in &topics {
             let Some(remotes) = self.wanted.get(&topic.full_name).cloned() else {
                 continue;
@@ -221,7 +250,9 @@ impl Reconciler {
                 if self.running.contains_key(&key) {
                     continue;
                 }
-                let Some(client) = self.client(service, &remote, &mut urls).await else {
+                let Some((client, remote_admin)) =
+                    self.client(service, &remote, &mut records).await
+                else {
                     continue;
                 };
                 let cursor = match topic
@@ -237,6 +268,7 @@ impl Reconciler {
                 };
                 let stats = Arc::new(ReplicatorStats::default());
                 service.register_replicator(&topic.full_name, &remote, Arc::clone(&stats));
+                let controller = self.controller(service, topic);
                 let replicator = Replicator::start(replicator::Context {
                     topic: Arc::clone(topic),
                     local: service.config.cluster_name.clone(),
@@ -244,7 +276,11 @@ impl Reconciler {
                     client,
                     cursor,
                     budget: Arc::clone(&self.budget),
-                    stats,
+                    stats: Arc::clone(&stats),
+                    controller,
+                    remote_admin,
+                    partitions: partitions_of(service, topic).await,
+                    service: Arc::downgrade(service),
                 });
                 tracing::info!(topic = %topic.full_name, %remote, "replicator started");
                 self.running.insert(
@@ -252,10 +288,12 @@ impl Reconciler {
                     Running {
                         topic: Arc::clone(topic),
                         replicator,
+                        stats,
                     },
                 );
             }
         }
+        self.follow_controllers();
         service.retain_replicators(|topic, remote| {
             self.running
                 .contains_key(&(topic.to_string(), remote.to_string()))
@@ -280,17 +318,69 @@ impl Reconciler {
         }
     }
 
-    /// Remotes whose broker URL changed (or that are gone): their clients
-    /// are dropped and their replicators stopped (started again with a new
-    /// client on this pass).
+    /// The snapshot controller of `topic`, started when it has none (or
+    /// one of an earlier opening of the topic).
+    fn controller(&mut self, service: &Service, topic: &Arc<Topic>) -> Arc<Controller> {
+        if let Some(task) = self.controllers.get(&topic.full_name)
+            && Arc::ptr_eq(task.controller.topic(), topic)
+        {
+            return Arc::clone(&task.controller);
+        }
+        let controller = Controller::new(Arc::clone(topic), &service.config.cluster_name);
+        let (stop, stopped) = watch::channel(false);
+        let frequency = Duration::from_millis(
+            service
+                .config
+                .replicated_subscriptions_snapshot_frequency_ms
+                .max(1),
+        );
+        tokio::spawn(Arc::clone(&controller).run(frequency, stopped));
+        self.controllers.insert(
+            topic.full_name.clone(),
+            ControllerTask {
+                controller: Arc::clone(&controller),
+                stop,
+            },
+        );
+        controller
+    }
+
+    /// Tells each controller which replicators its topic has; stops those
+    /// of topics left without one.
+    fn follow_controllers(&mut self) {
+        let mut remotes: HashMap<&str, BTreeMap<String, Arc<ReplicatorStats>>> = HashMap::new();
+        for ((name, remote), running) in &self.running {
+            let current = self
+                .controllers
+                .get(name)
+                .is_some_and(|c| Arc::ptr_eq(c.controller.topic(), &running.topic));
+            if current {
+                remotes
+                    .entry(name.as_str())
+                    .or_default()
+                    .insert(remote.clone(), Arc::clone(&running.stats));
+            }
+        }
+        self.controllers
+            .retain(|name, _| remotes.contains_key(name.as_str()));
+        for (name, task) in &self.controllers {
+            if let Some(of_topic) = remotes.remove(name.as_str()) {
+                task.controller.set_remotes(of_topic);
+            }
+        }
+    }
+
+    /// Remotes whose record changed (URLs, TLS, credentials) or that are
+    /// gone: their clients are dropped and their replicators stopped
+    /// (started again with a new client on this pass).
     async fn forget_moved_remotes(&mut self, service: &Service) {
         let mut moved = Vec::new();
         for (remote, known) in &self.remotes {
-            let url = match service.admin.cluster(remote).await {
-                Ok(data) => data.and_then(|d| d.broker_service_url),
+            let data = match service.admin.cluster(remote).await {
+                Ok(data) => data,
                 Err(_) => continue,
             };
-            if url.as_deref() != Some(known.url.as_str()) {
+            if data.as_ref() != Some(&known.data) {
                 moved.push(remote.clone());
             }
         }
@@ -310,48 +400,67 @@ impl Reconciler {
         }
     }
 
-    /// The client of `remote`, made (again) when its broker URL is new.
+    /// The client of `remote`, made (again) when its record is new.
     async fn client(
         &mut self,
         service: &Service,
         remote: &str,
-        urls: &mut HashMap<String, Option<String>>,
-    ) -> Option<Client> {
-        if !urls.contains_key(remote) {
-            let url = match service.admin.cluster(remote).await {
-                Ok(Some(data)) => data.broker_service_url.filter(|u| !u.is_empty()),
-                Ok(None) => None,
+        records: &mut HashMap<String, Option<ClusterData>>,
+    ) -> Option<(Client, Option<Arc<remote_admin::RemoteAdmin>>)> {
+        if !records.contains_key(remote) {
+            let data = match service.admin.cluster(remote).await {
+                Ok(data) => data,
                 Err(error) => {
                     tracing::warn!(%remote, %error, "cluster record unreadable");
                     None
                 }
             };
-            urls.insert(remote.to_string(), url);
+            records.insert(remote.to_string(), data);
         }
-        let Some(url) = urls.get(remote).cloned().flatten() else {
-            tracing::warn!(%remote, "no brokerServiceUrl for the cluster: not replicating to it");
+        let Some(data) = records.get(remote).cloned().flatten() else {
+            tracing::warn!(%remote, "no record of the cluster: not replicating to it");
             return None;
         };
         if let Some(known) = self.remotes.get(remote)
-            && known.url == url
+            && known.data == data
         {
-            return Some(known.client.clone());
+            return Some((known.client.clone(), known.admin.clone()));
         }
-        match Client::new(&url, ClientConfig::default()) {
-            Ok(client) => {
+        let made = match remote::setup(&service.config.broker_client, &data).await {
+            Ok(setup) => Client::new(&setup.url, setup.config)
+                .map(|client| (client, setup.admin))
+                .map_err(|e| e.to_string()),
+            Err(error) => Err(error.to_string()),
+        };
+        match made {
+            Ok((client, admin)) => {
                 self.remotes.insert(
                     remote.to_string(),
                     Remote {
-                        url,
+                        data,
                         client: client.clone(),
+                        admin: admin.clone(),
                     },
                 );
-                Some(client)
+                Some((client, admin))
             }
             Err(error) => {
-                tracing::warn!(%remote, %url, %error, "cannot replicate to this URL");
+                tracing::warn!(%remote, %error, "cannot replicate to this cluster");
                 None
             }
+        }
+    }
+}
+
+/// Partitions of the partitioned topic `topic` is a partition of (`None`
+/// for a topic that is not a partition, or when unreadable).
+async fn partitions_of(service: &Service, topic: &Topic) -> Option<u32> {
+    topic.name.partition?;
+    match service.admin.partitions(&topic.name.base()).await {
+        Ok(partitions) => partitions,
+        Err(error) => {
+            tracing::warn!(topic = %topic.full_name, %error, "partitioned metadata unreadable");
+            None
         }
     }
 }

@@ -16,12 +16,25 @@
 //! replicator producers uses to drop the resends: exactly once.
 //! Skipped (acknowledged, not sent): entries that came from another cluster
 //! (`replicated_from`: never sent back), entries whose `replicate_to`
-//! leaves the remote out, markers, entries whose metadata does not parse,
-//! entries of aborted transactions. Transactions: as Pulsar's replicators
+//! leaves the remote out, markers other than this cluster's
+//! replicated-subscription requests, responses and updates (which are
+//! sent), entries whose metadata does not parse, entries of aborted
+//! transactions. Replicated-subscription markers that came from this
+//! replicator's remote are handed to the topic's snapshot controller
+//! (`snapshots`) as they are read, then skipped. Transactions: as Pulsar's replicators
 //! read up to `maxReadPosition`, nothing at or after the topic buffer's read
 //! limit (the first entry of its oldest open transaction) is sent until
 //! the limit moves; a committed transaction's entries go without their
 //! transaction id.
+//! Rate: the topic's `replicatorDispatchRate` (`rate`), asked before each
+//! entry sent; past it the replicator waits for a token (entries wait in
+//! the log).
+//! Schemas: an entry with a schema version goes with the remote's version
+//! of the same schema, registered there first (GET_OR_CREATE_SCHEMA);
+//! `SCHEMA_VERSIONS_CACHED_MAX` versions remembered.
+//! Partitions: a partition's replicator first makes the partitioned
+//! topic's metadata on the remote (its admin API, `remote_admin`), as
+//! Pulsar creates it on every replication cluster.
 //! Reconnects: the client reconnects and resends a producer's pending
 //! entries by itself; a producer that cannot be created or fails is
 //! replaced after a back-off from `BACKOFF_MIN` doubling to `BACKOFF_MAX`
@@ -29,7 +42,7 @@
 //! Never: holds a lock across an await, sends an entry out of order, or
 //! waits for budget while receipts are pending unprocessed.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -41,7 +54,11 @@ use vela_client::{Client, ProducerOptions, SendFuture};
 use vela_log::{Cursor, LogEntry, LogError, ManagedLog, Position};
 use vela_wire::proto::{KeyValue, MessageMetadata};
 
+use super::rate::ReplicatorRate;
+use super::remote_admin::{Created, RemoteAdmin};
+use super::snapshots::Controller;
 use crate::codec::{self, REPL_SOURCE_POSITION_PROPERTY};
+use crate::markers::{self, ReadMarker};
 use crate::stats::ReplicatorStats;
 use crate::topic::{Topic, replicated_sequence_id, replicator_producer_name};
 use crate::txn_buffer::TxnBuffer;
@@ -82,6 +99,17 @@ pub(super) struct Context {
     pub(super) cursor: Arc<Cursor>,
     pub(super) budget: Arc<Semaphore>,
     pub(super) stats: Arc<ReplicatorStats>,
+    /// The topic's snapshot controller: replicated-subscription markers
+    /// that came from this replicator's remote are handed to it.
+    pub(super) controller: Arc<Controller>,
+    /// The remote's admin API (`None`: its record names none).
+    pub(super) remote_admin: Option<Arc<RemoteAdmin>>,
+    /// The topic is a partition of a partitioned topic of this many
+    /// partitions: the remote gets the same partitioned metadata first.
+    pub(super) partitions: Option<u32>,
+    /// The service (its schema registry: entries' schemas are registered
+    /// on the remote before they go).
+    pub(super) service: std::sync::Weak<crate::service::Service>,
 }
 
 /// A running replicator.
@@ -126,14 +154,32 @@ enum Ended {
     Remote(#[from] vela_client::ClientError),
     #[error("position {0} does not fit a replication sequence id")]
     Unreplicable(Position),
+    #[error("schema: {0}")]
+    Schema(String),
 }
+
+/// Local schema versions whose remote version a replicator remembers.
+/// When reached: forgotten all at once (asked again, one request each).
+const SCHEMA_VERSIONS_CACHED_MAX: usize = 100;
 
 async fn run(context: Context, mut stop: watch::Receiver<bool>) {
     let name = replicator_producer_name(&context.local, &context.remote);
     let mut backoff = BACKOFF_MIN;
+    let mut metadata_ensured = context.partitions.is_none() || context.remote_admin.is_none();
     loop {
         if *stop.borrow() || context.topic.log.is_closed() {
             return;
+        }
+        // The backlog shows while the remote cannot be reached too.
+        context
+            .stats
+            .backlog_entries
+            .store(context.cursor.backlog_entries(), Ordering::Relaxed);
+        if !metadata_ensured {
+            metadata_ensured = tokio::select! {
+                ensured = ensure_partitioned(&context) => ensured,
+                _ = stop.changed() => return,
+            };
         }
         let options = ProducerOptions {
             name: Some(name.clone()),
@@ -178,6 +224,69 @@ async fn run(context: Context, mut stop: watch::Receiver<bool>) {
     }
 }
 
+/// The remote's version of the schema an entry names (`local`, this
+/// cluster's version), registering it there first (GET_OR_CREATE_SCHEMA,
+/// as Pulsar's replicator producer does); `None` when this cluster has no
+/// such version (the entry goes as stored).
+async fn remote_schema_version(
+    context: &Context,
+    known: &mut HashMap<u64, Bytes>,
+    local: &[u8],
+) -> Result<Option<Bytes>, Ended> {
+    let Some(version) = crate::schema::decode_version(local) else {
+        return Ok(None);
+    };
+    if let Some(remote) = known.get(&version) {
+        return Ok(Some(remote.clone()));
+    }
+    let Some(service) = context.service.upgrade() else {
+        return Err(Ended::Stopped);
+    };
+    let schema = match service
+        .schemas
+        .get(&context.topic.name, Some(version))
+        .await
+    {
+        Ok(Some((_, schema))) => schema,
+        Ok(None) => return Ok(None),
+        Err(error) => return Err(Ended::Schema(error.to_string())),
+    };
+    let remote = Bytes::from(
+        context
+            .client
+            .get_or_create_schema(&context.topic.full_name, schema)
+            .await?,
+    );
+    if known.len() >= SCHEMA_VERSIONS_CACHED_MAX {
+        known.clear();
+    }
+    known.insert(version, remote.clone());
+    Ok(Some(remote))
+}
+
+/// Creates the partitioned topic's metadata on the remote (as Pulsar
+/// does for each replication cluster); true once it is there (with the
+/// same partitions or another count, which is reported).
+async fn ensure_partitioned(context: &Context) -> bool {
+    let (Some(admin), Some(partitions)) = (&context.remote_admin, context.partitions) else {
+        return true;
+    };
+    let base = context.topic.name.base();
+    match admin.ensure_partitioned(&base, partitions).await {
+        Ok(Created::Same) => true,
+        Ok(Created::Other(there)) => {
+            tracing::warn!(topic = %base, remote = %context.remote, partitions, there,
+                "the remote's partitioned topic has another partition count");
+            true
+        }
+        Err(error) => {
+            tracing::warn!(topic = %base, remote = %context.remote, %error,
+                "partitioned metadata not created on the remote; retried with the producer");
+            false
+        }
+    }
+}
+
 /// An entry taken from the log, sent or skipped, not yet acknowledged.
 struct InFlight {
     position: Position,
@@ -192,6 +301,9 @@ struct InFlight {
 /// What to do with an entry.
 enum Prepared {
     Skip,
+    /// A replicated-subscription marker from the remote: handed to the
+    /// controller, then acknowledged like a skipped entry.
+    Received(ReadMarker),
     Send {
         sequence_id: i64,
         /// Boxed: far larger than `Skip`.
@@ -215,9 +327,13 @@ async fn replicate(
     let mut unsent: VecDeque<LogEntry> = VecDeque::new();
     let buffer = context.topic.txn_buffer();
     let mut limit_changes = buffer.map(|b| b.subscribe());
+    let mut rate = ReplicatorRate::default();
+    let mut schema_versions: HashMap<u64, Bytes> = HashMap::new();
     loop {
-        // Send what was read, within the window, the budget and the
-        // transaction buffer's read limit.
+        // Send what was read, within the window, the budget, the
+        // replicator dispatch rate and the transaction buffer's read limit.
+        rate.refresh(context.topic.dispatch_policy());
+        let mut rate_wait = None;
         let mut at_txn_limit = false;
         while in_flight.len() < REPLICATOR_PENDING_MAX {
             let Some(entry) = unsent.front() else {
@@ -236,9 +352,15 @@ async fn replicate(
             let item = match prepared {
                 Err(ended) => return ended,
                 Ok(Prepared::Skip) => skipped(entry.position),
+                Ok(Prepared::Received(marker)) => {
+                    context
+                        .controller
+                        .received(&context.remote, marker, entry.position);
+                    skipped(entry.position)
+                }
                 Ok(Prepared::Send {
                     sequence_id,
-                    metadata,
+                    mut metadata,
                     payload,
                 }) => {
                     let sequence_id = sequence_id as u64;
@@ -246,6 +368,10 @@ async fn replicate(
                         // The remote said it stored it already.
                         skipped(entry.position)
                     } else {
+                        if let Some(wait) = rate.wait() {
+                            rate_wait = Some(wait);
+                            break;
+                        }
                         let bytes = entry.data.len();
                         let permits = u32::try_from(bytes.max(1)).unwrap_or(u32::MAX);
                         let Ok(budget) =
@@ -253,9 +379,19 @@ async fn replicate(
                         else {
                             break;
                         };
+                        if let Some(local) = metadata.schema_version.clone() {
+                            match remote_schema_version(context, &mut schema_versions, &local).await
+                            {
+                                Ok(Some(remote)) => metadata.schema_version = Some(remote),
+                                Ok(None) => {}
+                                Err(ended) => return ended,
+                            }
+                        }
                         let messages = metadata.num_messages_in_batch.unwrap_or(1).max(1) as u64;
                         let publish_time_ms = metadata.publish_time;
-                        match producer.send_entry(sequence_id, *metadata, payload).await {
+                        let sent = producer.send_entry(sequence_id, *metadata, payload).await;
+                        rate.charge(messages, bytes as u64);
+                        match sent {
                             Ok(send) => InFlight {
                                 position: entry.position,
                                 send: Some(send),
@@ -282,7 +418,8 @@ async fn replicate(
         }
         let waiting_receipt = in_flight.front().is_some();
         let may_read = unsent.is_empty() && in_flight.len() < REPLICATOR_PENDING_MAX;
-        let budget_full = !unsent.is_empty() && !waiting_receipt && !at_txn_limit;
+        let budget_full =
+            !unsent.is_empty() && !waiting_receipt && !at_txn_limit && rate_wait.is_none();
         tokio::select! {
             biased;
             _ = stop.changed() => return Ended::Stopped,
@@ -306,6 +443,7 @@ async fn replicate(
                 Err(error) => return error.into(),
             },
             _ = tokio::time::sleep(BUDGET_RETRY), if budget_full => {}
+            _ = tokio::time::sleep(rate_wait.unwrap_or_default()), if rate_wait.is_some() => {}
             _ = limit_moved(&mut limit_changes), if at_txn_limit => {}
         }
         context
@@ -435,7 +573,26 @@ fn decide(
     };
     let elsewhere =
         !metadata.replicate_to.is_empty() && !metadata.replicate_to.iter().any(|c| c == remote);
-    if metadata.replicated_from.is_some() || metadata.marker_type.is_some() || elsewhere {
+    if let Some(marker_type) = metadata.marker_type {
+        let from_remote = metadata.replicated_from.as_deref() == Some(remote);
+        if from_remote && marker_type != markers::SNAPSHOT {
+            // A request, response or update the remote sent here.
+            if let Some(marker) = markers::read_marker(&entry.data) {
+                return Ok(Ok(Prepared::Received(marker)));
+            }
+        }
+        // This cluster's requests, responses and updates go to the
+        // remotes they name (snapshots stay here); every other marker
+        // (transactions', another cluster's) is never sent.
+        let ours = matches!(
+            marker_type,
+            markers::SNAPSHOT_REQUEST | markers::SNAPSHOT_RESPONSE | markers::SUBSCRIPTION_UPDATE
+        );
+        if !ours || metadata.replicated_from.is_some() || elsewhere {
+            return Ok(Ok(Prepared::Skip));
+        }
+    }
+    if metadata.replicated_from.is_some() || elsewhere {
         return Ok(Ok(Prepared::Skip));
     }
     let position = entry.position;
@@ -527,6 +684,23 @@ mod tests {
         let mut marker = produced();
         marker.marker_type = Some(20);
         assert!(skipped(marker));
+        let mut snapshot = produced();
+        snapshot.marker_type = Some(markers::SNAPSHOT);
+        snapshot.replicate_to = vec!["a".into()];
+        assert!(skipped(snapshot), "a snapshot stays where it was taken");
+        let mut request = produced();
+        request.marker_type = Some(markers::SNAPSHOT_REQUEST);
+        assert!(!skipped(request.clone()), "this cluster's request goes out");
+        request.replicated_from = Some("b".into());
+        assert!(
+            matches!(
+                decide(&entry(&request, at), "a", "b"),
+                Ok(Ok(Prepared::Received(_)))
+            ),
+            "the remote's request is handed to the controller"
+        );
+        request.replicated_from = Some("c".into());
+        assert!(skipped(request), "a third cluster's: its own replicator's");
         let mut elsewhere = produced();
         elsewhere.replicate_to = vec!["a".into(), "c".into()];
         assert!(skipped(elsewhere));

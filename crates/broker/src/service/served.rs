@@ -13,7 +13,6 @@ use vela_wire::proto::ServerError;
 
 use super::{Service, ownership_error};
 use crate::error::ServiceError;
-use crate::nonpersistent::NonPersistentTopic;
 use crate::ownership::BundleRange;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};
@@ -171,25 +170,15 @@ impl Service {
         Ok(())
     }
 
-    /// Closes every topic (shutdown).
+    /// Closes every topic (shutdown), many at once (`shutdown::close_all`).
     pub(crate) async fn close_topics(&self) -> Vec<vela_log::LogError> {
-        let topics: Vec<Arc<Topic>> = self
+        let topics = self
             .topics
             .lock()
             .drain()
             .filter_map(|(_, c)| c.get().cloned())
             .collect();
-        let mut errors = Vec::new();
-        for topic in topics {
-            if let Err(e) = topic.close().await {
-                errors.push(e);
-            }
-        }
-        let np: Vec<Arc<NonPersistentTopic>> =
-            self.np_topics.lock().drain().map(|(_, t)| t).collect();
-        for topic in np {
-            topic.close().await;
-        }
-        errors
+        let np = self.np_topics.lock().drain().map(|(_, t)| t).collect();
+        crate::shutdown::close_all(topics, np).await
     }
 }

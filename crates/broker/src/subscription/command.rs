@@ -287,6 +287,10 @@ pub(crate) struct SubscriptionSpec {
     /// The topic's transaction buffer (transactions on): entries are read
     /// up to its read limit, markers and aborted entries are skipped.
     pub(crate) txn: Option<Arc<crate::txn_buffer::TxnBuffer>>,
+    /// The topic's replicated subscriptions: replicated-subscription
+    /// markers are skipped, and the snapshots this subscription reads are
+    /// noted there.
+    pub(crate) replicated: Arc<super::snapshots::ReplicatedSubscriptions>,
     /// The topic's dispatch policies, changed while the subscription runs.
     pub(crate) policy: Arc<DispatchPolicy>,
 }

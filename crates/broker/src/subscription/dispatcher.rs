@@ -97,7 +97,7 @@ pub(crate) fn spawn(
         held: HeldShare::new(spec.held),
         held_blocked: false,
         terminated: spec.log.is_terminated(),
-        txn: spec.txn.map(TxnView::new),
+        txn: Some(TxnView::new(spec.txn, spec.replicated, &spec.name)),
         name: spec.name,
         topic: spec.topic,
         partition: spec.partition,

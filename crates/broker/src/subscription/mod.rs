@@ -22,8 +22,11 @@
 //! - `read_ahead`: entries read ahead and the read in flight, within the
 //!   broker-wide read-ahead budget;
 //! - `seek`: finding positions by message id or publish time;
-//! - `txn_view`: the topic's transaction buffer as the task sees it (read
-//!   limit, markers and aborted entries skipped).
+//! - `txn_view`: what the task skips or waits for in the log: the topic's
+//!   transaction buffer (read limit, markers and aborted entries) and
+//!   replicated-subscription markers (snapshots noted in `snapshots`);
+//! - `snapshots`: the topic's replicated subscriptions and the snapshots
+//!   each has read (shared with the topic and its snapshot controller).
 //!
 //! Dependencies point down that list; this module only re-exports.  A
 //! transaction's pending acks are the topic's (`topic::pending_acks`): the
@@ -49,6 +52,7 @@ mod read_ahead;
 mod reader;
 mod redelivery;
 mod seek;
+mod snapshots;
 mod txn_view;
 
 pub(crate) use command::{
@@ -59,7 +63,8 @@ pub(crate) use consumers::{Consumers, Route};
 pub(crate) use delayed::now_ms;
 pub(crate) use dispatcher::spawn;
 pub(crate) use held::HeldEntries;
-pub(crate) use policy::{DispatchPolicy, DispatchRates};
+pub(crate) use policy::{DispatchPolicy, DispatchRates, limiter as dispatch_limiter};
 pub(crate) use read_ahead::SubscriptionReads;
 pub(crate) use reader::READ_BATCH_ENTRIES_MAX;
 pub(crate) use seek::{first_published_at_or_after, resolve_seek};
+pub(crate) use snapshots::ReplicatedSubscriptions;

@@ -1,8 +1,10 @@
 //! The topic's policies a running subscription reads ([`DispatchPolicy`]):
 //! delayed delivery on or off, unacknowledged limits and the dispatch rates
 //! (Pulsar's `dispatchRate`, the topic's, shared by its subscriptions, and
-//! `subscriptionDispatchRate`, each subscription's own), and what a
-//! subscription task keeps to of those rates (`Rates`).
+//! `subscriptionDispatchRate`, each subscription's own; and
+//! `replicatorDispatchRate`, each replicator's own, which `replication`
+//! keeps to), and what a subscription task keeps to of those rates
+//! (`Rates`).
 //!
 //! Owns: the topic's shared dispatch limiter and each subscription task's
 //! own (a `rate_limit::RateLimiter` each). Before each entry a
@@ -75,6 +77,12 @@ impl DispatchPolicy {
         self.rates_changed.notify_waiters();
     }
 
+    /// The replicators' rate and the version of the rates it is of.
+    pub(crate) fn replicator_rate(&self) -> (u64, Option<DispatchRate>) {
+        let rates = self.rates.lock();
+        (self.rates_version(), rates.replicator)
+    }
+
     /// How many times the rates were replaced.
     pub(crate) fn rates_version(&self) -> u64 {
         self.rates_version.load(Ordering::Acquire)
@@ -95,6 +103,9 @@ pub(crate) struct DispatchRates {
     pub(crate) topic: Option<Arc<RateLimiter>>,
     /// The rate each subscription keeps to on its own.
     pub(crate) subscription: Option<DispatchRate>,
+    /// The rate each replicator of the topic keeps to on its own
+    /// (`replicatorDispatchRate`; `replication` reads it).
+    pub(crate) replicator: Option<DispatchRate>,
 }
 
 impl DispatchRates {
@@ -106,11 +117,20 @@ impl DispatchRates {
         DispatchRates {
             topic: topic.and_then(|rate| limiter(rate, Instant::now()).map(Arc::new)),
             subscription,
+            replicator: None,
         }
+    }
+
+    /// The same, with each replicator's rate.
+    pub(crate) fn with_replicator(mut self, replicator: Option<DispatchRate>) -> DispatchRates {
+        self.replicator = replicator;
+        self
     }
 }
 
-fn limiter(rate: DispatchRate, now: Instant) -> Option<RateLimiter> {
+/// A limiter of `rate` (`None`: neither side limited), with the dispatch
+/// debt bound: subscriptions' and replicators'.
+pub(crate) fn limiter(rate: DispatchRate, now: Instant) -> Option<RateLimiter> {
     RateLimiter::new(
         rate.messages_per_period,
         rate.bytes_per_period,

@@ -1,12 +1,16 @@
-//! What a subscription sees of its topic's transaction buffer: the read
-//! limit (entries of open transactions and everything after the first of
-//! them are not read yet) and the entries to skip (transaction markers,
-//! entries of aborted transactions), as Pulsar's dispatchers read up to
-//! `maxReadPosition` and filter with `isTxnAborted` / `Markers.isTxnMarker`.
+//! What a subscription skips or waits for in its log: the topic's
+//! transaction buffer (the read limit: entries of open transactions and
+//! everything after the first of them are not read yet; transaction
+//! markers and entries of aborted transactions are skipped), as Pulsar's
+//! dispatchers read up to `maxReadPosition` and filter with `isTxnAborted`
+//! / `Markers.isTxnMarker`; and replicated-subscription markers (types 10
+//! to 13, as Pulsar's `Markers.isServerOnlyMarker`), never delivered, a
+//! snapshot among them noted for this subscription when it is replicated
+//! (`snapshots`).
 //!
-//! Owns: [`TxnView`], one per subscription of a topic with a buffer, and
-//! whether dispatch stopped at the limit (then the task waits for the
-//! limit to move instead of for new entries).
+//! Owns: [`TxnView`], one per subscription, and whether dispatch stopped
+//! at the limit (then the task waits for the limit to move instead of for
+//! new entries).
 //! Never: changes the buffer.
 
 use std::sync::Arc;
@@ -15,21 +19,35 @@ use tokio::sync::watch;
 use vela_log::{LogEntry, Position};
 use vela_wire::proto::MessageIdData;
 
+use super::snapshots::ReplicatedSubscriptions;
+use crate::markers;
 use crate::txn_buffer::TxnBuffer;
 
 #[derive(Debug)]
 pub(super) struct TxnView {
-    buffer: Arc<TxnBuffer>,
-    changes: watch::Receiver<Option<Position>>,
+    /// The topic's transaction buffer (transactions on) and its read
+    /// limit's changes.
+    buffer: Option<(Arc<TxnBuffer>, watch::Receiver<Option<Position>>)>,
+    /// The topic's replicated subscriptions, and this subscription's name.
+    replicated: Arc<ReplicatedSubscriptions>,
+    name: String,
     /// Dispatch stopped at the read limit.
     pub(super) blocked: bool,
 }
 
 impl TxnView {
-    pub(super) fn new(buffer: Arc<TxnBuffer>) -> TxnView {
+    pub(super) fn new(
+        buffer: Option<Arc<TxnBuffer>>,
+        replicated: Arc<ReplicatedSubscriptions>,
+        name: &str,
+    ) -> TxnView {
         TxnView {
-            changes: buffer.subscribe(),
-            buffer,
+            buffer: buffer.map(|buffer| {
+                let changes = buffer.subscribe();
+                (buffer, changes)
+            }),
+            replicated,
+            name: name.to_string(),
             blocked: false,
         }
     }
@@ -37,14 +55,32 @@ impl TxnView {
     /// True if the entry at `position` may be read now.
     pub(super) fn readable(&self, position: Position) -> bool {
         self.buffer
-            .read_limit()
-            .is_none_or(|limit| position < limit)
+            .as_ref()
+            .is_none_or(|(buffer, _)| buffer.read_limit().is_none_or(|limit| position < limit))
     }
 
-    /// True if the entry is skipped (and acknowledged): a transaction
-    /// marker or an entry of an aborted transaction.
-    pub(super) fn hides(&self, data: &[u8]) -> bool {
-        self.buffer.has_txns() && self.buffer.is_hidden(data)
+    /// True if the entry is skipped (and acknowledged): a marker or an
+    /// entry of an aborted transaction. A snapshot marker is noted for
+    /// this subscription first.
+    pub(super) fn hides(&self, entry: &LogEntry) -> bool {
+        if self
+            .buffer
+            .as_ref()
+            .is_some_and(|(buffer, _)| buffer.has_txns() && buffer.is_hidden(&entry.data))
+        {
+            return true;
+        }
+        let Some(marker_type) = crate::codec::entry_marker_type(&entry.data) else {
+            return false;
+        };
+        if marker_type == markers::SNAPSHOT
+            && self.replicated.is_replicated(&self.name)
+            && let Some(marker) = markers::read_marker(&entry.data)
+            && let Some((local, remotes)) = markers::read_snapshot(&marker.payload)
+        {
+            self.replicated.snapshot_read(&self.name, local, remotes);
+        }
+        true
     }
 
     /// True (and `blocked` noted) when a read from `position` would pass
@@ -60,7 +96,7 @@ impl TxnView {
         if !self.readable(entry.position) {
             self.blocked = true;
             Verdict::Wait
-        } else if self.hides(&entry.data) {
+        } else if self.hides(entry) {
             Verdict::Skip
         } else {
             Verdict::Deliver
@@ -95,12 +131,12 @@ pub(super) fn committed_ids(
 }
 
 /// Resolves once the read limit changed since this view last waited
-/// (pending forever without a view).
+/// (pending forever without a transaction buffer).
 pub(super) async fn limit_moved(view: Option<&mut TxnView>) {
-    match view {
-        Some(view) => {
+    match view.and_then(|v| v.buffer.as_mut()) {
+        Some((_, changes)) => {
             // The buffer (and so the sender) lives as long as the view.
-            let _ = view.changes.changed().await;
+            let _ = changes.changed().await;
         }
         None => std::future::pending().await,
     }

@@ -72,7 +72,9 @@ use crate::error::ServiceError;
 use crate::metrics::TopicMetrics;
 use crate::policies::{QuotaLimit, QuotaPolicy, TopicPolicies};
 use crate::stats::RateMeter;
-use crate::subscription::{ConsumerInfo, HeldEntries, SubCommand, SubscriptionHandle};
+use crate::subscription::{
+    ConsumerInfo, HeldEntries, ReplicatedSubscriptions, SubCommand, SubscriptionHandle,
+};
 use crate::topic_name::TopicName;
 use crate::txn_buffer::{BufferError, TxnBuffer, TxnKey};
 use dedup::DedupTable;
@@ -135,6 +137,10 @@ pub(crate) struct Topic {
     terminating: AtomicBool,
     /// The transaction buffer and pending acks (transactions on).
     txn: Option<(Arc<TxnBuffer>, PendingAcks)>,
+    /// Replicated subscriptions and the snapshots they read, shared with
+    /// the subscription tasks and the snapshot controller
+    /// (`replication::snapshots`).
+    replicated: Arc<ReplicatedSubscriptions>,
 }
 
 /// The transaction parts of a topic (transactions on).
@@ -159,6 +165,7 @@ impl Topic {
     ) -> Arc<Topic> {
         let full_name = name.to_string();
         let txn = txn.map(|t| (t.buffer, t.acks));
+        let replicated = Arc::new(ReplicatedSubscriptions::default());
         Arc::new(Topic {
             producers: ProducerTable::new(full_name.clone(), limits.producers_max),
             full_name,
@@ -174,6 +181,7 @@ impl Topic {
                 reads,
                 held,
                 txn.as_ref().map(|(buffer, _)| Arc::clone(buffer)),
+                Arc::clone(&replicated),
             ),
             policies: PolicyState::default(),
             metrics: Arc::default(),
@@ -185,6 +193,7 @@ impl Topic {
             message_size_max: AtomicUsize::new(0),
             terminating: AtomicBool::new(false),
             txn,
+            replicated,
         })
     }
 
@@ -427,12 +436,18 @@ impl Topic {
         let dispatch = (
             policies.limits.dispatch_rate,
             policies.limits.subscription_dispatch_rate,
+            policies.limits.replicator_dispatch_rate,
         );
-        if dispatch != (applied.dispatch_rate, applied.subscription_dispatch_rate) {
-            self.dispatch_policy
-                .set_rates(crate::subscription::DispatchRates::new(
-                    dispatch.0, dispatch.1,
-                ));
+        let dispatch_applied = (
+            applied.dispatch_rate,
+            applied.subscription_dispatch_rate,
+            applied.replicator_dispatch_rate,
+        );
+        if dispatch != dispatch_applied {
+            self.dispatch_policy.set_rates(
+                crate::subscription::DispatchRates::new(dispatch.0, dispatch.1)
+                    .with_replicator(dispatch.2),
+            );
         }
         let rate = policies.limits.publish_rate;
         let unchanged = rate == applied.publish_rate
@@ -565,7 +580,8 @@ impl Topic {
         info: ConsumerInfo,
     ) -> Result<(SubscriptionHandle, ConsumerSlot), ServiceError> {
         self.check_policy_limits(request).await?;
-        self.subscriptions
+        let attached = self
+            .subscriptions
             .subscribe(
                 &self.name,
                 &self.log,
@@ -574,7 +590,22 @@ impl Topic {
                 info,
                 &self.dispatch_policy,
             )
-            .await
+            .await?;
+        if request.replicated && request.durable && !self.replicated.mark(&request.subscription) {
+            tracing::warn!(topic = %self.full_name, subscription = %request.subscription,
+                "REPLICATED_SUBSCRIPTIONS_MAX reached: subscription not replicated");
+        }
+        Ok(attached)
+    }
+
+    /// The dispatch policies (the replicators read their rate there).
+    pub(crate) fn dispatch_policy(&self) -> &Arc<crate::subscription::DispatchPolicy> {
+        &self.dispatch_policy
+    }
+
+    /// The replicated subscriptions and their snapshots.
+    pub(crate) fn replicated_subscriptions(&self) -> &Arc<ReplicatedSubscriptions> {
+        &self.replicated
     }
 
     /// The count limits a policy sets on a new consumer (the broker's own
@@ -707,6 +738,7 @@ impl Topic {
     /// Drops a subscription and its cursor (admin unsubscribe): its consumers
     /// get CLOSE_CONSUMER.
     pub(crate) async fn unsubscribe(&self, subscription: &str) -> Result<bool, ServiceError> {
+        self.replicated.forget(subscription);
         if let Some(handle) = self.subscriptions.handle(subscription) {
             let (reply, answer) = oneshot::channel();
             let command = SubCommand::Unsubscribe {

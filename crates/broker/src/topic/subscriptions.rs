@@ -24,10 +24,10 @@ use vela_wire::proto::{ServerError, command_subscribe::SubType};
 use crate::compaction::Compaction;
 use crate::error::ServiceError;
 use crate::stats::SubscriptionStats;
-use crate::subscription::HeldEntries;
 use crate::subscription::{
     self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionReads, SubscriptionSpec,
 };
+use crate::subscription::{HeldEntries, ReplicatedSubscriptions};
 use crate::topic_name::TopicName;
 
 /// Subscriptions on one topic (each is a task and a cursor). When reached:
@@ -52,6 +52,9 @@ pub(crate) struct SubscribeRequest {
     pub(crate) sticky: bool,
     /// Reads the compacted view (set by the subscription's first consumer).
     pub(crate) read_compacted: bool,
+    /// `replicate_subscription_state`: the subscription's position follows
+    /// to the topic's other clusters (durable subscriptions only).
+    pub(crate) replicated: bool,
 }
 
 /// A consumer's place in its topic's count (`TopicLimits::consumers_max`):
@@ -123,6 +126,8 @@ pub(crate) struct SubscriptionTable {
     held: Arc<HeldEntries>,
     /// The topic's transaction buffer (transactions on).
     txn: Option<Arc<crate::txn_buffer::TxnBuffer>>,
+    /// The topic's replicated subscriptions.
+    replicated: Arc<ReplicatedSubscriptions>,
 }
 
 impl SubscriptionTable {
@@ -132,10 +137,12 @@ impl SubscriptionTable {
         reads: SubscriptionReads,
         held: Arc<HeldEntries>,
         txn: Option<Arc<crate::txn_buffer::TxnBuffer>>,
+        replicated: Arc<ReplicatedSubscriptions>,
     ) -> SubscriptionTable {
         SubscriptionTable {
             held,
             txn,
+            replicated,
             map: Arc::default(),
             create: tokio::sync::Mutex::new(0),
             consumer_count: Arc::new(AtomicUsize::new(0)),
@@ -226,6 +233,7 @@ impl SubscriptionTable {
                         reads: self.reads.clone(),
                         held: Arc::clone(&self.held),
                         txn: self.txn.clone(),
+                        replicated: Arc::clone(&self.replicated),
                     },
                     on_end,
                 );

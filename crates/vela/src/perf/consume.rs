@@ -125,6 +125,7 @@ pub(crate) async fn run(args: ConsumeArgs) -> anyhow::Result<()> {
             },
             receiver_queue_size: args.receiver_queue_size.max(1),
             name: None,
+            replicate_subscription_state: false,
         };
         async move {
             let consumer = client

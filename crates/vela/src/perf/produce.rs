@@ -96,6 +96,21 @@ pub(crate) struct ProduceArgs {
     /// (through the admin API) before producing; 0: do not create.
     #[arg(long, default_value_t = 0)]
     partitions: u32,
+    /// Clients (each its own connection to a broker) the producers are
+    /// spread over, round robin: a broker caps producers per connection
+    /// (Vela: 10,000 by default).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    connections: u32,
+    /// Create the producers, send nothing, hold them for --test-duration
+    /// seconds (0: until interrupted), then close them: the load of many
+    /// idle producers (bench scenario topics-100k-idle).
+    #[arg(long)]
+    idle: bool,
+    /// Distinct message keys, cycled over each producer's messages
+    /// (`key-N`); on a partitioned topic the key picks the partition.
+    /// 0: no key.
+    #[arg(long, default_value_t = 0)]
+    keys: u64,
     /// Client memory limit for pending messages (e.g. 64M, 1G; 0: none).
     #[arg(long = "memory-limit", value_parser = parse_bytes, default_value = "0")]
     memory_limit: u64,
@@ -130,7 +145,10 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         memory_limit_bytes: (args.memory_limit > 0).then_some(args.memory_limit as usize),
         ..ClientConfig::default()
     };
-    let client = Client::new(&args.service_url, config).context("bad --service-url")?;
+    let clients = (0..args.connections)
+        .map(|_| Client::new(&args.service_url, config.clone()))
+        .collect::<Result<Vec<_>, _>>()
+        .context("bad --service-url")?;
     let outstanding = if args.max_outstanding == 0 {
         OUTSTANDING_UNLIMITED
     } else {
@@ -154,7 +172,7 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
     let creating = Instant::now();
     let producers = super::create_all(topics.len() * per_topic, |index| {
         let (client, topic, options) = (
-            client.clone(),
+            clients[index % clients.len()].clone(),
             topics[index / per_topic].clone(),
             options.clone(),
         );
@@ -172,6 +190,25 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         producers.len(),
         creating.elapsed().as_secs_f64()
     );
+    if args.idle {
+        eprintln!("produce: holding them idle");
+        let hold = Duration::from_secs(if args.test_duration == 0 {
+            u64::from(u32::MAX)
+        } else {
+            args.test_duration
+        });
+        tokio::select! {
+            _ = tokio::time::sleep(hold) => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        for producer in &producers {
+            let _ = producer.close().await;
+        }
+        for client in &clients {
+            client.close().await;
+        }
+        return Ok(());
+    }
     eprintln!(
         "produce: {} producer(s) on {} topic(s), {} B messages, rate {}, max outstanding {}, batching {}",
         producers.len(),
@@ -218,6 +255,7 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
             busy_wait: args.busy_wait,
             size: args.size,
             messages_max: per_producer_messages,
+            keys: args.keys,
             stop: stop.clone(),
         };
         workers.spawn(send.run());
@@ -235,7 +273,9 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
     for producer in &producers {
         let _ = producer.close().await;
     }
-    client.close().await;
+    for client in &clients {
+        client.close().await;
+    }
     let summary = recorder.summary("produce", summary_from.elapsed());
     args.output
         .emit(&summary, &format!("produce {} B", args.size))?;
@@ -251,6 +291,7 @@ struct SendLoop {
     busy_wait: bool,
     size: usize,
     messages_max: u64,
+    keys: u64,
     stop: watch::Receiver<bool>,
 }
 
@@ -274,7 +315,11 @@ impl SendLoop {
             };
             let payload = stamp_payload(self.size);
             let handed_at = Instant::now();
-            match self.producer.send(OutgoingMessage::new(payload)).await {
+            let mut message = OutgoingMessage::new(payload);
+            if self.keys > 0 {
+                message = message.with_key(format!("key-{}", sent % self.keys));
+            }
+            match self.producer.send(message).await {
                 Ok(receipt) => {
                     let in_flight = InFlight {
                         handed_at,
