@@ -16,7 +16,33 @@
 
 use serde_json::{Map, Value};
 
-use super::policy_specs::{Rejected, int_of};
+use super::json::int_of;
+
+/// A refused object: Pulsar's status (412 when `precondition`, else 400)
+/// and message (`policy_specs` turns it into its `Rejected`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// 412 (a rule broken) rather than 400 (malformed).
+    pub precondition: bool,
+    /// Pulsar's reason.
+    pub reason: String,
+}
+
+impl Refused {
+    fn precondition(reason: impl Into<String>) -> Refused {
+        Refused {
+            precondition: true,
+            reason: reason.into(),
+        }
+    }
+
+    fn malformed(reason: impl Into<String>) -> Refused {
+        Refused {
+            precondition: false,
+            reason: reason.into(),
+        }
+    }
+}
 
 /// Pulsar's `OffloadPoliciesImpl.DRIVER_NAMES` (compared without case).
 pub const DRIVER_NAMES: [&str; 6] = [
@@ -117,9 +143,9 @@ fn non_empty(object: &Map<String, Value>, field: &str) -> bool {
 /// Checks a POSTed object as Pulsar does; the object to store: the known
 /// fields given, Pulsar's defaults for the others, and the flags Pulsar's
 /// JSON carries (`s3Driver`, `gcsDriver`, `fileSystemDriver`).
-pub fn check(value: Value) -> Result<Value, Rejected> {
+pub fn check(value: Value) -> Result<Value, Refused> {
     let Value::Object(given) = value else {
-        return Err(Rejected::malformed("OffloadPolicies must be an object"));
+        return Err(Refused::malformed("OffloadPolicies must be an object"));
     };
     let mut object = Map::new();
     for (field, value) in given {
@@ -128,11 +154,11 @@ pub fn check(value: Value) -> Result<Value, Rejected> {
         }
         if STRING_FIELDS.contains(&field.as_str()) {
             if !value.is_string() {
-                return Err(Rejected::malformed(format!("{field} must be a string")));
+                return Err(Refused::malformed(format!("{field} must be a string")));
             }
         } else if INTEGER_FIELDS.contains(&field.as_str()) {
             let Some(n) = int_of(&value) else {
-                return Err(Rejected::malformed(format!("{field} must be a number")));
+                return Err(Refused::malformed(format!("{field} must be a number")));
             };
             object.insert(field, Value::from(n));
             continue;
@@ -141,7 +167,7 @@ pub fn check(value: Value) -> Result<Value, Rejected> {
                 .as_object()
                 .is_some_and(|m| m.values().all(Value::is_string));
             if !strings {
-                return Err(Rejected::malformed(
+                return Err(Refused::malformed(
                     "managedLedgerExtraConfigurations must map names to strings",
                 ));
             }
@@ -157,7 +183,7 @@ pub fn check(value: Value) -> Result<Value, Rejected> {
         .and_then(Value::as_str)
         && !READ_PRIORITIES.contains(&priority)
     {
-        return Err(Rejected::malformed(format!(
+        return Err(Refused::malformed(format!(
             "managedLedgerOffloadedReadPriority must be one of {}",
             READ_PRIORITIES.join(", ")
         )));
@@ -166,7 +192,7 @@ pub fn check(value: Value) -> Result<Value, Rejected> {
         .get("managedLedgerOffloadDriver")
         .and_then(Value::as_str);
     if !is_driver(driver, &DRIVER_NAMES) {
-        return Err(Rejected::precondition(format!(
+        return Err(Refused::precondition(format!(
             "The driver is not supported, support value: {}",
             DRIVER_NAMES.join(",")
         )));
@@ -179,7 +205,7 @@ pub fn check(value: Value) -> Result<Value, Rejected> {
         || (s3 && non_empty(&object, "s3ManagedLedgerOffloadBucket"))
         || (gcs && non_empty(&object, "gcsManagedLedgerOffloadBucket"));
     if !bucket_valid {
-        return Err(Rejected::precondition(
+        return Err(Refused::precondition(
             "The bucket must be specified for namespace offload.",
         ));
     }

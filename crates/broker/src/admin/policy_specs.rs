@@ -29,14 +29,14 @@ pub struct Rejected {
 }
 
 impl Rejected {
-    pub(crate) fn precondition(reason: impl Into<String>) -> Rejected {
+    fn precondition(reason: impl Into<String>) -> Rejected {
         Rejected {
             precondition: true,
             reason: reason.into(),
         }
     }
 
-    pub(crate) fn malformed(reason: impl Into<String>) -> Rejected {
+    fn malformed(reason: impl Into<String>) -> Rejected {
         Rejected {
             precondition: false,
             reason: reason.into(),
@@ -612,7 +612,10 @@ fn persistence(value: Value) -> Result<Value, Rejected> {
 
 /// Pulsar's OffloadPolicies (`admin::offload_policies`).
 fn offload_policies(value: Value) -> Result<Value, Rejected> {
-    super::offload_policies::check(value)
+    super::offload_policies::check(value).map_err(|refused| Rejected {
+        precondition: refused.precondition,
+        reason: refused.reason,
+    })
 }
 
 #[cfg(test)]
