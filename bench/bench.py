@@ -1388,6 +1388,8 @@ def main() -> int:
     # Catch-up scenarios (bench/catch_up.py) run apart: a backlog, then drains.
     if len(sys.argv) > 1 and sys.argv[1] in catch_up.SCENARIOS:
         return catch_up.main(sys.argv[1:])
+    if len(sys.argv) > 1 and sys.argv[1] in offload.SCENARIOS:
+        return offload.main(sys.argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenarios", nargs="*", default=["all"],
@@ -1546,4 +1548,5 @@ def report_again(args) -> int:
 
 if __name__ == "__main__":
     import catch_up  # noqa: E402  (bench/catch_up.py; it imports this module)
+    import offload  # noqa: E402  (bench/offload.py; likewise)
     sys.exit(main())
