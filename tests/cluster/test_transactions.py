@@ -3,13 +3,16 @@ a consume-transform-produce loop in transactions (the official Go client:
 the Python client has no transactions; tests/go-client/cmd/txnloop) runs
 while a producer keeps writing its input; the broker owning the
 coordinator (`transaction_coordinator_assign-partition-0`) is killed with
-SIGKILL; the other broker takes the coordinator over (its transaction log
-replayed) and the loop continues. The output then holds every input
+SIGKILL while one of the loop's transactions has sent and acknowledged
+but not yet committed (the loop holds it: `-hold-at`); the other broker
+takes the coordinator over (its transaction log replayed), that commit
+goes to it, and the loop continues. The output then holds every input
 message exactly once, in order per key.
 
-Broken takeover (the coordinator never served again) or recovery (a
-transaction open at the kill forgotten: its held acks and buffered entries
-never released) leaves the output short, and the check fails.
+Broken takeover (the coordinator never served again: the loop stops
+committing) or recovery (the held transaction forgotten: its commit fails,
+its buffered entries and held acks are never released, so the output stops
+short) fails the test; both were checked by breaking them on purpose.
 """
 
 import os
@@ -33,9 +36,9 @@ KEYS = 8
 INPUT_MESSAGES = 2400
 INPUT_RATE_PER_S = 150
 KILL_AFTER_TXNS = 40
-# The loop's transactions time out after this; one the kill left open is
-# aborted by the recovered coordinator.
-TXN_TIMEOUT_S = 5
+# The loop's transactions time out after this (longer than the takeover,
+# so the held one can still commit).
+TXN_TIMEOUT_S = 20
 
 
 def build_txnloop():
@@ -68,7 +71,8 @@ class Loop:
         self.log = open(log_path, "w")
         self.proc = subprocess.Popen(
             [binary, "-url", url, "-admin", admin, "-in", src, "-out", dst, "-per-txn", "10",
-             "-txn-timeout", "%ds" % TXN_TIMEOUT_S, "-idle", "40s"],
+             "-txn-timeout", "%ds" % TXN_TIMEOUT_S, "-idle", "40s",
+             "-hold-at", str(KILL_AFTER_TXNS), "-hold-for", "4s"],
             stdout=subprocess.PIPE,
             stderr=self.log,
             text=True,
@@ -84,6 +88,16 @@ class Loop:
             if line.startswith("committed "):
                 self.commits.append((time.time(), int(line.split()[1])))
 
+    def wait_line(self, prefix, timeout_s):
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            found = [line for line in self.lines if line.startswith(prefix)]
+            if found:
+                return found[0]
+            assert self.proc.poll() is None, "txnloop exited: %s" % self.lines[-5:]
+            time.sleep(0.05)
+        raise AssertionError("no %r line: %s" % (prefix, self.lines[-5:]))
+
     def wait_commits(self, n, timeout_s):
         deadline = time.time() + timeout_s
         while time.time() < deadline and len(self.commits) < n:
@@ -92,9 +106,9 @@ class Loop:
         assert len(self.commits) >= n, "only %d commits: %s" % (len(self.commits), self.lines[-5:])
 
 
-def produce(url, topic, stop):
-    """Writes `kJ:I` (key kJ) at a steady rate; returns nothing (the check
-    reads the input topic itself)."""
+def produce(url, topic, stop, acked):
+    """Writes `kJ:I` (key kJ) at a steady rate; `acked` gets each
+    acknowledged payload per key, in send order."""
     client = pulsar.Client(url, operation_timeout_seconds=60,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
     producer = client.create_producer(topic, producer_name="input-" + uuid.uuid4().hex[:6],
@@ -104,18 +118,24 @@ def produce(url, topic, stop):
         if stop.is_set():
             break
         key = "k%d" % (i % KEYS)
-        pending.append(threading.Event())
-        done = pending[-1]
-        producer.send_async(("%s:%d" % (key, i)).encode(), lambda _r, _id, d=done: d.set(),
-                            partition_key=key)
+        pending.append((key, "%s:%d" % (key, i), threading.Event(), []))
+        _, payload, done, result = pending[-1]
+
+        def sent(res, _id, done=done, result=result):
+            result.append(res)
+            done.set()
+
+        producer.send_async(payload.encode(), sent, partition_key=key)
         time.sleep(1.0 / INPUT_RATE_PER_S)
-    for done in pending:
+    for key, payload, done, result in pending:
         done.wait(120)
+        if result == [pulsar.Result.Ok]:
+            acked.setdefault(key, []).append(payload)
     producer.flush()
     client.close()
 
 
-def read_by_key(url, topic):
+def read_by_key(url, topic, idle_s=15):
     """Every message of `topic` from the start, payloads per key in order."""
     client = pulsar.Client(url, operation_timeout_seconds=60,
                            logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Error))
@@ -125,7 +145,7 @@ def read_by_key(url, topic):
     by_key, count = {}, 0
     while True:
         try:
-            msg = consumer.receive(timeout_millis=5000)
+            msg = consumer.receive(timeout_millis=idle_s * 1000)
         except pulsar.Timeout:
             break
         by_key.setdefault(msg.partition_key(), []).append(msg.data().decode())
@@ -157,21 +177,25 @@ def test_coordinator_owner_kill9_loop_continues_exactly_once(txn_cluster):
     url = cluster.service_url()
 
     stop = threading.Event()
-    producer = threading.Thread(target=produce, args=(url, src, stop), daemon=True)
+    acked = {}
+    producer = threading.Thread(target=produce, args=(url, src, stop, acked), daemon=True)
     producer.start()
     admin = ",".join(cluster.url_of(b, "http") for b in cluster.brokers)
     loop = Loop(binary, url, admin, src, dst, os.path.join(cluster.dir, "txnloop.log"))
     try:
-        loop.wait_commits(KILL_AFTER_TXNS, timeout_s=180)
         victim = cluster.owner_of(ASSIGN)
+        held = loop.wait_line("holding ", timeout_s=180)
         survivor = next(b for b in cluster.brokers if b is not victim)
         before = len(loop.commits)
         killed_at = time.time()
         victim.kill9()
         loop.wait_commits(before + 20, timeout_s=120)
-        # (A commit or two may have been answered before the kill.)
-        fifth = loop.commits[before + 4][0] - killed_at
-        print("coordinator owner kill -9: 5 commits after it within %.2f s" % fifth)
+        first = loop.commits[before][0] - killed_at
+        print("coordinator owner kill -9 while %s was held: its commit after %.2f s"
+              % (held.split()[1], first))
+        after_hold = loop.lines[loop.lines.index(held) + 1]
+        assert after_hold.startswith("committed %d " % (KILL_AFTER_TXNS + 1)), (
+            "the held transaction did not commit: %s" % after_hold)
         # The survivor serves the coordinator now.
         assert cluster.owner_of(ASSIGN) is survivor
         status, stats = cluster.http("GET", "/admin/v3/transactions/coordinatorStats", broker=survivor)
@@ -193,7 +217,11 @@ def test_coordinator_owner_kill9_loop_continues_exactly_once(txn_cluster):
     restarts = [line for line in loop.lines if line.startswith("restart:")]
     print("txn loop: %d inputs, %d outputs, %d transactions committed by the loop, %d restarts"
           % (n_in, n_out, len(loop.commits), len(restarts)))
-    assert n_in >= INPUT_MESSAGES * 0.9, n_in
+    n_acked = sum(len(v) for v in acked.values())
+    print("input: %d sends acknowledged, %d read back" % (n_acked, n_in))
+    assert n_acked >= INPUT_MESSAGES * 0.9, n_acked
+    # Every acknowledged input is stored once, in order per key.
+    assert inputs == acked, "the input topic does not hold exactly the acknowledged sends"
     for key, wanted in inputs.items():
         got = outputs.get(key, [])
         assert got == wanted, "key %s: %d inputs, %d outputs; first difference at %s" % (

@@ -12,6 +12,12 @@
 // Exactly-once is the broker's: an output is visible iff its input's ack
 // committed in the same transaction.
 //
+// With -hold-at N, the transaction after the N-th commit waits -hold-for
+// between its acks and its commit, after printing `holding (m,l)`: a test
+// kills the coordinator's broker then, so the commit goes to the broker
+// that took the coordinator over, which must know the transaction, its
+// partitions and subscriptions from the log.
+//
 // Prints `committed T M` (transactions, messages) after each commit and
 // `restart: REASON` after each error; exits 0 once nothing arrived for
 // -idle, 1 on a setup error.
@@ -37,6 +43,8 @@ type options struct {
 	admin             []string
 	perTxn            int
 	txnTimeout, idle  time.Duration
+	holdAt            int
+	holdFor           time.Duration
 }
 
 func main() {
@@ -48,6 +56,8 @@ func main() {
 	flag.IntVar(&o.perTxn, "per-txn", 10, "input messages per transaction")
 	flag.DurationVar(&o.txnTimeout, "txn-timeout", 5*time.Second, "transaction timeout")
 	flag.DurationVar(&o.idle, "idle", 30*time.Second, "exit after this long without input")
+	flag.IntVar(&o.holdAt, "hold-at", -1, "hold the transaction after this many commits")
+	flag.DurationVar(&o.holdFor, "hold-for", 3*time.Second, "how long to hold it before its commit")
 	admin := flag.String("admin", "", "comma-separated admin URLs (http://h:p) of the brokers")
 	flag.Parse()
 	if *admin != "" {
@@ -202,6 +212,11 @@ func (l *loop) transform(consumer pulsar.Consumer, producer pulsar.Producer, bat
 		if err := consumer.AckWithTxn(msg, txn); err != nil {
 			return l.abort(txn, fmt.Errorf("ack: %w", err))
 		}
+	}
+	if l.txns == l.o.holdAt {
+		id := txn.GetTxnID()
+		fmt.Printf("holding (%d,%d)\n", id.MostSigBits, id.LeastSigBits)
+		time.Sleep(l.o.holdFor)
 	}
 	if err := txn.Commit(ctx); err != nil {
 		// The outcome may be either: the broker decides, the restart
