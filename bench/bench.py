@@ -109,7 +109,8 @@ class Scenario:
     compression: str = "none"
     rate: int = 0  # 0: as fast as possible (with topics > 1: over all topics)
     topics: int = 1  # `vela perf produce -t`: one producer per topic
-    # fanout: subscriptions of the non-persistent topic, one consumer each.
+    # fanout and e2e: subscriptions of the topic, one consumer each (e2e:
+    # 0 means one).
     subscriptions: int = 0
     # Clients that drive Pulsar in this scenario (Vela is always driven by
     # `vela perf`); see reference_client for the one the ratios use.
@@ -153,6 +154,10 @@ SCENARIOS = {
         Scenario("async-128-lz4", "async batched 128 B LZ4", "async", 128,
                  compression="lz4"),
         Scenario("e2e-10k", "end-to-end at 10k msg/s", "e2e", 1024, rate=10_000),
+        # Catch-up issue 27: ten subscriptions at the tail of one persistent
+        # topic, 50k msg/s batched 1 KiB, end-to-end latency over all ten.
+        Scenario("fan-out-10", "10 subscriptions at the tail, 50k msg/s, end to end", "e2e",
+                 1024, rate=50_000, subscriptions=10, pulsar_clients=("vela-perf",)),
         # Many topics (issue 19): one fixed aggregate rate spread over 1,
         # 1,000 and 10,000 topics, batched 1 KiB, `vela perf` driving both
         # systems (the same client, created 256 producers at a time).

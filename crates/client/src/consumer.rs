@@ -194,9 +194,19 @@ impl Consumer {
     /// The next message, waiting for one.
     pub async fn receive(&self) -> Result<Message, ClientError> {
         loop {
+            // A message already queued is taken without registering as a
+            // waiter: the Notify's waiter list (a lock to join, another to
+            // leave) is paid only when the queue is empty.
+            let next = self.core.queue.lock().pop_front();
+            if let Some((index, message)) = next {
+                self.core.partitions[index].consumed().await;
+                return Ok(message);
+            }
             let arrived = self.core.arrived.notified();
             tokio::pin!(arrived);
             arrived.as_mut().enable();
+            // Registered: a message queued from here on wakes us. Look once
+            // more for one queued before we registered.
             let next = self.core.queue.lock().pop_front();
             if let Some((index, message)) = next {
                 self.core.partitions[index].consumed().await;

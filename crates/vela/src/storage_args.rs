@@ -65,6 +65,13 @@ pub(crate) struct StorageArgs {
     /// Read cache budget in MiB.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..=1_048_576))]
     read_cache_mb: u64,
+    /// Entry-log reads at the disk at once (reads from the read cache do not
+    /// count). Catch-up readers queue large sequential reads; more of them in
+    /// flight buys little throughput on one disk and delays the journal's
+    /// writes and fdatasyncs behind them (producer latency during a drain).
+    #[arg(long, default_value_t = vela_bookie::storage::LOG_READS_IN_FLIGHT_DEFAULT,
+          value_parser = clap::value_parser!(u64).range(1..=1024))]
+    log_reads_in_flight: u64,
     /// Checkpoint (flush the write cache to entry logs) at least this often, ms.
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     flush_interval_ms: u64,
@@ -166,6 +173,8 @@ impl StorageArgs {
         config.storage.write_cache_bytes_max = self.write_cache_mb << 20;
         config.storage.flush_threshold_bytes = config.storage.write_cache_bytes_max / 4;
         config.storage.read_cache_bytes_max = self.read_cache_mb << 20;
+        // Range-checked by clap (1..=1024): fits usize.
+        config.storage.log_reads_in_flight_max = self.log_reads_in_flight as usize;
         config.storage.read_ahead_bytes_max = config
             .storage
             .read_ahead_bytes_max

@@ -13,6 +13,13 @@ pub const ENTRY_PAYLOAD_BYTES_MAX: u32 = 5 * 1024 * 1024 + 64 * 1024;
 const _: () =
     assert!(vela_bookie_protocol::entry::ENTRY_BYTES_MAX <= ENTRY_PAYLOAD_BYTES_MAX as usize);
 
+/// Default of `StorageConfig::log_reads_in_flight_max`. Measured on one
+/// virtio disk (bench `backlog-while-producing`, 1.5 M x 1 KiB drained while
+/// a producer writes 20k msg/s): 1 or 2 reads in flight keep the producer's
+/// p99 within 2x of its p99 without a drain, 4 double it, 64 quadruple it;
+/// the drain is as fast with 2 as with 64.
+pub const LOG_READS_IN_FLIGHT_DEFAULT: u64 = 2;
+
 /// Configuration of one ledger dir's storage.
 #[derive(Debug, Clone)]
 pub struct StorageConfig {
@@ -25,6 +32,9 @@ pub struct StorageConfig {
     pub read_cache_bytes_max: u64,
     /// Largest single read-ahead (one `pread`, one read-cache segment).
     pub read_ahead_bytes_max: u64,
+    /// Entry-log reads at the disk at once (cache hits do not count): keeps
+    /// catch-up reads from queueing megabytes in front of the journal.
+    pub log_reads_in_flight_max: usize,
     /// When the active write cache holds this many bytes, the sync thread is woken
     /// (`wait_for_flush_trigger` returns) to flush early.
     pub flush_threshold_bytes: u64,
@@ -74,6 +84,7 @@ impl StorageConfig {
             write_cache_bytes_max: 256 * 1024 * 1024,
             read_cache_bytes_max: 64 * 1024 * 1024,
             read_ahead_bytes_max: 1024 * 1024,
+            log_reads_in_flight_max: LOG_READS_IN_FLIGHT_DEFAULT as usize,
             flush_threshold_bytes: 64 * 1024 * 1024,
             flush_interval: Duration::from_secs(10),
             entry_log_size_max_bytes: 1024 * 1024 * 1024,
@@ -120,6 +131,9 @@ impl StorageConfig {
                 "read_ahead_bytes_max {} must be in 1..=read_cache_bytes_max ({})",
                 self.read_ahead_bytes_max, self.read_cache_bytes_max
             ));
+        }
+        if self.log_reads_in_flight_max == 0 {
+            return bad("log_reads_in_flight_max must be at least 1".into());
         }
         if !(0.0..=1.0).contains(&self.compaction_live_fraction) {
             return bad(format!(

@@ -305,6 +305,7 @@ impl LogReaders {
                 format!("header names log {named}"),
             ));
         }
+        fs::advise_no_kernel_read_ahead(&file);
         let f = Arc::new(file);
         let mut files = self.files.lock();
         if files.len() >= LOG_READERS_OPEN_MAX

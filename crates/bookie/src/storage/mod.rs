@@ -55,6 +55,7 @@ mod fs;
 mod gc;
 mod index;
 mod read_cache;
+mod read_gate;
 mod stats;
 mod write_cache;
 
@@ -68,7 +69,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
-pub use config::{ENTRY_PAYLOAD_BYTES_MAX, FailPoint, StorageConfig};
+pub use config::{ENTRY_PAYLOAD_BYTES_MAX, FailPoint, LOG_READS_IN_FLIGHT_DEFAULT, StorageConfig};
 pub use error::StorageError;
 pub use stats::{FlushStats, GcStats, StorageStats};
 
@@ -106,6 +107,8 @@ pub struct LedgerStorage {
     flusher: Mutex<Flusher>,
     index: Index,
     readers: LogReaders,
+    /// Bounds entry-log reads at the disk (`StorageConfig::log_reads_in_flight_max`).
+    log_reads: read_gate::ReadGate,
     read_cache: Mutex<ReadCache>,
     counters: Counters,
     /// Test-only simulated crash point (`StorageConfig::fail_point`, or set later).
@@ -196,6 +199,7 @@ impl LedgerStorage {
         let storage = LedgerStorage {
             read_cache: Mutex::new(ReadCache::new(config.read_cache_bytes_max)),
             readers: LogReaders::new(&dir),
+            log_reads: read_gate::ReadGate::new(config.log_reads_in_flight_max),
             state: Mutex::new(State {
                 cache: WriteCache::default(),
                 ledgers: loaded.ledgers.into_iter().collect(),
@@ -465,7 +469,9 @@ impl LedgerStorage {
         };
         let end = last.offset + last.len;
         debug_assert!(end - start <= read_ahead_bytes.max(spans[0].len));
+        let pass = self.log_reads.enter();
         let buf = self.readers.read(log_id, start, end - start)?;
+        drop(pass);
         self.counters
             .entry_log_read_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
