@@ -49,6 +49,12 @@ use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
 /// A transaction id: (most significant bits = coordinator id, least).
 pub(crate) type TxnKey = (u64, u64);
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Pulsar's `MarkerType.TXN_COMMIT`.
 pub(crate) const MARKER_TXN_COMMIT: i32 = 21;
 /// Pulsar's `MarkerType.TXN_ABORT`.
@@ -261,11 +267,11 @@ impl TxnBuffer {
         if let Some(snapshot) = snapshot {
             buffer
                 .recover_start_unix_ms
-                .store(stats::unix_ms(), Ordering::Relaxed);
+                .store(unix_ms(), Ordering::Relaxed);
             buffer.recover(snapshot).await?;
             buffer
                 .recover_end_unix_ms
-                .store(stats::unix_ms(), Ordering::Relaxed);
+                .store(unix_ms(), Ordering::Relaxed);
             let _ = buffer.tracked.set(());
             buffer.has_txns.store(true, Ordering::Release);
         }
@@ -355,7 +361,7 @@ impl TxnBuffer {
             .put(&self.key, Bytes::from(bytes), ExpectedVersion::Any)
             .await?;
         self.last_snapshot_unix_ms
-            .store(stats::unix_ms(), Ordering::Relaxed);
+            .store(unix_ms(), Ordering::Relaxed);
         Ok(())
     }
 

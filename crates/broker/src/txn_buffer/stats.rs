@@ -4,17 +4,10 @@
 //! Never: changes the buffer.
 
 use std::sync::atomic::Ordering;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use vela_log::Position;
 
 use super::{First, TxnBuffer, TxnKey};
-
-pub(super) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
 
 /// The buffer as the admin API shows it.
 #[derive(Debug, Clone, PartialEq, Eq)]
