@@ -17,6 +17,9 @@
 #                                     SeaweedFS) vs from the bookie, Vela alone
 #                                     (bench/offload.py)
 #   bench/run.sh --help               every flag of bench.py
+#   bench/run.sh txn-produce          transactions of 10 x 1 KiB, commit each, and plain
+#                                     sends beside them (bench/txn.py; needs go: the client
+#                                     is bench/txnperf, on the official Go client)
 #   VELA_BIN=/path/to/vela bench/run.sh   use that binary instead of building one
 #
 # Builds vela (release) first and installs Pulsar from Maven Central on first

@@ -359,6 +359,7 @@ impl TxnRequests {
                     &topic,
                     (id.most, id.least),
                     commit,
+                    body.txnid_least_bits_of_low_watermark,
                 )
                 .await
             }
@@ -401,6 +402,7 @@ impl TxnRequests {
                     &subscription.subscription,
                     (id.most, id.least),
                     commit,
+                    body.txnid_least_bits_of_low_watermark,
                 )
                 .await
             }
