@@ -1473,6 +1473,10 @@ def main() -> int:
     # Geo-replication (bench/geo_replication.py): two standalones per system.
     if len(sys.argv) > 1 and sys.argv[1] in geo_replication.SCENARIOS:
         return geo_replication.main(sys.argv[1:])
+    if len(sys.argv) > 1 and sys.argv[1] in offload.SCENARIOS:
+        return offload.main(sys.argv[1:])
+    if len(sys.argv) > 1 and sys.argv[1] in txn.SCENARIOS:
+        return txn.main(sys.argv[1:])
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("scenarios", nargs="*", default=["all"],
@@ -1632,4 +1636,6 @@ def report_again(args) -> int:
 if __name__ == "__main__":
     import catch_up  # noqa: E402  (bench/catch_up.py; it imports this module)
     import geo_replication  # noqa: E402  (bench/geo_replication.py; likewise)
+    import offload  # noqa: E402  (bench/offload.py; likewise)
+    import txn  # noqa: E402  (bench/txn.py, transactional produce; likewise)
     sys.exit(main())

@@ -13,7 +13,13 @@
 #                                     persistent memory), beside the O_DIRECT journal
 #   bench/run.sh --long               120 s runs (20 s warm-up) instead of 15 s (5 s)
 #   BENCH_DURATION=30 BENCH_WARMUP=5 bench/run.sh ...
+#   bench/run.sh offload-catch-up     catch-up reads from offloaded ledgers (S3 on
+#                                     SeaweedFS) vs from the bookie, Vela alone
+#                                     (bench/offload.py)
 #   bench/run.sh --help               every flag of bench.py
+#   bench/run.sh txn-produce          transactions of 10 x 1 KiB, commit each, and plain
+#                                     sends beside them (bench/txn.py; needs go: the client
+#                                     is bench/txnperf, on the official Go client)
 #   VELA_BIN=/path/to/vela bench/run.sh   use that binary instead of building one
 #
 # Builds vela (release) first and installs Pulsar from Maven Central on first
@@ -30,6 +36,8 @@ prev=""
 for arg in "$@"; do
     case "$arg" in
         --no-pulsar) pulsar=0; args+=(--systems vela) ;;
+        # Vela alone (offloaded vs bookie reads): no Pulsar install.
+        offload-catch-up) pulsar=0; args+=("$arg") ;;
         --no-results) update=0 ;;
         *) args+=("$arg") ;;
     esac

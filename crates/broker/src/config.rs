@@ -404,6 +404,14 @@ pub struct TransactionConfig {
     /// transactional acks (~100 bytes each). When reached: a SEND opening a
     /// transaction on a topic, or a transactional ACK, gets NotAllowedError.
     pub state_entries_max: usize,
+    /// The token this broker presents to other brokers when it carries a
+    /// transaction's outcome to a topic they own (`txn_client`; Pulsar's
+    /// `brokerClientAuthenticationParameters` with `AuthenticationToken`).
+    pub peer_token: Option<String>,
+    /// TLS toward other brokers: used for a broker that advertises a
+    /// `pulsar+ssl://` URL, trusting these CAs (Pulsar's
+    /// `brokerClientTlsEnabled` with `brokerClientTrustCertsFilePath`).
+    pub peer_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Default for TransactionConfig {
@@ -415,6 +423,8 @@ impl Default for TransactionConfig {
             timeout_max: Duration::from_secs(24 * 3600),
             timeout_check_interval: Duration::from_secs(1),
             state_entries_max: 1_000_000,
+            peer_token: None,
+            peer_tls: None,
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The policies a served topic enforces, as the broker reads them from the
 //! namespace's stored policies: message TTL, backlog quotas (Pulsar's three
 //! policies), retention, the compaction threshold and the offload policy
-//! (thresholds, deletion lag) over the broker's default.
+//! (thresholds, deletion lag: `offloadPolicies` objects' fields, topic over
+//! namespace, then the namespace's older numbers) over the broker's
+//! default.
 //!
 //! Owns: parsing [`NamespacePolicies`] once into [`TopicPolicies`] (Pulsar's
 //! numbers and names: −1 is "no limit", quota policies by name) and the
@@ -20,6 +22,7 @@ use vela_wire::proto::ServerError;
 use serde_json::Value;
 
 use crate::admin::json::{PersistenceJson, RetentionJson};
+use crate::admin::offload_policies::OffloadFields;
 use crate::admin::policy_specs::{DispatchRateJson, PublishRateJson, int_of};
 use crate::admin::{BacklogQuota, NamespacePolicies, RetentionPolicy, TopicRecord};
 use crate::config::{DispatchRate, PublishRate};
@@ -96,7 +99,10 @@ pub(crate) struct TopicPolicies {
     pub(crate) persistence: Option<(u8, u8, u8)>,
     /// Deduplication set by policy.
     pub(crate) deduplication: Option<bool>,
-    /// The namespace's offload numbers as Pulsar stores them (see
+    /// The `offloadPolicies` objects' numbers, topic > namespace > broker
+    /// (see `TopicPolicies::offload_policy`).
+    pub(crate) offload_fields: OffloadFields,
+    /// The namespace's older offload numbers as Pulsar stores them (see
     /// `TopicPolicies::offload_policy`).
     pub(crate) offload_threshold_bytes: Option<i64>,
     pub(crate) offload_threshold_seconds: Option<i64>,
@@ -148,6 +154,7 @@ impl Default for TopicPolicies {
             limits: PolicyLimits::default(),
             persistence: None,
             deduplication: None,
+            offload_fields: OffloadFields::default(),
             offload_threshold_bytes: None,
             offload_threshold_seconds: None,
             offload_deletion_lag_ms: None,
@@ -267,6 +274,11 @@ impl TopicPolicies {
             limits,
             persistence,
             deduplication,
+            offload_fields: OffloadFields::merge([
+                topic.policies.get("offloadPolicies"),
+                policies.policies.get("offloadPolicies"),
+                broker.get("offloadPolicies"),
+            ]),
             offload_threshold_bytes: pick("offloadThreshold")
                 .and_then(int_of)
                 .or(policies.offload_threshold_bytes),
@@ -279,22 +291,37 @@ impl TopicPolicies {
         }
     }
 
-    /// The offload policy a topic follows: the namespace's numbers over the
-    /// broker's `default`. Thresholds: unset or −1 is the default (Pulsar's
-    /// "-1 falls back"), another negative turns it off, 0 or more is the
-    /// threshold. Deletion lag: unset is the default, negative keeps the
-    /// bookie copy.
+    /// The offload policy a topic follows: an `offloadPolicies` object's
+    /// numbers (a negative one is off), else the namespace's older numbers,
+    /// else the broker's `default`. Older thresholds: unset or −1 is the
+    /// default (Pulsar's "-1 falls back"), another negative turns it off, 0
+    /// or more is the threshold. Older deletion lag: unset is the default,
+    /// negative keeps the bookie copy.
     pub(crate) fn offload_policy(&self, default: OffloadPolicy) -> OffloadPolicy {
-        let threshold = |value: Option<i64>, default: Option<u64>| match value {
-            None | Some(-1) => default,
-            Some(value) => u64::try_from(value).ok(),
+        let threshold = |object: Option<i64>, value: Option<i64>, default: Option<u64>| {
+            if let Some(object) = object {
+                return u64::try_from(object).ok();
+            }
+            match value {
+                None | Some(-1) => default,
+                Some(value) => u64::try_from(value).ok(),
+            }
         };
         let age_default = default.threshold_age.map(|age| age.as_secs());
+        let fields = &self.offload_fields;
         OffloadPolicy {
-            threshold_bytes: threshold(self.offload_threshold_bytes, default.threshold_bytes),
-            threshold_age: threshold(self.offload_threshold_seconds, age_default)
-                .map(Duration::from_secs),
-            deletion_lag: match self.offload_deletion_lag_ms {
+            threshold_bytes: threshold(
+                fields.threshold_bytes,
+                self.offload_threshold_bytes,
+                default.threshold_bytes,
+            ),
+            threshold_age: threshold(
+                fields.threshold_seconds,
+                self.offload_threshold_seconds,
+                age_default,
+            )
+            .map(Duration::from_secs),
+            deletion_lag: match fields.deletion_lag_ms.or(self.offload_deletion_lag_ms) {
                 None => default.deletion_lag,
                 Some(ms) => u64::try_from(ms).ok().map(Duration::from_millis),
             },
@@ -475,5 +502,43 @@ mod tests {
                 deletion_lag: None,
             }
         );
+    }
+
+    #[test]
+    fn offload_policies_objects_win_field_by_field() {
+        let default = OffloadPolicy {
+            threshold_bytes: Some(1000),
+            threshold_age: Some(Duration::from_secs(120)),
+            deletion_lag: Some(Duration::from_secs(60)),
+        };
+        let mut namespace = NamespacePolicies::default();
+        namespace
+            .policies
+            .insert("offloadThreshold".into(), serde_json::json!(5));
+        namespace.policies.insert(
+            "offloadPolicies".into(),
+            serde_json::json!({"managedLedgerOffloadDeletionLagInMillis": 0,
+                               "managedLedgerOffloadThresholdInSeconds": -1}),
+        );
+        let mut topic = TopicRecord::default();
+        topic.policies.insert(
+            "offloadPolicies".into(),
+            serde_json::json!({"managedLedgerOffloadThresholdInSeconds": 30}),
+        );
+        let resolved = TopicPolicies::resolve(&namespace, &topic, &BTreeMap::new());
+        assert_eq!(
+            resolved.offload_policy(default),
+            OffloadPolicy {
+                // The older namespace number: no object sets it.
+                threshold_bytes: Some(5),
+                // The topic's object over the namespace's.
+                threshold_age: Some(Duration::from_secs(30)),
+                deletion_lag: Some(Duration::ZERO),
+            }
+        );
+        let resolved =
+            TopicPolicies::resolve(&namespace, &TopicRecord::default(), &BTreeMap::new());
+        // A negative number in an object is off, not the broker's default.
+        assert_eq!(resolved.offload_policy(default).threshold_age, None);
     }
 }

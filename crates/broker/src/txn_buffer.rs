@@ -49,6 +49,12 @@ use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
 /// A transaction id: (most significant bits = coordinator id, least).
 pub(crate) type TxnKey = (u64, u64);
 
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 /// Pulsar's `MarkerType.TXN_COMMIT`.
 pub(crate) const MARKER_TXN_COMMIT: i32 = 21;
 /// Pulsar's `MarkerType.TXN_ABORT`.
@@ -71,6 +77,11 @@ pub(crate) enum BufferError {
     Full { max: usize },
     #[error("Transaction ({0},{1}) was aborted on this topic already")]
     Aborted(u64, u64),
+    /// Pulsar's message for a SEND of a transaction below the low water mark.
+    #[error(
+        "Transaction [({0},{1})] has been ended. Please use a new transaction to send message."
+    )]
+    Ended(u64, u64),
     #[error("the stored entry is malformed: cannot add the transaction id")]
     Malformed,
     #[error("transaction buffer log: {0}")]
@@ -166,6 +177,9 @@ struct State {
     open: HashMap<TxnKey, OpenTxn>,
     /// Aborted transactions → the position of their abort marker.
     aborted: HashMap<TxnKey, Position>,
+    /// Coordinator id → its low water mark as last heard (one entry per
+    /// coordinator: `TransactionConfig::coordinators` at most).
+    low_water: HashMap<u64, u64>,
 }
 
 impl State {
@@ -209,6 +223,11 @@ pub(crate) struct TxnBuffer {
     /// Transactions committed and aborted here since the topic opened.
     committed: AtomicU64,
     aborted: AtomicU64,
+    /// When the last snapshot was written, and when recovery began and
+    /// ended (Unix ms; 0: never).
+    last_snapshot_unix_ms: AtomicU64,
+    recover_start_unix_ms: AtomicU64,
+    recover_end_unix_ms: AtomicU64,
 }
 
 impl TxnBuffer {
@@ -241,9 +260,18 @@ impl TxnBuffer {
             snapshotting: AtomicBool::new(false),
             committed: AtomicU64::new(0),
             aborted: AtomicU64::new(0),
+            last_snapshot_unix_ms: AtomicU64::new(0),
+            recover_start_unix_ms: AtomicU64::new(0),
+            recover_end_unix_ms: AtomicU64::new(0),
         });
         if let Some(snapshot) = snapshot {
+            buffer
+                .recover_start_unix_ms
+                .store(unix_ms(), Ordering::Relaxed);
             buffer.recover(snapshot).await?;
+            buffer
+                .recover_end_unix_ms
+                .store(unix_ms(), Ordering::Relaxed);
             let _ = buffer.tracked.set(());
             buffer.has_txns.store(true, Ordering::Release);
         }
@@ -332,6 +360,8 @@ impl TxnBuffer {
         self.meta
             .put(&self.key, Bytes::from(bytes), ExpectedVersion::Any)
             .await?;
+        self.last_snapshot_unix_ms
+            .store(unix_ms(), Ordering::Relaxed);
         Ok(())
     }
 
@@ -344,6 +374,9 @@ impl TxnBuffer {
         let mut state = self.state.lock();
         if state.aborted.contains_key(&txn) {
             return Err(BufferError::Aborted(txn.0, txn.1));
+        }
+        if state.low_water.get(&txn.0).is_some_and(|low| txn.1 <= *low) {
+            return Err(BufferError::Ended(txn.0, txn.1));
         }
         if let Some(open) = state.open.get_mut(&txn) {
             open.entries += 1;
@@ -473,6 +506,14 @@ impl TxnBuffer {
                 .map(|((most, least), p)| (*most, *least, p.ledger_id, p.entry_id))
                 .collect(),
         }
+    }
+
+    /// Notes coordinator `most`'s low water mark: SENDs of its transactions
+    /// at or below it are refused from now on.
+    pub(crate) fn note_low_water(&self, most: u64, low_water: u64) {
+        let mut state = self.state.lock();
+        let mark = state.low_water.entry(most).or_insert(0);
+        *mark = (*mark).max(low_water);
     }
 
     /// True once the topic may hold transactional entries or markers
@@ -621,6 +662,8 @@ fn marker_entry(txn: TxnKey, commit: bool) -> Bytes {
     };
     vela_wire::build_stored_entry(&prost::Message::encode_to_vec(&metadata), &[])
 }
+
+mod stats;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]

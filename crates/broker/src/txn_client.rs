@@ -4,20 +4,26 @@
 //! is not this one.
 //!
 //! Owns: one short-lived connection per request (CONNECT, the request, its
-//! answer), each step within `REQUEST_TIMEOUT`. Plain `pulsar://` URLs
-//! only, without credentials: a broker that requires authentication or
-//! only listens with TLS refuses it, and the coordinator asks again.
+//! answer), each step within `REQUEST_TIMEOUT`; over TLS to the owner's
+//! `pulsar+ssl://` URL when `TransactionConfig::peer_tls` is set and the
+//! owner has one, else its plain `pulsar://` URL; CONNECT carries
+//! `TransactionConfig::peer_token` (auth method `token`) when set. A broker
+//! that refuses (no credentials, TLS only) is asked again by the
+//! coordinator.
 //! Never: retries (the coordinator's participants loop does), or keeps
 //! connections.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use vela_wire::proto::{self, BaseCommand, ServerError};
 
+use crate::config::TransactionConfig;
 use crate::error::ServiceError;
+use crate::ownership::BrokerInfo;
 
 /// Longest wait for the connection, CONNECTED and the answer, each.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -28,35 +34,85 @@ fn not_ready(message: impl Into<String>) -> ServiceError {
     ServiceError::new(ServerError::ServiceNotReady, message)
 }
 
-/// `host:port` of a `pulsar://` URL.
-fn address_of(url: &str) -> Result<&str, ServiceError> {
-    url.strip_prefix("pulsar://")
+/// `host:port` of a URL with `scheme` (`pulsar://` or `pulsar+ssl://`).
+fn address_of<'u>(url: &'u str, scheme: &str) -> Result<&'u str, ServiceError> {
+    url.strip_prefix(scheme)
         .map(|rest| rest.trim_end_matches('/'))
-        .ok_or_else(|| not_ready(format!("no plain Pulsar URL to reach the owner ({url})")))
+        .ok_or_else(|| not_ready(format!("no {scheme} URL to reach the owner ({url})")))
+}
+
+/// A byte stream to another broker, plain or TLS.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// How this broker reaches `owner`: TLS when configured and offered.
+fn route(owner: &BrokerInfo, config: Option<&TransactionConfig>) -> Route {
+    let tls = config.and_then(|c| c.peer_tls.clone());
+    match (tls, &owner.service_url_tls) {
+        (Some(tls), Some(url)) => Route::Tls(url.clone(), tls),
+        _ => Route::Plain(owner.service_url.clone()),
+    }
+}
+
+enum Route {
+    Plain(String),
+    Tls(String, Arc<rustls::ClientConfig>),
 }
 
 /// One connection to another broker.
 struct Conn {
-    stream: TcpStream,
+    stream: Box<dyn Io>,
     decoder: vela_wire::FrameDecoder,
     buf: BytesMut,
 }
 
 impl Conn {
-    async fn open(url: &str) -> Result<Conn, ServiceError> {
-        let address = address_of(url)?;
-        let stream = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(address))
+    async fn open(
+        owner: &BrokerInfo,
+        config: Option<&TransactionConfig>,
+    ) -> Result<Conn, ServiceError> {
+        let (url, tls) = match route(owner, config) {
+            Route::Plain(url) => (url, None),
+            Route::Tls(url, tls) => (url, Some(tls)),
+        };
+        let address = address_of(
+            &url,
+            if tls.is_some() {
+                "pulsar+ssl://"
+            } else {
+                "pulsar://"
+            },
+        )?;
+        let connecting = async {
+            let tcp = TcpStream::connect(address)
+                .await
+                .map_err(|e| not_ready(format!("connecting to {url}: {e}")))?;
+            let Some(tls) = tls else {
+                return Ok::<Box<dyn Io>, ServiceError>(Box::new(tcp));
+            };
+            let host = address.rsplit_once(':').map_or(address, |(host, _)| host);
+            let name = vela_tls::ServerName::try_from(host.trim_matches(['[', ']']).to_string())
+                .map_err(|e| not_ready(format!("{url}: {e}")))?;
+            let stream = vela_tls::TlsConnector::from(tls)
+                .connect(name, tcp)
+                .await
+                .map_err(|e| not_ready(format!("TLS to {url}: {e}")))?;
+            Ok(Box::new(stream))
+        };
+        let stream = tokio::time::timeout(REQUEST_TIMEOUT, connecting)
             .await
-            .map_err(|_| not_ready(format!("connecting to {url} timed out")))?
-            .map_err(|e| not_ready(format!("connecting to {url}: {e}")))?;
+            .map_err(|_| not_ready(format!("connecting to {url} timed out")))??;
         let mut conn = Conn {
             stream,
             decoder: vela_wire::FrameDecoder::new(ANSWER_FRAME_BYTES_MAX),
             buf: BytesMut::new(),
         };
+        let token = config.and_then(|c| c.peer_token.as_ref());
         conn.send(proto::CommandConnect {
             client_version: "vela-broker-txn".into(),
             protocol_version: Some(21),
+            auth_method_name: token.map(|_| "token".to_string()),
+            auth_data: token.map(|t| bytes::Bytes::from(t.clone().into_bytes())),
             ..Default::default()
         })
         .await?;
@@ -126,21 +182,23 @@ fn action(commit: bool) -> i32 {
     }
 }
 
-/// END_TXN_ON_PARTITION at the broker `url`.
+/// END_TXN_ON_PARTITION at broker `owner`.
 pub(crate) async fn end_on_partition(
-    url: &str,
+    owner: &BrokerInfo,
+    config: Option<&TransactionConfig>,
     topic: &str,
     txn: (u64, u64),
     commit: bool,
+    low_water: Option<u64>,
 ) -> Result<(), ServiceError> {
-    let mut conn = Conn::open(url).await?;
+    let mut conn = Conn::open(owner, config).await?;
     conn.send(proto::CommandEndTxnOnPartition {
         request_id: 1,
         txnid_most_bits: Some(txn.0),
         txnid_least_bits: Some(txn.1),
         topic: Some(topic.to_string()),
         txn_action: Some(action(commit)),
-        txnid_least_bits_of_low_watermark: None,
+        txnid_least_bits_of_low_watermark: low_water,
     })
     .await?;
     let answer = conn.receive().await?;
@@ -150,15 +208,17 @@ pub(crate) async fn end_on_partition(
     }
 }
 
-/// END_TXN_ON_SUBSCRIPTION at the broker `url`.
+/// END_TXN_ON_SUBSCRIPTION at broker `owner`.
 pub(crate) async fn end_on_subscription(
-    url: &str,
+    owner: &BrokerInfo,
+    config: Option<&TransactionConfig>,
     topic: &str,
     subscription: &str,
     txn: (u64, u64),
     commit: bool,
+    low_water: Option<u64>,
 ) -> Result<(), ServiceError> {
-    let mut conn = Conn::open(url).await?;
+    let mut conn = Conn::open(owner, config).await?;
     conn.send(proto::CommandEndTxnOnSubscription {
         request_id: 1,
         txnid_most_bits: Some(txn.0),
@@ -168,7 +228,7 @@ pub(crate) async fn end_on_subscription(
             subscription: subscription.to_string(),
         }),
         txn_action: Some(action(commit)),
-        txnid_least_bits_of_low_watermark: None,
+        txnid_least_bits_of_low_watermark: low_water,
     })
     .await?;
     let answer = conn.receive().await?;
@@ -182,13 +242,40 @@ pub(crate) async fn end_on_subscription(
 mod tests {
     use super::*;
 
+    fn owner(tls_url: Option<&str>) -> BrokerInfo {
+        serde_json::from_value(serde_json::json!({
+            "id": "h:1",
+            "service_url": "pulsar://10.0.0.1:6650",
+            "service_url_tls": tls_url,
+            "http_url": "http://10.0.0.1:8080",
+        }))
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     #[test]
-    fn only_plain_urls_are_reached() {
+    fn plain_unless_tls_is_configured_and_offered() {
         assert_eq!(
-            address_of("pulsar://10.0.0.1:6650").ok(),
+            address_of("pulsar://10.0.0.1:6650/", "pulsar://").ok(),
             Some("10.0.0.1:6650")
         );
-        assert_eq!(address_of("pulsar://h:1/").ok(), Some("h:1"));
-        assert!(address_of("pulsar+ssl://h:6651").is_err());
+        assert!(address_of("pulsar+ssl://h:6651", "pulsar://").is_err());
+        let tls = TransactionConfig {
+            peer_tls: Some(Arc::new(
+                rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .unwrap_or_else(|e| panic!("{e}"))
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+            )),
+            ..TransactionConfig::default()
+        };
+        let offered = owner(Some("pulsar+ssl://10.0.0.1:6651"));
+        assert!(
+            matches!(route(&offered, Some(&tls)), Route::Tls(url, _) if url.ends_with(":6651"))
+        );
+        assert!(matches!(route(&offered, None), Route::Plain(_)));
+        assert!(matches!(route(&owner(None), Some(&tls)), Route::Plain(_)));
     }
 }

@@ -12,7 +12,7 @@ use std::sync::{Arc, Weak};
 use vela_wire::proto::ServerError;
 
 use crate::error::ServiceError;
-use crate::ownership::LookupAnswer;
+use crate::ownership::{BrokerInfo, LookupAnswer};
 use crate::service::Service;
 use crate::topic::Topic;
 use crate::topic_name::{TopicDomain, TopicName};
@@ -36,12 +36,19 @@ impl LocalParticipants {
 }
 
 impl Participants for LocalParticipants {
-    fn end_on_partition(&self, topic: String, txn: TxnId, action: TxnAction) -> ParticipantFuture {
+    fn end_on_partition(
+        &self,
+        topic: String,
+        txn: TxnId,
+        action: TxnAction,
+        low_water: u64,
+    ) -> ParticipantFuture {
         let service = self.service();
         Box::pin(async move {
             let commit = action == TxnAction::Commit;
             let service = service?;
-            end_on_partition(&service, &topic, (txn.most, txn.least), commit).await
+            let txn = (txn.most, txn.least);
+            end_on_partition(&service, &topic, txn, commit, Some(low_water)).await
         })
     }
 
@@ -51,6 +58,7 @@ impl Participants for LocalParticipants {
         subscription: String,
         txn: TxnId,
         action: TxnAction,
+        low_water: u64,
     ) -> ParticipantFuture {
         let service = self.service();
         Box::pin(async move {
@@ -62,6 +70,7 @@ impl Participants for LocalParticipants {
                 &subscription,
                 (txn.most, txn.least),
                 commit,
+                Some(low_water),
             )
             .await
         })
@@ -71,8 +80,8 @@ impl Participants for LocalParticipants {
 /// Where a transaction's outcome on one topic is carried out.
 enum Target {
     Local(Arc<Topic>),
-    /// The owner's `pulsar://` URL.
-    Remote(String),
+    /// The owner.
+    Remote(BrokerInfo),
     /// A topic that does not exist or has no transaction state.
     Nothing,
 }
@@ -89,7 +98,7 @@ async fn target(service: &Service, name: &str) -> Result<Target, ServiceError> {
             LookupAnswer::Connect(owner) | LookupAnswer::Redirect(owner) => owner,
         };
         if owner.id != service.me().id {
-            return Ok(Target::Remote(owner.service_url));
+            return Ok(Target::Remote(owner));
         }
     }
     match service.topic(&topic, false).await {
@@ -99,16 +108,21 @@ async fn target(service: &Service, name: &str) -> Result<Target, ServiceError> {
     }
 }
 
-/// END_TXN_ON_PARTITION: on the topic here, or at its owner.
+/// END_TXN_ON_PARTITION: on the topic here, or at its owner. `low_water`:
+/// the coordinator's low water mark, when it sent one.
 pub(crate) async fn end_on_partition(
     service: &Service,
     name: &str,
     txn: TxnKey,
     commit: bool,
+    low_water: Option<u64>,
 ) -> Result<(), ServiceError> {
     match target(service, name).await? {
-        Target::Local(topic) => topic.end_txn_on_partition(txn, commit).await,
-        Target::Remote(url) => crate::txn_client::end_on_partition(&url, name, txn, commit).await,
+        Target::Local(topic) => topic.end_txn_on_partition(txn, commit, low_water).await,
+        Target::Remote(owner) => {
+            let config = service.config.transactions.as_ref();
+            crate::txn_client::end_on_partition(&owner, config, name, txn, commit, low_water).await
+        }
         Target::Nothing => Ok(()),
     }
 }
@@ -120,15 +134,21 @@ pub(crate) async fn end_on_subscription(
     subscription: &str,
     txn: TxnKey,
     commit: bool,
+    low_water: Option<u64>,
 ) -> Result<(), ServiceError> {
     match target(service, name).await? {
         Target::Local(topic) => {
             topic
-                .end_txn_on_subscription(subscription, txn, commit)
+                .end_txn_on_subscription(subscription, txn, commit, low_water)
                 .await
         }
-        Target::Remote(url) => {
-            crate::txn_client::end_on_subscription(&url, name, subscription, txn, commit).await
+        Target::Remote(owner) => {
+            let config = service.config.transactions.as_ref();
+            let (topic, sub) = (name, subscription);
+            crate::txn_client::end_on_subscription(
+                &owner, config, topic, sub, txn, commit, low_water,
+            )
+            .await
         }
         Target::Nothing => Ok(()),
     }

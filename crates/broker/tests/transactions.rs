@@ -407,3 +407,65 @@ async fn transactional_acks_conflict_survive_a_restart_and_apply_on_commit_only(
     expect_nothing_but_pong(&mut consumer).await;
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn acks_of_ended_transactions_are_released_then_refused_and_records_go_with_the_subscription()
+{
+    let (meta, env) = stores();
+    let broker = broker_on(&meta, &env).await;
+    let topic = "persistent://public/default/txn-late-acks";
+    let mut producer = Client::connect(broker.pulsar_addr()).await;
+    producer.create_producer(topic, 1).await;
+    for seq in 0..4 {
+        send(&mut producer, 1, seq, None, &format!("m{seq}")).await;
+    }
+    let mut consumer = Client::connect(broker.pulsar_addr()).await;
+    consumer.subscribe(topic, "s", SubType::Shared, 1).await;
+    consumer.flow(1, 100).await;
+    let ids: HashMap<String, MessageIdData> = receive(&mut consumer, 4)
+        .await
+        .into_iter()
+        .map(|(_, id, p)| (String::from_utf8_lossy(&p).into_owned(), id))
+        .collect();
+    let mut tc = Tc::connect(broker.pulsar_addr()).await;
+
+    // t1 commits its ack of m0; then an ack of m2 in t1 arrives late (the
+    // low water mark does not cover t1 yet): held for now.
+    let t1 = tc.new_txn().await;
+    tc.add_subscription(t1, topic, "s").await;
+    assert_eq!(txn_ack(&mut consumer, 1, &ids["m0"], t1, 1).await, None);
+    tc.end(t1, proto::TxnAction::Commit).await;
+    assert_eq!(txn_ack(&mut consumer, 1, &ids["m2"], t1, 2).await, None);
+
+    // t2 ends with a low water mark past t1: t1's late ack is released (m2
+    // comes again) and further acks in t1 are refused.
+    let t2 = tc.new_txn().await;
+    tc.add_subscription(t2, topic, "s").await;
+    assert_eq!(txn_ack(&mut consumer, 1, &ids["m1"], t2, 3).await, None);
+    tc.end(t2, proto::TxnAction::Commit).await;
+    let again = receive(&mut consumer, 1).await;
+    assert_eq!(payloads_of(&again, 1), ["m2"]);
+    let (code, message) = txn_ack(&mut consumer, 1, &ids["m3"], t1, 4)
+        .await
+        .expect("an ended transaction's ack is refused");
+    assert_eq!(code, ServerError::NotAllowedError as i32);
+    assert!(message.contains("has been ended"), "{message}");
+
+    // A held ack's record goes when the subscription is deleted.
+    let t3 = tc.new_txn().await;
+    tc.add_subscription(t3, topic, "s").await;
+    assert_eq!(txn_ack(&mut consumer, 1, &ids["m3"], t3, 5).await, None);
+    let records = "/transactions/pending-acks/public/default/persistent/txn-late-acks/s";
+    assert_eq!(meta.children(records).await.unwrap().len(), 1);
+    consumer
+        .send(proto::CommandUnsubscribe {
+            consumer_id: 1,
+            request_id: 6,
+            force: None,
+        })
+        .await;
+    let answer = consumer.recv().await.command;
+    assert!(answer.success.is_some(), "{answer:?}");
+    assert!(meta.children(records).await.unwrap().is_empty());
+    broker.shutdown().await.unwrap();
+}

@@ -1,10 +1,12 @@
 //! vela-offload: tiered storage. `ObjectStoreOffloader` copies a closed
 //! ledger to object storage (the `object_store` crate: a local filesystem
-//! today, S3-compatible stores next) as one large data object plus an index
-//! object, and reads entries back with one ranged GET per read.
+//! or an S3 bucket, `s3`) as one large data object plus an index object,
+//! and reads entries back with one ranged GET per read.
 //!
 //! Owns: the objects' layout and names (`format`), the copy (`write`), the
-//! reads with their index cache and read budget (`read`), the counters.
+//! reads with their index cache and read budget (`read`), the drivers'
+//! settings (`Driver`, `s3`: S3 credentials from the environment or the
+//! shared credentials file), the counters.
 //! Guarantees: `offload` returns only once both objects are fully and
 //! durably stored (the filesystem driver fsyncs files and directories; an
 //! S3 PUT or completed multipart upload is durable when answered); objects
@@ -21,6 +23,7 @@
 
 mod format;
 mod read;
+pub mod s3;
 mod write;
 
 use std::sync::Arc;
@@ -37,6 +40,7 @@ use vela_log::{
 };
 
 use read::IndexCache;
+pub use s3::{S3Credentials, S3Settings};
 
 /// Size of one multipart upload part (S3 needs at least 5 MiB but for the
 /// last) and about the bytes of one read of the ledger being copied.
@@ -55,6 +59,8 @@ pub enum Driver {
         /// The directory; created if absent.
         root: std::path::PathBuf,
     },
+    /// An S3 bucket (AWS or an S3-compatible store's endpoint).
+    S3(S3Settings),
 }
 
 impl Driver {
@@ -62,6 +68,7 @@ impl Driver {
     pub fn name(&self) -> &'static str {
         match self {
             Driver::Filesystem { .. } => "filesystem",
+            Driver::S3(_) => "s3",
         }
     }
 }
@@ -144,7 +151,8 @@ pub struct ObjectStoreOffloader {
 const READ_BUDGET_BYTES_CEILING: u64 = u32::MAX as u64;
 
 impl ObjectStoreOffloader {
-    /// Builds the offloader (creates a filesystem driver's directory).
+    /// Builds the offloader (creates a filesystem driver's directory; an
+    /// S3 driver's settings are checked, the bucket is not contacted).
     pub fn new(config: OffloadConfig) -> Result<ObjectStoreOffloader, BuildError> {
         let driver = config.driver.name();
         let (store, local): (Arc<dyn ObjectStore>, _) = match &config.driver {
@@ -164,6 +172,7 @@ impl ObjectStoreOffloader {
                 let local = Arc::new(local);
                 (local.clone() as Arc<dyn ObjectStore>, Some(local))
             }
+            Driver::S3(settings) => (s3::store(settings)? as Arc<dyn ObjectStore>, None),
         };
         let mut offloader = ObjectStoreOffloader::over(store, driver, config);
         offloader.local = local;

@@ -134,7 +134,7 @@ pub(crate) fn run(args: BrokerArgs) -> anyhow::Result<()> {
         config.bundle_split_msg_rate_max = args.bundle_split_msg_rate_max as f64;
         args.topics.apply(&mut config)?;
     args.offload.apply(&mut config);
-        args.transactions.apply(&mut config);
+        args.transactions.apply(&mut config)?;
         args.replication.apply(&mut config);
         args.security.apply(args.bind, &mut config)?;
         args.limits.apply(&mut config);

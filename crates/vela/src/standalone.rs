@@ -306,7 +306,7 @@ async fn serve(
     config.keepalive = Duration::from_secs(args.keepalive_s);
     args.topics.apply(&mut config)?;
     args.offload.apply(&mut config);
-    args.transactions.apply(&mut config);
+    args.transactions.apply(&mut config)?;
     args.replication.apply(&mut config);
     args.security.apply(args.bind, &mut config)?;
     args.limits.apply(&mut config);

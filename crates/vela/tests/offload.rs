@@ -15,11 +15,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::Standalone;
+use common::offload::{self as off, OFFLOAD_TIMEOUT, json, retain_forever};
 use serde_json::Value;
-use vela_client::{
-    Client, ClientConfig, Consumer, ConsumerOptions, InitialPosition, MessageId, OutgoingMessage,
-    ProducerOptions, SubType,
-};
+use vela_client::{Client, ClientConfig, Consumer, MessageId};
 
 const TOPIC: &str = "persistent://public/default/offloaded";
 const ADMIN: &str = "/admin/v2/persistent/public/default/offloaded";
@@ -28,14 +26,6 @@ const ADMIN: &str = "/admin/v2/persistent/public/default/offloaded";
 const MESSAGES: usize = 1500;
 const PAYLOAD_BYTES: usize = 4096;
 const LEDGER_ENTRIES_MAX: u64 = 50;
-const RECEIVE_TIMEOUT: Duration = Duration::from_secs(60);
-const OFFLOAD_TIMEOUT: Duration = Duration::from_secs(120);
-
-fn sized_payload(index: usize, len: usize) -> Vec<u8> {
-    let mut bytes = (index as u64).to_be_bytes().to_vec();
-    bytes.extend((0..len - 8).map(|i| ((i * 31 + index * 7) % 251) as u8));
-    bytes
-}
 
 fn start(data_dir: &Path, offload_dir: &Path) -> Standalone {
     Standalone::start_in(
@@ -60,15 +50,7 @@ fn start(data_dir: &Path, offload_dir: &Path) -> Standalone {
 }
 
 async fn subscribe(client: &Client, subscription: &str) -> Consumer {
-    let options = ConsumerOptions {
-        subscription: subscription.to_string(),
-        sub_type: SubType::Exclusive,
-        initial_position: InitialPosition::Earliest,
-        receiver_queue_size: 100,
-        name: None,
-        replicate_subscription_state: false,
-    };
-    client.subscribe(TOPIC, options).await.unwrap()
+    off::subscribe(client, TOPIC, subscription).await
 }
 
 /// Receives messages `from..MESSAGES` in order, each byte for byte,
@@ -83,84 +65,18 @@ async fn drain_sized(
     len: usize,
     what: &str,
 ) -> Vec<MessageId> {
-    let payload = |index| sized_payload(index, len);
-    let mut ids = Vec::new();
-    for expected in indexes {
-        let message = match consumer.receive_timeout(RECEIVE_TIMEOUT).await.unwrap() {
-            Some(message) => message,
-            None => panic!("{what}: message {expected} not received within {RECEIVE_TIMEOUT:?}"),
-        };
-        assert_eq!(
-            &message.payload[..],
-            &payload(expected)[..],
-            "{what}: message {expected} came back with other bytes (or out of order)"
-        );
-        consumer.ack(&message.id).await.unwrap();
-        ids.push(message.id);
-    }
-    ids
+    off::drain_sized(consumer, indexes, len, what).await
 }
 
 /// `count` unbatched messages of `len` bytes (one entry each).
 async fn produce(client: &Client, count: usize, len: usize) {
-    let producer = client
-        .create_producer(
-            TOPIC,
-            ProducerOptions {
-                batching: None,
-                ..ProducerOptions::default()
-            },
-        )
-        .await
-        .unwrap();
-    let mut receipts = Vec::new();
-    for index in 0..count {
-        let message = OutgoingMessage::new(sized_payload(index, len));
-        receipts.push(producer.send(message).await.unwrap());
-    }
-    producer.flush().await;
-    for receipt in receipts {
-        receipt.await.unwrap();
-    }
-    producer.close().await.unwrap();
-}
-
-/// Keeps consumed data (the seeks and rereads need it).
-fn retain_forever(standalone: &Standalone) {
-    let (status, reply) = standalone.http_post_json(
-        "/admin/v2/namespaces/public/default/retention",
-        r#"{"retentionTimeInMinutes":-1,"retentionSizeInMB":-1}"#,
-    );
-    assert_eq!(status, 204, "retention: {reply}");
-}
-
-fn json(standalone: &Standalone, path: &str) -> Value {
-    let (status, body) = standalone.http_get(path);
-    assert_eq!(status, 200, "GET {path}: {body}");
-    serde_json::from_str(&body).unwrap()
+    off::produce(client, TOPIC, 0, count, len).await
 }
 
 /// Offloads everything before the ledger of the last entry and waits for
 /// the status to settle: the status document.
 fn offload_and_wait(standalone: &Standalone) -> Value {
-    let stats = json(standalone, &format!("{ADMIN}/internalStats"));
-    let last = stats["lastConfirmedEntry"].as_str().unwrap().to_string();
-    let (ledger_id, entry_id) = last.split_once(':').unwrap();
-    let body = format!(r#"{{"ledgerId":{ledger_id},"entryId":{entry_id},"partitionIndex":-1}}"#);
-    let (status, reply) = standalone.http_put_json(&format!("{ADMIN}/offload"), &body);
-    assert_eq!(status, 204, "PUT offload: {reply}");
-    let started = Instant::now();
-    loop {
-        let status = json(standalone, &format!("{ADMIN}/offload"));
-        if status["status"] != "RUNNING" {
-            return status;
-        }
-        assert!(
-            started.elapsed() < OFFLOAD_TIMEOUT,
-            "offload still running: {status}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    off::offload_and_wait(standalone, TOPIC)
 }
 
 /// Names of the objects in the offload directory (staging files of
@@ -178,13 +94,7 @@ fn objects(dir: &Path) -> usize {
 }
 
 fn offloaded_ledgers(standalone: &Standalone) -> usize {
-    let stats = json(standalone, &format!("{ADMIN}/internalStats"));
-    stats["ledgers"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|l| l["offloaded"] == true)
-        .count()
+    off::offloaded_ledgers(standalone, TOPIC)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -359,4 +269,110 @@ async fn a_kill_during_an_offload_loses_nothing_and_the_next_offload_cleans_up()
     .await;
     again.close().await.unwrap();
     client.close().await;
+}
+
+/// Pulsar's `offloadPolicies` object drives automatic offloads: a namespace
+/// object with a size threshold of 0 and a deletion lag of 0 (the broker's
+/// flags keep their defaults: no automatic offload, 4 h of lag) gets every
+/// closed ledger offloaded and its bookie copy deleted as the topic rolls
+/// over; the object is checked as Pulsar checks it, served back with
+/// Pulsar's defaults, set and removed on a topic, and
+/// `removeOffloadPolicies` removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offload_policies_objects_drive_automatic_offloads() {
+    const TOPIC: &str = "persistent://public/default/by-policy";
+    const MESSAGES: usize = 500;
+    let data_dir = tempfile::tempdir().unwrap();
+    let offload_dir = tempfile::tempdir().unwrap();
+    let standalone = Standalone::start_in(
+        data_dir.path(),
+        &[
+            "--ledger-max-entries",
+            &LEDGER_ENTRIES_MAX.to_string(),
+            "--ledger-min-rollover-minutes",
+            "0",
+            "--policy-check-interval-s",
+            "2",
+            "--offload-driver",
+            "filesystem",
+            "--offload-directory",
+            offload_dir.path().to_str().unwrap(),
+        ],
+    );
+    retain_forever(&standalone);
+    let route = "/admin/v2/namespaces/public/default/offloadPolicies";
+    assert_eq!(standalone.http_get(route).0, 204, "unset");
+    let (status, reply) =
+        standalone.http_post_json(route, r#"{"managedLedgerOffloadDriver":"hdfs"}"#);
+    assert_eq!(status, 412, "{reply}");
+    assert!(reply.contains("The driver is not supported"), "{reply}");
+    let (status, reply) =
+        standalone.http_post_json(route, r#"{"managedLedgerOffloadDriver":"aws-s3"}"#);
+    assert_eq!(status, 412, "{reply}");
+    assert!(reply.contains("The bucket must be specified"), "{reply}");
+    let (status, reply) = standalone.http_post_json(
+        route,
+        r#"{"managedLedgerOffloadDriver":"filesystem",
+            "managedLedgerOffloadThresholdInBytes":0,
+            "managedLedgerOffloadDeletionLagInMillis":0}"#,
+    );
+    assert_eq!(status, 204, "{reply}");
+    let stored = json(&standalone, route);
+    assert_eq!(stored["managedLedgerOffloadThresholdInBytes"], 0);
+    assert_eq!(stored["managedLedgerOffloadMaxThreads"], 2, "{stored}");
+    assert_eq!(stored["fileSystemDriver"], true, "{stored}");
+
+    let client = Client::new(&standalone.pulsar_url, ClientConfig::default()).unwrap();
+    off::subscribe(&client, TOPIC, "keep")
+        .await
+        .close()
+        .await
+        .unwrap();
+    off::produce(&client, TOPIC, 0, MESSAGES, PAYLOAD_BYTES).await;
+    // Rollovers trigger the threshold offload; the lag of 0 deletes the
+    // bookie copies right after.
+    let started = Instant::now();
+    let closed = MESSAGES / LEDGER_ENTRIES_MAX as usize - 1;
+    loop {
+        let ledgers = off::ledgers(&standalone, TOPIC);
+        let gone = ledgers
+            .iter()
+            .filter(|l| l["offloaded"] == true && l["metadata"].is_null())
+            .count();
+        if gone >= closed {
+            break;
+        }
+        assert!(
+            started.elapsed() < OFFLOAD_TIMEOUT,
+            "{gone} of {closed} closed ledgers offloaded by policy: {ledgers:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let keep = off::subscribe(&client, TOPIC, "keep").await;
+    off::drain_sized(&keep, 0..MESSAGES, PAYLOAD_BYTES, "offloaded by policy").await;
+    keep.close().await.unwrap();
+    client.close().await;
+
+    // The topic level: set, read back, removed.
+    let topic_route = format!("{}/offloadPolicies", off::admin_path(TOPIC));
+    let (status, reply) = standalone.http_post_json(
+        &topic_route,
+        r#"{"managedLedgerOffloadDriver":"S3","s3ManagedLedgerOffloadBucket":"b",
+            "managedLedgerOffloadThresholdInBytes":-1}"#,
+    );
+    assert_eq!(status, 204, "{reply}");
+    let stored = json(&standalone, &topic_route);
+    assert_eq!(stored["s3ManagedLedgerOffloadBucket"], "b", "{stored}");
+    assert_eq!(stored["s3Driver"], true, "{stored}");
+    assert_eq!(standalone.http_delete(&topic_route).0, 204);
+    assert_eq!(standalone.http_get(&topic_route).0, 204);
+
+    // removeOffloadPolicies: the object and the older numbers go.
+    let threshold = "/admin/v2/namespaces/public/default/offloadThreshold";
+    assert_eq!(standalone.http_put_json(threshold, "1048576").0, 204);
+    let (status, reply) =
+        standalone.http_delete("/admin/v2/namespaces/public/default/removeOffloadPolicies");
+    assert_eq!(status, 204, "{reply}");
+    assert_eq!(standalone.http_get(route).0, 204);
+    assert_eq!(standalone.http_get(threshold), (200, "-1".to_string()));
 }

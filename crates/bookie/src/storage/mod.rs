@@ -436,7 +436,9 @@ impl LedgerStorage {
             }
             r => r,
         };
-        if sequential {
+        // A read-ahead that landed was marked done under the lock that cached
+        // it (read_from_log); a failed one is marked done here.
+        if sequential && read.is_err() {
             self.read_cache.lock().note_read_ahead_done(ledger_id);
         }
         read.map(|entry| (entry, ReadSource::EntryLog))
@@ -498,6 +500,9 @@ impl LedgerStorage {
             }
         }
         let mut rc = self.read_cache.lock();
+        if read_ahead_bytes > 0 {
+            rc.note_read_ahead_done(ledger_id);
+        }
         if let Some(&((_, last), _)) = cached.last() {
             rc.note_read_ahead_end(ledger_id, last);
         }

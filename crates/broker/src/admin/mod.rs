@@ -17,6 +17,7 @@
 
 mod clusters;
 pub mod json;
+pub mod offload_policies;
 pub mod policy_specs;
 mod records;
 mod topic_policies;

@@ -98,7 +98,8 @@ const fn spec(
 }
 
 /// Every policy kept as a JSON value. Policies Vela applies are read in
-/// `policies::TopicPolicies::resolve`; the others (offload, replication,
+/// `policies::TopicPolicies::resolve` (of `offloadPolicies`, its thresholds
+/// and deletion lag); the others (replication,
 /// replicator and subscribe rates, dedup snapshots, inactive topics,
 /// subscription expiry, bookie affinity) are stored and served back so
 /// tools round-trip them; Vela has no such mechanism to apply them to.
@@ -609,13 +610,12 @@ fn persistence(value: Value) -> Result<Value, Rejected> {
     reserialize(&json)
 }
 
-/// Pulsar's OffloadPolicies: an object of the driver's settings, kept as
-/// given (Vela has no tiered storage).
+/// Pulsar's OffloadPolicies (`admin::offload_policies`).
 fn offload_policies(value: Value) -> Result<Value, Rejected> {
-    match value {
-        Value::Object(_) => Ok(value),
-        _ => Err(Rejected::malformed("OffloadPolicies must be an object")),
-    }
+    super::offload_policies::check(value).map_err(|refused| Rejected {
+        precondition: refused.precondition,
+        reason: refused.reason,
+    })
 }
 
 #[cfg(test)]

@@ -427,7 +427,11 @@ impl Consumers {
         };
         match result {
             Ok(()) => {
-                self.map.remove(&body.consumer_id);
+                if let Some(gone) = self.map.remove(&body.consumer_id)
+                    && gone.sub.durable
+                {
+                    gone.topic.subscription_deleted(&gone.sub.name).await;
+                }
                 session.send_success(body.request_id).await
             }
             Err(e) => session.send_error(body.request_id, e).await,

@@ -25,6 +25,22 @@ use crate::error::ServiceError;
 use crate::topic_name::TopicName;
 use crate::transaction::{COORDINATOR_ASSIGN_TOPIC, Coordinators, TxnAction, TxnError, TxnId};
 
+/// The answer of a transaction command: every such response carries the
+/// request id, the transaction id and the error, if any.
+macro_rules! txn_answer {
+    ($response:ident, $request_id:expr, $id:expr, $result:expr) => {{
+        let (error, message) = split($result);
+        proto::$response {
+            request_id: $request_id,
+            txnid_least_bits: Some($id.least),
+            txnid_most_bits: Some($id.most),
+            error,
+            message,
+        }
+        .into()
+    }};
+}
+
 /// Transaction requests of one connection waiting for the log.
 pub(super) const TXN_REQUESTS_IN_FLIGHT_MAX: usize = 1000;
 
@@ -208,15 +224,7 @@ impl TxnRequests {
                 Ok::<(), ServiceError>(())
             }
             .await;
-            let (error, message) = split(result);
-            proto::CommandAddPartitionToTxnResponse {
-                request_id,
-                txnid_least_bits: Some(id.least),
-                txnid_most_bits: Some(id.most),
-                error,
-                message,
-            }
-            .into()
+            txn_answer!(CommandAddPartitionToTxnResponse, request_id, id, result)
         })
         .await
     }
@@ -245,15 +253,7 @@ impl TxnRequests {
                 Ok::<(), ServiceError>(())
             }
             .await;
-            let (error, message) = split(result);
-            proto::CommandAddSubscriptionToTxnResponse {
-                request_id,
-                txnid_least_bits: Some(id.least),
-                txnid_most_bits: Some(id.most),
-                error,
-                message,
-            }
-            .into()
+            txn_answer!(CommandAddSubscriptionToTxnResponse, request_id, id, result)
         })
         .await
     }
@@ -285,15 +285,7 @@ impl TxnRequests {
                 Ok::<(), ServiceError>(())
             }
             .await;
-            let (error, message) = split(result);
-            proto::CommandEndTxnResponse {
-                request_id,
-                txnid_least_bits: Some(id.least),
-                txnid_most_bits: Some(id.most),
-                error,
-                message,
-            }
-            .into()
+            txn_answer!(CommandEndTxnResponse, request_id, id, result)
         })
         .await
     }
@@ -359,19 +351,12 @@ impl TxnRequests {
                     &topic,
                     (id.most, id.least),
                     commit,
+                    body.txnid_least_bits_of_low_watermark,
                 )
                 .await
             }
             .await;
-            let (error, message) = split(result);
-            proto::CommandEndTxnOnPartitionResponse {
-                request_id,
-                txnid_least_bits: Some(id.least),
-                txnid_most_bits: Some(id.most),
-                error,
-                message,
-            }
-            .into()
+            txn_answer!(CommandEndTxnOnPartitionResponse, request_id, id, result)
         })
         .await
     }
@@ -401,19 +386,12 @@ impl TxnRequests {
                     &subscription.subscription,
                     (id.most, id.least),
                     commit,
+                    body.txnid_least_bits_of_low_watermark,
                 )
                 .await
             }
             .await;
-            let (error, message) = split(result);
-            proto::CommandEndTxnOnSubscriptionResponse {
-                request_id,
-                txnid_least_bits: Some(id.least),
-                txnid_most_bits: Some(id.most),
-                error,
-                message,
-            }
-            .into()
+            txn_answer!(CommandEndTxnOnSubscriptionResponse, request_id, id, result)
         })
         .await
     }

@@ -264,8 +264,19 @@ async fn remove_offload_policies(
     State(service): Shared,
     Path((tenant, namespace)): NsPath,
 ) -> ApiResult<StatusCode> {
+    // As Pulsar: the object and the older thresholds and lag go.
     update(&service, &tenant, &namespace, |p| {
-        p.policies.remove("offloadPolicies");
+        for key in [
+            "offloadPolicies",
+            "offloadThreshold",
+            "offloadThresholdInSeconds",
+            "offloadDeletionLagMs",
+        ] {
+            p.policies.remove(key);
+        }
+        p.offload_threshold_bytes = None;
+        p.offload_threshold_seconds = None;
+        p.offload_deletion_lag_ms = None;
         Ok(())
     })
     .await

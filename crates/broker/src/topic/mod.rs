@@ -244,6 +244,12 @@ impl Topic {
         self.txn.as_ref().map(|(buffer, _)| buffer)
     }
 
+    /// The pending acknowledgements of its subscriptions (`None` when
+    /// transactions are off).
+    pub(crate) fn pending_acks(&self) -> Option<&PendingAcks> {
+        self.txn.as_ref().map(|(_, acks)| acks)
+    }
+
     /// The transaction buffer, or NotAllowedError when transactions are off.
     fn buffer(&self) -> Result<&Arc<TxnBuffer>, ServiceError> {
         self.txn.as_ref().map(|(buffer, _)| buffer).ok_or_else(|| {
@@ -298,13 +304,21 @@ impl Topic {
         }
     }
 
-    /// END_TXN_ON_PARTITION: the commit or abort marker, durable.
+    /// END_TXN_ON_PARTITION: the commit or abort marker, durable. With the
+    /// coordinator's low water mark, later SENDs of transactions at or
+    /// below it are refused (Pulsar's `appendBufferToTxn`).
     pub(crate) async fn end_txn_on_partition(
         &self,
         txn: TxnKey,
         commit: bool,
+        low_water: Option<u64>,
     ) -> Result<(), ServiceError> {
-        self.buffer()?.end(txn, commit).await.map_err(buffer_error)
+        let buffer = self.buffer()?;
+        buffer.end(txn, commit).await.map_err(buffer_error)?;
+        if let Some(low_water) = low_water {
+            buffer.note_low_water(txn.0, low_water);
+        }
+        Ok(())
     }
 
     /// A transactional ACK on `subscription`: held for `txn` (durably).
@@ -326,17 +340,43 @@ impl Topic {
     /// `txn` holds on `subscription` (through its task when it runs, else
     /// on its cursor) and flushes the cursor; an abort sends the entries
     /// still out to consumers again. Then the record is deleted.
-    /// Idempotent: a retry flushes and deletes again.
+    /// Idempotent: a retry flushes and deletes again. With the
+    /// coordinator's low water mark, acknowledgements held by transactions
+    /// at or below it (they arrived after their transaction ended) are
+    /// released as by an abort, and later ones refused (Pulsar's
+    /// `handleLowWaterMark`).
     pub(crate) async fn end_txn_on_subscription(
         &self,
         subscription: &str,
         txn: TxnKey,
         commit: bool,
+        low_water: Option<u64>,
     ) -> Result<(), ServiceError> {
         self.buffer()?;
         let Some((_, acks)) = &self.txn else {
             return Ok(());
         };
+        self.apply_txn_outcome(acks, subscription, txn, commit)
+            .await?;
+        if let Some(low_water) = low_water {
+            for stale in acks.note_low_water(subscription, txn.0, low_water).await? {
+                tracing::info!(topic = %self.full_name, subscription, ?stale, "releasing acknowledgements of an ended transaction");
+                self.apply_txn_outcome(acks, subscription, stale, false)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies (commit) or releases (abort) what `txn` holds on
+    /// `subscription`, then deletes its record.
+    async fn apply_txn_outcome(
+        &self,
+        acks: &PendingAcks,
+        subscription: &str,
+        txn: TxnKey,
+        commit: bool,
+    ) -> Result<(), ServiceError> {
         let released = acks.release(subscription, txn).await?;
         if let Some(released) = released {
             if commit {
@@ -706,8 +746,11 @@ impl Topic {
     /// As [`Topic::close`], then deletes the log, its cursors and ledgers.
     pub(crate) async fn delete(&self) -> Result<(), vela_log::LogError> {
         self.detach_clients().await;
-        if let Some((buffer, _)) = &self.txn {
+        if let Some((buffer, acks)) = &self.txn {
             buffer.delete().await;
+            if let Err(error) = acks.delete_all().await {
+                tracing::warn!(topic = %self.full_name, %error, "pending acknowledgement records not deleted");
+            }
         }
         if let Err(error) = self.compaction.delete().await {
             tracing::warn!(topic = %self.full_name, %error, "compacted data not deleted");
@@ -748,14 +791,26 @@ impl Topic {
             };
             if handle.tx.send(command).await.is_ok() {
                 answer.await.unwrap_or(Ok(()))?;
+                self.subscription_deleted(subscription).await;
                 return Ok(true);
             }
         }
         if self.log.cursor_names().iter().any(|n| n == subscription) {
             self.log.delete_cursor(subscription).await?;
+            self.subscription_deleted(subscription).await;
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// A durable subscription was deleted: the acknowledgements its
+    /// transactions held go with it (memory and records).
+    pub(crate) async fn subscription_deleted(&self, subscription: &str) {
+        if let Some((_, acks)) = &self.txn
+            && let Err(error) = acks.drop_subscription(subscription).await
+        {
+            tracing::warn!(topic = %self.full_name, subscription, %error, "pending acknowledgement records not deleted");
+        }
     }
 
     /// Names of the durable subscriptions (cursors) and the readers now.
@@ -773,9 +828,10 @@ impl Topic {
 fn buffer_error(error: BufferError) -> ServiceError {
     use vela_wire::proto::ServerError;
     let code = match &error {
-        BufferError::Full { .. } | BufferError::Aborted(..) | BufferError::Malformed => {
-            ServerError::NotAllowedError
-        }
+        BufferError::Full { .. }
+        | BufferError::Aborted(..)
+        | BufferError::Ended(..)
+        | BufferError::Malformed => ServerError::NotAllowedError,
         BufferError::Log(log) => return ServiceError::from(log.clone()),
         BufferError::Meta(_) => ServerError::MetadataError,
         BufferError::Corrupt(_) => ServerError::UnknownError,

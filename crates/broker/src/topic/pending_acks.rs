@@ -57,6 +57,9 @@ struct SubState {
     txns: HashMap<TxnKey, TxnRecord>,
     /// The one transaction with a cumulative ack, and its position.
     cumulative: Option<(TxnKey, Position)>,
+    /// Coordinator id → its low water mark as last heard (one entry per
+    /// coordinator).
+    low_water: HashMap<u64, u64>,
 }
 
 impl SubState {
@@ -238,6 +241,17 @@ impl PendingAcks {
         );
         let record = {
             let mut state = sub.state.lock();
+            if state.low_water.get(&txn.0).is_some_and(|low| txn.1 <= *low) {
+                // Its coordinator ended it: nothing would ever apply or
+                // release this acknowledgement.
+                return Err(ServiceError::new(
+                    ServerError::NotAllowedError,
+                    format!(
+                        "Transaction [{}] has been ended. Please use a new transaction to acknowledge messages.",
+                        txn_text(txn)
+                    ),
+                ));
+            }
             let mut added = TxnRecord::default();
             if cumulative {
                 let [id] = ids else {
@@ -351,6 +365,97 @@ impl PendingAcks {
                 .cumulative
                 .map(|(ledger, entry)| Position::new(ledger, entry)),
         }))
+    }
+
+    /// Notes coordinator `most`'s low water mark on `subscription`: its
+    /// transactions at or below it are refused from now on; returns those
+    /// that still hold acknowledgements here (they arrived after their
+    /// transaction ended: the caller releases them).
+    pub(crate) async fn note_low_water(
+        &self,
+        subscription: &str,
+        most: u64,
+        low_water: u64,
+    ) -> Result<Vec<TxnKey>, ServiceError> {
+        let sub = self.sub(subscription).await?;
+        let mut state = sub.state.lock();
+        let mark = state.low_water.entry(most).or_insert(0);
+        *mark = (*mark).max(low_water);
+        let mark = *mark;
+        Ok(state
+            .txns
+            .keys()
+            .filter(|(m, least)| *m == most && *least <= mark)
+            .copied()
+            .collect())
+    }
+
+    /// Transactions holding acknowledgements on `subscription` now, and the
+    /// low water marks heard there (coordinator id → mark), for the admin
+    /// API (Pulsar's `TransactionPendingAckStats`).
+    pub(crate) async fn stats(
+        &self,
+        subscription: &str,
+    ) -> Result<(u64, Vec<(u64, u64)>), ServiceError> {
+        let sub = self.sub(subscription).await?;
+        let state = sub.state.lock();
+        let mut marks: Vec<(u64, u64)> = state.low_water.iter().map(|(m, l)| (*m, *l)).collect();
+        marks.sort_unstable();
+        Ok((state.txns.len() as u64, marks))
+    }
+
+    /// The cumulative acknowledgement `txn` holds on `subscription`, if any
+    /// (Pulsar's `TransactionInPendingAckStats`).
+    pub(crate) async fn cumulative_of(
+        &self,
+        subscription: &str,
+        txn: TxnKey,
+    ) -> Result<Option<Position>, ServiceError> {
+        let sub = self.sub(subscription).await?;
+        let state = sub.state.lock();
+        Ok(state
+            .cumulative
+            .filter(|(holder, _)| *holder == txn)
+            .map(|(_, position)| position))
+    }
+
+    /// Forgets every acknowledgement held on `subscription` and deletes its
+    /// records (the subscription was deleted).
+    pub(crate) async fn drop_subscription(&self, subscription: &str) -> Result<(), ServiceError> {
+        let removed = self.subs.lock().remove(subscription);
+        if let Some(sub) = removed {
+            let state = std::mem::take(&mut *sub.state.lock());
+            self.budget
+                .release(state.txns.values().map(TxnRecord::held).sum());
+        }
+        self.delete_records(&self.sub_prefix(subscription)).await
+    }
+
+    /// Deletes the records of every subscription (the topic is being
+    /// deleted; call before its cursors go).
+    pub(crate) async fn delete_all(&self) -> Result<(), ServiceError> {
+        let mut names = self.log.cursor_names();
+        names.extend(self.subs.lock().keys().cloned());
+        names.sort();
+        names.dedup();
+        for name in names {
+            self.delete_records(&self.sub_prefix(&name)).await?;
+        }
+        Ok(())
+    }
+
+    async fn delete_records(&self, prefix: &str) -> Result<(), ServiceError> {
+        for child in self.meta.children(prefix).await.map_err(meta_error)? {
+            match self
+                .meta
+                .delete(&format!("{prefix}/{child}"), ExpectedVersion::Any)
+                .await
+            {
+                Ok(()) | Err(MetaError::NotFound { .. }) => {}
+                Err(error) => return Err(meta_error(error)),
+            }
+        }
+        Ok(())
     }
 
     /// Deletes the record of `txn` on `subscription` (its outcome applied).

@@ -83,6 +83,19 @@ impl Txn {
 #[derive(Debug, Default)]
 struct State {
     txns: HashMap<u64, Txn>,
+    /// The highest sequence number opened (replayed or new).
+    last_seq: u64,
+}
+
+impl State {
+    /// Pulsar's low water mark: every transaction of this coordinator with
+    /// a sequence number at or below it has ended.
+    fn low_water_mark(&self) -> u64 {
+        match self.txns.keys().min() {
+            Some(oldest) => oldest.saturating_sub(1),
+            None => self.last_seq,
+        }
+    }
 }
 
 /// One coordinator. Shared behind an `Arc`.
@@ -105,6 +118,11 @@ pub(crate) struct Coordinator {
     aborted: AtomicU64,
     timed_out: AtomicU64,
     appended: AtomicU64,
+    /// When opening began and when its replay ended (Unix ms).
+    recover_start_unix_ms: u64,
+    recover_end_unix_ms: AtomicU64,
+    /// Held from taking a sequence number until it is in the table.
+    allocating: tokio::sync::Mutex<()>,
 }
 
 /// The managed log of coordinator `id` (Pulsar's `__transaction_log_{id}`).
@@ -145,12 +163,18 @@ impl Coordinator {
             aborted: AtomicU64::new(0),
             timed_out: AtomicU64::new(0),
             appended: AtomicU64::new(0),
+            recover_start_unix_ms: unix_ms(),
+            recover_end_unix_ms: AtomicU64::new(0),
+            allocating: tokio::sync::Mutex::new(()),
         });
         if let Err(error) = coordinator.replay().await {
             // Nothing keeps the log open for a retry: the next connect reopens it.
             coordinator.close().await;
             return Err(error);
         }
+        coordinator
+            .recover_end_unix_ms
+            .store(unix_ms(), Ordering::Release);
         let open = coordinator.state.lock().txns.len();
         tracing::info!(coordinator = id, open, "transaction coordinator opened");
         tokio::spawn(tick_loop(
@@ -248,6 +272,9 @@ impl Coordinator {
         if self.state.lock().txns.len() >= self.config.open_per_coordinator_max {
             return Ok(None);
         }
+        // A sequence number is in the table before the next one is taken,
+        // so the low water mark never passes one about to open.
+        let allocating = self.allocating.lock().await;
         let seq = self.seqs.next_id().await?;
         let max_ms = u64::try_from(self.config.timeout_max.as_millis()).unwrap_or(u64::MAX);
         let record = Record::New {
@@ -269,6 +296,7 @@ impl Coordinator {
                 Some(append)
             }
         };
+        drop(allocating);
         let Some(append) = append else {
             return Err(TxnError::Busy);
         };
@@ -468,10 +496,17 @@ impl Coordinator {
                 txn.ending = None;
             }
         };
+        let low_water = self.low_water_mark();
+        debug_assert!(
+            low_water < seq,
+            "an ending transaction is below the low water mark"
+        );
         if let Some(participants) = &self.participants
             && !targets.is_empty()
-            && let Err(error) =
-                tell_all(participants, id, action, targets, || !self.is_ready()).await
+            && let Err(error) = tell_all(participants, id, action, low_water, targets, || {
+                !self.is_ready()
+            })
+            .await
         {
             stop_running();
             return Err(TxnError::Participant(error.to_string()));
@@ -589,11 +624,44 @@ impl Coordinator {
         })
     }
 
+    /// Transactions open for longer than `age_ms` now (Pulsar's
+    /// `getSlowTransactions`).
+    pub(super) fn slow(&self, age_ms: u64) -> Vec<TxnView> {
+        let now = unix_ms();
+        let seqs: Vec<u64> = self
+            .state
+            .lock()
+            .txns
+            .iter()
+            .filter(|(_, txn)| now.saturating_sub(txn.open_unix_ms) > age_ms)
+            .map(|(seq, _)| *seq)
+            .collect();
+        seqs.into_iter().filter_map(|seq| self.view(seq)).collect()
+    }
+
+    /// The low water mark now (see `State::low_water_mark`).
+    pub(super) fn low_water_mark(&self) -> u64 {
+        self.state.lock().low_water_mark()
+    }
+
     /// Its counts and open transactions now.
     pub(super) fn stats(&self) -> CoordinatorStats {
+        let (active, last_seq, low_water_mark) = {
+            let state = self.state.lock();
+            (
+                state.txns.len() as u64,
+                state.last_seq,
+                state.low_water_mark(),
+            )
+        };
         CoordinatorStats {
             id: self.id,
-            active: self.state.lock().txns.len() as u64,
+            ready: self.is_ready(),
+            last_seq,
+            low_water_mark,
+            recover_start_unix_ms: self.recover_start_unix_ms,
+            recover_end_unix_ms: self.recover_end_unix_ms.load(Ordering::Acquire),
+            active,
             created: self.created.load(Ordering::Relaxed),
             committed: self.committed.load(Ordering::Relaxed),
             aborted: self.aborted.load(Ordering::Relaxed),
@@ -637,6 +705,7 @@ fn apply(state: &mut State, record: Record, position: Option<Position>) {
         ..
     } = record
     {
+        state.last_seq = state.last_seq.max(seq);
         state.txns.insert(
             seq,
             Txn {

@@ -179,6 +179,17 @@ impl Coordinators {
         Ok(self.get(id.most)?.view(id.least))
     }
 
+    /// Counts of coordinator `id` if it is open here.
+    pub(crate) fn stats_of(&self, id: u64) -> Result<CoordinatorStats, TxnError> {
+        Ok(self.get(id)?.stats())
+    }
+
+    /// Transactions of coordinator `id` (open here) open for longer than
+    /// `age_ms` (admin `slowTransactions`).
+    pub(crate) fn slow(&self, id: u64, age_ms: u64) -> Result<Vec<TxnView>, TxnError> {
+        Ok(self.get(id)?.slow(age_ms))
+    }
+
     /// Counts of every coordinator open here, by id.
     pub(crate) fn stats(&self) -> Vec<CoordinatorStats> {
         let open: Vec<Arc<Coordinator>> = self

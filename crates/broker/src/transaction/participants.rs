@@ -27,10 +27,19 @@ pub(crate) type ParticipantFuture =
     Pin<Box<dyn Future<Output = Result<(), ServiceError>> + Send + 'static>>;
 
 /// The participants of transactions (END_TXN_ON_PARTITION and
-/// END_TXN_ON_SUBSCRIPTION). Both must be idempotent.
+/// END_TXN_ON_SUBSCRIPTION). Both must be idempotent. `low_water` is the
+/// coordinator's low water mark (every transaction of `txn`'s coordinator
+/// with a sequence number at or below it has ended), as Pulsar's
+/// `txnid_least_bits_of_low_watermark`.
 pub(crate) trait Participants: Send + Sync + std::fmt::Debug {
     /// Writes the outcome's marker on `topic` (a partition) once durable.
-    fn end_on_partition(&self, topic: String, txn: TxnId, action: TxnAction) -> ParticipantFuture;
+    fn end_on_partition(
+        &self,
+        topic: String,
+        txn: TxnId,
+        action: TxnAction,
+        low_water: u64,
+    ) -> ParticipantFuture;
 
     /// Applies (commit) or releases (abort) the acknowledgements `txn` holds
     /// on `subscription` of `topic`.
@@ -40,6 +49,7 @@ pub(crate) trait Participants: Send + Sync + std::fmt::Debug {
         subscription: String,
         txn: TxnId,
         action: TxnAction,
+        low_water: u64,
     ) -> ParticipantFuture;
 }
 
@@ -65,6 +75,7 @@ pub(super) async fn tell_all(
     participants: &Arc<dyn Participants>,
     txn: TxnId,
     action: TxnAction,
+    low_water: u64,
     mut targets: Vec<Target>,
     stopped: impl Fn() -> bool,
 ) -> Result<(), ServiceError> {
@@ -80,10 +91,16 @@ pub(super) async fn tell_all(
                 asked.spawn(async move {
                     let answer = match &target {
                         Target::Partition(topic) => {
-                            participants.end_on_partition(topic.clone(), txn, action)
+                            participants.end_on_partition(topic.clone(), txn, action, low_water)
                         }
                         Target::Subscription(topic, subscription) => participants
-                            .end_on_subscription(topic.clone(), subscription.clone(), txn, action),
+                            .end_on_subscription(
+                                topic.clone(),
+                                subscription.clone(),
+                                txn,
+                                action,
+                                low_water,
+                            ),
                     };
                     let result = tokio::time::timeout(PARTICIPANT_TIMEOUT, answer)
                         .await

@@ -259,6 +259,8 @@ async fn coordinator_log_append(coordinator: &Coordinator, record: record::Recor
 struct Recording {
     failures: std::sync::atomic::AtomicUsize,
     told: parking_lot::Mutex<Vec<(String, TxnAction)>>,
+    /// (transaction, the low water mark it came with).
+    low_waters: parking_lot::Mutex<Vec<(TxnId, u64)>>,
 }
 
 impl Recording {
@@ -280,7 +282,14 @@ impl Recording {
 }
 
 impl Participants for Recording {
-    fn end_on_partition(&self, topic: String, _txn: TxnId, action: TxnAction) -> ParticipantFuture {
+    fn end_on_partition(
+        &self,
+        topic: String,
+        txn: TxnId,
+        action: TxnAction,
+        low_water: u64,
+    ) -> ParticipantFuture {
+        self.low_waters.lock().push((txn, low_water));
         let result = self.answer(topic, action);
         Box::pin(async move { result })
     }
@@ -291,6 +300,7 @@ impl Participants for Recording {
         subscription: String,
         _txn: TxnId,
         action: TxnAction,
+        _low_water: u64,
     ) -> ParticipantFuture {
         let result = self.answer(format!("{topic}/{subscription}"), action);
         Box::pin(async move { result })
@@ -395,4 +405,45 @@ async fn every_participant_is_told_before_the_final_status_is_written() {
             TxnAction::Commit
         )]
     );
+}
+
+#[tokio::test]
+async fn participants_hear_a_low_water_mark_below_every_open_transaction() {
+    let (env, meta) = env();
+    let participants = Arc::new(Recording::default());
+    let tcs = coordinators(&env, &meta);
+    tcs.set_participants(Arc::clone(&participants) as Arc<dyn Participants>);
+    tcs.connect(0).await.unwrap();
+    let topic = "persistent://public/default/lwm".to_string();
+    let first = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+    let second = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+    for id in [first, second] {
+        tcs.add_partitions(id, None, false, vec![topic.clone()])
+            .await
+            .unwrap();
+    }
+    // The first is still open: the mark stays below it.
+    tcs.end(second, TxnAction::Commit, None, false)
+        .await
+        .unwrap();
+    tcs.end(first, TxnAction::Abort, None, false).await.unwrap();
+    let third = tcs.new_txn(0, HOUR_MS, None).await.unwrap().unwrap();
+    tcs.add_partitions(third, None, false, vec![topic.clone()])
+        .await
+        .unwrap();
+    tcs.end(third, TxnAction::Commit, None, false)
+        .await
+        .unwrap();
+    let heard = participants.low_waters.lock().clone();
+    assert_eq!(
+        heard,
+        vec![
+            (second, first.least - 1),
+            (first, first.least - 1),
+            (third, third.least - 1),
+        ]
+    );
+    let stats = tcs.stats();
+    assert_eq!(stats[0].low_water_mark, third.least);
+    assert_eq!(stats[0].last_seq, third.least);
 }

@@ -114,6 +114,15 @@ pub(crate) struct TxnView {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct CoordinatorStats {
     pub(crate) id: u64,
+    /// Serving (its log did not fail): Pulsar's state `Ready`.
+    pub(crate) ready: bool,
+    /// The highest sequence number opened (Pulsar's `leastSigBits`).
+    pub(crate) last_seq: u64,
+    /// Every transaction at or below it ended (Pulsar's `lowWaterMark`).
+    pub(crate) low_water_mark: u64,
+    /// When the coordinator began opening and finished replaying its log.
+    pub(crate) recover_start_unix_ms: u64,
+    pub(crate) recover_end_unix_ms: u64,
     /// Transactions not yet ended.
     pub(crate) active: u64,
     pub(crate) created: u64,

@@ -179,3 +179,43 @@ fn with_txn_id_keeps_the_payload_and_adds_the_id() {
         Err(BufferError::Malformed)
     ));
 }
+
+#[tokio::test]
+async fn sends_below_the_low_water_mark_are_refused_and_stats_show_the_buffer() {
+    let (log, meta, _env) = log_and_meta().await;
+    let budget = TxnBudget::new(100);
+    let buffer = TxnBuffer::open(Arc::clone(&log), meta, Arc::clone(&budget))
+        .await
+        .unwrap();
+    assert!(!buffer.stats().tracked);
+    buffer.ensure_tracked().await.unwrap();
+    let t3 = (1, 3);
+    let first = send_txn(&buffer, &log, t3, 0).await;
+    let stats = buffer.stats();
+    assert!(stats.tracked);
+    assert_eq!(stats.open, 1);
+    assert_eq!(stats.max_read_position, log.previous_position(first));
+    assert_eq!(buffer.txn_stats(t3), (Some(first), false));
+
+    // Coordinator 1 says everything up to 2 ended: (1,2) is refused with
+    // Pulsar's message, (1,3) and other coordinators' transactions are not.
+    buffer.note_low_water(1, 2);
+    buffer.note_low_water(1, 1);
+    let refused = buffer.admit((1, 2)).unwrap_err();
+    assert!(matches!(refused, BufferError::Ended(1, 2)));
+    assert_eq!(
+        refused.to_string(),
+        "Transaction [(1,2)] has been ended. Please use a new transaction to send message."
+    );
+    buffer.admit(t3).unwrap();
+    buffer.not_appended(t3);
+    buffer.admit((0, 1)).unwrap();
+    buffer.not_appended((0, 1));
+    assert_eq!(buffer.stats().low_water_marks, vec![(1, 2)]);
+
+    buffer.end(t3, false).await.unwrap();
+    assert_eq!(buffer.txn_stats(t3), (None, true));
+    let stats = buffer.stats();
+    assert_eq!(stats.open, 0);
+    assert_eq!(stats.max_read_position, log.last_confirmed());
+}

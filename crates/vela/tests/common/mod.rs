@@ -8,6 +8,8 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 pub(crate) mod geo;
+pub(crate) mod offload;
+pub(crate) mod seaweedfs;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -47,6 +49,15 @@ impl Standalone {
     /// On `data_dir`, which outlives the process (a restart finds the same
     /// data); `args` follow `--data-dir D --port 0 --http-port 0`.
     pub(crate) fn start_in(data_dir: &Path, args: &[&str]) -> Standalone {
+        Standalone::start_in_env(data_dir, args, &[])
+    }
+
+    /// As `start_in`, with these environment variables set for the process.
+    pub(crate) fn start_in_env(
+        data_dir: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Standalone {
         let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
             .arg("standalone")
             .arg("--data-dir")
@@ -58,6 +69,7 @@ impl Standalone {
                 "VELA_LOG",
                 std::env::var("VELA_LOG").unwrap_or_else(|_| "warn".to_owned()),
             )
+            .envs(envs.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
