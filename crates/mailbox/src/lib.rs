@@ -17,6 +17,10 @@
 //! tell their senders).
 //! Never: blocks a thread (the mutex is held for a push or a pop only), or
 //! holds more than `capacity` values.
+//!
+//! [`Parking`] (module `park`) goes with it: a task that exists only while
+//! it has work, its state parked between runs; its hand-off rule says how
+//! a wake-up (a value sent, an entry confirmed) is never lost.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -24,6 +28,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 use tokio::sync::{Notify, Semaphore, TryAcquireError};
+
+mod park;
+pub use park::Parking;
 
 /// Slots an empty mailbox keeps allocated; more are given back when it
 /// empties.
@@ -186,6 +193,16 @@ impl<T> Receiver<T> {
     /// The next value if one is queued now.
     pub fn try_recv(&mut self) -> Result<T, TryRecvError> {
         take(&self.shared)
+    }
+
+    /// True when a `recv` would return at once: a value is queued, or no
+    /// sender is left (or the mailbox was closed). A parking task asks this
+    /// before it parks (`park`).
+    pub fn is_ready(&self) -> bool {
+        let queued = !self.shared.queue.lock().is_empty();
+        queued
+            || self.shared.senders.load(Ordering::Acquire) == 0
+            || self.shared.closed.load(Ordering::Acquire)
     }
 
     /// Stops accepting values; those queued can still be received.
