@@ -180,12 +180,15 @@ impl Producers {
                 )
                 .await;
         }
-        if let Some(loads) = loads
-            && loads.defer(session, &body.topic, true, TopicAction::Produce, || {
+        if let Some(loads) = loads {
+            let deferred = loads.defer(session, &body.topic, true, TopicAction::Produce, || {
                 Deferred::Producer(body.clone())
-            })
-        {
-            return Ok(());
+            });
+            match deferred {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return refuse(session, &body, e).await,
+            }
         }
         match self.create_producer(session, &body).await {
             Ok(Some(success)) => session.send(success).await,
