@@ -178,6 +178,11 @@ pub struct SubscriptionStats {
     pub mark_delete: Option<Position>,
     /// Next position the dispatcher reads.
     pub read_position: Option<Position>,
+    /// Its position follows to the topic's other clusters (Pulsar's
+    /// `isReplicated`).
+    pub replicated: bool,
+    /// Its cursor's properties (internal stats; durable subscriptions).
+    pub cursor_properties: std::collections::BTreeMap<String, i64>,
     /// Consumers attached.
     pub consumers: Vec<ConsumerStats>,
     /// Exclusive and Failover: the consumer the dispatcher delivers to.

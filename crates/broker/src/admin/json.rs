@@ -502,7 +502,7 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
         "lastMarkDeleteAdvancedTimestamp": 0,
         "consumers": consumers,
         "isDurable": sub.durable,
-        "isReplicated": false,
+        "isReplicated": sub.replicated,
         "allowOutOfOrderDelivery": false,
         "consumersAfterMarkDeletePosition": {},
         "nonContiguousDeletedMessagesRanges": 0,
@@ -705,6 +705,7 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
             if let Some(rate) = s.msg_drop_rate {
                 merged.msg_drop_rate = Some(merged.msg_drop_rate.unwrap_or(0.0) + rate);
             }
+            merged.replicated |= s.replicated;
             merged.msg_drop_counter += s.msg_drop_counter;
             merged.consumers.extend(s.consumers.iter().cloned());
         }
@@ -813,7 +814,7 @@ pub fn internal_stats_json(input: &InternalStatsInput<'_>) -> Value {
                     "totalNonContiguousDeletedMessagesRange": 0,
                     "subscriptionHavePendingRead": false,
                     "subscriptionHavePendingReplayRead": false,
-                    "properties": {}
+                    "properties": s.cursor_properties
                 }),
             )
         })

@@ -50,6 +50,7 @@ mod pending_acks;
 mod producers;
 mod publish;
 mod quota;
+mod replicated;
 mod stats;
 mod subscriptions;
 mod throttle;
@@ -166,6 +167,7 @@ impl Topic {
         let full_name = name.to_string();
         let txn = txn.map(|t| (t.buffer, t.acks));
         let replicated = Arc::new(ReplicatedSubscriptions::default());
+        replicated.restore(&log);
         Arc::new(Topic {
             producers: ProducerTable::new(full_name.clone(), limits.producers_max),
             full_name,
@@ -631,9 +633,14 @@ impl Topic {
                 &self.dispatch_policy,
             )
             .await?;
-        if request.replicated && request.durable && !self.replicated.mark(&request.subscription) {
+        // As Pulsar: the flag only ever turns a subscription replicated; one
+        // without it keeps what the subscription is.
+        if request.replicated
+            && request.durable
+            && let Err(error) = self.set_replicated(&request.subscription, true).await
+        {
             tracing::warn!(topic = %self.full_name, subscription = %request.subscription,
-                "REPLICATED_SUBSCRIPTIONS_MAX reached: subscription not replicated");
+                %error, "subscription not replicated");
         }
         Ok(attached)
     }
