@@ -26,7 +26,8 @@
 //! restarted with no consumer attached still reports the subscription
 //! replicated (`.../replicatedSubscriptionStatus`), keeps taking snapshots,
 //! and a move of its cursor by the admin API alone (`skip_all`) reaches
-//! `b`.
+//! `b`. A client's own unsubscribe on `a` deletes `a`'s subscription only:
+//! `b` keeps its own, as Pulsar does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -311,4 +312,12 @@ async fn a_replicated_subscription_stays_replicated_across_a_restart_without_con
         "/admin/v2/persistent/geo/ns/failover/subscription/nope/replicatedSubscriptionStatus",
     );
     assert_eq!(status, 404);
+
+    // A client's own unsubscribe on a: a's subscription goes, b's stays
+    // (as Pulsar: nothing tells the other clusters).
+    let client_a = client(&a);
+    let on_a = subscribe(&client_a, "s", false).await;
+    on_a.unsubscribe().await.unwrap();
+    assert_eq!(replicated_status(&a).0, 404, "gone on a");
+    assert_eq!(replicated_status(&b), (200, Some(true)), "kept on b");
 }

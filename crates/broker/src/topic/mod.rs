@@ -788,7 +788,6 @@ impl Topic {
     /// Drops a subscription and its cursor (admin unsubscribe): its consumers
     /// get CLOSE_CONSUMER.
     pub(crate) async fn unsubscribe(&self, subscription: &str) -> Result<bool, ServiceError> {
-        self.replicated.forget(subscription);
         if let Some(handle) = self.subscriptions.handle(subscription) {
             let (reply, answer) = oneshot::channel();
             let command = SubCommand::Unsubscribe {
@@ -810,9 +809,13 @@ impl Topic {
         Ok(false)
     }
 
-    /// A durable subscription was deleted: the acknowledgements its
-    /// transactions held go with it (memory and records).
+    /// A durable subscription was deleted (admin or a client's
+    /// UNSUBSCRIBE): the acknowledgements its transactions held go with it
+    /// (memory and records), and it is no longer replicated here. As in
+    /// Pulsar, the other clusters keep their subscription of that name (an
+    /// update from one of them makes it here again).
     pub(crate) async fn subscription_deleted(&self, subscription: &str) {
+        self.replicated.forget(subscription);
         if let Some((_, acks)) = &self.txn
             && let Err(error) = acks.drop_subscription(subscription).await
         {
