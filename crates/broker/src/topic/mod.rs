@@ -86,7 +86,7 @@ use vela_wire::proto::ServerError;
 
 pub(crate) use dedup::{
     DEDUP_UNKNOWN_MESSAGE, DedupCheck, REPLICATOR_PREFIX, is_replicator, replicated_sequence_id,
-    replication_cursor_name, replicator_producer_name,
+    replication_cursor_name, replicator_producer_name, replicator_source,
 };
 pub(crate) use pending_acks::PendingAcks;
 pub(crate) use producers::{Admission, ProducerReg, ProducerTable};
