@@ -608,7 +608,13 @@ impl TxnBuffer {
     /// True when a subscription must skip (and acknowledge) this entry: a
     /// transaction marker, or an entry of an aborted transaction.
     pub(crate) fn is_hidden(&self, data: &[u8]) -> bool {
-        match classify(data) {
+        self.hides(entry_summary(data).as_ref())
+    }
+
+    /// [`TxnBuffer::is_hidden`] for an entry whose metadata the caller
+    /// scanned already (`None`: unreadable, a plain entry to the buffer).
+    pub(crate) fn hides(&self, summary: Option<&vela_wire::MetadataSummary>) -> bool {
+        match summary.map_or(Kind::Plain, kind_of) {
             Kind::Plain => false,
             Kind::Commit(_) | Kind::Abort(_) => true,
             Kind::Data(txn) => self.state.lock().aborted.contains_key(&txn),
@@ -679,12 +685,16 @@ fn metadata_slice(entry: &[u8]) -> Option<&[u8]> {
     entry.get(10..10usize.checked_add(size)?)
 }
 
+/// The scanned metadata of a stored entry (`None`: unreadable).
+pub(crate) fn entry_summary(entry: &[u8]) -> Option<vela_wire::MetadataSummary> {
+    metadata_slice(entry).and_then(|m| vela_wire::MetadataSummary::scan(m).ok())
+}
+
 fn classify(entry: &[u8]) -> Kind {
-    let Some(summary) =
-        metadata_slice(entry).and_then(|m| vela_wire::MetadataSummary::scan(m).ok())
-    else {
-        return Kind::Plain;
-    };
+    entry_summary(entry).as_ref().map_or(Kind::Plain, kind_of)
+}
+
+fn kind_of(summary: &vela_wire::MetadataSummary) -> Kind {
     let (Some(most), Some(least)) = (summary.txnid_most_bits, summary.txnid_least_bits) else {
         return Kind::Plain;
     };
