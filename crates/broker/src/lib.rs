@@ -97,6 +97,7 @@ pub mod admin;
 mod arrival;
 pub mod auth;
 mod authorization;
+mod broker_client;
 mod cluster;
 mod codec;
 mod compaction;
@@ -208,7 +209,20 @@ impl Broker {
             broker_service_url_tls: config.advertised_tls_url(),
             ..admin::ClusterData::default()
         };
+        // The broker-client settings are read once; with transactions on,
+        // brokers reach each other with them, so they must work.
+        let peers = if config.transactions.is_some() {
+            let peers = broker_client::PeerCredentials::resolve(&config.broker_client)
+                .await
+                .map_err(|e| BrokerError::Config(format!("brokerClient settings: {e}")))?;
+            Some(Arc::new(peers))
+        } else {
+            None
+        };
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
+        if let Some(peers) = peers {
+            let _ = service.peer_credentials.set(peers);
+        }
         service
             .admin
             .ensure_cluster(&service.config.cluster_name, &local_cluster)
