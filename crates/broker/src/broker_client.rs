@@ -5,7 +5,8 @@
 //! replicators take them as the defaults of a remote cluster's record
 //! (`replication::remote`), and the brokers of this cluster reach each
 //! other with them ([`PeerCredentials`]: transaction outcomes carried to a
-//! topic's owner by `txn_client`).
+//! topic's owner by `txn_client`, coordinator stats gathered by
+//! `http::transactions`).
 //!
 //! Owns: reading the token (given, or from a file, as Pulsar's
 //! `AuthenticationToken` takes `token:...`, `file:///path` or the token
@@ -21,6 +22,11 @@ use crate::ownership::BrokerInfo;
 
 /// Largest token file read.
 const TOKEN_FILE_BYTES_MAX: u64 = 64 << 10;
+/// Time one admin request to another broker may take.
+const ADMIN_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Largest admin answer read from another broker.
+const ADMIN_ANSWER_BYTES_MAX: u64 = 1 << 20;
+
 /// Why the broker-client settings cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum BrokerClientError {
@@ -102,6 +108,8 @@ pub(crate) async fn trust(
 pub(crate) struct PeerCredentials {
     /// TLS toward brokers that offer it (`brokerClientTlsEnabled`).
     pub(crate) tls: Option<Arc<rustls::ClientConfig>>,
+    /// The trust file's PEM bytes (for HTTPS clients).
+    pub(crate) roots_pem: Option<Vec<u8>>,
     /// The token CONNECT and admin requests carry.
     pub(crate) token: Option<String>,
 }
@@ -121,21 +129,26 @@ impl PeerCredentials {
     pub(crate) async fn resolve(
         config: &BrokerClientConfig,
     ) -> Result<PeerCredentials, BrokerClientError> {
-        let tls = if config.tls_enabled {
+        let (tls, roots_pem) = if config.tls_enabled {
             let file = config
                 .trust_certs_file
                 .clone()
                 .ok_or(BrokerClientError::NoTrustCerts)?;
-            Some(trust(file).await?.0)
+            let (tls, pem) = trust(file).await?;
+            (Some(tls), Some(pem))
         } else {
-            None
+            (None, None)
         };
         let token = plugin_token(
             config.authentication_plugin.as_deref(),
             config.authentication_parameters.as_deref(),
         )
         .await?;
-        Ok(PeerCredentials { tls, token })
+        Ok(PeerCredentials {
+            tls,
+            roots_pem,
+            token,
+        })
     }
 
     /// The Pulsar URL of `owner` to use: its `pulsar+ssl://` one with TLS
@@ -146,6 +159,57 @@ impl PeerCredentials {
             _ => PulsarRoute::Plain(owner.service_url.clone()),
         }
     }
+
+    /// The admin base URL of `owner` to use: its `https://` one when TLS
+    /// is on and it has one, else its `http://` one.
+    pub(crate) fn http_base<'o>(&self, owner: &'o BrokerInfo) -> &'o str {
+        match (&self.tls, &owner.http_url_tls) {
+            (Some(_), Some(url)) => url,
+            _ => &owner.http_url,
+        }
+    }
+}
+
+/// GET `url` (another broker's admin API) with `peers`' roots and token;
+/// the JSON of a 200 answer. Blocking: run it in a blocking task.
+pub(crate) fn get_json(peers: &PeerCredentials, url: &str) -> Result<serde_json::Value, String> {
+    let mut builder = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(ADMIN_REQUEST_TIMEOUT));
+    if let Some(pem) = &peers.roots_pem {
+        let certs = ureq::tls::parse_pem(pem)
+            .filter_map(|item| match item {
+                Ok(ureq::tls::PemItem::Certificate(cert)) => Some(Ok(cert)),
+                Ok(_) => None,
+                Err(e) => Some(Err(e)),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("trust certificates: {e}"))?;
+        let tls = ureq::tls::TlsConfig::builder()
+            .root_certs(ureq::tls::RootCerts::Specific(Arc::new(certs)))
+            .build();
+        builder = builder.tls_config(tls);
+    }
+    let agent: ureq::Agent = builder.build().into();
+    let request = agent.get(url);
+    let result = match &peers.token {
+        Some(token) => request
+            .header("Authorization", &format!("Bearer {token}"))
+            .call(),
+        None => request.call(),
+    };
+    let mut response = result.map_err(|e| e.to_string())?;
+    let status = response.status().as_u16();
+    let text = response
+        .body_mut()
+        .with_config()
+        .limit(ADMIN_ANSWER_BYTES_MAX)
+        .read_to_string()
+        .map_err(|e| e.to_string())?;
+    if status != 200 {
+        return Err(format!("HTTP {status} {text}"));
+    }
+    serde_json::from_str(&text).map_err(|e| format!("answer is not JSON: {e}"))
 }
 
 /// Where a connection to another broker goes.
@@ -187,6 +251,7 @@ mod tests {
         assert!(
             matches!(none.pulsar_route(&owner(true)), PulsarRoute::Plain(u) if u.ends_with(":6650"))
         );
+        assert_eq!(none.http_base(&owner(true)), "http://10.0.0.1:8080");
 
         // TLS and a token plugin with a token file.
         let dir = std::env::temp_dir().join(format!("vela-peer-{}", std::process::id()));
@@ -211,6 +276,8 @@ mod tests {
             both.pulsar_route(&owner(false)),
             PulsarRoute::Plain(_)
         ));
+        assert_eq!(both.http_base(&owner(true)), "https://10.0.0.1:8443");
+        assert_eq!(both.http_base(&owner(false)), "http://10.0.0.1:8080");
 
         // A token given inline; parameters without a plugin are not used.
         let inline = BrokerClientConfig {
