@@ -22,7 +22,6 @@ ratio Vela / Pulsar. Figures only, never a pass/fail on timing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -31,6 +30,7 @@ import urllib.request
 from pathlib import Path
 
 import bench
+import common
 
 SCENARIOS = {
     "backlog-drain": "drain a backlog of 1 KiB messages, receiver queue 1,000 and 10,000",
@@ -45,39 +45,32 @@ MESSAGES_DEFAULT = 1_500_000
 MESSAGE_BYTES = 1024
 
 
-def http_put(url: str) -> int:
-    request = urllib.request.Request(url, method="PUT", data=b"",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status
-    except urllib.error.HTTPError as error:
-        return error.code
-
-
-def prepare_topic(server: bench.Server, topic_path: str, subscriptions: list) -> None:
-    """Creates the topic and its subscriptions before anything is written,
-    so the backlog is retained on both systems."""
-    base = f"{server.admin_url}/admin/v2/persistent/{topic_path}"
-    status = http_put(base)
-    if status not in (200, 204, 409):
-        raise bench.Fail(f"creating {topic_path} answered {status}")
-    for sub in subscriptions:
-        status = http_put(f"{base}/subscription/{sub}")
-        if status not in (200, 204, 409):
-            raise bench.Fail(f"creating subscription {sub} answered {status}")
-
-
 def perf_json(opts: bench.Options, args: list, log: Path, timeout: float) -> dict:
-    proc = bench.spawn([opts.vela, "perf"] + args + ["--json"], log)
+    return common.perf_json([opts.vela, "perf"] + args + ["--json"], log, timeout)
+
+
+def produce_backlog(opts: bench.Options, server: bench.Server, topic: str, messages: int,
+                    system: str) -> float:
+    """The backlog of `messages` x 1 KiB, batched: its produce msg/s."""
+    produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
+                                "-s", str(MESSAGE_BYTES), "-o", "1000",
+                                "-m", str(messages), "-i", "5"],
+                         opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
+    print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
+          flush=True)
+    return produced["messages_per_s"]
+
+
+def read_path(server: bench.Server, system: str, row: dict) -> None:
+    """Vela's read-path breakdown into `row` (Pulsar has none)."""
+    if not system.startswith("vela"):
+        return
     try:
-        proc.wait(timeout=timeout)
-    except Exception:
-        bench.stop(proc)
-        raise bench.Fail(f"vela perf {args[0]} did not finish in {timeout:.0f} s; see {log}")
-    if proc.returncode != 0:
-        raise bench.Fail(f"vela perf {args[0]} failed:\n{bench.tail(log)}")
-    return bench.parse_vela_json(log)
+        with urllib.request.urlopen(f"{server.admin_url}/admin/v2/vela/read-path",
+                                    timeout=30) as answer:
+            row["read_path"] = json.loads(answer.read())
+    except OSError as error:
+        print(f"   {system}: no read-path breakdown: {error}")
 
 
 def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
@@ -100,15 +93,10 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
             print(f"   {system}: starting", flush=True)
             server.start()
             servers[system] = server
-            prepare_topic(server, topic_path,
+            common.prepare_topic(server, topic_path,
                           [f"q{q}-r{r}" for r in range(repeats) for q in QUEUES])
-            produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
-                                        "-s", str(MESSAGE_BYTES), "-o", "1000",
-                                        "-m", str(messages), "-i", "5"],
-                                 opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
-            rows[system]["produce_msg_s"] = produced["messages_per_s"]
-            print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
-                  flush=True)
+            rows[system]["produce_msg_s"] = produce_backlog(opts, server, topic, messages,
+                                                            system)
         for r in range(repeats):
             order = systems if r % 2 == 0 else list(reversed(systems))
             for system in order:
@@ -127,14 +115,7 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
             for q in QUEUES:
                 runs = rows[system]["runs"][f"q{q}"]
                 rows[system][f"q{q}_msg_s"] = statistics.median(runs)
-            if system.startswith("vela"):
-                try:
-                    with urllib.request.urlopen(
-                            f"{servers[system].admin_url}/admin/v2/vela/read-path",
-                            timeout=30) as answer:
-                        rows[system]["read_path"] = json.loads(answer.read())
-                except OSError as error:
-                    print(f"   {system}: no read-path breakdown: {error}")
+            read_path(servers[system], system, rows[system])
     except bench.Fail as error:
         print(f"   FAILED: {error}", flush=True)
         for row in rows.values():
@@ -148,23 +129,14 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
 
 
 def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
-    data_dir = opts.data_root / f"backlog-drain-{system}"
-    shutil.rmtree(data_dir, ignore_errors=True)
-    server = bench.SERVERS[system](1, data_dir, opts)
     row = {"system": system, "messages": messages}
     topic_path = "public/default/backlog-drain"
     topic = f"persistent://{topic_path}"
-    try:
-        print(f"   {system}: starting", flush=True)
-        server.start()
-        prepare_topic(server, topic_path, [f"q{q}" for q in QUEUES])
-        produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
-                                    "-s", str(MESSAGE_BYTES), "-o", "1000",
-                                    "-m", str(messages), "-i", "5"],
-                             opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
-        row["produce_msg_s"] = produced["messages_per_s"]
-        print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
-              flush=True)
+    with common.recording_failure(row, system), \
+            common.fresh_server(opts, bench.SERVERS[system], f"backlog-drain-{system}",
+                                system) as server:
+        common.prepare_topic(server, topic_path, [f"q{q}" for q in QUEUES])
+        row["produce_msg_s"] = produce_backlog(opts, server, topic, messages, system)
         for q in QUEUES:
             started = time.monotonic()
             summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
@@ -176,35 +148,19 @@ def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
             row[f"q{q}_wall_s"] = time.monotonic() - started
             print(f"   {system}: drain q={q}: {summary['messages_per_s']:.0f} msg/s "
                   f"({row[f'q{q}_wall_s']:.1f} s wall)", flush=True)
-        if system.startswith("vela"):
-            try:
-                with urllib.request.urlopen(f"{server.admin_url}/admin/v2/vela/read-path",
-                                            timeout=30) as answer:
-                    row["read_path"] = json.loads(answer.read())
-            except OSError as error:
-                print(f"   {system}: no read-path breakdown: {error}")
-    except bench.Fail as error:
-        print(f"   {system}: FAILED: {error}", flush=True)
-        row["failed"] = str(error).splitlines()[0]
-    finally:
-        server.stop()
-        if not opts.keep_data:
-            shutil.rmtree(data_dir, ignore_errors=True)
+        read_path(server, system, row)
     return row
 
 
 def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict:
-    data_dir = opts.data_root / f"backlog-while-producing-{system}"
-    shutil.rmtree(data_dir, ignore_errors=True)
-    server = bench.SERVERS[system](1, data_dir, opts)
     row = {"system": system, "messages": messages}
     topic_path = "public/default/backlog-while-producing"
     topic = f"persistent://{topic_path}"
     logs = opts.log_dir
-    try:
-        print(f"   {system}: starting", flush=True)
-        server.start()
-        prepare_topic(server, topic_path, ["catch-up"])
+    with common.recording_failure(row, system), \
+            common.fresh_server(opts, bench.SERVERS[system],
+                                f"backlog-while-producing-{system}", system) as server:
+        common.prepare_topic(server, topic_path, ["catch-up"])
         perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
                          "-s", str(MESSAGE_BYTES), "-o", "1000", "-m", str(messages), "-i", "5"],
                   logs / f"{system}.bwp.backlog.log", timeout=1800)
@@ -235,13 +191,6 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
         print(f"   {system}: producer p99 alone {alone['latency_ms']['p99']:.2f} ms, during the "
               f"drain {during['latency_ms']['p99']:.2f} ms; drain {drained['messages_per_s']:.0f} "
               f"msg/s ({row['drain_wall_s']:.1f} s)", flush=True)
-    except bench.Fail as error:
-        print(f"   {system}: FAILED: {error}", flush=True)
-        row["failed"] = str(error).splitlines()[0]
-    finally:
-        server.stop()
-        if not opts.keep_data:
-            shutil.rmtree(data_dir, ignore_errors=True)
     return row
 
 
@@ -258,9 +207,7 @@ def while_producing_table(rows: list) -> str:
                       f"{d['p50']:.2f} ms", f"{d['p99']:.2f} ms",
                       f"{d['p99'] / a['p99']:.2f}x" if a["p99"] else "-",
                       f"{r['drain_msg_s']:,.0f}"])
-    widths = [max(len(str(l[i])) for l in lines) for i in range(len(headers))]
-    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+    return common.plain_table(lines)
 
 
 def table(rows: list) -> str:
@@ -285,9 +232,7 @@ def table(rows: list) -> str:
         v, p = by["vela"].get("produce_msg_s"), by["pulsar"].get("produce_msg_s")
         line.append(f"{v / p:.2f}x" if v and p else "-")
     lines.append(line)
-    widths = [max(len(str(l[i])) for l in lines) for i in range(len(headers))]
-    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+    return common.plain_table(lines)
 
 
 def read_path_lines(row: dict) -> list:
@@ -299,34 +244,15 @@ def read_path_lines(row: dict) -> list:
 
 
 def main(argv: list) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenarios", nargs="+", choices=list(SCENARIOS))
-    parser.add_argument("--systems", default="vela,pulsar")
+    parser = common.run_parser(__doc__, SCENARIOS)
     parser.add_argument("--messages", type=int, default=MESSAGES_DEFAULT,
                         help=f"messages in the backlog (default {MESSAGES_DEFAULT:,})")
-    parser.add_argument("--data-root", type=Path,
-                        default=bench.ROOT / "target" / "bench-data")
-    parser.add_argument("--out", type=Path, default=bench.ROOT / "target" / "bench-results")
-    parser.add_argument("--vela", type=Path, default=bench.ROOT / "target" / "release" / "vela")
-    parser.add_argument("--keep-data", action="store_true")
     parser.add_argument("--repeat", type=int, default=3,
                         help="backlog-drain: rounds of turns, the median reported (default 3; "
                              "1: one system after the other, each on its own)")
-    parser.add_argument("--update-results", action="store_true",
-                        help="(accepted for bench/run.sh; these scenarios write no RESULTS.md)")
     args = parser.parse_args(argv)
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    log_dir = args.out / f"logs-{run_id}"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    args.data_root.mkdir(parents=True, exist_ok=True)
-    opts = bench.Options(15, 5, 5, args.data_root.resolve(), args.vela.resolve(),
-                         args.keep_data, False, log_dir)
-    print(f"logs in {log_dir}")
-    state = bench.machine_state()
-    for heavy in state["heavy"]:
-        print(f"  busy: {heavy}")
+    systems = common.systems_of(args)
+    opts = common.start_run(args)
     rows = []
     producing = []
     try:
@@ -357,7 +283,6 @@ def main(argv: list) -> int:
         if lines:
             print(f"\n   {row['system']} read path (both drains):")
             print("\n".join(lines))
-    (args.out / "catch-up-results.json").write_text(
-        json.dumps({"backlog-drain": rows, "backlog-while-producing": producing}, indent=1))
-    print(f"\nraw results: {args.out / 'catch-up-results.json'}")
+    common.write_results(args.out, "catch-up-results.json",
+                         {"backlog-drain": rows, "backlog-while-producing": producing})
     return 1 if any("failed" in r for r in rows + producing) else 0
