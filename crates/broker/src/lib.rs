@@ -18,7 +18,7 @@
 //! below, and no two modules use each other, directly or not, at any depth
 //! (`tests/layering.rs` checks both against this list):
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `markers`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`, `rate_limit`
-//! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
+//! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`, `broker_client`
 //! 3. topics: `compaction`, `txn_buffer`, `subscription`, `topic`, `nonpersistent`
 //! 4. the service: `transaction`, `txn_client`, `shutdown`, `service`, `txn_participants`, `lifecycle`, `cluster`, `watchers`, `policy_watch`, `replication`
 //! 5. edges: `connection`, `accept`, `http`
