@@ -1,5 +1,9 @@
-//! Key_Shared dispatch over the protocol: a lone consumer is never fenced
-//! (Pulsar's "recently joined consumers" rule needs another consumer).
+//! Key_Shared dispatch over the protocol, counting the entries the broker
+//! reads from its log (the entry cache's hits and misses: every read goes
+//! through it): entries held for a fenced consumer are not read again while
+//! they wait, a lone consumer is never fenced (Pulsar's "recently joined
+//! consumers" rule needs another consumer), and entries nobody has permits
+//! for stay read ahead instead of being read again one by one.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -9,12 +13,21 @@ use std::sync::Arc;
 
 use common::{Client, TIMEOUT, message_of, metadata, receipt_seq, start_broker_on};
 use vela_broker::BrokerHandle;
-use vela_wire::proto::{self, MessageIdData, command_subscribe::SubType};
+use vela_log::EntryCache;
+use vela_wire::proto::{self, MessageIdData, command_ack::AckType, command_subscribe::SubType};
 
-/// A broker on in-memory state.
-async fn broker() -> BrokerHandle {
+/// A broker on in-memory state, and its entry cache (to count log reads).
+async fn broker_counting_reads() -> (BrokerHandle, EntryCache) {
     let env = vela_log::LogEnv::in_memory();
-    start_broker_on(Arc::new(vela_meta::MemoryStore::new()), env).await
+    let cache = env.cache().clone();
+    let broker = start_broker_on(Arc::new(vela_meta::MemoryStore::new()), env).await;
+    (broker, cache)
+}
+
+/// Entries the broker has read from its logs so far.
+fn entries_read(cache: &EntryCache) -> u64 {
+    let stats = cache.stats();
+    stats.hits_total + stats.misses_total
 }
 
 /// A key in the lower half of the hash space: a second consumer takes it over.
@@ -42,6 +55,35 @@ async fn publish(producer: &mut Client, key: &str, seqs: std::ops::RangeInclusiv
     }
 }
 
+/// CONSUMER_STATS goes through the subscription task after every command
+/// sent before it (and the dispatch pass each caused): its answer proves
+/// they were all handled.
+async fn settle(client: &mut Client, consumer_id: u64, request_id: u64) {
+    client
+        .send(proto::CommandConsumerStats {
+            request_id,
+            consumer_id,
+        })
+        .await;
+    let frame = client.recv().await;
+    assert!(
+        frame.command.consumer_stats_response.is_some(),
+        "expected CONSUMER_STATS_RESPONSE, got {:?}",
+        frame.command
+    );
+}
+
+async fn ack(client: &mut Client, consumer_id: u64, id: MessageIdData) {
+    client
+        .send(proto::CommandAck {
+            consumer_id,
+            ack_type: AckType::Individual as i32,
+            message_id: vec![id],
+            ..Default::default()
+        })
+        .await;
+}
+
 /// Receives a message and returns (its payload as text, its id).
 async fn next_message(client: &mut Client) -> (String, MessageIdData) {
     let frame = client.recv().await;
@@ -52,6 +94,53 @@ async fn next_message(client: &mut Client) -> (String, MessageIdData) {
     )
 }
 
+/// Entries held back for a consumer that joined while an earlier entry of
+/// its key was out (fenced) wait in the replay set. Each command the
+/// subscription handles runs a dispatch pass; a pass must not read those
+/// entries from the log again just to find they still cannot go: with a
+/// backlog larger than every cache each such read is a bookie read, and a
+/// few commands made a pass read hundreds of entries (a Key_Shared drain
+/// stalled for a minute under load).
+#[tokio::test]
+async fn entries_held_for_a_fenced_consumer_are_not_read_again_while_they_wait() {
+    const HELD: u64 = 20;
+    const COMMANDS: u32 = 10;
+    let (broker, cache) = broker_counting_reads().await;
+    let addr = broker.pulsar_addr();
+    let key = key_of_the_second_consumer();
+    let mut producer = Client::connect(addr).await;
+    producer.create_producer("ks-held", 1).await;
+    let mut a = Client::connect(addr).await;
+    a.subscribe("ks-held", "s", SubType::KeyShared, 1).await;
+    a.flow(1, 1000).await;
+    publish(&mut producer, &key, 0..=0).await;
+    let (first, first_id) = next_message(&mut a).await;
+    assert_eq!(first, "0");
+    // B joins beside A while entry 0 is out: fenced; the key moves to B.
+    let mut b = Client::connect(addr).await;
+    b.subscribe("ks-held", "s", SubType::KeyShared, 2).await;
+    b.flow(2, 1000).await;
+    publish(&mut producer, &key, 1..=HELD).await;
+    settle(&mut b, 2, 100).await;
+    let before = entries_read(&cache);
+    for _ in 0..COMMANDS {
+        b.flow(2, 1).await;
+    }
+    settle(&mut b, 2, 101).await;
+    assert_eq!(
+        entries_read(&cache) - before,
+        0,
+        "{COMMANDS} commands while {HELD} entries wait for a fenced consumer re-read them"
+    );
+    // Entry 0 acknowledged: the fence lifts and B gets the rest, in order.
+    ack(&mut a, 1, first_id).await;
+    for seq in 1..=HELD {
+        let (payload, _) = next_message(&mut b).await;
+        assert_eq!(payload, seq.to_string());
+    }
+    broker.shutdown().await.unwrap();
+}
+
 /// A consumer alone on the subscription takes every key: after a reconnect
 /// with entries unacknowledged it gets them again first, then new entries at
 /// once (Pulsar fences a joining consumer only beside others). Fenced, it
@@ -59,7 +148,7 @@ async fn next_message(client: &mut Client) -> (String, MessageIdData) {
 /// client that acknowledges late would wait for nothing.
 #[tokio::test]
 async fn a_lone_consumer_is_not_fenced_after_a_reconnect() {
-    let broker = broker().await;
+    let (broker, _cache) = broker_counting_reads().await;
     let addr = broker.pulsar_addr();
     let key = key_of_the_second_consumer();
     let mut producer = Client::connect(addr).await;
@@ -102,7 +191,7 @@ async fn a_lone_consumer_is_not_fenced_after_a_reconnect() {
 /// ones, without waiting for its own acknowledgements.
 #[tokio::test]
 async fn a_fenced_consumer_left_alone_is_fenced_no_more() {
-    let broker = broker().await;
+    let (broker, _cache) = broker_counting_reads().await;
     let addr = broker.pulsar_addr();
     let key = key_of_the_second_consumer();
     let mut producer = Client::connect(addr).await;
@@ -130,6 +219,36 @@ async fn a_fenced_consumer_left_alone_is_fenced_no_more() {
         next.map(|(payload, _)| payload).ok().as_deref(),
         Some("1"),
         "alone, B still waited for the acknowledgement of entry 0"
+    );
+    broker.shutdown().await.unwrap();
+}
+
+/// A lone Key_Shared consumer that takes one message at a time: the entries
+/// read ahead wait in memory for its permits, each read from the log once,
+/// instead of being dropped into the replay set and read again one by one.
+#[tokio::test]
+async fn entries_nobody_has_permits_for_stay_read_ahead() {
+    const ENTRIES: u64 = 30;
+    let (broker, cache) = broker_counting_reads().await;
+    let addr = broker.pulsar_addr();
+    let key = key_of_the_second_consumer();
+    let mut producer = Client::connect(addr).await;
+    producer.create_producer("ks-permits", 1).await;
+    let mut consumer = Client::connect(addr).await;
+    consumer
+        .subscribe("ks-permits", "s", SubType::KeyShared, 1)
+        .await;
+    publish(&mut producer, &key, 0..=ENTRIES - 1).await;
+    settle(&mut consumer, 1, 100).await;
+    let before = entries_read(&cache);
+    for seq in 0..ENTRIES {
+        consumer.flow(1, 1).await;
+        assert_eq!(next_message(&mut consumer).await.0, seq.to_string());
+    }
+    assert_eq!(
+        entries_read(&cache) - before,
+        ENTRIES,
+        "each entry is read from the log once"
     );
     broker.shutdown().await.unwrap();
 }
