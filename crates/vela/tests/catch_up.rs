@@ -53,6 +53,9 @@ fn start_with_small_caches() -> Standalone {
         "1",
         "--ledger-max-entries",
         &LEDGER_ENTRIES_MAX.to_string(),
+        // A full ledger rolls over at once, not after the default 10 min.
+        "--ledger-min-rollover-minutes",
+        "0",
     ])
 }
 
@@ -68,6 +71,14 @@ impl Standalone {
         let stats = self.try_http_get(&format!("{path}/stats"));
         let internal = self.try_http_get(&format!("{path}/internalStats"));
         format!("stats: {stats}\ninternal stats: {internal}")
+    }
+
+    /// Ledgers `topic`'s log has now (its internal stats).
+    fn ledgers_of(&self, topic: &str) -> usize {
+        let path = topic.replacen("persistent://", "/admin/v2/persistent/", 1);
+        let (status, body) = self.http_get(&format!("{path}/internalStats"));
+        assert_eq!(status, 200, "internalStats: {body}");
+        body.matches("\"ledgerId\"").count()
     }
 
     /// Entries the bookie served from entry logs (its `bookie_read_log`
@@ -247,6 +258,10 @@ async fn every_subscription_type_drains_a_backlog_larger_than_every_cache() {
             .unwrap();
     }
     produce_backlog(&client, topic).await;
+    assert!(
+        standalone.ledgers_of(topic) > 2,
+        "the backlog does not span several ledgers"
+    );
     for (name, sub_type) in kinds {
         drain_with_reconnects(&standalone, &client, topic, name, sub_type).await;
     }
