@@ -17,7 +17,9 @@ run, both driven by the same client (`vela perf`):
 bench/run.sh backlog-drain [--systems vela] [--messages N]
 (bench.py hands these scenario names to this module.)
 Prints one table: msg/s and MB/s of each drain on each system, and the
-ratio Vela / Pulsar. Figures only, never a pass/fail on timing.
+ratio Vela / Pulsar; then each system's peak RSS per phase and, for Vela,
+each memory budget's peak use against its bound (bench/budgets.py).
+Figures only, never a pass/fail on timing.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import urllib.request
 from pathlib import Path
 
 import bench
+import budgets
 
 SCENARIOS = {
     "backlog-drain": "drain a backlog of 1 KiB messages, receiver queue 1,000 and 10,000",
@@ -90,6 +93,7 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
     topic_path = "public/default/backlog-drain"
     topic = f"persistent://{topic_path}"
     servers = {}
+    watches = {}
     rows = {s: {"system": s, "messages": messages, "runs": {f"q{q}": [] for q in QUEUES}}
             for s in systems}
     try:
@@ -100,13 +104,16 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
             print(f"   {system}: starting", flush=True)
             server.start()
             servers[system] = server
+            watches[system] = budgets.MemoryWatch(server)
             prepare_topic(server, topic_path,
                           [f"q{q}-r{r}" for r in range(repeats) for q in QUEUES])
+            watches[system].phase("produce")
             produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
                                         "-s", str(MESSAGE_BYTES), "-o", "1000",
                                         "-m", str(messages), "-i", "5"],
                                  opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
             rows[system]["produce_msg_s"] = produced["messages_per_s"]
+            watches[system].phase(None)
             print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
                   flush=True)
         for r in range(repeats):
@@ -114,12 +121,14 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
             for system in order:
                 server = servers[system]
                 for q in QUEUES:
+                    watches[system].phase(f"drain q={q}")
                     summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
                                                "-s", f"q{q}-r{r}",
                                                "--subscription-position", "earliest",
                                                "-q", str(q), "-m", str(messages), "-i", "5"],
                                         opts.log_dir / f"{system}.drain.q{q}.r{r}.log",
                                         timeout=1800)
+                    watches[system].phase(None)
                     rows[system]["runs"][f"q{q}"].append(summary["messages_per_s"])
                     print(f"   round {r + 1}/{repeats} {system}: drain q={q}: "
                           f"{summary['messages_per_s']:.0f} msg/s", flush=True)
@@ -140,6 +149,8 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
         for row in rows.values():
             row["failed"] = str(error).splitlines()[0]
     finally:
+        for system, watch in watches.items():
+            rows[system]["memory"] = watch.stop()
         for system, server in servers.items():
             server.stop()
             if not opts.keep_data:
@@ -154,10 +165,13 @@ def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
     row = {"system": system, "messages": messages}
     topic_path = "public/default/backlog-drain"
     topic = f"persistent://{topic_path}"
+    watch = None
     try:
         print(f"   {system}: starting", flush=True)
         server.start()
+        watch = budgets.MemoryWatch(server)
         prepare_topic(server, topic_path, [f"q{q}" for q in QUEUES])
+        watch.phase("produce")
         produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
                                     "-s", str(MESSAGE_BYTES), "-o", "1000",
                                     "-m", str(messages), "-i", "5"],
@@ -166,6 +180,7 @@ def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
         print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
               flush=True)
         for q in QUEUES:
+            watch.phase(f"drain q={q}")
             started = time.monotonic()
             summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
                                        "-s", f"q{q}", "--subscription-position", "earliest",
@@ -187,6 +202,8 @@ def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
         print(f"   {system}: FAILED: {error}", flush=True)
         row["failed"] = str(error).splitlines()[0]
     finally:
+        if watch is not None:
+            row["memory"] = watch.stop()
         server.stop()
         if not opts.keep_data:
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -201,14 +218,18 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
     topic_path = "public/default/backlog-while-producing"
     topic = f"persistent://{topic_path}"
     logs = opts.log_dir
+    watch = None
     try:
         print(f"   {system}: starting", flush=True)
         server.start()
+        watch = budgets.MemoryWatch(server)
         prepare_topic(server, topic_path, ["catch-up"])
+        watch.phase("produce the backlog")
         perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
                          "-s", str(MESSAGE_BYTES), "-o", "1000", "-m", str(messages), "-i", "5"],
                   logs / f"{system}.bwp.backlog.log", timeout=1800)
         rate = ["-r", str(PRODUCER_RATE), "-s", str(MESSAGE_BYTES), "-i", "5"]
+        watch.phase("producer alone")
         alone = perf_json(opts, ["produce", topic, "-u", server.service_url, *rate,
                                  "--test-duration", str(PRODUCER_ALONE_S), "--warmup", "2"],
                           logs / f"{system}.bwp.alone.log", timeout=300)
@@ -220,12 +241,14 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
         producer = bench.spawn([opts.vela, "perf", "produce", topic, "-u", server.service_url,
                                 *rate, "--warmup", "2", "--json"], during_log)
         time.sleep(2.2)
+        watch.phase("drain while producing")
         started = time.monotonic()
         drained = perf_json(opts, ["consume", topic, "-u", server.service_url,
                                    "-s", "catch-up", "--subscription-position", "earliest",
                                    "-q", "1000", "-m", str(messages), "-i", "5"],
                             logs / f"{system}.bwp.drain.log", timeout=1800)
         row["drain_wall_s"] = time.monotonic() - started
+        watch.phase(None)
         producer.send_signal(bench.signal.SIGINT)
         producer.wait(timeout=60)
         during = bench.parse_vela_json(during_log)
@@ -239,6 +262,8 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
         print(f"   {system}: FAILED: {error}", flush=True)
         row["failed"] = str(error).splitlines()[0]
     finally:
+        if watch is not None:
+            row["memory"] = watch.stop()
         server.stop()
         if not opts.keep_data:
             shutil.rmtree(data_dir, ignore_errors=True)
@@ -357,6 +382,12 @@ def main(argv: list) -> int:
         if lines:
             print(f"\n   {row['system']} read path (both drains):")
             print("\n".join(lines))
+    memory_rows = [r for r in rows + producing if "memory" in r]
+    if memory_rows:
+        print("\nmemory (peak RSS sampled every 0.25 s; Vela's budgets and their peak use "
+              "from its /metrics every 1 s, MiB):")
+        for row in memory_rows:
+            print("\n".join(budgets.lines(row["system"], row["memory"])))
     (args.out / "catch-up-results.json").write_text(
         json.dumps({"backlog-drain": rows, "backlog-while-producing": producing}, indent=1))
     print(f"\nraw results: {args.out / 'catch-up-results.json'}")
