@@ -24,7 +24,6 @@ Figures only, never a pass/fail on timing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import bench
 import budgets
+import common
 
 SCENARIOS = {
     "backlog-drain": "drain a backlog of 1 KiB messages, receiver queue 1,000 and 10,000",
@@ -48,39 +48,32 @@ MESSAGES_DEFAULT = 1_500_000
 MESSAGE_BYTES = 1024
 
 
-def http_put(url: str) -> int:
-    request = urllib.request.Request(url, method="PUT", data=b"",
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status
-    except urllib.error.HTTPError as error:
-        return error.code
-
-
-def prepare_topic(server: bench.Server, topic_path: str, subscriptions: list) -> None:
-    """Creates the topic and its subscriptions before anything is written,
-    so the backlog is retained on both systems."""
-    base = f"{server.admin_url}/admin/v2/persistent/{topic_path}"
-    status = http_put(base)
-    if status not in (200, 204, 409):
-        raise bench.Fail(f"creating {topic_path} answered {status}")
-    for sub in subscriptions:
-        status = http_put(f"{base}/subscription/{sub}")
-        if status not in (200, 204, 409):
-            raise bench.Fail(f"creating subscription {sub} answered {status}")
-
-
 def perf_json(opts: bench.Options, args: list, log: Path, timeout: float) -> dict:
-    proc = bench.spawn([opts.vela, "perf"] + args + ["--json"], log)
+    return common.perf_json([opts.vela, "perf"] + args + ["--json"], log, timeout)
+
+
+def produce_backlog(opts: bench.Options, server: bench.Server, topic: str, messages: int,
+                    system: str) -> float:
+    """The backlog of `messages` x 1 KiB, batched: its produce msg/s."""
+    produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
+                                "-s", str(MESSAGE_BYTES), "-o", "1000",
+                                "-m", str(messages), "-i", "5"],
+                         opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
+    print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
+          flush=True)
+    return produced["messages_per_s"]
+
+
+def read_path(server: bench.Server, system: str, row: dict) -> None:
+    """Vela's read-path breakdown into `row` (Pulsar has none)."""
+    if not system.startswith("vela"):
+        return
     try:
-        proc.wait(timeout=timeout)
-    except Exception:
-        bench.stop(proc)
-        raise bench.Fail(f"vela perf {args[0]} did not finish in {timeout:.0f} s; see {log}")
-    if proc.returncode != 0:
-        raise bench.Fail(f"vela perf {args[0]} failed:\n{bench.tail(log)}")
-    return bench.parse_vela_json(log)
+        with urllib.request.urlopen(f"{server.admin_url}/admin/v2/vela/read-path",
+                                    timeout=30) as answer:
+            row["read_path"] = json.loads(answer.read())
+    except OSError as error:
+        print(f"   {system}: no read-path breakdown: {error}")
 
 
 def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
@@ -105,17 +98,12 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
             server.start()
             servers[system] = server
             watches[system] = budgets.MemoryWatch(server)
-            prepare_topic(server, topic_path,
+            common.prepare_topic(server, topic_path,
                           [f"q{q}-r{r}" for r in range(repeats) for q in QUEUES])
             watches[system].phase("produce")
-            produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
-                                        "-s", str(MESSAGE_BYTES), "-o", "1000",
-                                        "-m", str(messages), "-i", "5"],
-                                 opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
-            rows[system]["produce_msg_s"] = produced["messages_per_s"]
+            rows[system]["produce_msg_s"] = produce_backlog(opts, server, topic, messages,
+                                                            system)
             watches[system].phase(None)
-            print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
-                  flush=True)
         for r in range(repeats):
             order = systems if r % 2 == 0 else list(reversed(systems))
             for system in order:
@@ -136,14 +124,7 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
             for q in QUEUES:
                 runs = rows[system]["runs"][f"q{q}"]
                 rows[system][f"q{q}_msg_s"] = statistics.median(runs)
-            if system.startswith("vela"):
-                try:
-                    with urllib.request.urlopen(
-                            f"{servers[system].admin_url}/admin/v2/vela/read-path",
-                            timeout=30) as answer:
-                        rows[system]["read_path"] = json.loads(answer.read())
-                except OSError as error:
-                    print(f"   {system}: no read-path breakdown: {error}")
+            read_path(servers[system], system, rows[system])
     except bench.Fail as error:
         print(f"   FAILED: {error}", flush=True)
         for row in rows.values():
@@ -159,114 +140,82 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
 
 
 def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
-    data_dir = opts.data_root / f"backlog-drain-{system}"
-    shutil.rmtree(data_dir, ignore_errors=True)
-    server = bench.SERVERS[system](1, data_dir, opts)
     row = {"system": system, "messages": messages}
     topic_path = "public/default/backlog-drain"
     topic = f"persistent://{topic_path}"
-    watch = None
-    try:
-        print(f"   {system}: starting", flush=True)
-        server.start()
+    with common.recording_failure(row, system), \
+            common.fresh_server(opts, bench.SERVERS[system], f"backlog-drain-{system}",
+                                system) as server:
         watch = budgets.MemoryWatch(server)
-        prepare_topic(server, topic_path, [f"q{q}" for q in QUEUES])
-        watch.phase("produce")
-        produced = perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
-                                    "-s", str(MESSAGE_BYTES), "-o", "1000",
-                                    "-m", str(messages), "-i", "5"],
-                             opts.log_dir / f"{system}.drain.produce.log", timeout=1800)
-        row["produce_msg_s"] = produced["messages_per_s"]
-        print(f"   {system}: produced {messages} at {produced['messages_per_s']:.0f} msg/s",
-              flush=True)
-        for q in QUEUES:
-            watch.phase(f"drain q={q}")
-            started = time.monotonic()
-            summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
-                                       "-s", f"q{q}", "--subscription-position", "earliest",
-                                       "-q", str(q), "-m", str(messages), "-i", "5"],
-                                opts.log_dir / f"{system}.drain.q{q}.log", timeout=1800)
-            row[f"q{q}_msg_s"] = summary["messages_per_s"]
-            row[f"q{q}_mb_s"] = summary["mb_per_s"]
-            row[f"q{q}_wall_s"] = time.monotonic() - started
-            print(f"   {system}: drain q={q}: {summary['messages_per_s']:.0f} msg/s "
-                  f"({row[f'q{q}_wall_s']:.1f} s wall)", flush=True)
-        if system.startswith("vela"):
-            try:
-                with urllib.request.urlopen(f"{server.admin_url}/admin/v2/vela/read-path",
-                                            timeout=30) as answer:
-                    row["read_path"] = json.loads(answer.read())
-            except OSError as error:
-                print(f"   {system}: no read-path breakdown: {error}")
-    except bench.Fail as error:
-        print(f"   {system}: FAILED: {error}", flush=True)
-        row["failed"] = str(error).splitlines()[0]
-    finally:
-        if watch is not None:
+        try:
+            common.prepare_topic(server, topic_path, [f"q{q}" for q in QUEUES])
+            watch.phase("produce")
+            row["produce_msg_s"] = produce_backlog(opts, server, topic, messages, system)
+            for q in QUEUES:
+                watch.phase(f"drain q={q}")
+                started = time.monotonic()
+                summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
+                                           "-s", f"q{q}", "--subscription-position", "earliest",
+                                           "-q", str(q), "-m", str(messages), "-i", "5"],
+                                    opts.log_dir / f"{system}.drain.q{q}.log", timeout=1800)
+                row[f"q{q}_msg_s"] = summary["messages_per_s"]
+                row[f"q{q}_mb_s"] = summary["mb_per_s"]
+                row[f"q{q}_wall_s"] = time.monotonic() - started
+                print(f"   {system}: drain q={q}: {summary['messages_per_s']:.0f} msg/s "
+                      f"({row[f'q{q}_wall_s']:.1f} s wall)", flush=True)
+            read_path(server, system, row)
+        finally:
             row["memory"] = watch.stop()
-        server.stop()
-        if not opts.keep_data:
-            shutil.rmtree(data_dir, ignore_errors=True)
     return row
 
 
 def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict:
-    data_dir = opts.data_root / f"backlog-while-producing-{system}"
-    shutil.rmtree(data_dir, ignore_errors=True)
-    server = bench.SERVERS[system](1, data_dir, opts)
     row = {"system": system, "messages": messages}
     topic_path = "public/default/backlog-while-producing"
     topic = f"persistent://{topic_path}"
     logs = opts.log_dir
-    watch = None
-    try:
-        print(f"   {system}: starting", flush=True)
-        server.start()
+    with common.recording_failure(row, system), \
+            common.fresh_server(opts, bench.SERVERS[system],
+                                f"backlog-while-producing-{system}", system) as server:
         watch = budgets.MemoryWatch(server)
-        prepare_topic(server, topic_path, ["catch-up"])
-        watch.phase("produce the backlog")
-        perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
-                         "-s", str(MESSAGE_BYTES), "-o", "1000", "-m", str(messages), "-i", "5"],
-                  logs / f"{system}.bwp.backlog.log", timeout=1800)
-        rate = ["-r", str(PRODUCER_RATE), "-s", str(MESSAGE_BYTES), "-i", "5"]
-        watch.phase("producer alone")
-        alone = perf_json(opts, ["produce", topic, "-u", server.service_url, *rate,
-                                 "--test-duration", str(PRODUCER_ALONE_S), "--warmup", "2"],
-                          logs / f"{system}.bwp.alone.log", timeout=300)
-        row["alone_latency_ms"] = alone["latency_ms"]
-        during_log = logs / f"{system}.bwp.during.log"
-        # The producer warms up (connects, first batches) for 2 s, left out
-        # of its figures, before the drain starts: its summary covers the
-        # drain only.
-        producer = bench.spawn([opts.vela, "perf", "produce", topic, "-u", server.service_url,
-                                *rate, "--warmup", "2", "--json"], during_log)
-        time.sleep(2.2)
-        watch.phase("drain while producing")
-        started = time.monotonic()
-        drained = perf_json(opts, ["consume", topic, "-u", server.service_url,
-                                   "-s", "catch-up", "--subscription-position", "earliest",
-                                   "-q", "1000", "-m", str(messages), "-i", "5"],
-                            logs / f"{system}.bwp.drain.log", timeout=1800)
-        row["drain_wall_s"] = time.monotonic() - started
-        watch.phase(None)
-        producer.send_signal(bench.signal.SIGINT)
-        producer.wait(timeout=60)
-        during = bench.parse_vela_json(during_log)
-        row["during_latency_ms"] = during["latency_ms"]
-        row["during_msg_s"] = during["messages_per_s"]
-        row["drain_msg_s"] = drained["messages_per_s"]
-        print(f"   {system}: producer p99 alone {alone['latency_ms']['p99']:.2f} ms, during the "
-              f"drain {during['latency_ms']['p99']:.2f} ms; drain {drained['messages_per_s']:.0f} "
-              f"msg/s ({row['drain_wall_s']:.1f} s)", flush=True)
-    except bench.Fail as error:
-        print(f"   {system}: FAILED: {error}", flush=True)
-        row["failed"] = str(error).splitlines()[0]
-    finally:
-        if watch is not None:
+        try:
+            common.prepare_topic(server, topic_path, ["catch-up"])
+            watch.phase("produce the backlog")
+            perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
+                             "-s", str(MESSAGE_BYTES), "-o", "1000", "-m", str(messages), "-i", "5"],
+                      logs / f"{system}.bwp.backlog.log", timeout=1800)
+            rate = ["-r", str(PRODUCER_RATE), "-s", str(MESSAGE_BYTES), "-i", "5"]
+            watch.phase("producer alone")
+            alone = perf_json(opts, ["produce", topic, "-u", server.service_url, *rate,
+                                     "--test-duration", str(PRODUCER_ALONE_S), "--warmup", "2"],
+                              logs / f"{system}.bwp.alone.log", timeout=300)
+            row["alone_latency_ms"] = alone["latency_ms"]
+            during_log = logs / f"{system}.bwp.during.log"
+            # The producer warms up (connects, first batches) for 2 s, left out
+            # of its figures, before the drain starts: its summary covers the
+            # drain only.
+            producer = bench.spawn([opts.vela, "perf", "produce", topic, "-u", server.service_url,
+                                    *rate, "--warmup", "2", "--json"], during_log)
+            time.sleep(2.2)
+            watch.phase("drain while producing")
+            started = time.monotonic()
+            drained = perf_json(opts, ["consume", topic, "-u", server.service_url,
+                                       "-s", "catch-up", "--subscription-position", "earliest",
+                                       "-q", "1000", "-m", str(messages), "-i", "5"],
+                                logs / f"{system}.bwp.drain.log", timeout=1800)
+            row["drain_wall_s"] = time.monotonic() - started
+            watch.phase(None)
+            producer.send_signal(bench.signal.SIGINT)
+            producer.wait(timeout=60)
+            during = bench.parse_vela_json(during_log)
+            row["during_latency_ms"] = during["latency_ms"]
+            row["during_msg_s"] = during["messages_per_s"]
+            row["drain_msg_s"] = drained["messages_per_s"]
+            print(f"   {system}: producer p99 alone {alone['latency_ms']['p99']:.2f} ms, during the "
+                  f"drain {during['latency_ms']['p99']:.2f} ms; drain {drained['messages_per_s']:.0f} "
+                  f"msg/s ({row['drain_wall_s']:.1f} s)", flush=True)
+        finally:
             row["memory"] = watch.stop()
-        server.stop()
-        if not opts.keep_data:
-            shutil.rmtree(data_dir, ignore_errors=True)
     return row
 
 
@@ -283,9 +232,7 @@ def while_producing_table(rows: list) -> str:
                       f"{d['p50']:.2f} ms", f"{d['p99']:.2f} ms",
                       f"{d['p99'] / a['p99']:.2f}x" if a["p99"] else "-",
                       f"{r['drain_msg_s']:,.0f}"])
-    widths = [max(len(str(l[i])) for l in lines) for i in range(len(headers))]
-    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+    return common.plain_table(lines)
 
 
 def table(rows: list) -> str:
@@ -310,9 +257,7 @@ def table(rows: list) -> str:
         v, p = by["vela"].get("produce_msg_s"), by["pulsar"].get("produce_msg_s")
         line.append(f"{v / p:.2f}x" if v and p else "-")
     lines.append(line)
-    widths = [max(len(str(l[i])) for l in lines) for i in range(len(headers))]
-    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+    return common.plain_table(lines)
 
 
 def read_path_lines(row: dict) -> list:
@@ -324,34 +269,15 @@ def read_path_lines(row: dict) -> list:
 
 
 def main(argv: list) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenarios", nargs="+", choices=list(SCENARIOS))
-    parser.add_argument("--systems", default="vela,pulsar")
+    parser = common.run_parser(__doc__, SCENARIOS)
     parser.add_argument("--messages", type=int, default=MESSAGES_DEFAULT,
                         help=f"messages in the backlog (default {MESSAGES_DEFAULT:,})")
-    parser.add_argument("--data-root", type=Path,
-                        default=bench.ROOT / "target" / "bench-data")
-    parser.add_argument("--out", type=Path, default=bench.ROOT / "target" / "bench-results")
-    parser.add_argument("--vela", type=Path, default=bench.ROOT / "target" / "release" / "vela")
-    parser.add_argument("--keep-data", action="store_true")
     parser.add_argument("--repeat", type=int, default=3,
                         help="backlog-drain: rounds of turns, the median reported (default 3; "
                              "1: one system after the other, each on its own)")
-    parser.add_argument("--update-results", action="store_true",
-                        help="(accepted for bench/run.sh; these scenarios write no RESULTS.md)")
     args = parser.parse_args(argv)
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    log_dir = args.out / f"logs-{run_id}"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    args.data_root.mkdir(parents=True, exist_ok=True)
-    opts = bench.Options(15, 5, 5, args.data_root.resolve(), args.vela.resolve(),
-                         args.keep_data, False, log_dir)
-    print(f"logs in {log_dir}")
-    state = bench.machine_state()
-    for heavy in state["heavy"]:
-        print(f"  busy: {heavy}")
+    systems = common.systems_of(args)
+    opts = common.start_run(args)
     rows = []
     producing = []
     try:
@@ -388,7 +314,6 @@ def main(argv: list) -> int:
               "from its /metrics every 1 s, MiB):")
         for row in memory_rows:
             print("\n".join(budgets.lines(row["system"], row["memory"])))
-    (args.out / "catch-up-results.json").write_text(
-        json.dumps({"backlog-drain": rows, "backlog-while-producing": producing}, indent=1))
-    print(f"\nraw results: {args.out / 'catch-up-results.json'}")
+    common.write_results(args.out, "catch-up-results.json",
+                         {"backlog-drain": rows, "backlog-while-producing": producing})
     return 1 if any("failed" in r for r in rows + producing) else 0

@@ -23,15 +23,12 @@ machine, one system after the other.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import bench
+import common
 
 SCENARIOS = {
     "geo-replication": "replication lag at 10k msg/s 1 KiB (publish on a to receive on b), "
@@ -42,15 +39,7 @@ SETUP_TIMEOUT_S = 120
 
 
 def admin(server: bench.Server, method: str, path: str, body=None) -> tuple:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(server.admin_url + path, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, answer.read().decode(errors="replace")
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(errors="replace")
+    return common.http(method, server.admin_url + path, body)
 
 
 def must(answer: tuple, what: str, also_ok=(409,)) -> None:
@@ -75,19 +64,6 @@ def replicate(a: bench.Server, b: bench.Server) -> None:
     must(admin(a, "PUT", "/admin/v2/namespaces/geo/local"), "namespace geo/local")
 
 
-def perf(cmd: list, log: Path, timeout: float) -> dict:
-    """Runs a `vela perf ... --json` command; its summary."""
-    proc = bench.spawn(cmd, log)
-    try:
-        proc.wait(timeout=timeout)
-    except Exception:
-        bench.stop(proc)
-        raise bench.Fail(f"vela perf did not finish in {timeout:.0f} s; see {log}")
-    if proc.returncode != 0:
-        raise bench.Fail(f"vela perf failed:\n{bench.tail(log)}")
-    return bench.parse_vela_json(log)
-
-
 def producer(opts: bench.Options, url: str, topic: str) -> list:
     return bench.vela_perf_produce_cmd(opts, PRODUCER, url, topic, opts.duration, opts.warmup)
 
@@ -108,58 +84,8 @@ def run_system(opts: bench.Options, system: str) -> dict:
     row = {"system": system}
     servers = []
     try:
-        for name in ("a", "b"):
-            data_dir = opts.data_root / f"geo-{system}-{name}"
-            shutil.rmtree(data_dir, ignore_errors=True)
-            server = bench.SERVERS[system](1, data_dir, opts)
-            server.cluster_name = name
-            if system == "pulsar":
-                # Two standalones on one machine: their bookies and (unused
-                # with the RocksDB metadata store) ZooKeeper need ports of
-                # their own.
-                server.extra_args = ["--bookkeeper-port", str(bench.free_port()),
-                                     "--zookeeper-port", str(bench.free_port())]
-            print(f"   {system}: starting {name}", flush=True)
-            server.start()
-            servers.append(server)
-        a, b = servers
-        replicate(a, b)
-        logs = opts.log_dir
-        # a's publish latency without replication.
-        local = perf(producer(opts, a.service_url, "persistent://geo/local/t"),
-                     logs / f"geo-{system}.local.log", timeout=opts.duration + 120)
-        row["local_ms"] = local["latency_ms"]
-        # The replicated topic: made, its replicator connected, before the run.
-        topic_path = "geo/repl/t"
-        topic = f"persistent://{topic_path}"
-        perf([opts.vela, "perf", "produce", topic, "-u", a.service_url, "-m", "100", "-r", "0",
-              "--json"], logs / f"geo-{system}.prime.log", timeout=SETUP_TIMEOUT_S)
-        wait_connected(a, topic_path)
-        cons_log = logs / f"geo-{system}.consume-b.log"
-        consumer = bench.spawn([opts.vela, "perf", "consume", topic, "-u", b.service_url,
-                                "--subscription-position", "latest",
-                                "--test-duration", str(opts.duration + 3),
-                                "--warmup", str(opts.warmup + 1), "-i", "5", "--json"],
-                               cons_log)
-        time.sleep(1.0)
-        replicated = perf(producer(opts, a.service_url, topic),
-                          logs / f"geo-{system}.replicated.log", timeout=opts.duration + 120)
-        try:
-            consumer.wait(timeout=60)
-        except Exception:
-            bench.stop(consumer)
-            raise bench.Fail(f"the consumer on b did not finish; see {cons_log}")
-        received = bench.parse_vela_json(cons_log)
-        row["replicated_ms"] = replicated["latency_ms"]
-        row["lag_ms"] = received["latency_ms"]
-        row["sent_msg_s"] = replicated["messages_per_s"]
-        row["received_msg_s"] = received["messages_per_s"]
-        print(f"   {system}: lag p50 {row['lag_ms']['p50']:.2f} ms p99 {row['lag_ms']['p99']:.2f} ms;"
-              f" publish p99 {row['local_ms']['p99']:.2f} ms local, "
-              f"{row['replicated_ms']['p99']:.2f} ms replicated", flush=True)
-    except bench.Fail as error:
-        print(f"   {system}: FAILED: {error}", flush=True)
-        row["failed"] = str(error).splitlines()[0]
+        with common.recording_failure(row, system):
+            run_pair(opts, system, row, servers)
     finally:
         for server in servers:
             server.stop()
@@ -167,6 +93,62 @@ def run_system(opts: bench.Options, system: str) -> dict:
             for name in ("a", "b"):
                 shutil.rmtree(opts.data_root / f"geo-{system}-{name}", ignore_errors=True)
     return row
+
+
+def run_pair(opts: bench.Options, system: str, row: dict, servers: list) -> None:
+    """Starts `a` and `b` of `system` (into `servers`), replicates, and
+    measures into `row`."""
+    for name in ("a", "b"):
+        data_dir = opts.data_root / f"geo-{system}-{name}"
+        shutil.rmtree(data_dir, ignore_errors=True)
+        server = bench.SERVERS[system](1, data_dir, opts)
+        server.cluster_name = name
+        if system == "pulsar":
+            # Two standalones on one machine: their bookies and (unused
+            # with the RocksDB metadata store) ZooKeeper need ports of
+            # their own.
+            server.extra_args = ["--bookkeeper-port", str(bench.free_port()),
+                                 "--zookeeper-port", str(bench.free_port())]
+        print(f"   {system}: starting {name}", flush=True)
+        server.start()
+        servers.append(server)
+    a, b = servers
+    replicate(a, b)
+    logs = opts.log_dir
+    # a's publish latency without replication.
+    local = common.perf_json(producer(opts, a.service_url, "persistent://geo/local/t"),
+                             logs / f"geo-{system}.local.log", timeout=opts.duration + 120)
+    row["local_ms"] = local["latency_ms"]
+    # The replicated topic: made, its replicator connected, before the run.
+    topic_path = "geo/repl/t"
+    topic = f"persistent://{topic_path}"
+    common.perf_json([opts.vela, "perf", "produce", topic, "-u", a.service_url, "-m", "100",
+                      "-r", "0", "--json"],
+                     logs / f"geo-{system}.prime.log", timeout=SETUP_TIMEOUT_S)
+    wait_connected(a, topic_path)
+    cons_log = logs / f"geo-{system}.consume-b.log"
+    consumer = bench.spawn([opts.vela, "perf", "consume", topic, "-u", b.service_url,
+                            "--subscription-position", "latest",
+                            "--test-duration", str(opts.duration + 3),
+                            "--warmup", str(opts.warmup + 1), "-i", "5", "--json"],
+                           cons_log)
+    time.sleep(1.0)
+    replicated = common.perf_json(producer(opts, a.service_url, topic),
+                                  logs / f"geo-{system}.replicated.log",
+                                  timeout=opts.duration + 120)
+    try:
+        consumer.wait(timeout=60)
+    except Exception:
+        bench.stop(consumer)
+        raise bench.Fail(f"the consumer on b did not finish; see {cons_log}")
+    received = bench.parse_vela_json(cons_log)
+    row["replicated_ms"] = replicated["latency_ms"]
+    row["lag_ms"] = received["latency_ms"]
+    row["sent_msg_s"] = replicated["messages_per_s"]
+    row["received_msg_s"] = received["messages_per_s"]
+    print(f"   {system}: lag p50 {row['lag_ms']['p50']:.2f} ms p99 {row['lag_ms']['p99']:.2f} ms;"
+          f" publish p99 {row['local_ms']['p99']:.2f} ms local, "
+          f"{row['replicated_ms']['p99']:.2f} ms replicated", flush=True)
 
 
 def table(rows: list) -> str:
@@ -202,40 +184,20 @@ def table(rows: list) -> str:
     if both:
         line.append("")
     lines.append(line)
-    widths = [max(len(str(l[i])) for l in lines) for i in range(len(headers))]
-    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+    return common.plain_table(lines)
 
 
 def main(argv: list) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenarios", nargs="+", choices=list(SCENARIOS))
-    parser.add_argument("--systems", default="vela,pulsar")
+    parser = common.run_parser(__doc__, SCENARIOS)
     parser.add_argument("--duration", type=int, default=15,
                         help="seconds per run, warm-up included (default 15)")
     parser.add_argument("--warmup", type=int, default=5,
                         help="seconds of warm-up left out of the figures (default 5)")
-    parser.add_argument("--data-root", type=Path,
-                        default=bench.ROOT / "target" / "bench-data")
-    parser.add_argument("--out", type=Path, default=bench.ROOT / "target" / "bench-results")
-    parser.add_argument("--vela", type=Path, default=bench.ROOT / "target" / "release" / "vela")
-    parser.add_argument("--keep-data", action="store_true")
-    parser.add_argument("--update-results", action="store_true",
-                        help="(accepted for bench/run.sh; this scenario writes no RESULTS.md)")
     args = parser.parse_args(argv)
     if args.warmup >= args.duration:
         parser.error("--warmup must be shorter than --duration")
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    log_dir = args.out / f"logs-{run_id}"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    args.data_root.mkdir(parents=True, exist_ok=True)
-    opts = bench.Options(args.duration, args.warmup, 5, args.data_root.resolve(),
-                         args.vela.resolve(), args.keep_data, False, log_dir)
-    print(f"logs in {log_dir}")
-    for heavy in bench.machine_state()["heavy"]:
-        print(f"  busy: {heavy}")
+    systems = common.systems_of(args)
+    opts = common.start_run(args, args.duration, args.warmup)
     rows = []
     try:
         print(f"\n== geo-replication: {SCENARIOS['geo-replication']} ==", flush=True)
@@ -246,6 +208,5 @@ def main(argv: list) -> int:
     print(f"\ngeo-replication ({PRODUCER.rate:,} msg/s, {PRODUCER.size} B, batched; "
           "vela perf on both systems; 1 bookie per standalone):")
     print(table(rows))
-    (args.out / "geo-replication-results.json").write_text(json.dumps(rows, indent=1))
-    print(f"\nraw results: {args.out / 'geo-replication-results.json'}")
+    common.write_results(args.out, "geo-replication-results.json", rows)
     return 1 if any("failed" in r for r in rows) else 0

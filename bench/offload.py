@@ -23,16 +23,15 @@ network-distant object store.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import statistics
 import time
-import urllib.request
 from pathlib import Path
 
 import bench
+import common
 
 SCENARIOS = {
     "offload-catch-up": "drain a backlog from offloaded ledgers (S3, SeaweedFS) and "
@@ -46,16 +45,6 @@ SEAWEEDFS = bench.ROOT / "tests" / "support" / "seaweedfs.sh"
 # The identity tests/support/seaweedfs.sh configures (loopback test server).
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "vela-test-key", "AWS_SECRET_ACCESS_KEY": "vela-test-secret"}
 OFFLOAD_TIMEOUT_S = 1800
-
-
-def http(method: str, url: str, body: bytes | None = None) -> tuple:
-    request = urllib.request.Request(url, method=method, data=body,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as answer:
-            return answer.status, answer.read().decode()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read().decode(errors="replace")
 
 
 def start_seaweedfs(opts: bench.Options, data_dir: Path):
@@ -114,17 +103,17 @@ def drain(opts: bench.Options, server, topic: str, sub: str, messages: int, log:
 def offload(server, topic_path: str) -> dict:
     """PUT .../offload up to the last entry, then polls the status."""
     base = f"{server.admin_url}/admin/v2/persistent/{topic_path}"
-    status, body = http("GET", f"{base}/internalStats")
+    status, body = common.http("GET", f"{base}/internalStats")
     if status != 200:
         raise bench.Fail(f"internalStats answered {status}: {body[:200]}")
     ledger, entry = json.loads(body)["lastConfirmedEntry"].split(":")
-    status, body = http("PUT", f"{base}/offload",
+    status, body = common.http("PUT", f"{base}/offload",
                         json.dumps({"ledgerId": int(ledger), "entryId": int(entry)}).encode())
     if status != 204:
         raise bench.Fail(f"PUT offload answered {status}: {body[:200]}")
     deadline = time.monotonic() + OFFLOAD_TIMEOUT_S
     while True:
-        status, body = http("GET", f"{base}/offload")
+        status, body = common.http("GET", f"{base}/offload")
         doc = json.loads(body) if status == 200 else {}
         if doc.get("status") == "SUCCESS":
             break
@@ -133,7 +122,7 @@ def offload(server, topic_path: str) -> dict:
         if time.monotonic() > deadline:
             raise bench.Fail(f"offload still {doc} after {OFFLOAD_TIMEOUT_S} s")
         time.sleep(0.5)
-    status, body = http("GET", f"{base}/internalStats?metadata=true")
+    status, body = common.http("GET", f"{base}/internalStats?metadata=true")
     ledgers = json.loads(body)["ledgers"]
     offloaded = [l for l in ledgers if l.get("offloaded")]
     on_bookies = [l for l in offloaded if l.get("metadata") is not None]
@@ -150,52 +139,46 @@ def run(opts: bench.Options, messages: int, repeats: int, ledger_mb: int) -> dic
     weed = None
     server = None
     try:
-        weed, endpoint, bucket = start_seaweedfs(opts, root / "seaweedfs")
-        print(f"   SeaweedFS at {endpoint}, bucket {bucket}", flush=True)
-        os.environ.update(CREDENTIALS)
-        server = VelaOffloadServer(root / "vela", opts, endpoint, bucket, ledger_mb)
-        server.start()
-        topics = {"bookies": "public/default/catch-up-bookies",
-                  "offloaded": "public/default/catch-up-offloaded"}
-        for kind, path in topics.items():
-            # The topic and its subscriptions before anything is written, so
-            # the backlog is kept.
-            base = f"{server.admin_url}/admin/v2/persistent/{path}"
-            for url in [base] + [f"{base}/subscription/r{r}" for r in range(repeats)]:
-                status, body = http("PUT", url, b"")
-                if status not in (200, 204, 409):
-                    raise bench.Fail(f"PUT {url} answered {status}: {body[:200]}")
-            log = opts.log_dir / f"offload.produce.{kind}.log"
-            proc = bench.spawn([opts.vela, "perf", "produce", f"persistent://{path}", "-u",
-                                server.service_url, "-r", "0", "-s", str(MESSAGE_BYTES),
-                                "-o", "1000", "-m", str(messages), "-i", "5", "--json"], log)
-            bench.watch(proc, server, timeout=OFFLOAD_TIMEOUT_S)
-            if proc.returncode != 0:
-                raise bench.Fail(f"vela perf produce failed:\n{bench.tail(log)}")
-            produced = bench.parse_vela_json(log)
-            print(f"   produced {messages:,} into {kind} at "
-                  f"{produced['messages_per_s']:,.0f} msg/s", flush=True)
-        started = time.monotonic()
-        row["offload"] = offload(server, topics["offloaded"])
-        row["offload_s"] = time.monotonic() - started
-        print(f"   offloaded in {row['offload_s']:.1f} s: {row['offload']}", flush=True)
-        if row["offload"]["offloaded"] == 0:
-            raise bench.Fail("nothing was offloaded")
-        for r in range(repeats):
-            order = ["bookies", "offloaded"] if r % 2 == 0 else ["offloaded", "bookies"]
-            for kind in order:
-                summary = drain(opts, server, f"persistent://{topics[kind]}", f"r{r}", messages,
-                                opts.log_dir / f"offload.drain.{kind}.r{r}.log")
-                row["runs"][kind].append(summary)
-                print(f"   round {r + 1}/{repeats} {kind}: {summary['mb_per_s']:.1f} MB/s, "
-                      f"{summary['messages_per_s']:,.0f} msg/s, broker peak RSS "
-                      f"{summary['peak_rss_mib'] or 0:.0f} MiB", flush=True)
-        status, body = http("GET", f"{server.admin_url}/metrics")
-        row["offload_metrics"] = [line for line in body.splitlines()
-                                  if line.startswith("vela_offload_")]
-    except bench.Fail as error:
-        print(f"   FAILED: {error}", flush=True)
-        row["failed"] = str(error).splitlines()[0]
+        with common.recording_failure(row, "offload-catch-up"):
+            weed, endpoint, bucket = start_seaweedfs(opts, root / "seaweedfs")
+            print(f"   SeaweedFS at {endpoint}, bucket {bucket}", flush=True)
+            os.environ.update(CREDENTIALS)
+            server = VelaOffloadServer(root / "vela", opts, endpoint, bucket, ledger_mb)
+            server.start()
+            topics = {"bookies": "public/default/catch-up-bookies",
+                      "offloaded": "public/default/catch-up-offloaded"}
+            for kind, path in topics.items():
+                # The topic and its subscriptions before anything is
+                # written, so the backlog is kept.
+                common.prepare_topic(server, path, [f"r{r}" for r in range(repeats)])
+                log = opts.log_dir / f"offload.produce.{kind}.log"
+                proc = bench.spawn([opts.vela, "perf", "produce", f"persistent://{path}", "-u",
+                                    server.service_url, "-r", "0", "-s", str(MESSAGE_BYTES),
+                                    "-o", "1000", "-m", str(messages), "-i", "5", "--json"], log)
+                bench.watch(proc, server, timeout=OFFLOAD_TIMEOUT_S)
+                if proc.returncode != 0:
+                    raise bench.Fail(f"vela perf produce failed:\n{bench.tail(log)}")
+                produced = bench.parse_vela_json(log)
+                print(f"   produced {messages:,} into {kind} at "
+                      f"{produced['messages_per_s']:,.0f} msg/s", flush=True)
+            started = time.monotonic()
+            row["offload"] = offload(server, topics["offloaded"])
+            row["offload_s"] = time.monotonic() - started
+            print(f"   offloaded in {row['offload_s']:.1f} s: {row['offload']}", flush=True)
+            if row["offload"]["offloaded"] == 0:
+                raise bench.Fail("nothing was offloaded")
+            for r in range(repeats):
+                order = ["bookies", "offloaded"] if r % 2 == 0 else ["offloaded", "bookies"]
+                for kind in order:
+                    summary = drain(opts, server, f"persistent://{topics[kind]}", f"r{r}",
+                                    messages, opts.log_dir / f"offload.drain.{kind}.r{r}.log")
+                    row["runs"][kind].append(summary)
+                    print(f"   round {r + 1}/{repeats} {kind}: {summary['mb_per_s']:.1f} MB/s, "
+                          f"{summary['messages_per_s']:,.0f} msg/s, broker peak RSS "
+                          f"{summary['peak_rss_mib'] or 0:.0f} MiB", flush=True)
+            status, body = common.http("GET", f"{server.admin_url}/metrics")
+            row["offload_metrics"] = [line for line in body.splitlines()
+                                      if line.startswith("vela_offload_")]
     finally:
         if server is not None:
             server.stop()
@@ -222,40 +205,20 @@ def table(row: dict) -> str:
     if len(medians) == 2 and medians["bookies"][0]:
         lines.append(["offloaded / bookies", f"{medians['offloaded'][0] / medians['bookies'][0]:.2f}x",
                       f"{medians['offloaded'][1] / medians['bookies'][1]:.2f}x", ""])
-    widths = [max(len(str(l[i])) for l in lines) for i in range(4)]
-    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+    return common.plain_table(lines)
 
 
 def main(argv: list) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenarios", nargs="+", choices=list(SCENARIOS))
-    parser.add_argument("--systems", default="vela",
-                        help="(accepted for bench/run.sh; Vela only)")
+    parser = common.run_parser(__doc__, SCENARIOS, systems_default="vela",
+                               systems_help="(accepted for bench/run.sh; Vela only)")
     parser.add_argument("--messages", type=int, default=MESSAGES_DEFAULT,
                         help=f"1 KiB messages in each backlog (default {MESSAGES_DEFAULT:,})")
     parser.add_argument("--repeat", type=int, default=3,
                         help="rounds of turns, the median reported (default 3)")
     parser.add_argument("--ledger-mb", type=int, default=LEDGER_MB_DEFAULT,
                         help=f"ledger size cap, MiB (default {LEDGER_MB_DEFAULT})")
-    parser.add_argument("--data-root", type=Path,
-                        default=bench.ROOT / "target" / "bench-data")
-    parser.add_argument("--out", type=Path, default=bench.ROOT / "target" / "bench-results")
-    parser.add_argument("--vela", type=Path, default=bench.ROOT / "target" / "release" / "vela")
-    parser.add_argument("--keep-data", action="store_true")
-    parser.add_argument("--update-results", action="store_true",
-                        help="(accepted for bench/run.sh; this scenario writes no RESULTS.md)")
     args = parser.parse_args(argv)
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    log_dir = args.out / f"logs-{run_id}"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    args.data_root.mkdir(parents=True, exist_ok=True)
-    opts = bench.Options(15, 5, 5, args.data_root.resolve(), args.vela.resolve(),
-                         args.keep_data, False, log_dir)
-    print(f"logs in {log_dir}")
-    for heavy in bench.machine_state()["heavy"]:
-        print(f"  busy: {heavy}")
+    opts = common.start_run(args)
     try:
         print(f"\n== offload-catch-up: {SCENARIOS['offload-catch-up']} "
               f"({args.messages:,} x {MESSAGE_BYTES} B per topic) ==", flush=True)
@@ -267,6 +230,5 @@ def main(argv: list) -> int:
     print(table(row))
     for line in row.get("offload_metrics", []):
         print(f"   {line}")
-    (args.out / "offload-results.json").write_text(json.dumps(row, indent=1))
-    print(f"\nraw results: {args.out / 'offload-results.json'}")
+    common.write_results(args.out, "offload-results.json", row)
     return 1 if "failed" in row else 0

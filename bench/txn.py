@@ -20,15 +20,14 @@ on timing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import bench
+import common
 
 SCENARIOS = {
     "txn-produce": "transactions of 10 x 1 KiB messages, commit each; "
@@ -96,13 +95,9 @@ def txnperf(binary: Path, opts: bench.Options, server: bench.Server, mode: str,
 
 
 def run_system(binary: Path, opts: bench.Options, system: str, workers: int) -> dict:
-    data_dir = opts.data_root / f"txn-produce-{system}"
-    shutil.rmtree(data_dir, ignore_errors=True)
-    server = SERVERS[system](1, data_dir, opts)
     row = {"system": system, "workers": workers}
-    try:
-        print(f"   {system}: starting", flush=True)
-        server.start()
+    with common.recording_failure(row, system), \
+            common.fresh_server(opts, SERVERS[system], f"txn-produce-{system}", system) as server:
         # Plain first, then transactions, on the same server.
         for mode in ("plain", "txn"):
             summary = txnperf(binary, opts, server, mode, workers,
@@ -114,13 +109,6 @@ def run_system(binary: Path, opts: bench.Options, system: str, workers: int) -> 
                   f"({summary['messages_per_s']:,.0f} msg/s), round p50 "
                   f"{summary['round_ms']['p50']:.2f} ms p99 {summary['round_ms']['p99']:.2f} ms"
                   + extra, flush=True)
-    except bench.Fail as error:
-        print(f"   {system}: FAILED: {error}", flush=True)
-        row["failed"] = str(error).splitlines()[0]
-    finally:
-        server.stop()
-        if not opts.keep_data:
-            shutil.rmtree(data_dir, ignore_errors=True)
     return row
 
 
@@ -164,38 +152,18 @@ def table(rows: list) -> str:
     if both:
         line.append("")
     lines.append(line)
-    widths = [max(len(str(l[i])) for l in lines) for i in range(len(headers))]
-    return "\n".join("  ".join(str(c).rjust(w) if i else str(c).ljust(w)
-                               for i, (c, w) in enumerate(zip(l, widths))) for l in lines)
+    return common.plain_table(lines)
 
 
 def main(argv: list) -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("scenarios", nargs="+", choices=list(SCENARIOS))
-    parser.add_argument("--systems", default="vela,pulsar")
+    parser = common.run_parser(__doc__, SCENARIOS)
     parser.add_argument("--workers", type=int, default=WORKERS_DEFAULT,
                         help=f"concurrent transaction loops (default {WORKERS_DEFAULT})")
     parser.add_argument("--duration", type=int, default=int(os.environ.get("BENCH_DURATION", 15)))
     parser.add_argument("--warmup", type=int, default=int(os.environ.get("BENCH_WARMUP", 5)))
-    parser.add_argument("--data-root", type=Path,
-                        default=bench.ROOT / "target" / "bench-data")
-    parser.add_argument("--out", type=Path, default=bench.ROOT / "target" / "bench-results")
-    parser.add_argument("--vela", type=Path, default=bench.ROOT / "target" / "release" / "vela")
-    parser.add_argument("--keep-data", action="store_true")
-    parser.add_argument("--update-results", action="store_true",
-                        help="(accepted for bench/run.sh; this scenario writes no RESULTS.md)")
     args = parser.parse_args(argv)
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    run_id = time.strftime("%Y%m%d-%H%M%S")
-    log_dir = args.out / f"logs-{run_id}"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    args.data_root.mkdir(parents=True, exist_ok=True)
-    opts = bench.Options(args.duration, args.warmup, 5, args.data_root.resolve(),
-                         args.vela.resolve(), args.keep_data, False, log_dir)
-    print(f"logs in {log_dir}")
-    for heavy in bench.machine_state()["heavy"]:
-        print(f"  busy: {heavy}")
+    systems = common.systems_of(args)
+    opts = common.start_run(args, args.duration, args.warmup)
     binary = build_txnperf()
     rows = []
     try:
@@ -209,6 +177,5 @@ def main(argv: list) -> int:
     print(f"\ntxn-produce (bench/txnperf, the Go client, on both systems, 1 bookie; "
           f"{args.workers} loops; a round = {MESSAGES_PER_TXN} x {MESSAGE_BYTES} B):")
     print(table(rows))
-    (args.out / "txn-results.json").write_text(json.dumps(rows, indent=1))
-    print(f"\nraw results: {args.out / 'txn-results.json'}")
+    common.write_results(args.out, "txn-results.json", rows)
     return 1 if any("failed" in r for r in rows) else 0

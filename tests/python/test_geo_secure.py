@@ -3,7 +3,11 @@
 ports only and token authentication. `a`'s record of `b` names its TLS URLs
 and, with Pulsar's ClusterData names, `brokerClientTlsEnabled`,
 `brokerClientTrustCertsFilePath`, `authenticationPlugin` and
-`authenticationParameters`. Checked with the official client on `b`:
+`authenticationParameters`; it is made and changed with `vela admin clusters
+create|update` and pulsar-admin's flags (`--url-secure`,
+`--broker-url-secure`, `--tls-enable`, `--tls-trust-certs-filepath`,
+`--auth-plugin`, `--auth-parameters`), and read back with those names.
+Checked with the official client on `b`:
 
 - every message produced on `a` arrives on `b`, with its schema: the
   replicator registers the topic's schema on `b` and sends `b`'s version;
@@ -99,6 +103,17 @@ class Clusters:
     def on_b(self, method, path, body=None):
         return request(self.b_https, method, path, body, self.token, self.context)
 
+    def record_b_on_a(self, verb, token):
+        """`vela admin clusters create|update b` on `a`, with pulsar-admin's
+        flags; the record then reads back as `record_of_b(token)`."""
+        vela("admin", "--admin-url", self.a_http, "clusters", verb, "b",
+             "--url-secure", self.b_https, "--broker-url-secure", self.b_url,
+             "--tls-enable", "--tls-trust-certs-filepath", self.ca_path,
+             "--auth-plugin", TOKEN_PLUGIN, "--auth-parameters", "token:" + token)
+        status, body = self.on_a("GET", "/admin/v2/clusters/b")
+        assert status == 200, body
+        assert json.loads(body) == self.record_of_b(token), body
+
     def record_of_b(self, token):
         """`a`'s record of `b`: its TLS URLs, TLS on, the CA, the token."""
         params = "token:" + token
@@ -145,7 +160,7 @@ def clusters():
         ok(c.on_b("PUT", "/admin/v2/clusters/a",
                   {"serviceUrl": c.a_http, "brokerServiceUrl": c.a_url}), "b knows a")
         # First without a token: b refuses the replicator.
-        ok(c.on_a("PUT", "/admin/v2/clusters/b", c.record_of_b("not-a-token")), "a knows b")
+        c.record_b_on_a("create", "not-a-token")
         for side in (c.on_a, c.on_b):
             ok(side("PUT", "/admin/v2/tenants/geo", {"adminRoles": [], "allowedClusters": ["a", "b"]}),
                "tenant")
@@ -196,7 +211,7 @@ def test_replication_to_a_tls_token_cluster_carries_schemas_and_partitions(clust
     assert backlog().get("connected") is False, backlog()
 
     # With the token (the record changed: the replicator starts again).
-    ok(c.on_a("POST", "/admin/v2/clusters/b", c.record_of_b(c.token)), "a's record of b, with the token")
+    c.record_b_on_a("update", c.token)
     # The replicator registers the topic's schema on b before the first
     # message (a consumer may not add one to a topic with a producer).
     local = topic.rsplit("/", 1)[1]

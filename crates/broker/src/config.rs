@@ -82,6 +82,11 @@ impl Default for ConnectionLimits {
 /// (RLIMIT_NOFILE).
 pub const CONNECTIONS_MAX_DEFAULT: usize = 50_000;
 
+/// Default of `BrokerConfig::topics_max`: room for 100,000 topics of a
+/// user's own (a topic per device) and their partitions' and system
+/// topics beside them.
+pub const TOPICS_MAX_DEFAULT: usize = 200_000;
+
 /// Hard bound on producers per topic (the producer map); the configurable
 /// limit (`TopicLimits::producers_max`) is at most this.
 pub const PRODUCERS_PER_TOPIC_MAX: usize = 10_000;
@@ -307,6 +312,12 @@ pub struct BrokerConfig {
     pub connection_caps: ConnectionCaps,
     /// Producers, consumers and publish rate of each topic.
     pub topic_limits: TopicLimits,
+    /// Topics (persistent and non-persistent) one broker serves at once;
+    /// past it a new topic gets ServiceNotReady. Each served topic costs
+    /// ~20 KiB idle (its log, cursors and tasks; cached entries and
+    /// publishes in flight draw on the broker-wide budgets), so the default
+    /// bounds that fixed cost near 4 GiB.
+    pub topics_max: usize,
     /// Bytes all subscriptions together may hold read ahead of their
     /// consumers (catch-up reads); when used up, a subscription reads only
     /// what its consumers wait for. The one read-ahead knob, to be drawn
@@ -457,6 +468,7 @@ impl BrokerConfig {
             topic_limits: TopicLimits::default(),
             read_ahead_bytes_max: READ_AHEAD_BYTES_MAX_DEFAULT,
             held_entries_max: HELD_ENTRIES_PER_BROKER_DEFAULT,
+            topics_max: TOPICS_MAX_DEFAULT,
             non_persistent_limits: NonPersistentLimits::default(),
             advertised_listeners: crate::listeners::AdvertisedListeners::default(),
             transactions: None,

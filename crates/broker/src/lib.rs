@@ -44,7 +44,7 @@
 //!
 //! Bounds (named constants beside their use): connections in all and per
 //! client IP ([`ConnectionCaps`], checked at accept), topics
-//! (`service::TOPICS_MAX`), producers and consumers per connection and
+//! (`BrokerConfig::topics_max`), producers and consumers per connection and
 //! pending SEND count/bytes per connection ([`ConnectionLimits`]), producers,
 //! consumers and publish rate per topic and consumers per subscription
 //! ([`TopicLimits`]), subscriptions per topic, unacked/replay/delayed entries

@@ -48,13 +48,6 @@ use crate::subscription::HeldEntries;
 use crate::topic::Topic;
 use crate::topic_name::TopicName;
 
-/// Topics served at once by one broker. Each holds a log, its cursors and
-/// subscription tasks (a few KiB idle; cached entries and publishes in
-/// flight draw on the broker-wide budgets, not per topic); 100k topics is
-/// beyond what one broker process should carry. When reached: new topics
-/// get ServiceNotReady.
-pub(crate) const TOPICS_MAX: usize = 100_000;
-
 type TopicCell = Arc<OnceCell<Arc<Topic>>>;
 
 /// Shared broker state.
@@ -221,4 +214,14 @@ pub(crate) fn ownership_error(error: OwnershipError) -> ServiceError {
         OwnershipError::CannotSplit(_) => ServerError::NotAllowedError,
     };
     ServiceError::new(code, error.to_string())
+}
+
+/// A new topic past `BrokerConfig::topics_max`: ServiceNotReady, which a
+/// client retries (by then another broker may own the bundle, or topics
+/// were unloaded); the message names the flag that raises the bound.
+pub(crate) fn topics_max_reached(topics_max: usize) -> ServiceError {
+    ServiceError::new(
+        ServerError::ServiceNotReady,
+        format!("this broker serves {topics_max} topics already (--max-topics-per-broker)"),
+    )
 }

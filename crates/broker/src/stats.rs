@@ -105,11 +105,25 @@ pub struct TopicStats {
     pub replication: Vec<ReplicationStats>,
 }
 
-/// One replicator in a topic's snapshot (Pulsar's `ReplicatorStats`).
+/// One replicator in a topic's snapshot (Pulsar's `ReplicatorStats`):
+/// what this broker sends to the remote cluster, and what the remote's
+/// replicator brings here (its producer on this topic).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReplicationStats {
     /// The remote cluster.
     pub remote_cluster: String,
+    /// Messages the remote's replicator published here per second.
+    pub msg_rate_in: f64,
+    /// Bytes the remote's replicator published here per second.
+    pub msg_throughput_in: f64,
+    /// Messages the remote's replicator published here since it was
+    /// admitted.
+    pub msg_in_counter: u64,
+    /// Bytes the remote's replicator published here since it was admitted.
+    pub bytes_in_counter: u64,
+    /// The address of the remote's replicator connection, while one is
+    /// attached (Pulsar's `inboundConnection`).
+    pub inbound_connection: Option<String>,
     /// Messages stored on the remote per second.
     pub msg_rate_out: f64,
     /// Bytes stored on the remote per second.
@@ -132,6 +146,14 @@ pub struct ReplicationStats {
 pub struct PublisherStats {
     /// Producer name.
     pub producer_name: String,
+    /// Messages it published per second.
+    pub msg_rate_in: f64,
+    /// Bytes it published per second.
+    pub msg_throughput_in: f64,
+    /// Messages it published since it was admitted.
+    pub msg_in_counter: u64,
+    /// Bytes it published since it was admitted.
+    pub bytes_in_counter: u64,
     /// Id on its connection.
     pub producer_id: u64,
     /// `Shared`, `Exclusive`, ...
@@ -156,6 +178,11 @@ pub struct SubscriptionStats {
     pub sub_type: String,
     /// False for readers.
     pub durable: bool,
+    /// Its position follows to the topic's other clusters (Pulsar's
+    /// `isReplicated`).
+    pub replicated: bool,
+    /// Its cursor's properties (internal stats; durable subscriptions).
+    pub cursor_properties: std::collections::BTreeMap<String, i64>,
     /// Entries not yet acknowledged (Pulsar's msgBacklog counts entries).
     pub msg_backlog: u64,
     /// Entries delivered and not acknowledged.
@@ -222,6 +249,48 @@ pub struct ConsumerStats {
     pub joined_fence: Option<Position>,
 }
 
+/// A producer's in-counters (Pulsar's per-publisher `msgRateIn` and
+/// `msgThroughputIn`), shared by its connection, which counts each SEND it
+/// issues (two relaxed atomic adds, no lock), and the readers of stats.
+#[derive(Debug)]
+pub struct PublisherCounters {
+    msg_in: std::sync::atomic::AtomicU64,
+    bytes_in: std::sync::atomic::AtomicU64,
+    /// msg_in, bytes_in → rates (taken only by stats readers).
+    rates: parking_lot::Mutex<RateMeter<2>>,
+}
+
+impl Default for PublisherCounters {
+    fn default() -> Self {
+        PublisherCounters {
+            msg_in: Default::default(),
+            bytes_in: Default::default(),
+            rates: parking_lot::Mutex::new(RateMeter::new([0, 0])),
+        }
+    }
+}
+
+impl PublisherCounters {
+    /// One SEND of `messages` messages in `bytes` bytes was issued.
+    pub fn record(&self, messages: u32, bytes: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.msg_in.fetch_add(u64::from(messages), Relaxed);
+        self.bytes_in.fetch_add(bytes as u64, Relaxed);
+    }
+
+    /// Fills `stats`' in-counters and rates (rates since the previous
+    /// read, as `RateMeter` computes them).
+    pub fn fill(&self, stats: &mut PublisherStats) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let counters = [self.msg_in.load(Relaxed), self.bytes_in.load(Relaxed)];
+        let [msg_rate_in, msg_throughput_in] = self.rates.lock().rates(Instant::now(), counters);
+        stats.msg_in_counter = counters[0];
+        stats.bytes_in_counter = counters[1];
+        stats.msg_rate_in = msg_rate_in;
+        stats.msg_throughput_in = msg_throughput_in;
+    }
+}
+
 /// A replicator's live counters (Pulsar's `ReplicatorStats` before rates),
 /// shared by the replicator, which updates them, and the readers of stats
 /// and metrics.
@@ -267,6 +336,12 @@ impl ReplicatorStats {
         };
         ReplicationStats {
             remote_cluster: remote_cluster.to_string(),
+            // The receiving side's: `Service::topic_stats` adds them.
+            msg_rate_in: 0.0,
+            msg_throughput_in: 0.0,
+            msg_in_counter: 0,
+            bytes_in_counter: 0,
+            inbound_connection: None,
             msg_rate_out,
             msg_throughput_out,
             msg_out_counter,

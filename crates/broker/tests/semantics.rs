@@ -783,3 +783,37 @@ async fn a_long_replay_goes_out_without_further_commands() {
     }
     broker.shutdown().await.unwrap();
 }
+
+#[tokio::test]
+async fn topics_past_the_broker_bound_are_refused_and_served_ones_go_on() {
+    let broker = common::start_broker_with(|config| config.topics_max = 2).await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    client.create_producer("bound-a", 1).await;
+    client.create_producer("bound-b", 2).await;
+    client
+        .send(proto::CommandProducer {
+            topic: "bound-c".into(),
+            producer_id: 3,
+            request_id: 3,
+            ..Default::default()
+        })
+        .await;
+    let error = client
+        .recv()
+        .await
+        .command
+        .error
+        .expect("PRODUCER past the bound answers an ERROR");
+    assert_eq!(error.error, proto::ServerError::ServiceNotReady as i32);
+    assert!(
+        error.message.contains("--max-topics-per-broker"),
+        "{}",
+        error.message
+    );
+    // The served topics are untouched: a second producer on one of them and
+    // a publish still work.
+    client.create_producer("bound-a", 4).await;
+    client.produce(4, 0, b"x").await;
+    assert_eq!(receipt_seq(&client.recv().await), 0);
+    broker.shutdown().await.unwrap();
+}

@@ -13,6 +13,11 @@
 //! entries: the broker checks a client's ack against the last confirmed
 //! position first).
 //!
+//! Properties: a few named numbers the owner keeps with the cursor
+//! (Pulsar's cursor properties; the broker marks replicated subscriptions
+//! so), persisted with its state and written through at once when set;
+//! at most `CURSOR_PROPERTIES_MAX`.
+//!
 //! Never: decides what to dispatch (that is the broker's), holds payloads,
 //! or needs more of its log than `CursorLog`.
 
@@ -43,6 +48,10 @@ pub(crate) trait CursorLog: Send + Sync {
     fn entries_between(&self, after: Option<Position>, up_to: Position) -> u64;
 }
 
+/// Properties one cursor keeps (its owner sets a handful of known names).
+/// When reached: setting another name fails with `LogError::Config`.
+pub const CURSOR_PROPERTIES_MAX: usize = 16;
+
 /// Where a cursor keeps its state and its bounds (from the log's config).
 #[derive(Debug, Clone)]
 pub(crate) struct CursorSettings {
@@ -67,6 +76,7 @@ struct CursorState {
     mark_delete: Option<Position>,
     acked: BTreeSet<Position>,
     batch_acks: BTreeMap<Position, Vec<u64>>,
+    properties: BTreeMap<String, i64>,
     version: Option<Version>,
     changes: u64,
     persisted_changes: u64,
@@ -126,6 +136,7 @@ impl Cursor {
                         batch.ack_set,
                     );
                 }
+                state.properties = info.properties;
                 state.version = Some(version);
             }
             None => {
@@ -140,6 +151,7 @@ impl Cursor {
                         // Created concurrently: load what won.
                         if let Some((info, version)) = store.get_json::<CursorInfo>(&key).await? {
                             state.mark_delete = info.mark_delete_position();
+                            state.properties = info.properties;
                             state.version = Some(version);
                         }
                     }
@@ -305,6 +317,49 @@ impl Cursor {
         self.flush().await
     }
 
+    /// Every property set (Pulsar's cursor `properties`).
+    pub fn properties(&self) -> BTreeMap<String, i64> {
+        self.state.lock().properties.clone()
+    }
+
+    /// The value of property `name`, if set.
+    pub fn property(&self, name: &str) -> Option<i64> {
+        self.state.lock().properties.get(name).copied()
+    }
+
+    /// Sets property `name` to `value` (`None`: removes it) and persists
+    /// the cursor before returning. Ok(false) when it already was so
+    /// (nothing written); `LogError::Config` past `CURSOR_PROPERTIES_MAX`.
+    pub async fn set_property(&self, name: &str, value: Option<i64>) -> Result<bool, LogError> {
+        {
+            let mut state = self.state.lock();
+            if state.properties.get(name).copied() == value {
+                return Ok(false);
+            }
+            match value {
+                Some(value) => {
+                    if !state.properties.contains_key(name)
+                        && state.properties.len() >= CURSOR_PROPERTIES_MAX
+                    {
+                        return Err(LogError::Config(format!(
+                            "cursor {}: {CURSOR_PROPERTIES_MAX} properties are set \
+                             (CURSOR_PROPERTIES_MAX)",
+                            self.name
+                        )));
+                    }
+                    state.properties.insert(name.to_string(), value);
+                }
+                None => {
+                    state.properties.remove(name);
+                }
+            }
+            debug_assert!(state.properties.len() <= CURSOR_PROPERTIES_MAX);
+            state.changes += 1;
+        }
+        self.flush().await?;
+        Ok(true)
+    }
+
     /// Writes the state now if it changed since the last write.
     pub async fn flush(&self) -> Result<(), LogError> {
         let _persisting = self.persist_lock.lock().await;
@@ -403,6 +458,7 @@ fn snapshot(state: &CursorState, ranges_max: usize) -> CursorInfo {
                 ack_set: ack_set.clone(),
             })
             .collect(),
+        properties: state.properties.clone(),
     }
 }
 

@@ -5,6 +5,8 @@
 //! `/managed-ledgers/<log name>/cursors/<encoded cursor name>` holds `CursorInfo`.
 //! Format changes bump `FORMAT_VERSION`; decoding a newer version is an error.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::position::Position;
@@ -108,6 +110,11 @@ pub(crate) struct CursorInfo {
     pub(crate) mark_delete: Option<(u64, u64)>,
     pub(crate) acked_ranges: Vec<AckedRange>,
     pub(crate) batch_acks: Vec<BatchAck>,
+    /// Named numbers the cursor's owner keeps with it (Pulsar's cursor
+    /// properties, e.g. `pulsar.replicated.subscription`). Absent in
+    /// records written before they existed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub(crate) properties: BTreeMap<String, i64>,
 }
 
 pub(crate) fn log_key(log_name: &str) -> String {
@@ -213,11 +220,16 @@ mod tests {
                 entry_id: 2,
                 ack_set: vec![0b101],
             }],
+            properties: BTreeMap::from([("pulsar.replicated.subscription".to_string(), 1)]),
         };
         let bytes = serde_json::to_vec(&cursor).unwrap();
         assert_eq!(
             serde_json::from_slice::<CursorInfo>(&bytes).unwrap(),
             cursor
         );
+        // Cursor records written before properties existed still decode.
+        let old = br#"{"version":1,"mark_delete":[7,1],"acked_ranges":[],"batch_acks":[]}"#;
+        let decoded: CursorInfo = serde_json::from_slice(old).unwrap();
+        assert!(decoded.properties.is_empty());
     }
 }

@@ -56,7 +56,7 @@ pub use cache::{
     ENTRY_OVERHEAD_BYTES, EVICTION_TARGET_PERCENT, EVICTION_TRIGGER_PERCENT, EntryCache,
     EntryCacheStats, ReadMark,
 };
-pub use cursor::{Cursor, CursorStart};
+pub use cursor::{CURSOR_PROPERTIES_MAX, Cursor, CursorStart};
 pub use error::LogError;
 pub use log::{
     APPEND_BUDGET_BYTES_DEFAULT, AppendFuture, CacheMisses, ENTRY_CACHE_BYTES_DEFAULT,

@@ -201,6 +201,50 @@ async fn cursor_acks_advance_mark_delete_and_survive_reopen() {
 }
 
 #[tokio::test]
+async fn cursor_properties_are_written_at_once_and_survive_a_crash() {
+    let (env, _) = env_with_ledgers();
+    let name = "t/ns/persistent/props";
+    let log = ManagedLog::open(&env, name, small_ledgers()).await.unwrap();
+    let cursor = log.open_cursor("sub", CursorStart::Earliest).await.unwrap();
+    assert_eq!(cursor.property("flag"), None);
+    assert!(cursor.set_property("flag", Some(1)).await.unwrap());
+    assert!(
+        !cursor.set_property("flag", Some(1)).await.unwrap(),
+        "unchanged"
+    );
+    assert!(cursor.set_property("other", Some(-3)).await.unwrap());
+    assert!(cursor.set_property("other", None).await.unwrap());
+    // No flush, no close: what set_property wrote is what a new owner reads.
+    drop(cursor);
+    drop(log);
+    let log = ManagedLog::open(&env, name, small_ledgers()).await.unwrap();
+    let cursor = log.cursor("sub").unwrap();
+    assert_eq!(cursor.property("flag"), Some(1));
+    assert_eq!(cursor.property("other"), None);
+    assert_eq!(cursor.properties().len(), 1);
+    // Acks keep the properties (one record holds both).
+    let p = append_all(&log, 0..2).await;
+    cursor.ack(&[p[0]]).unwrap();
+    cursor.flush().await.unwrap();
+    for i in 1..vela_log::CURSOR_PROPERTIES_MAX {
+        cursor
+            .set_property(&format!("p{i}"), Some(0))
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        cursor.set_property("one-too-many", Some(0)).await,
+        Err(LogError::Config(_))
+    ));
+    log.close().await.unwrap();
+    drop(log);
+    let log = ManagedLog::open(&env, name, small_ledgers()).await.unwrap();
+    let cursor = log.cursor("sub").unwrap();
+    assert_eq!(cursor.property("flag"), Some(1));
+    assert_eq!(cursor.mark_delete_position(), Some(p[0]));
+}
+
+#[tokio::test]
 async fn latest_cursor_skips_existing_entries_and_reset_rewinds() {
     let (env, _) = env_with_ledgers();
     let log = ManagedLog::open(&env, "t/ns/persistent/e", small_ledgers())

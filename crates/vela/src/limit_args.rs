@@ -1,5 +1,5 @@
 //! Broker limits shared by `vela standalone` and `vela broker`: connections in
-//! all and per client IP, producers and consumers per topic, consumers per
+//! all and per client IP, topics per broker, producers and consumers per topic, consumers per
 //! subscription, the largest message, each topic's publish rate, and the
 //! subscriptions' read-ahead budget and the bytes of non-persistent messages
 //! in flight.
@@ -12,7 +12,7 @@ use clap::Args;
 use vela_broker::config::{
     CONNECTIONS_MAX_DEFAULT, CONSUMERS_PER_SUBSCRIPTION_MAX, CONSUMERS_PER_TOPIC_MAX,
     HELD_ENTRIES_PER_BROKER_DEFAULT, MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX,
-    READ_AHEAD_BYTES_MAX_DEFAULT,
+    READ_AHEAD_BYTES_MAX_DEFAULT, TOPICS_MAX_DEFAULT,
 };
 use vela_broker::{BrokerConfig, ConnectionCaps, NonPersistentLimits, PublishRate, TopicLimits};
 
@@ -23,6 +23,10 @@ const CONNECTIONS_CEILING: u64 = 1_000_000;
 /// Ceiling of `--max-unacked-entries-per-broker`: 1G entries is ~64 GiB of
 /// index.
 const HELD_ENTRIES_CEILING: u64 = 1 << 30;
+
+/// Ceiling of `--max-topics-per-broker`: 10M topics is ~200 GiB of fixed
+/// per-topic cost.
+const TOPICS_CEILING: u64 = 10_000_000;
 
 /// Smallest `--max-message-size`: below it even a message's metadata and a
 /// small batch do not fit.
@@ -40,6 +44,12 @@ pub(crate) struct LimitArgs {
     /// brokerMaxConnectionsPerIp). Default: --max-connections.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=CONNECTIONS_CEILING))]
     max_connections_per_ip: Option<u64>,
+    /// Topics this broker serves at once, persistent and non-persistent
+    /// (each ~20 KiB idle). Past it a new topic gets ServiceNotReady; the
+    /// client retries.
+    #[arg(long, default_value_t = TOPICS_MAX_DEFAULT as u64,
+          value_parser = clap::value_parser!(u64).range(1..=TOPICS_CEILING))]
+    max_topics_per_broker: u64,
     /// Producers on one topic (Pulsar's maxProducersPerTopic). Past it
     /// PRODUCER gets ProducerBusy.
     #[arg(long, default_value_t = PRODUCERS_PER_TOPIC_MAX as u64,
@@ -124,6 +134,7 @@ impl LimitArgs {
                 bytes_per_s: self.publish_max_byte_rate_per_topic,
             },
         };
+        config.topics_max = to_usize(self.max_topics_per_broker);
         config.max_message_size_bytes = to_usize(self.max_message_size);
         config.read_ahead_bytes_max = self.read_ahead_mb << 20;
         config.held_entries_max = to_usize(self.max_unacked_entries_per_broker);

@@ -20,6 +20,14 @@
 //! last acknowledgement. Here each round waits for `b` to follow before
 //! the next (a condition, bounded by a failure timeout), so that bound is
 //! zero messages and the test checks it exactly.
+//!
+//! The replicated flag is kept on the subscription's cursor (Pulsar's
+//! cursor property `pulsar.replicated.subscription`): `a` killed and
+//! restarted with no consumer attached still reports the subscription
+//! replicated (`.../replicatedSubscriptionStatus`), keeps taking snapshots,
+//! and a move of its cursor by the admin API alone (`skip_all`) reaches
+//! `b`. A client's own unsubscribe on `a` deletes `a`'s subscription only:
+//! `b` keeps its own, as Pulsar does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -30,7 +38,7 @@ use common::Standalone;
 use common::geo;
 use vela_client::{
     Client, ClientConfig, Consumer, ConsumerOptions, InitialPosition, Message, MessageId,
-    OutgoingMessage, ProducerOptions, SubType,
+    OutgoingMessage, Producer, ProducerOptions, SubType,
 };
 
 /// Failure bound for one expected message or for `b` to follow.
@@ -110,12 +118,30 @@ fn mark_delete(broker: &Standalone, subscription: &str) -> Option<(u64, u64)> {
     Some((ledger.parse().ok()?, entry.parse().ok()?))
 }
 
+/// True once `b`'s subscription `s` stands at or past `position`.
+fn passed(b: &Standalone, position: &MessageId) -> bool {
+    mark_delete(b, "s").is_some_and(|at| at >= (position.ledger_id, position.entry_id))
+}
+
+/// Sends round `round`'s messages and waits for every receipt.
+async fn send_round(producer: &Producer, round: usize) {
+    let mut receipts = Vec::with_capacity(ROUND);
+    for index in round * ROUND..(round + 1) * ROUND {
+        let message = OutgoingMessage::new(payload(index));
+        receipts.push(producer.send(message).await.unwrap());
+    }
+    producer.flush().await;
+    for receipt in receipts {
+        receipt.await.unwrap();
+    }
+}
+
 /// Waits until `b`'s subscription `s` stands at or past `position`.
 async fn follows(b: &Standalone, position: &MessageId, round: usize) {
     let target = (position.ledger_id, position.entry_id);
     let deadline = tokio::time::Instant::now() + RECEIVE_TIMEOUT;
     loop {
-        if mark_delete(b, "s").is_some_and(|at| at >= target) {
+        if passed(b, position) {
             return;
         }
         assert!(
@@ -142,30 +168,16 @@ async fn a_consumer_failing_over_resumes_where_it_acknowledged() {
         .create_producer(TOPIC, ProducerOptions::default())
         .await
         .unwrap();
-    let send_round = |round: usize| {
-        let producer = &producer;
-        async move {
-            let mut receipts = Vec::with_capacity(ROUND);
-            for index in round * ROUND..(round + 1) * ROUND {
-                let message = OutgoingMessage::new(payload(index));
-                receipts.push(producer.send(message).await.unwrap());
-            }
-            producer.flush().await;
-            for receipt in receipts {
-                receipt.await.unwrap();
-            }
-        }
-    };
     let half = ROUNDS / 2;
     for round in 0..half {
-        send_round(round).await;
+        send_round(&producer, round).await;
         let (from, to) = (round * ROUND, (round + 1) * ROUND);
         receive_in_order(&on_a, from, to, "on a").await;
         let landed = receive_in_order(&check_b, from, to, "check on b").await;
         follows(&b, &landed, round).await;
     }
     for round in half..ROUNDS {
-        send_round(round).await;
+        send_round(&producer, round).await;
     }
     receive_in_order(&check_b, half * ROUND, ROUNDS * ROUND, "check on b").await;
     producer.close().await.unwrap();
@@ -179,4 +191,133 @@ async fn a_consumer_failing_over_resumes_where_it_acknowledged() {
         .await
         .unwrap();
     assert!(extra.is_none(), "a message after the last: {extra:?}");
+}
+
+const STATUS_PATH: &str =
+    "/admin/v2/persistent/geo/ns/failover/subscription/s/replicatedSubscriptionStatus";
+
+/// `GET .../replicatedSubscriptionStatus` of `s`: the status code and, on
+/// 200, the topic's entry.
+fn replicated_status(broker: &Standalone) -> (u16, Option<bool>) {
+    let (status, body) = broker.http_get(STATUS_PATH);
+    if status != 200 {
+        return (status, None);
+    }
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    (status, doc[TOPIC].as_bool())
+}
+
+/// Produces round `round` on `broker`; `check_b` receives it on `b`: where
+/// its last message landed there.
+async fn produce_round(broker: &Standalone, check_b: &Consumer, round: usize) -> MessageId {
+    let client = client(broker);
+    let producer = client
+        .create_producer(TOPIC, ProducerOptions::default())
+        .await
+        .unwrap();
+    send_round(&producer, round).await;
+    producer.close().await.unwrap();
+    let (from, to) = (round * ROUND, (round + 1) * ROUND);
+    receive_in_order(check_b, from, to, "check on b").await
+}
+
+#[tokio::test]
+async fn a_replicated_subscription_stays_replicated_across_a_restart_without_consumers() {
+    let args = [
+        "--replicated-subscriptions-snapshot-frequency-ms",
+        SNAPSHOT_MS,
+    ];
+    let a_dir = tempfile::tempdir().unwrap();
+    let (a, b) = geo::two_clusters(Some(a_dir.path()), &args);
+    let client_b = client(&b);
+    let check_b = subscribe(&client_b, "check", false).await;
+    {
+        let client_a = client(&a);
+        let on_a = subscribe(&client_a, "s", true).await;
+        let landed = produce_round(&a, &check_b, 0).await;
+        receive_in_order(&on_a, 0, ROUND, "on a").await;
+        follows(&b, &landed, 0).await;
+        on_a.close().await.unwrap();
+    }
+    assert_eq!(replicated_status(&a), (200, Some(true)));
+    assert_eq!(
+        replicated_status(&b),
+        (200, Some(true)),
+        "made by a's update: replicated too"
+    );
+
+    // a dies and comes back on new ports: b's record of a follows. No
+    // consumer attaches on a from here on.
+    a.kill_9();
+    let mut restart_args = vec!["--cluster-name", "a"];
+    restart_args.extend_from_slice(&args);
+    let a = Standalone::start_in(a_dir.path(), &restart_args);
+    geo::update_cluster(&b, "a", &a);
+    assert_eq!(
+        replicated_status(&a),
+        (200, Some(true)),
+        "the status outlives the restart"
+    );
+    let (_, body) = a.http_get("/admin/v2/persistent/geo/ns/failover/internalStats");
+    let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc["cursors"]["s"]["properties"]["pulsar.replicated.subscription"], 1,
+        "Pulsar's cursor property: {doc}"
+    );
+    let landed = produce_round(&a, &check_b, 1).await;
+    // Only the admin API moves a's subscription now: past everything, once
+    // a snapshot taken after the restart covers round 1 (skip again until
+    // one does; each try is a condition, the deadline a failure bound).
+    let deadline = tokio::time::Instant::now() + RECEIVE_TIMEOUT;
+    loop {
+        let (status, body) = a.http_post_json(
+            "/admin/v2/persistent/geo/ns/failover/subscription/s/skip_all",
+            "",
+        );
+        assert_eq!(status, 204, "skip_all on a: {body}");
+        let tried = tokio::time::Instant::now() + Duration::from_secs(2);
+        while !passed(&b, &landed) && tokio::time::Instant::now() < tried {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if passed(&b, &landed) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b's subscription never followed a's after the restart (at {:?}, round 1 ends at {:?})",
+            mark_delete(&b, "s"),
+            landed
+        );
+    }
+
+    // The status as an admin sets it (REST, and pulsar-admin's command).
+    for enabled in ["false", "true"] {
+        let (status, body) = a.http_post_json(STATUS_PATH, enabled);
+        assert_eq!(status, 204, "{body}");
+        assert_eq!(replicated_status(&a), (200, Some(enabled == "true")));
+    }
+    let cli = |args: &[&str]| {
+        let mut all = vec!["topics"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&[TOPIC, "-s", "s"]);
+        geo::vela_admin(&a, &all)
+    };
+    cli(&["set-replicated-subscription-status", "--disable"]);
+    let shown: serde_json::Value =
+        serde_json::from_str(&cli(&["get-replicated-subscription-status"])).unwrap();
+    assert_eq!(shown, serde_json::json!({ TOPIC: false }));
+    cli(&["set-replicated-subscription-status", "-e"]);
+    assert_eq!(replicated_status(&a), (200, Some(true)));
+    let (status, _) = a.http_get(
+        "/admin/v2/persistent/geo/ns/failover/subscription/nope/replicatedSubscriptionStatus",
+    );
+    assert_eq!(status, 404);
+
+    // A client's own unsubscribe on a: a's subscription goes, b's stays
+    // (as Pulsar: nothing tells the other clusters).
+    let client_a = client(&a);
+    let on_a = subscribe(&client_a, "s", false).await;
+    on_a.unsubscribe().await.unwrap();
+    assert_eq!(replicated_status(&a).0, 404, "gone on a");
+    assert_eq!(replicated_status(&b), (200, Some(true)), "kept on b");
 }

@@ -206,7 +206,50 @@ async fn messages_produced_on_one_cluster_arrive_on_the_other_as_produced() {
         }
         producer.close().await.unwrap();
         replication_settles(&a, name).await;
+        inbound_settles(&b, name).await;
     }
+}
+
+/// `b`'s stats of topic `name` show what `a`'s replicator brought, as
+/// Pulsar's do on the receiving side: its producer among the publishers,
+/// every message in the topic's in-counter, and in `replication.a` the
+/// in-counters, a non-zero `msgRateIn` in some window and the inbound
+/// connection; the metrics have `pulsar_replication_rate_in` for `a`.
+async fn inbound_settles(b: &Standalone, name: &str) {
+    let path = format!("/admin/v2/persistent/geo/ns/{name}/stats");
+    let deadline = tokio::time::Instant::now() + RECEIVE_TIMEOUT;
+    let mut rate_seen = 0.0_f64;
+    loop {
+        let (status, body) = b.http_get(&path);
+        assert_eq!(status, 200, "{body}");
+        let doc: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let from_a = &doc["replication"]["a"];
+        rate_seen = rate_seen.max(from_a["msgRateIn"].as_f64().unwrap_or(0.0));
+        if from_a["msgInCount"] == COUNT && rate_seen > 0.0 {
+            assert_eq!(doc["msgInCounter"], COUNT, "{doc}");
+            assert!(from_a["bytesInCount"].as_u64().unwrap() > 0, "{from_a}");
+            assert!(from_a["inboundConnection"].is_string(), "{from_a}");
+            let publishers = doc["publishers"].as_array().unwrap();
+            assert!(
+                publishers
+                    .iter()
+                    .any(|p| p["producerName"] == "pulsar.repl.a-->b"),
+                "the replicator's producer among the publishers: {doc}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "b's stats never showed {COUNT} messages in from a (rate seen {rate_seen}): {doc}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let sample = format!(
+        "pulsar_replication_rate_in{{cluster=\"b\",namespace=\"geo/ns\",\
+         topic=\"persistent://geo/ns/{name}\",remote_cluster=\"a\"}} "
+    );
+    let metrics = b.metrics();
+    assert!(metrics.contains(&sample), "no {sample:?} in b's metrics");
 }
 
 /// `a`'s stats of topic `name` come to show every message replicated to

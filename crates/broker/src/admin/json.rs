@@ -513,7 +513,7 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
         "lastMarkDeleteAdvancedTimestamp": 0,
         "consumers": consumers,
         "isDurable": sub.durable,
-        "isReplicated": false,
+        "isReplicated": sub.replicated,
         "allowOutOfOrderDelivery": false,
         "consumersAfterMarkDeletePosition": after_mark_delete,
         "nonContiguousDeletedMessagesRanges": 0,
@@ -534,11 +534,16 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
         .publishers
         .iter()
         .map(|p| {
+            let average_msg_size = if p.msg_rate_in > 0.0 {
+                p.msg_throughput_in / p.msg_rate_in
+            } else {
+                0.0
+            };
             let document = json!({
                 "accessMode": p.access_mode,
-                "msgRateIn": 0.0,
-                "msgThroughputIn": 0.0,
-                "averageMsgSize": 0.0,
+                "msgRateIn": p.msg_rate_in,
+                "msgThroughputIn": p.msg_throughput_in,
+                "averageMsgSize": average_msg_size,
                 "chunkedMessageRate": 0.0,
                 "producerId": p.producer_id,
                 "supportsPartialProducer": false,
@@ -618,16 +623,17 @@ pub fn topic_stats_json(stats: &TopicStats, owner_broker: &str) -> Value {
 }
 
 /// Pulsar's `replication` map of topic stats: remote cluster →
-/// ReplicatorStats (Vela's replicators only send: the `In` fields are 0).
+/// ReplicatorStats (the `In` fields: what that cluster's replicator
+/// publishes here).
 fn replication_json(replication: &[crate::stats::ReplicationStats]) -> Value {
     let map: serde_json::Map<String, Value> = replication
         .iter()
         .map(|r| {
             let doc = json!({
-                "msgRateIn": 0.0,
-                "msgInCount": 0,
-                "bytesInCount": 0,
-                "msgThroughputIn": 0.0,
+                "msgRateIn": r.msg_rate_in,
+                "msgInCount": r.msg_in_counter,
+                "bytesInCount": r.bytes_in_counter,
+                "msgThroughputIn": r.msg_throughput_in,
                 "msgRateOut": r.msg_rate_out,
                 "msgOutCount": r.msg_out_counter,
                 "bytesOutCount": r.bytes_out_counter,
@@ -636,7 +642,7 @@ fn replication_json(replication: &[crate::stats::ReplicationStats]) -> Value {
                 "replicationBacklog": r.backlog,
                 "connected": r.connected,
                 "replicationDelayInSeconds": r.delay_seconds,
-                "inboundConnection": null,
+                "inboundConnection": r.inbound_connection,
                 "inboundConnectedSince": null,
                 "outboundConnection": null,
                 "outboundConnectedSince": null,
@@ -681,6 +687,12 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
                 .find(|o| o.remote_cluster == r.remote_cluster)
             {
                 Some(o) => {
+                    o.msg_rate_in += r.msg_rate_in;
+                    o.msg_throughput_in += r.msg_throughput_in;
+                    o.msg_in_counter += r.msg_in_counter;
+                    o.bytes_in_counter += r.bytes_in_counter;
+                    o.inbound_connection =
+                        o.inbound_connection.take().or(r.inbound_connection.clone());
                     o.msg_rate_out += r.msg_rate_out;
                     o.msg_throughput_out += r.msg_throughput_out;
                     o.msg_out_counter += r.msg_out_counter;
@@ -704,6 +716,7 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
                     durable: s.durable,
                     ..SubscriptionStats::default()
                 });
+            merged.replicated |= s.replicated;
             merged.msg_backlog += s.msg_backlog;
             merged.unacked_messages += s.unacked_messages;
             merged.msg_out_counter += s.msg_out_counter;
@@ -825,7 +838,7 @@ pub fn internal_stats_json(input: &InternalStatsInput<'_>) -> Value {
                     "totalNonContiguousDeletedMessagesRange": 0,
                     "subscriptionHavePendingRead": s.read_in_flight,
                     "subscriptionHavePendingReplayRead": false,
-                    "properties": {}
+                    "properties": s.cursor_properties
                 }),
             )
         })

@@ -70,6 +70,7 @@ impl Admitting {
             address: session.peer.to_string(),
             client_version: session.client_version.clone(),
             metadata: client_metadata(&body.metadata)?,
+            counters: Default::default(),
         };
         let success = proto::CommandProducerSuccess {
             request_id: body.request_id,

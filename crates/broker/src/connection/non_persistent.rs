@@ -30,6 +30,8 @@ use crate::topic_name::TopicName;
 pub(super) struct NpProducer {
     topic: Arc<NonPersistentTopic>,
     name: String,
+    /// What it published, for stats (shared with its registration).
+    counters: Arc<crate::stats::PublisherCounters>,
 }
 
 /// Registers a producer on a non-persistent topic (created on first use).
@@ -45,6 +47,7 @@ pub(super) async fn create_producer(
     let admitting = Admitting::new(session, body, topic_name, |_| -1).await?;
     let name = admitting.name.clone();
     let success = admitting.success.clone();
+    let counters = Arc::clone(&admitting.reg.counters);
     let admission = topic.add_producer(
         &name,
         admitting.reg,
@@ -60,7 +63,14 @@ pub(super) async fn create_producer(
         }),
         Admission::Waiting => None,
     };
-    Ok((NpProducer { topic, name }, ready))
+    Ok((
+        NpProducer {
+            topic,
+            name,
+            counters,
+        },
+        ready,
+    ))
 }
 
 /// A PRODUCER again for an id already in use: the same topic is a retry
@@ -104,7 +114,10 @@ impl NpProducer {
         let messages = send.num_messages().unwrap_or(1).max(1) as u32;
         let pause = self.topic.publish_pause(messages, entry.len());
         let (ledger_id, entry_id) = match self.topic.publish(&self.name, &entry, messages) {
-            Published::Accepted => (0, 0),
+            Published::Accepted => {
+                self.counters.record(messages, entry.len());
+                (0, 0)
+            }
             Published::Dropped => (u64::MAX, u64::MAX),
         };
         let highest_sequence_id = send.highest_sequence_id().unwrap_or(0);

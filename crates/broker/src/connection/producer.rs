@@ -74,6 +74,8 @@ const RECENTLY_CLOSED_PRODUCERS_MAX: usize = 1000;
 struct ConnProducer {
     topic: Arc<Topic>,
     name: String,
+    /// What it published, for stats (shared with its registration).
+    counters: Arc<crate::stats::PublisherCounters>,
     /// Boxed: a channel allocates its first block of 32 slots up front
     /// (~3 KiB per producer at the job's size; 256 bytes boxed).
     jobs: mpsc::Sender<Box<ReceiptJob>>,
@@ -285,6 +287,7 @@ impl Producers {
         .await?;
         let name = admission.name.clone();
         let success = admission.success.clone();
+        let counters = Arc::clone(&admission.reg.counters);
         let admission = topic.add_producer(
             &name,
             admission.reg,
@@ -307,6 +310,7 @@ impl Producers {
             ConnProducer {
                 topic,
                 name: name.clone(),
+                counters,
                 jobs,
             },
         );
@@ -413,6 +417,7 @@ impl Producers {
         // Publish rate: past it, this connection stops reading for the pause
         // (Pulsar's throttling: TCP back-pressure, nothing refused).
         let pause = producer.topic.publish_pause(messages, entry.len());
+        let entry_len = entry.len();
         let issued = Instant::now();
         let published = match txn {
             None => Ok(producer.topic.publish(
@@ -434,7 +439,12 @@ impl Producers {
             ),
         };
         let published = match published {
-            Ok(check) => check,
+            Ok(check) => {
+                if matches!(check, DedupCheck::Appended(_)) {
+                    producer.counters.record(messages, entry_len);
+                }
+                check
+            }
             Err(error) => {
                 let job = ReceiptJob::Error {
                     sequence_id,

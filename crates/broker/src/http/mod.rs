@@ -15,7 +15,9 @@
 //! the replication clusters of namespaces and topics), `bundles`,
 //! `permissions` (namespace grants), `schema_policy` (the
 //! `schemaCompatibilityStrategy` routes, namespace and topic), `topics`
-//! (topics, partitioned topics, stats, subscriptions), `termination`
+//! (topics, partitioned topics, stats, subscriptions),
+//! `replicated_subscriptions` (a subscription's replicated status),
+//! `termination`
 //! (terminate), `offload` (tiered storage trigger and status),
 //! `non_persistent` (non-persistent topics), `topic_policies`
 //! (topic-level policies and properties), `messages` (entries by id, peek,
@@ -41,6 +43,7 @@ mod non_persistent;
 mod offload;
 mod permissions;
 mod prometheus;
+mod replicated_subscriptions;
 mod schema_policy;
 mod schemas;
 mod termination;
@@ -186,6 +189,7 @@ fn router(service: Arc<Service>) -> Router {
         .merge(clusters::routes())
         .merge(bundles::routes())
         .merge(topics::routes())
+        .merge(replicated_subscriptions::routes())
         .merge(termination::routes())
         .merge(offload::routes())
         .merge(non_persistent::routes())

@@ -580,7 +580,7 @@ fn topic_families(rows: &[TopicRow], w: &mut Writer) {
 /// names and a `remote_cluster` label.
 fn replication_families(rows: &[TopicRow], w: &mut Writer) {
     type Get = fn(&crate::stats::ReplicationStats) -> f64;
-    let families: [(&str, &str, Get); 6] = [
+    let families: [(&str, &str, Get); 7] = [
         (
             "pulsar_replication_rate_out",
             "Messages replicated to the remote cluster per second.",
@@ -608,8 +608,13 @@ fn replication_families(rows: &[TopicRow], w: &mut Writer) {
         ),
         (
             "pulsar_replication_rate_in",
-            "Messages replicated from the remote cluster per second (not measured: 0).",
-            |_| 0.0,
+            "Messages replicated from the remote cluster per second.",
+            |r| r.msg_rate_in,
+        ),
+        (
+            "pulsar_replication_throughput_in",
+            "Bytes replicated from the remote cluster per second.",
+            |r| r.msg_throughput_in,
         ),
     ];
     for (name, help, get) in families {

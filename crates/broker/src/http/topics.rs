@@ -116,7 +116,7 @@ fn topic_not_found(topic: &TopicName) -> ApiError {
 }
 
 /// The partitions of a partitioned topic's base name, else the topic itself.
-async fn targets(service: &Service, topic: &TopicName) -> ApiResult<Vec<TopicName>> {
+pub(super) async fn targets(service: &Service, topic: &TopicName) -> ApiResult<Vec<TopicName>> {
     if topic.partition.is_none()
         && let Some(n) = service.admin.partitions(topic).await?
     {

@@ -19,7 +19,7 @@
 //! `BrokerConfig::replication_inflight_bytes_max` bytes in flight over all
 //! (past it replicators wait for receipts: back-pressure, never a queue);
 //! one replicator per (served topic, remote), so their number follows the
-//! served topics (`service::TOPICS_MAX`) times `REPLICATION_CLUSTERS_MAX`.
+//! served topics (`BrokerConfig::topics_max`) times `REPLICATION_CLUSTERS_MAX`.
 //! Replicated subscriptions: one snapshot controller (`snapshots`) per
 //! topic with a running replicator, started and stopped with them; the
 //! replicators carry its markers and hand it those the remotes sent.

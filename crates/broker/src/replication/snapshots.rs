@@ -19,11 +19,14 @@
 //!    SNAPSHOT's local position here includes everything each remote held
 //!    before its position there.
 //! 4. A replicated subscription's task notes each SNAPSHOT it reads
-//!    (`subscription::snapshots`); when its mark-delete position has
-//!    passed one (checked each tick), the controller writes an UPDATE
-//!    (subscription, each remote's position), carried to every remote.
+//!    (`subscription::snapshots`; each is also handed every snapshot as it
+//!    completes, for one without consumers, which reads none); when its
+//!    mark-delete position has passed one (checked each tick), the
+//!    controller writes an UPDATE (subscription, each remote's position),
+//!    carried to every remote.
 //! 5. A remote's controller, handed the UPDATE, moves its subscription of
-//!    that name to its position there (creating it, never moving it back).
+//!    that name to its position there (creating it, marked replicated on
+//!    its cursor too, never moving it back).
 //!
 //! So a consumer failing over to a remote resumes at most one snapshot
 //! interval (plus a tick and the replication lag) behind where it
@@ -53,6 +56,7 @@ use crate::markers::{
     SubscriptionUpdate,
 };
 use crate::stats::ReplicatorStats;
+use crate::subscription::RemotePositions;
 use crate::topic::Topic;
 use crate::topic::cursor_admin::SubscriptionStart;
 
@@ -341,6 +345,19 @@ impl Controller {
             Some(&local),
             &snapshot,
         ));
+        drop(state);
+        // A replicated subscription without consumers (e.g. after a
+        // restart) reads no SNAPSHOT marker: it is handed the snapshot
+        // here, so a move of its cursor (skip, reset, expiry) still
+        // reaches the remotes.
+        let remotes: RemotePositions = snapshot
+            .clusters
+            .iter()
+            .map(|c| (c.cluster.clone(), c.message_id.position()))
+            .collect();
+        self.topic
+            .replicated_subscriptions()
+            .snapshot_completed(position, &remotes);
     }
 
     fn unreadable(&self, from: &str, what: &str) {
@@ -386,7 +403,10 @@ async fn apply_update(topic: Arc<Topic>, name: String, position: Position) {
             }
         }
     }
-    topic.replicated_subscriptions().mark(&name);
+    if let Err(error) = topic.set_replicated(&name, true).await {
+        tracing::warn!(topic = %topic.full_name, subscription = %name, %error,
+            "subscription not marked replicated");
+    }
     if let Err(error) = topic.evict_up_to(&name, position).await {
         tracing::warn!(topic = %topic.full_name, subscription = %name, %error,
             "replicated subscription not moved");

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use vela_wire::proto::ServerError;
 
-use super::{Service, TOPICS_MAX};
+use super::Service;
 use crate::error::ServiceError;
 use crate::nonpersistent::NonPersistentTopic;
 use crate::topic_name::{TopicDomain, TopicName};
@@ -18,7 +18,7 @@ impl Service {
     /// The served non-persistent topic for `topic`, created in place (there
     /// is nothing to open) when `create`, auto-creation or its partitioned
     /// metadata allows. Served under the same rules as persistent topics:
-    /// namespace, bundle ownership, partition range, `TOPICS_MAX`.
+    /// namespace, bundle ownership, partition range, `BrokerConfig::topics_max`.
     pub(crate) async fn non_persistent_topic(
         &self,
         topic: &TopicName,
@@ -48,11 +48,8 @@ impl Service {
         {
             return Ok(Arc::clone(existing));
         }
-        if persistent + served.len() >= TOPICS_MAX {
-            return Err(ServiceError::new(
-                ServerError::ServiceNotReady,
-                "TOPICS_MAX topics are served already",
-            ));
+        if persistent + served.len() >= self.config.topics_max {
+            return Err(super::topics_max_reached(self.config.topics_max));
         }
         let created = NonPersistentTopic::new(
             topic.clone(),

@@ -1,5 +1,5 @@
 //! Opening a persistent topic: whether it may be served (namespace,
-//! bundle ownership, partition range, `TOPICS_MAX`, the namespace's topic
+//! bundle ownership, partition range, `BrokerConfig::topics_max`, the namespace's topic
 //! quota, auto-creation) and building its `Topic` (log, compaction,
 //! transaction buffer, policies, dedup state, replication cursors), once
 //! even when many connections ask at the same time. Also PARTITIONED_METADATA's
@@ -14,7 +14,7 @@ use std::sync::Arc;
 use vela_log::{LogConfig, ManagedLog, Persistence};
 use vela_wire::proto::ServerError;
 
-use super::{Service, TOPICS_MAX, ownership_error};
+use super::{Service, ownership_error, topics_max_reached};
 use crate::admin::NamespacePolicies;
 use crate::compaction::Compaction;
 use crate::error::ServiceError;
@@ -124,12 +124,9 @@ impl Service {
                 topics.remove(&full_name);
             }
             if !topics.contains_key(&full_name)
-                && topics.len() + self.np_topics.lock().len() >= TOPICS_MAX
+                && topics.len() + self.np_topics.lock().len() >= self.config.topics_max
             {
-                return Err(ServiceError::new(
-                    ServerError::ServiceNotReady,
-                    "TOPICS_MAX topics are served already",
-                ));
+                return Err(topics_max_reached(self.config.topics_max));
             }
             Arc::clone(topics.entry(full_name.clone()).or_default())
         };

@@ -61,6 +61,7 @@ impl Service {
             .iter()
             .map(|(remote, replicator)| replicator.snapshot(remote))
             .collect();
+        with_replication_rates(&mut stats);
         stats
     }
 
@@ -75,5 +76,74 @@ impl Service {
             .collect();
         found.sort_by(|a, b| a.0.cmp(&b.0));
         found
+    }
+}
+
+/// As Pulsar's `PersistentTopic.asyncGetStats`: each replicator's entry
+/// gets what the remote's replicator publishes here (its producer, among
+/// the publishers, `pulsar.repl.{remote}-->{local}`: `msgRateIn`,
+/// `msgThroughputIn`, `inboundConnection`), and the topic's out-rates
+/// count what the replicators send.
+fn with_replication_rates(stats: &mut TopicStats) {
+    for replication in &mut stats.replication {
+        let inbound = stats.publishers.iter().find(|p| {
+            crate::topic::replicator_source(&p.producer_name)
+                == Some(replication.remote_cluster.as_str())
+        });
+        if let Some(publisher) = inbound {
+            replication.msg_rate_in = publisher.msg_rate_in;
+            replication.msg_throughput_in = publisher.msg_throughput_in;
+            replication.msg_in_counter = publisher.msg_in_counter;
+            replication.bytes_in_counter = publisher.bytes_in_counter;
+            replication.inbound_connection = Some(publisher.address.clone());
+        }
+        stats.msg_rate_out += replication.msg_rate_out;
+        stats.msg_throughput_out += replication.msg_throughput_out;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stats::{PublisherStats, ReplicationStats};
+
+    #[test]
+    fn the_remotes_replicator_fills_the_in_rates_of_its_cluster() {
+        let publisher = |name: &str, rate: f64| PublisherStats {
+            producer_name: name.to_string(),
+            msg_rate_in: rate,
+            msg_throughput_in: rate * 1024.0,
+            msg_in_counter: 7,
+            bytes_in_counter: 7168,
+            address: format!("{name}-address"),
+            ..PublisherStats::default()
+        };
+        let replication = |remote: &str| ReplicationStats {
+            remote_cluster: remote.to_string(),
+            msg_rate_out: 3.0,
+            msg_throughput_out: 300.0,
+            ..ReplicationStats::default()
+        };
+        let mut stats = TopicStats {
+            msg_rate_out: 1.0,
+            msg_throughput_out: 100.0,
+            publishers: vec![publisher("app", 5.0), publisher("pulsar.repl.a-->b", 9.0)],
+            replication: vec![replication("a"), replication("c")],
+            ..TopicStats::default()
+        };
+        with_replication_rates(&mut stats);
+        let (a, c) = (&stats.replication[0], &stats.replication[1]);
+        assert_eq!((a.msg_rate_in, a.msg_throughput_in), (9.0, 9.0 * 1024.0));
+        assert_eq!((a.msg_in_counter, a.bytes_in_counter), (7, 7168));
+        assert_eq!(
+            a.inbound_connection.as_deref(),
+            Some("pulsar.repl.a-->b-address")
+        );
+        assert_eq!(
+            (c.msg_rate_in, c.inbound_connection.as_deref()),
+            (0.0, None)
+        );
+        assert_eq!(stats.msg_rate_out, 7.0);
+        assert_eq!(stats.msg_throughput_out, 700.0);
     }
 }

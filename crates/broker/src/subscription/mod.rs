@@ -67,4 +67,7 @@ pub(crate) use policy::{DispatchPolicy, DispatchRates, limiter as dispatch_limit
 pub(crate) use read_ahead::SubscriptionReads;
 pub(crate) use reader::READ_BATCH_ENTRIES_MAX;
 pub(crate) use seek::{first_published_at_or_after, resolve_seek};
-pub(crate) use snapshots::ReplicatedSubscriptions;
+pub(crate) use snapshots::{
+    REPLICATED_SUBSCRIPTION_PROPERTY, REPLICATED_SUBSCRIPTIONS_MAX, RemotePositions,
+    ReplicatedStatusError, ReplicatedSubscriptions,
+};

@@ -317,6 +317,16 @@ pub(crate) fn is_replicator(producer: &str) -> bool {
         .is_some_and(|rest| rest.starts_with('.'))
 }
 
+/// The cluster a replicator's producer brings messages from (Pulsar's
+/// `Producer.parseRemoteClusterName`: what follows the prefix, up to
+/// `-->`); `None` for any other producer.
+pub(crate) fn replicator_source(producer: &str) -> Option<&str> {
+    let rest = producer
+        .strip_prefix(REPLICATOR_PREFIX)?
+        .strip_prefix('.')?;
+    Some(rest.split_once("-->").map_or(rest, |(from, _)| from))
+}
+
 /// The sequence id a replicator sends for the entry at (`ledger_id`,
 /// `entry_id`) of its source log: the position packed into 63 bits,
 /// increasing with the position, so the receiving side's dedup drops a
@@ -474,6 +484,15 @@ mod tests {
             table.last_sequence_id(&format!("p{}", DEDUP_PRODUCERS_MAX + 9)),
             1
         );
+    }
+
+    #[test]
+    fn a_replicator_producer_names_its_source_cluster() {
+        let name = replicator_producer_name("east", "west");
+        assert_eq!(replicator_source(&name), Some("east"));
+        assert_eq!(replicator_source("pulsar.repl.a"), Some("a"));
+        assert_eq!(replicator_source("pulsar.replica"), None);
+        assert_eq!(replicator_source("app"), None);
     }
 
     #[test]

@@ -50,6 +50,7 @@ mod pending_acks;
 mod producers;
 mod publish;
 mod quota;
+mod replicated;
 mod stats;
 mod subscriptions;
 mod throttle;
@@ -85,7 +86,7 @@ use vela_wire::proto::ServerError;
 
 pub(crate) use dedup::{
     DEDUP_UNKNOWN_MESSAGE, DedupCheck, REPLICATOR_PREFIX, is_replicator, replicated_sequence_id,
-    replication_cursor_name, replicator_producer_name,
+    replication_cursor_name, replicator_producer_name, replicator_source,
 };
 pub(crate) use pending_acks::PendingAcks;
 pub(crate) use producers::{Admission, ProducerReg, ProducerTable};
@@ -166,6 +167,7 @@ impl Topic {
         let full_name = name.to_string();
         let txn = txn.map(|t| (t.buffer, t.acks));
         let replicated = Arc::new(ReplicatedSubscriptions::default());
+        replicated.restore(&log);
         Arc::new(Topic {
             producers: ProducerTable::new(full_name.clone(), limits.producers_max),
             full_name,
@@ -631,9 +633,14 @@ impl Topic {
                 &self.dispatch_policy,
             )
             .await?;
-        if request.replicated && request.durable && !self.replicated.mark(&request.subscription) {
+        // As Pulsar: the flag only ever turns a subscription replicated; one
+        // without it keeps what the subscription is.
+        if request.replicated
+            && request.durable
+            && let Err(error) = self.set_replicated(&request.subscription, true).await
+        {
             tracing::warn!(topic = %self.full_name, subscription = %request.subscription,
-                "REPLICATED_SUBSCRIPTIONS_MAX reached: subscription not replicated");
+                %error, "subscription not replicated");
         }
         Ok(attached)
     }
@@ -781,7 +788,6 @@ impl Topic {
     /// Drops a subscription and its cursor (admin unsubscribe): its consumers
     /// get CLOSE_CONSUMER.
     pub(crate) async fn unsubscribe(&self, subscription: &str) -> Result<bool, ServiceError> {
-        self.replicated.forget(subscription);
         if let Some(handle) = self.subscriptions.handle(subscription) {
             let (reply, answer) = oneshot::channel();
             let command = SubCommand::Unsubscribe {
@@ -803,9 +809,13 @@ impl Topic {
         Ok(false)
     }
 
-    /// A durable subscription was deleted: the acknowledgements its
-    /// transactions held go with it (memory and records).
+    /// A durable subscription was deleted (admin or a client's
+    /// UNSUBSCRIBE): the acknowledgements its transactions held go with it
+    /// (memory and records), and it is no longer replicated here. As in
+    /// Pulsar, the other clusters keep their subscription of that name (an
+    /// update from one of them makes it here again).
     pub(crate) async fn subscription_deleted(&self, subscription: &str) {
+        self.replicated.forget(subscription);
         if let Some((_, acks)) = &self.txn
             && let Err(error) = acks.drop_subscription(subscription).await
         {

@@ -34,6 +34,7 @@
 //! the managed ledger's properties, so it survives a reload there).
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -73,6 +74,8 @@ pub(crate) struct ProducerReg {
     pub(crate) client_version: String,
     /// PRODUCER's `metadata` (bounded by the connection), for stats.
     pub(crate) metadata: std::collections::BTreeMap<String, String>,
+    /// What it published (its connection counts; stats read).
+    pub(crate) counters: Arc<crate::stats::PublisherCounters>,
 }
 
 /// Outcome of registering a producer.
@@ -478,14 +481,19 @@ impl ProducerTable {
             .lock()
             .registered
             .iter()
-            .map(|(name, reg)| PublisherStats {
-                producer_name: name.clone(),
-                producer_id: reg.producer_id,
-                access_mode: if reg.exclusive { "Exclusive" } else { "Shared" }.to_string(),
-                address: reg.address.clone(),
-                client_version: reg.client_version.clone(),
-                metadata: reg.metadata.clone(),
-                msg_drop_rate: None,
+            .map(|(name, reg)| {
+                let mut stats = PublisherStats {
+                    producer_name: name.clone(),
+                    producer_id: reg.producer_id,
+                    access_mode: if reg.exclusive { "Exclusive" } else { "Shared" }.to_string(),
+                    address: reg.address.clone(),
+                    client_version: reg.client_version.clone(),
+                    metadata: reg.metadata.clone(),
+                    msg_drop_rate: None,
+                    ..PublisherStats::default()
+                };
+                reg.counters.fill(&mut stats);
+                stats
             })
             .collect();
         publishers.sort_by(|a, b| a.producer_name.cmp(&b.producer_name));
@@ -521,6 +529,7 @@ mod tests {
                 address: String::new(),
                 client_version: String::new(),
                 metadata: Default::default(),
+                counters: Default::default(),
             },
         }
     }

@@ -54,6 +54,12 @@ impl Topic {
             }
         }
         subscriptions.sort_by(|a, b| a.name.cmp(&b.name));
+        for subscription in &mut subscriptions {
+            subscription.replicated = self.replicated.is_replicated(&subscription.name);
+            if let Some(cursor) = self.log.cursor(&subscription.name) {
+                subscription.cursor_properties = cursor.properties();
+            }
+        }
         let log = self.log.stats();
         let msg_in_counter = self.publisher.msg_in();
         let bytes_in_counter = self.publisher.bytes_in();

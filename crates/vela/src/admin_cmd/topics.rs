@@ -1,6 +1,6 @@
 //! `vela admin topics`: topics and partitioned topics, their stats and
-//! subscriptions (create, reset, skip, expire), unload, terminate, lookup,
-//! offload and its status.
+//! subscriptions (create, reset, skip, expire, replicated status), unload,
+//! terminate, lookup, offload and its status.
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
@@ -120,6 +120,32 @@ pub(super) enum TopicsCmd {
     },
     /// Skip a subscription's whole backlog.
     ClearBacklog {
+        topic: String,
+        #[arg(short = 's', long = "subscription")]
+        subscription: String,
+    },
+    /// Replicate a subscription's position to the topic's other clusters, or
+    /// stop (kept with the subscription; pulsar-admin's
+    /// set-replicated-subscription-status).
+    SetReplicatedSubscriptionStatus {
+        topic: String,
+        #[arg(short = 's', long = "subscription")]
+        subscription: String,
+        /// Replicate it.
+        #[arg(
+            short = 'e',
+            long = "enable",
+            conflicts_with = "disable",
+            required_unless_present = "disable"
+        )]
+        enable: bool,
+        /// Stop replicating it.
+        #[arg(short = 'd', long = "disable")]
+        disable: bool,
+    },
+    /// Whether a subscription is replicated (each partition's for a
+    /// partitioned topic).
+    GetReplicatedSubscriptionStatus {
         topic: String,
         #[arg(short = 's', long = "subscription")]
         subscription: String,
@@ -377,6 +403,26 @@ pub(super) fn topics(api: &Api, cmd: TopicsCmd) -> anyhow::Result<()> {
             &format!("{}/skip_all", subscription_path(&topic, &subscription)?),
             None,
         )),
+        T::SetReplicatedSubscriptionStatus {
+            topic,
+            subscription,
+            enable,
+            disable: _,
+        } => done(api.call(
+            "POST",
+            &format!(
+                "{}/replicatedSubscriptionStatus",
+                subscription_path(&topic, &subscription)?
+            ),
+            Some(if enable { "true" } else { "false" }),
+        )),
+        T::GetReplicatedSubscriptionStatus {
+            topic,
+            subscription,
+        } => print_json(&api.get_json(&format!(
+            "{}/replicatedSubscriptionStatus",
+            subscription_path(&topic, &subscription)?
+        ))?),
         T::ExpireMessages {
             topic,
             subscription,

@@ -37,11 +37,21 @@ pub(crate) fn vela_admin(broker: &Standalone, args: &[&str]) -> String {
 /// Records `other` as cluster `name` on `broker` (`vela admin clusters
 /// create`).
 pub(crate) fn add_cluster(broker: &Standalone, name: &str, other: &Standalone) {
+    record_cluster(broker, "create", name, other);
+}
+
+/// Replaces `broker`'s record of cluster `name` with `other`'s URLs (`vela
+/// admin clusters update`; after `other` restarted on new ports).
+pub(crate) fn update_cluster(broker: &Standalone, name: &str, other: &Standalone) {
+    record_cluster(broker, "update", name, other);
+}
+
+fn record_cluster(broker: &Standalone, verb: &str, name: &str, other: &Standalone) {
     vela_admin(
         broker,
         &[
             "clusters",
-            "create",
+            verb,
             name,
             "--broker-url",
             other.pulsar_url.trim_end_matches('/'),

@@ -17,6 +17,9 @@ impl Dispatcher {
             name: self.name.clone(),
             sub_type: sub_type.to_string(),
             durable: self.durable,
+            // The topic's snapshot adds them (`Topic::stats`).
+            replicated: false,
+            cursor_properties: Default::default(),
             msg_backlog: self.acks.backlog(&self.log),
             unacked_messages: self.outstanding.pending_len() as u64,
             msg_out_counter: self.counters.msg_out,
