@@ -17,7 +17,9 @@ run, both driven by the same client (`vela perf`):
 bench/run.sh backlog-drain [--systems vela] [--messages N]
 (bench.py hands these scenario names to this module.)
 Prints one table: msg/s and MB/s of each drain on each system, and the
-ratio Vela / Pulsar. Figures only, never a pass/fail on timing.
+ratio Vela / Pulsar; then each system's peak RSS per phase and, for Vela,
+each memory budget's peak use against its bound (bench/budgets.py).
+Figures only, never a pass/fail on timing.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import urllib.request
 from pathlib import Path
 
 import bench
+import budgets
 import common
 
 SCENARIOS = {
@@ -83,6 +86,7 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
     topic_path = "public/default/backlog-drain"
     topic = f"persistent://{topic_path}"
     servers = {}
+    watches = {}
     rows = {s: {"system": s, "messages": messages, "runs": {f"q{q}": [] for q in QUEUES}}
             for s in systems}
     try:
@@ -93,21 +97,26 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
             print(f"   {system}: starting", flush=True)
             server.start()
             servers[system] = server
+            watches[system] = budgets.MemoryWatch(server)
             common.prepare_topic(server, topic_path,
                           [f"q{q}-r{r}" for r in range(repeats) for q in QUEUES])
+            watches[system].phase("produce")
             rows[system]["produce_msg_s"] = produce_backlog(opts, server, topic, messages,
                                                             system)
+            watches[system].phase(None)
         for r in range(repeats):
             order = systems if r % 2 == 0 else list(reversed(systems))
             for system in order:
                 server = servers[system]
                 for q in QUEUES:
+                    watches[system].phase(f"drain q={q}")
                     summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
                                                "-s", f"q{q}-r{r}",
                                                "--subscription-position", "earliest",
                                                "-q", str(q), "-m", str(messages), "-i", "5"],
                                         opts.log_dir / f"{system}.drain.q{q}.r{r}.log",
                                         timeout=1800)
+                    watches[system].phase(None)
                     rows[system]["runs"][f"q{q}"].append(summary["messages_per_s"])
                     print(f"   round {r + 1}/{repeats} {system}: drain q={q}: "
                           f"{summary['messages_per_s']:.0f} msg/s", flush=True)
@@ -121,6 +130,8 @@ def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
         for row in rows.values():
             row["failed"] = str(error).splitlines()[0]
     finally:
+        for system, watch in watches.items():
+            rows[system]["memory"] = watch.stop()
         for system, server in servers.items():
             server.stop()
             if not opts.keep_data:
@@ -135,20 +146,26 @@ def run_drain(opts: bench.Options, system: str, messages: int) -> dict:
     with common.recording_failure(row, system), \
             common.fresh_server(opts, bench.SERVERS[system], f"backlog-drain-{system}",
                                 system) as server:
-        common.prepare_topic(server, topic_path, [f"q{q}" for q in QUEUES])
-        row["produce_msg_s"] = produce_backlog(opts, server, topic, messages, system)
-        for q in QUEUES:
-            started = time.monotonic()
-            summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
-                                       "-s", f"q{q}", "--subscription-position", "earliest",
-                                       "-q", str(q), "-m", str(messages), "-i", "5"],
-                                opts.log_dir / f"{system}.drain.q{q}.log", timeout=1800)
-            row[f"q{q}_msg_s"] = summary["messages_per_s"]
-            row[f"q{q}_mb_s"] = summary["mb_per_s"]
-            row[f"q{q}_wall_s"] = time.monotonic() - started
-            print(f"   {system}: drain q={q}: {summary['messages_per_s']:.0f} msg/s "
-                  f"({row[f'q{q}_wall_s']:.1f} s wall)", flush=True)
-        read_path(server, system, row)
+        watch = budgets.MemoryWatch(server)
+        try:
+            common.prepare_topic(server, topic_path, [f"q{q}" for q in QUEUES])
+            watch.phase("produce")
+            row["produce_msg_s"] = produce_backlog(opts, server, topic, messages, system)
+            for q in QUEUES:
+                watch.phase(f"drain q={q}")
+                started = time.monotonic()
+                summary = perf_json(opts, ["consume", topic, "-u", server.service_url,
+                                           "-s", f"q{q}", "--subscription-position", "earliest",
+                                           "-q", str(q), "-m", str(messages), "-i", "5"],
+                                    opts.log_dir / f"{system}.drain.q{q}.log", timeout=1800)
+                row[f"q{q}_msg_s"] = summary["messages_per_s"]
+                row[f"q{q}_mb_s"] = summary["mb_per_s"]
+                row[f"q{q}_wall_s"] = time.monotonic() - started
+                print(f"   {system}: drain q={q}: {summary['messages_per_s']:.0f} msg/s "
+                      f"({row[f'q{q}_wall_s']:.1f} s wall)", flush=True)
+            read_path(server, system, row)
+        finally:
+            row["memory"] = watch.stop()
     return row
 
 
@@ -160,37 +177,45 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
     with common.recording_failure(row, system), \
             common.fresh_server(opts, bench.SERVERS[system],
                                 f"backlog-while-producing-{system}", system) as server:
-        common.prepare_topic(server, topic_path, ["catch-up"])
-        perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
-                         "-s", str(MESSAGE_BYTES), "-o", "1000", "-m", str(messages), "-i", "5"],
-                  logs / f"{system}.bwp.backlog.log", timeout=1800)
-        rate = ["-r", str(PRODUCER_RATE), "-s", str(MESSAGE_BYTES), "-i", "5"]
-        alone = perf_json(opts, ["produce", topic, "-u", server.service_url, *rate,
-                                 "--test-duration", str(PRODUCER_ALONE_S), "--warmup", "2"],
-                          logs / f"{system}.bwp.alone.log", timeout=300)
-        row["alone_latency_ms"] = alone["latency_ms"]
-        during_log = logs / f"{system}.bwp.during.log"
-        # The producer warms up (connects, first batches) for 2 s, left out
-        # of its figures, before the drain starts: its summary covers the
-        # drain only.
-        producer = bench.spawn([opts.vela, "perf", "produce", topic, "-u", server.service_url,
-                                *rate, "--warmup", "2", "--json"], during_log)
-        time.sleep(2.2)
-        started = time.monotonic()
-        drained = perf_json(opts, ["consume", topic, "-u", server.service_url,
-                                   "-s", "catch-up", "--subscription-position", "earliest",
-                                   "-q", "1000", "-m", str(messages), "-i", "5"],
-                            logs / f"{system}.bwp.drain.log", timeout=1800)
-        row["drain_wall_s"] = time.monotonic() - started
-        producer.send_signal(bench.signal.SIGINT)
-        producer.wait(timeout=60)
-        during = bench.parse_vela_json(during_log)
-        row["during_latency_ms"] = during["latency_ms"]
-        row["during_msg_s"] = during["messages_per_s"]
-        row["drain_msg_s"] = drained["messages_per_s"]
-        print(f"   {system}: producer p99 alone {alone['latency_ms']['p99']:.2f} ms, during the "
-              f"drain {during['latency_ms']['p99']:.2f} ms; drain {drained['messages_per_s']:.0f} "
-              f"msg/s ({row['drain_wall_s']:.1f} s)", flush=True)
+        watch = budgets.MemoryWatch(server)
+        try:
+            common.prepare_topic(server, topic_path, ["catch-up"])
+            watch.phase("produce the backlog")
+            perf_json(opts, ["produce", topic, "-u", server.service_url, "-r", "0",
+                             "-s", str(MESSAGE_BYTES), "-o", "1000", "-m", str(messages), "-i", "5"],
+                      logs / f"{system}.bwp.backlog.log", timeout=1800)
+            rate = ["-r", str(PRODUCER_RATE), "-s", str(MESSAGE_BYTES), "-i", "5"]
+            watch.phase("producer alone")
+            alone = perf_json(opts, ["produce", topic, "-u", server.service_url, *rate,
+                                     "--test-duration", str(PRODUCER_ALONE_S), "--warmup", "2"],
+                              logs / f"{system}.bwp.alone.log", timeout=300)
+            row["alone_latency_ms"] = alone["latency_ms"]
+            during_log = logs / f"{system}.bwp.during.log"
+            # The producer warms up (connects, first batches) for 2 s, left out
+            # of its figures, before the drain starts: its summary covers the
+            # drain only.
+            producer = bench.spawn([opts.vela, "perf", "produce", topic, "-u", server.service_url,
+                                    *rate, "--warmup", "2", "--json"], during_log)
+            time.sleep(2.2)
+            watch.phase("drain while producing")
+            started = time.monotonic()
+            drained = perf_json(opts, ["consume", topic, "-u", server.service_url,
+                                       "-s", "catch-up", "--subscription-position", "earliest",
+                                       "-q", "1000", "-m", str(messages), "-i", "5"],
+                                logs / f"{system}.bwp.drain.log", timeout=1800)
+            row["drain_wall_s"] = time.monotonic() - started
+            watch.phase(None)
+            producer.send_signal(bench.signal.SIGINT)
+            producer.wait(timeout=60)
+            during = bench.parse_vela_json(during_log)
+            row["during_latency_ms"] = during["latency_ms"]
+            row["during_msg_s"] = during["messages_per_s"]
+            row["drain_msg_s"] = drained["messages_per_s"]
+            print(f"   {system}: producer p99 alone {alone['latency_ms']['p99']:.2f} ms, during the "
+                  f"drain {during['latency_ms']['p99']:.2f} ms; drain {drained['messages_per_s']:.0f} "
+                  f"msg/s ({row['drain_wall_s']:.1f} s)", flush=True)
+        finally:
+            row["memory"] = watch.stop()
     return row
 
 
@@ -283,6 +308,12 @@ def main(argv: list) -> int:
         if lines:
             print(f"\n   {row['system']} read path (both drains):")
             print("\n".join(lines))
+    memory_rows = [r for r in rows + producing if "memory" in r]
+    if memory_rows:
+        print("\nmemory (peak RSS sampled every 0.25 s; Vela's budgets and their peak use "
+              "from its /metrics every 1 s, MiB):")
+        for row in memory_rows:
+            print("\n".join(budgets.lines(row["system"], row["memory"])))
     common.write_results(args.out, "catch-up-results.json",
                          {"backlog-drain": rows, "backlog-while-producing": producing})
     return 1 if any("failed" in r for r in rows + producing) else 0

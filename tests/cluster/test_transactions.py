@@ -229,3 +229,37 @@ def test_coordinator_owner_kill9_loop_continues_exactly_once(txn_cluster):
             next((i for i, (a, b) in enumerate(zip(wanted, got)) if a != b), min(len(wanted), len(got))),
         )
     assert n_out == n_in, (n_in, n_out)
+
+
+COORDINATORS = 4
+
+
+def test_coordinator_stats_without_an_id_lists_every_coordinator():
+    """As Pulsar's `coordinatorStats` without `coordinatorId`: whichever
+    broker is asked lists every coordinator of the cluster (the others'
+    asked at the broker serving them), not only its own."""
+    cluster = Cluster(bookies=3, brokers=2, broker_args=[
+        "--transaction-coordinator-enabled", "--transaction-coordinators", str(COORDINATORS)])
+    try:
+        owners = set()
+        for broker in cluster.brokers:
+            status, stats = cluster.http("GET", "/admin/v3/transactions/coordinatorStats",
+                                         broker=broker)
+            assert status == 200, (status, stats)
+            assert sorted(stats) == [str(i) for i in range(COORDINATORS)], stats
+            for one in stats.values():
+                assert one["state"] == "Ready", stats
+                assert set(one) >= {"leastSigBits", "lowWaterMark", "ongoingTxnSize"}, one
+        for i in range(COORDINATORS):
+            owners.add(cluster.url_of(cluster.owner_of(
+                "persistent://pulsar/system/transaction_coordinator_assign-partition-%d" % i),
+                "pulsar"))
+        print("coordinators served by %d brokers" % len(owners))
+        # An id out of range is Pulsar's 404.
+        status, _ = cluster.http("GET", "/admin/v3/transactions/coordinatorStats?coordinatorId=%d"
+                                 % COORDINATORS)
+        assert status == 404
+    finally:
+        if os.environ.get("VELA_CLUSTER_LOGS"):
+            print(cluster.logs())
+        cluster.close()

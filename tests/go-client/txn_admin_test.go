@@ -8,6 +8,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,6 +74,8 @@ func TestTransactionAdminStats(t *testing.T) {
 		t.Fatalf("coordinatorStats of %d: %v (txn %v)", id.MostSigBits, one, id)
 	}
 
+	topicTxnCounts(t, name, 1, 0, 0)
+
 	buffer := getJSON(t, "/admin/v3/transactions/transactionBufferStats/public/default/"+name+"?lowWaterMarks=true")
 	if buffer["state"] != "Ready" || buffer["ongoingTxnSize"] != 1.0 || buffer["maxReadPosition"] == nil {
 		t.Fatalf("transactionBufferStats: %v", buffer)
@@ -115,5 +119,55 @@ func TestTransactionAdminStats(t *testing.T) {
 	pending = getJSON(t, "/admin/v3/transactions/pendingAckStats/public/default/"+name+"/s")
 	if pending["ongoingTxnSize"] != 0.0 {
 		t.Fatalf("pendingAckStats after the commit: %v", pending)
+	}
+	topicTxnCounts(t, name, 0, 1, 0)
+
+	aborted, err := client.NewTransaction(time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := producer.Send(ctx, &pulsar.ProducerMessage{Payload: []byte("aborted"), Transaction: aborted}); err != nil {
+		t.Fatal(err)
+	}
+	if err := aborted.Abort(ctx); err != nil {
+		t.Fatal(err)
+	}
+	topicTxnCounts(t, name, 0, 1, 1)
+}
+
+// topicTxnCounts checks the transaction buffer's counts in the topic's
+// stats (Pulsar's TopicStats `ongoingTxnCount`, `committedTxnCount`,
+// `abortedTxnCount`) and in /metrics (`pulsar_txn_tb_*_total`).
+func topicTxnCounts(t *testing.T, name string, ongoing, committed, aborted float64) {
+	t.Helper()
+	stats := getJSON(t, "/admin/v2/persistent/public/default/"+name+"/stats")
+	if stats["ongoingTxnCount"] != ongoing || stats["committedTxnCount"] != committed ||
+		stats["abortedTxnCount"] != aborted {
+		t.Fatalf("topic stats: ongoingTxnCount %v committedTxnCount %v abortedTxnCount %v, want %v %v %v",
+			stats["ongoingTxnCount"], stats["committedTxnCount"], stats["abortedTxnCount"],
+			ongoing, committed, aborted)
+	}
+	status, body := httpDo(t, "GET", "/metrics", nil)
+	if status != http.StatusOK {
+		t.Fatalf("GET /metrics: HTTP %d", status)
+	}
+	topic := fmt.Sprintf("topic=\"persistent://public/default/%s\"", name)
+	for family, want := range map[string]float64{
+		"pulsar_txn_tb_active_total": ongoing, "pulsar_txn_tb_committed_total": committed,
+		"pulsar_txn_tb_aborted_total": aborted,
+	} {
+		found := false
+		for _, line := range strings.Split(string(body), "\n") {
+			if strings.HasPrefix(line, family+"{") && strings.Contains(line, topic) {
+				fields := strings.Fields(line)
+				found = fields[len(fields)-1] == strconv.FormatFloat(want, 'f', -1, 64)
+				if !found {
+					t.Fatalf("/metrics: %s, want %v", line, want)
+				}
+			}
+		}
+		if !found {
+			t.Fatalf("/metrics has no %s for %s", family, name)
+		}
 	}
 }

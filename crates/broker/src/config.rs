@@ -348,15 +348,18 @@ pub struct BrokerConfig {
     /// `replicatedSubscriptionsSnapshotFrequencyMillis`, 1000): a consumer
     /// failing over resumes at most about this much behind.
     pub replicated_subscriptions_snapshot_frequency_ms: u64,
-    /// How replicators connect to remote clusters unless a cluster's
-    /// record says otherwise (Pulsar's `brokerClient*` settings).
+    /// How this broker is a client of other brokers (Pulsar's
+    /// `brokerClient*` settings): replicators' defaults unless a cluster's
+    /// record says otherwise, and the brokers of this cluster toward each
+    /// other (transaction outcomes, coordinator stats).
     pub broker_client: BrokerClientConfig,
 }
 
-/// How replicators connect to remote clusters by default (Pulsar's
+/// How this broker connects to other brokers (Pulsar's
 /// `brokerClientTlsEnabled`, `brokerClientTrustCertsFilePath`,
 /// `brokerClientAuthenticationPlugin`,
-/// `brokerClientAuthenticationParameters`); a cluster's record
+/// `brokerClientAuthenticationParameters`): to the brokers of its own
+/// cluster, and to remote clusters, whose record
 /// (`admin::ClusterClient`) may set each for itself.
 #[derive(Clone, Default)]
 pub struct BrokerClientConfig {
@@ -415,14 +418,6 @@ pub struct TransactionConfig {
     /// transactional acks (~100 bytes each). When reached: a SEND opening a
     /// transaction on a topic, or a transactional ACK, gets NotAllowedError.
     pub state_entries_max: usize,
-    /// The token this broker presents to other brokers when it carries a
-    /// transaction's outcome to a topic they own (`txn_client`; Pulsar's
-    /// `brokerClientAuthenticationParameters` with `AuthenticationToken`).
-    pub peer_token: Option<String>,
-    /// TLS toward other brokers: used for a broker that advertises a
-    /// `pulsar+ssl://` URL, trusting these CAs (Pulsar's
-    /// `brokerClientTlsEnabled` with `brokerClientTrustCertsFilePath`).
-    pub peer_tls: Option<std::sync::Arc<rustls::ClientConfig>>,
 }
 
 impl Default for TransactionConfig {
@@ -434,8 +429,6 @@ impl Default for TransactionConfig {
             timeout_max: Duration::from_secs(24 * 3600),
             timeout_check_interval: Duration::from_secs(1),
             state_entries_max: 1_000_000,
-            peer_token: None,
-            peer_tls: None,
         }
     }
 }

@@ -18,7 +18,7 @@
 //! below, and no two modules use each other, directly or not, at any depth
 //! (`tests/layering.rs` checks both against this list):
 //! 1. vocabulary: `topic_name`, `error`, `tls`, `auth`, `config`, `metrics`, `stats`, `codec`, `markers`, `arrival`, `key_shared`, `inflight`, `topic_list`, `listeners`, `rate_limit`
-//! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`
+//! 2. stored state: `admin`, `authorization`, `schema`, `ownership`, `policies`, `broker_client`
 //! 3. topics: `compaction`, `txn_buffer`, `subscription`, `topic`, `nonpersistent`
 //! 4. the service: `transaction`, `txn_client`, `shutdown`, `service`, `txn_participants`, `lifecycle`, `cluster`, `watchers`, `policy_watch`, `replication`
 //! 5. edges: `connection`, `accept`, `http`
@@ -97,6 +97,7 @@ pub mod admin;
 mod arrival;
 pub mod auth;
 mod authorization;
+mod broker_client;
 mod cluster;
 mod codec;
 mod compaction;
@@ -208,7 +209,20 @@ impl Broker {
             broker_service_url_tls: config.advertised_tls_url(),
             ..admin::ClusterData::default()
         };
+        // The broker-client settings are read once; with transactions on,
+        // brokers reach each other with them, so they must work.
+        let peers = if config.transactions.is_some() {
+            let peers = broker_client::PeerCredentials::resolve(&config.broker_client)
+                .await
+                .map_err(|e| BrokerError::Config(format!("brokerClient settings: {e}")))?;
+            Some(Arc::new(peers))
+        } else {
+            None
+        };
         let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
+        if let Some(peers) = peers {
+            let _ = service.peer_credentials.set(peers);
+        }
         service
             .admin
             .ensure_cluster(&service.config.cluster_name, &local_cluster)

@@ -178,11 +178,17 @@ pub enum StorageFamily {
     /// Gauge: bytes the subscriptions hold read ahead, against
     /// `BrokerConfig::read_ahead_bytes_max` (label `max`: the budget).
     ReadAheadBytes,
+    /// Gauge: bytes in a bookie's write cache, both halves (label `max`:
+    /// its budget, `--write-cache-mb`).
+    BookieWriteCacheBytes,
+    /// Gauge: bytes in a bookie's read cache (label `max`: its budget,
+    /// `--read-cache-mb`).
+    BookieReadCacheBytes,
 }
 
 impl StorageFamily {
     /// Every family, in export order.
-    pub const ALL: [StorageFamily; 7] = [
+    pub const ALL: [StorageFamily; 9] = [
         StorageFamily::CorruptReads,
         StorageFamily::BookieMode,
         StorageFamily::BookieDiskUsage,
@@ -190,6 +196,8 @@ impl StorageFamily {
         StorageFamily::EnsembleChanges,
         StorageFamily::ReadBytes,
         StorageFamily::ReadAheadBytes,
+        StorageFamily::BookieWriteCacheBytes,
+        StorageFamily::BookieReadCacheBytes,
     ];
 
     /// The Prometheus name.
@@ -202,6 +210,8 @@ impl StorageFamily {
             StorageFamily::EnsembleChanges => "vela_ledger_ensemble_changes_total",
             StorageFamily::ReadBytes => "vela_read_path_bytes_total",
             StorageFamily::ReadAheadBytes => "vela_read_ahead_bytes",
+            StorageFamily::BookieWriteCacheBytes => "vela_bookie_write_cache_bytes",
+            StorageFamily::BookieReadCacheBytes => "vela_bookie_read_cache_bytes",
         }
     }
 
@@ -214,7 +224,9 @@ impl StorageFamily {
             | StorageFamily::ReadBytes => "counter",
             StorageFamily::BookieMode
             | StorageFamily::BookieDiskUsage
-            | StorageFamily::ReadAheadBytes => "gauge",
+            | StorageFamily::ReadAheadBytes
+            | StorageFamily::BookieWriteCacheBytes
+            | StorageFamily::BookieReadCacheBytes => "gauge",
         }
     }
 
@@ -239,6 +251,12 @@ impl StorageFamily {
             StorageFamily::ReadBytes => "Payload bytes read at each read-path stage.",
             StorageFamily::ReadAheadBytes => {
                 "Bytes the subscriptions hold read ahead of their consumers (label max: the budget)."
+            }
+            StorageFamily::BookieWriteCacheBytes => {
+                "Bytes in a bookie's write cache, not yet flushed to entry logs (label max: the budget)."
+            }
+            StorageFamily::BookieReadCacheBytes => {
+                "Bytes in a bookie's read cache of entry-log segments (label max: the budget)."
             }
         }
     }

@@ -106,6 +106,9 @@ pub(crate) struct Service {
     /// The transaction state of every topic's buffer and pending acks
     /// (`TransactionConfig::state_entries_max`; transactions on).
     pub(crate) txn_budget: Option<Arc<crate::txn_buffer::TxnBudget>>,
+    /// How this broker reaches the others (`BrokerConfig::broker_client`,
+    /// resolved at start when transactions are on; unset: plain, no token).
+    pub(crate) peer_credentials: std::sync::OnceLock<Arc<crate::broker_client::PeerCredentials>>,
     producer_names: AtomicU64,
     conn_ids: AtomicU64,
 }
@@ -168,9 +171,15 @@ impl Service {
             replication_wakeup: tokio::sync::Notify::new(),
             replication_full_pass: std::sync::atomic::AtomicBool::new(false),
             replicators: Mutex::new(HashMap::new()),
+            peer_credentials: std::sync::OnceLock::new(),
             producer_names: AtomicU64::new(0),
             conn_ids: AtomicU64::new(1),
         }
+    }
+
+    /// How this broker reaches the other brokers of its cluster.
+    pub(crate) fn peers(&self) -> Arc<crate::broker_client::PeerCredentials> {
+        self.peer_credentials.get().cloned().unwrap_or_default()
     }
 
     /// A new connection id.

@@ -205,6 +205,14 @@ pub struct SubscriptionStats {
     pub mark_delete: Option<Position>,
     /// Next position the dispatcher reads.
     pub read_position: Option<Position>,
+    /// Entries waiting to be sent again (Pulsar's `msgInReplay`).
+    pub msg_in_replay: u64,
+    /// A log read of the dispatcher is in flight (Pulsar's
+    /// `subscriptionHavePendingRead`).
+    pub read_in_flight: bool,
+    /// The dispatcher read everything and waits for new entries (Pulsar's
+    /// `waitingReadOp`).
+    pub waiting_for_entries: bool,
     /// Consumers attached.
     pub consumers: Vec<ConsumerStats>,
     /// Exclusive and Failover: the consumer the dispatcher delivers to.
@@ -235,6 +243,10 @@ pub struct ConsumerStats {
     pub last_flow_ms: u64,
     /// SUBSCRIBE's metadata.
     pub metadata: std::collections::BTreeMap<String, String>,
+    /// Key_Shared: it joined while entries were out and takes none at or
+    /// after this position until every earlier one is acknowledged (Pulsar's
+    /// `readPositionWhenJoining` of a recently joined consumer).
+    pub joined_fence: Option<Position>,
 }
 
 /// A producer's in-counters (Pulsar's per-publisher `msgRateIn` and

@@ -26,16 +26,25 @@
 //! - before the first transactional entry of a topic is appended, a
 //!   snapshot record exists (`/transactions/buffers/{log}`), so a topic
 //!   without one never had transactional entries after its `after`
-//!   position and opens without a scan; recovery scans the log after it.
+//!   position and opens without a scan; recovery scans the log after it;
+//! - a transaction that ended here is never opened here again: a late
+//!   SEND of it (or of any transaction at or below its coordinator's low
+//!   water mark) gets Pulsar's NotAllowedError `Transaction [(m,l)] has
+//!   been ended. Please use a new transaction to send message.`, so a
+//!   committed transaction's entries are never hidden by a later abort; the
+//!   ended transactions above the mark and the marks themselves are in the
+//!   snapshot (and commit markers rebuild them on recovery).
 //!
-//! Bounds: open plus aborted transactions of every topic count against
-//! [`TxnBudget`] (`TransactionConfig::state_entries_max`); when it is full
-//! a SEND opening a transaction on a topic gets NotAllowedError. Aborted
-//! transactions are forgotten once the log trimmed their marker.
+//! Bounds: open, aborted and ended transactions of every topic count
+//! against [`TxnBudget`] (`TransactionConfig::state_entries_max`); when it
+//! is full a SEND opening a transaction on a topic gets NotAllowedError.
+//! Aborted transactions are forgotten once the log trimmed their marker,
+//! ended ones once their coordinator's low water mark (sent with every
+//! END_TXN_ON_PARTITION) passes them.
 //! Never: decides a transaction's outcome (its coordinator does) or waits
 //! for an append while holding its lock.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
@@ -75,9 +84,8 @@ pub(crate) enum BufferError {
         "the broker holds {max} transactions and pending acknowledgements already (transaction state budget)"
     )]
     Full { max: usize },
-    #[error("Transaction ({0},{1}) was aborted on this topic already")]
-    Aborted(u64, u64),
-    /// Pulsar's message for a SEND of a transaction below the low water mark.
+    /// Pulsar's message for a SEND of a transaction that ended: below its
+    /// coordinator's low water mark, or ended on this topic already.
     #[error(
         "Transaction [({0},{1})] has been ended. Please use a new transaction to send message."
     )]
@@ -177,6 +185,12 @@ struct State {
     open: HashMap<TxnKey, OpenTxn>,
     /// Aborted transactions → the position of their abort marker.
     aborted: HashMap<TxnKey, Position>,
+    /// Transactions ended here (committed, or aborted with no entry here)
+    /// and not yet at or below their coordinator's low water mark as heard
+    /// here: a late SEND of one is refused, never opens it again (which
+    /// would hold the read limit, or hide its committed entries once
+    /// aborted as stale).
+    ended: HashSet<TxnKey>,
     /// Coordinator id → its low water mark as last heard (one entry per
     /// coordinator: `TransactionConfig::coordinators` at most).
     low_water: HashMap<u64, u64>,
@@ -185,6 +199,16 @@ struct State {
 impl State {
     fn limit(&self) -> Option<Position> {
         self.open.values().map(|txn| txn.first.bound()).min()
+    }
+
+    /// True when `txn` is at or below its coordinator's low water mark.
+    fn below_low_water(&self, txn: TxnKey) -> bool {
+        self.low_water.get(&txn.0).is_some_and(|low| txn.1 <= *low)
+    }
+
+    /// Records held against the budget.
+    fn records(&self) -> usize {
+        self.open.len() + self.aborted.len() + self.ended.len()
     }
 }
 
@@ -196,6 +220,13 @@ struct Snapshot {
     after: Option<(u64, u64)>,
     /// Aborted transactions: (most, least, marker ledger, marker entry).
     aborted: Vec<(u64, u64, u64, u64)>,
+    /// Transactions ended here above their coordinator's low water mark:
+    /// (most, least). Absent in snapshots written before it existed.
+    #[serde(default)]
+    ended: Vec<(u64, u64)>,
+    /// Low water marks heard: (coordinator id, mark).
+    #[serde(default)]
+    low_water: Vec<(u64, u64)>,
 }
 
 /// The metadata key of a topic's buffer snapshot.
@@ -285,6 +316,8 @@ impl TxnBuffer {
                 .aborted
                 .insert((most, least), Position::new(ledger, entry));
         }
+        state.low_water = snapshot.low_water.into_iter().collect();
+        state.ended = snapshot.ended.into_iter().collect();
         let mut from = match snapshot.after {
             Some((ledger, entry)) => self.log.next_position(Position::new(ledger, entry)),
             None => Position::new(0, 0),
@@ -303,7 +336,9 @@ impl TxnBuffer {
                 match classify(&entry.data) {
                     Kind::Plain => {}
                     Kind::Data(txn) => {
-                        if !state.aborted.contains_key(&txn) {
+                        // An ended transaction's entries (before its
+                        // marker) do not open it again.
+                        if !state.aborted.contains_key(&txn) && !state.ended.contains(&txn) {
                             let open = state.open.entry(txn).or_insert(OpenTxn {
                                 first: First::Known(entry.position),
                                 entries: 0,
@@ -313,6 +348,9 @@ impl TxnBuffer {
                     }
                     Kind::Commit(txn) => {
                         state.open.remove(&txn);
+                        if !state.below_low_water(txn) {
+                            state.ended.insert(txn);
+                        }
                     }
                     Kind::Abort(txn) => {
                         state.open.remove(&txn);
@@ -322,13 +360,13 @@ impl TxnBuffer {
             }
             from = self.log.next_position(last);
         }
-        self.budget
-            .take_forced(state.open.len() + state.aborted.len());
+        self.budget.take_forced(state.records());
         tracing::info!(
             log = %self.log.name(),
             scanned,
             open = state.open.len(),
             aborted = state.aborted.len(),
+            ended = state.ended.len(),
             "transaction buffer recovered"
         );
         let limit = state.limit();
@@ -345,6 +383,8 @@ impl TxnBuffer {
                 let snapshot = Snapshot {
                     after: self.log.last_confirmed().map(|p| (p.ledger_id, p.entry_id)),
                     aborted: Vec::new(),
+                    ended: Vec::new(),
+                    low_water: Vec::new(),
                 };
                 self.write_snapshot(&snapshot).await?;
                 self.has_txns.store(true, Ordering::Release);
@@ -372,10 +412,10 @@ impl TxnBuffer {
     pub(crate) fn admit(&self, txn: TxnKey) -> Result<(), BufferError> {
         debug_assert!(self.tracked.initialized(), "admit before ensure_tracked");
         let mut state = self.state.lock();
-        if state.aborted.contains_key(&txn) {
-            return Err(BufferError::Aborted(txn.0, txn.1));
-        }
-        if state.low_water.get(&txn.0).is_some_and(|low| txn.1 <= *low) {
+        if state.aborted.contains_key(&txn)
+            || state.ended.contains(&txn)
+            || state.below_low_water(txn)
+        {
             return Err(BufferError::Ended(txn.0, txn.1));
         }
         if let Some(open) = state.open.get_mut(&txn) {
@@ -435,8 +475,16 @@ impl TxnBuffer {
         commit: bool,
     ) -> Result<(), BufferError> {
         let append: AppendFuture = {
-            let state = self.state.lock();
+            let mut state = self.state.lock();
             if !state.open.contains_key(&txn) {
+                // No entry here: nothing to mark, but a late SEND of it
+                // must not open it.
+                if !state.aborted.contains_key(&txn)
+                    && !state.below_low_water(txn)
+                    && state.ended.insert(txn)
+                {
+                    self.budget.take_forced(1);
+                }
                 return Ok(());
             }
             let marker = marker_entry(txn, commit);
@@ -449,7 +497,11 @@ impl TxnBuffer {
             let mut state = self.state.lock();
             if state.open.remove(&txn).is_some() {
                 if commit {
-                    self.budget.release(1);
+                    // Its record moves from `open` to `ended` (the budget
+                    // keeps it) until the low water mark passes it.
+                    if !state.ended.insert(txn) {
+                        self.budget.release(1);
+                    }
                     self.committed.fetch_add(1, Ordering::Relaxed);
                 } else {
                     state.aborted.insert(txn, position);
@@ -494,6 +546,11 @@ impl TxnBuffer {
             .aborted
             .retain(|_, marker| first_held.is_some_and(|first| *marker >= first));
         self.budget.release(before - state.aborted.len());
+        let mut ended: Vec<(u64, u64)> = state.ended.iter().copied().collect();
+        ended.sort_unstable();
+        let mut low_water: Vec<(u64, u64)> =
+            state.low_water.iter().map(|(m, l)| (*m, *l)).collect();
+        low_water.sort_unstable();
         let after = match state.limit() {
             None => self.log.last_confirmed(),
             Some(bound) => self.log.previous_position(bound),
@@ -505,15 +562,30 @@ impl TxnBuffer {
                 .iter()
                 .map(|((most, least), p)| (*most, *least, p.ledger_id, p.entry_id))
                 .collect(),
+            ended,
+            low_water,
         }
     }
 
     /// Notes coordinator `most`'s low water mark: SENDs of its transactions
-    /// at or below it are refused from now on.
-    pub(crate) fn note_low_water(&self, most: u64, low_water: u64) {
+    /// at or below it are refused from now on (ended ones need no record
+    /// of their own any more). Returns the transactions of that coordinator
+    /// still open here at or below it: they ended at their coordinator
+    /// without this topic hearing it (sent to without being registered),
+    /// and are aborted here as Pulsar's `handleLowWaterMark` does. None of
+    /// them committed here: an ended transaction is never opened again.
+    pub(crate) fn note_low_water(&self, most: u64, low_water: u64) -> Vec<TxnKey> {
         let mut state = self.state.lock();
         let mark = state.low_water.entry(most).or_insert(0);
         *mark = (*mark).max(low_water);
+        let mark = *mark;
+        let covered = |txn: &TxnKey| txn.0 == most && txn.1 <= mark;
+        let before = state.ended.len();
+        state.ended.retain(|txn| !covered(txn));
+        self.budget.release(before - state.ended.len());
+        let mut stale: Vec<TxnKey> = state.open.keys().copied().filter(covered).collect();
+        stale.sort_unstable();
+        stale
     }
 
     /// True once the topic may hold transactional entries or markers
@@ -536,7 +608,13 @@ impl TxnBuffer {
     /// True when a subscription must skip (and acknowledge) this entry: a
     /// transaction marker, or an entry of an aborted transaction.
     pub(crate) fn is_hidden(&self, data: &[u8]) -> bool {
-        match classify(data) {
+        self.hides(entry_summary(data).as_ref())
+    }
+
+    /// [`TxnBuffer::is_hidden`] for an entry whose metadata the caller
+    /// scanned already (`None`: unreadable, a plain entry to the buffer).
+    pub(crate) fn hides(&self, summary: Option<&vela_wire::MetadataSummary>) -> bool {
+        match summary.map_or(Kind::Plain, kind_of) {
             Kind::Plain => false,
             Kind::Commit(_) | Kind::Abort(_) => true,
             Kind::Data(txn) => self.state.lock().aborted.contains_key(&txn),
@@ -561,11 +639,17 @@ impl TxnBuffer {
         (state.open.len(), state.aborted.len())
     }
 
+    /// Transactions remembered as ended here (above the low water mark).
+    #[cfg(test)]
+    pub(crate) fn ended_count(&self) -> usize {
+        self.state.lock().ended.len()
+    }
+
     /// Drops the buffer's state and its snapshot (topic deleted).
     pub(crate) async fn delete(&self) {
         let released = {
             let mut state = self.state.lock();
-            let n = state.open.len() + state.aborted.len();
+            let n = state.records();
             *state = State::default();
             n
         };
@@ -582,7 +666,7 @@ impl TxnBuffer {
 impl Drop for TxnBuffer {
     fn drop(&mut self) {
         let state = self.state.get_mut();
-        self.budget.release(state.open.len() + state.aborted.len());
+        self.budget.release(state.records());
     }
 }
 
@@ -601,12 +685,16 @@ fn metadata_slice(entry: &[u8]) -> Option<&[u8]> {
     entry.get(10..10usize.checked_add(size)?)
 }
 
+/// The scanned metadata of a stored entry (`None`: unreadable).
+pub(crate) fn entry_summary(entry: &[u8]) -> Option<vela_wire::MetadataSummary> {
+    metadata_slice(entry).and_then(|m| vela_wire::MetadataSummary::scan(m).ok())
+}
+
 fn classify(entry: &[u8]) -> Kind {
-    let Some(summary) =
-        metadata_slice(entry).and_then(|m| vela_wire::MetadataSummary::scan(m).ok())
-    else {
-        return Kind::Plain;
-    };
+    entry_summary(entry).as_ref().map_or(Kind::Plain, kind_of)
+}
+
+fn kind_of(summary: &vela_wire::MetadataSummary) -> Kind {
     let (Some(most), Some(least)) = (summary.txnid_most_bits, summary.txnid_least_bits) else {
         return Kind::Plain;
     };

@@ -4,16 +4,15 @@
 //! is not this one.
 //!
 //! Owns: one short-lived connection per request (CONNECT, the request, its
-//! answer), each step within `REQUEST_TIMEOUT`; over TLS to the owner's
-//! `pulsar+ssl://` URL when `TransactionConfig::peer_tls` is set and the
-//! owner has one, else its plain `pulsar://` URL; CONNECT carries
-//! `TransactionConfig::peer_token` (auth method `token`) when set. A broker
-//! that refuses (no credentials, TLS only) is asked again by the
-//! coordinator.
+//! answer), each step within `REQUEST_TIMEOUT`; the owner's URL and the
+//! credentials come from the broker-client settings every broker client
+//! shares (`broker_client::PeerCredentials`: over TLS to the owner's
+//! `pulsar+ssl://` URL when `brokerClientTlsEnabled` and the owner has
+//! one, CONNECT with the token of the token plugin). A broker that refuses
+//! (no credentials, TLS only) is asked again by the coordinator.
 //! Never: retries (the coordinator's participants loop does), or keeps
 //! connections.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
@@ -21,7 +20,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use vela_wire::proto::{self, BaseCommand, ServerError};
 
-use crate::config::TransactionConfig;
+use crate::broker_client::{PeerCredentials, PulsarRoute};
 use crate::error::ServiceError;
 use crate::ownership::BrokerInfo;
 
@@ -45,20 +44,6 @@ fn address_of<'u>(url: &'u str, scheme: &str) -> Result<&'u str, ServiceError> {
 trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 
-/// How this broker reaches `owner`: TLS when configured and offered.
-fn route(owner: &BrokerInfo, config: Option<&TransactionConfig>) -> Route {
-    let tls = config.and_then(|c| c.peer_tls.clone());
-    match (tls, &owner.service_url_tls) {
-        (Some(tls), Some(url)) => Route::Tls(url.clone(), tls),
-        _ => Route::Plain(owner.service_url.clone()),
-    }
-}
-
-enum Route {
-    Plain(String),
-    Tls(String, Arc<rustls::ClientConfig>),
-}
-
 /// One connection to another broker.
 struct Conn {
     stream: Box<dyn Io>,
@@ -67,13 +52,10 @@ struct Conn {
 }
 
 impl Conn {
-    async fn open(
-        owner: &BrokerInfo,
-        config: Option<&TransactionConfig>,
-    ) -> Result<Conn, ServiceError> {
-        let (url, tls) = match route(owner, config) {
-            Route::Plain(url) => (url, None),
-            Route::Tls(url, tls) => (url, Some(tls)),
+    async fn open(owner: &BrokerInfo, peers: &PeerCredentials) -> Result<Conn, ServiceError> {
+        let (url, tls) = match peers.pulsar_route(owner) {
+            PulsarRoute::Plain(url) => (url, None),
+            PulsarRoute::Tls(url, tls) => (url, Some(tls)),
         };
         let address = address_of(
             &url,
@@ -107,7 +89,7 @@ impl Conn {
             decoder: vela_wire::FrameDecoder::new(ANSWER_FRAME_BYTES_MAX),
             buf: BytesMut::new(),
         };
-        let token = config.and_then(|c| c.peer_token.as_ref());
+        let token = peers.token.as_ref();
         conn.send(proto::CommandConnect {
             client_version: "vela-broker-txn".into(),
             protocol_version: Some(21),
@@ -185,13 +167,13 @@ fn action(commit: bool) -> i32 {
 /// END_TXN_ON_PARTITION at broker `owner`.
 pub(crate) async fn end_on_partition(
     owner: &BrokerInfo,
-    config: Option<&TransactionConfig>,
+    peers: &PeerCredentials,
     topic: &str,
     txn: (u64, u64),
     commit: bool,
     low_water: Option<u64>,
 ) -> Result<(), ServiceError> {
-    let mut conn = Conn::open(owner, config).await?;
+    let mut conn = Conn::open(owner, peers).await?;
     conn.send(proto::CommandEndTxnOnPartition {
         request_id: 1,
         txnid_most_bits: Some(txn.0),
@@ -211,14 +193,14 @@ pub(crate) async fn end_on_partition(
 /// END_TXN_ON_SUBSCRIPTION at broker `owner`.
 pub(crate) async fn end_on_subscription(
     owner: &BrokerInfo,
-    config: Option<&TransactionConfig>,
+    peers: &PeerCredentials,
     topic: &str,
     subscription: &str,
     txn: (u64, u64),
     commit: bool,
     low_water: Option<u64>,
 ) -> Result<(), ServiceError> {
-    let mut conn = Conn::open(owner, config).await?;
+    let mut conn = Conn::open(owner, peers).await?;
     conn.send(proto::CommandEndTxnOnSubscription {
         request_id: 1,
         txnid_most_bits: Some(txn.0),
@@ -242,40 +224,12 @@ pub(crate) async fn end_on_subscription(
 mod tests {
     use super::*;
 
-    fn owner(tls_url: Option<&str>) -> BrokerInfo {
-        serde_json::from_value(serde_json::json!({
-            "id": "h:1",
-            "service_url": "pulsar://10.0.0.1:6650",
-            "service_url_tls": tls_url,
-            "http_url": "http://10.0.0.1:8080",
-        }))
-        .unwrap_or_else(|e| panic!("{e}"))
-    }
-
     #[test]
-    fn plain_unless_tls_is_configured_and_offered() {
+    fn addresses_need_the_route_s_scheme() {
         assert_eq!(
             address_of("pulsar://10.0.0.1:6650/", "pulsar://").ok(),
             Some("10.0.0.1:6650")
         );
         assert!(address_of("pulsar+ssl://h:6651", "pulsar://").is_err());
-        let tls = TransactionConfig {
-            peer_tls: Some(Arc::new(
-                rustls::ClientConfig::builder_with_provider(Arc::new(
-                    rustls::crypto::ring::default_provider(),
-                ))
-                .with_safe_default_protocol_versions()
-                .unwrap_or_else(|e| panic!("{e}"))
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth(),
-            )),
-            ..TransactionConfig::default()
-        };
-        let offered = owner(Some("pulsar+ssl://10.0.0.1:6651"));
-        assert!(
-            matches!(route(&offered, Some(&tls)), Route::Tls(url, _) if url.ends_with(":6651"))
-        );
-        assert!(matches!(route(&offered, None), Route::Plain(_)));
-        assert!(matches!(route(&owner(None), Some(&tls)), Route::Plain(_)));
     }
 }

@@ -120,8 +120,8 @@ pub(crate) async fn end_on_partition(
     match target(service, name).await? {
         Target::Local(topic) => topic.end_txn_on_partition(txn, commit, low_water).await,
         Target::Remote(owner) => {
-            let config = service.config.transactions.as_ref();
-            crate::txn_client::end_on_partition(&owner, config, name, txn, commit, low_water).await
+            let peers = service.peers();
+            crate::txn_client::end_on_partition(&owner, &peers, name, txn, commit, low_water).await
         }
         Target::Nothing => Ok(()),
     }
@@ -143,10 +143,10 @@ pub(crate) async fn end_on_subscription(
                 .await
         }
         Target::Remote(owner) => {
-            let config = service.config.transactions.as_ref();
+            let peers = service.peers();
             let (topic, sub) = (name, subscription);
             crate::txn_client::end_on_subscription(
-                &owner, config, topic, sub, txn, commit, low_water,
+                &owner, &peers, topic, sub, txn, commit, low_water,
             )
             .await
         }

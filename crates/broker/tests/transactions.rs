@@ -469,3 +469,83 @@ async fn acks_of_ended_transactions_are_released_then_refused_and_records_go_wit
     assert!(meta.children(records).await.unwrap().is_empty());
     broker.shutdown().await.unwrap();
 }
+
+/// Sends one message of `txn` and returns the SEND_ERROR it gets.
+async fn send_refused(
+    client: &mut Client,
+    producer_id: u64,
+    seq: u64,
+    txn: Txn,
+) -> proto::CommandSendError {
+    let command = BaseCommand::from(proto::CommandSend {
+        producer_id,
+        sequence_id: seq,
+        txnid_most_bits: Some(txn.0),
+        txnid_least_bits: Some(txn.1),
+        ..Default::default()
+    });
+    let mut buf = BytesMut::new();
+    vela_wire::encode_payload_frame(&command, &metadata(seq), b"late", &mut buf);
+    client.stream.write_all(&buf).await.unwrap();
+    let frame = client.recv().await;
+    let Some(refused) = frame.command.send_error.clone() else {
+        panic!("expected SEND_ERROR, got {:?}", frame.command);
+    };
+    *refused
+}
+
+#[tokio::test]
+async fn a_late_send_of_an_ended_transaction_is_refused_and_hides_nothing() {
+    let (meta, env) = stores();
+    let broker = broker_on(&meta, &env).await;
+    let topic = "persistent://public/default/txn-late";
+    let mut producer = Client::connect(broker.pulsar_addr()).await;
+    producer.create_producer(topic, 1).await;
+    let mut tc = Tc::connect(broker.pulsar_addr()).await;
+    let committed = tc.new_txn().await;
+    tc.add_partition(committed, topic).await;
+    send(&mut producer, 1, 0, Some(committed), "committed-0").await;
+    tc.end(committed, proto::TxnAction::Commit).await;
+    let aborted = tc.new_txn().await;
+    tc.add_partition(aborted, topic).await;
+    tc.end(aborted, proto::TxnAction::Abort).await;
+
+    // Late SENDs of either (the coordinator forgot both): Pulsar's refusal;
+    // the topic is not held behind them.
+    for (seq, txn) in [(1, committed), (2, aborted)] {
+        let refused = send_refused(&mut producer, 1, seq, txn).await;
+        assert_eq!(refused.error, ServerError::NotAllowedError as i32);
+        assert_eq!(
+            refused.message,
+            format!(
+                "Transaction [({},{})] has been ended. Please use a new transaction to send message.",
+                txn.0, txn.1
+            )
+        );
+    }
+    send(&mut producer, 1, 3, None, "plain-3").await;
+    let mut consumer = Client::connect(broker.pulsar_addr()).await;
+    consumer.subscribe(topic, "s", SubType::Exclusive, 1).await;
+    consumer.flow(1, 100).await;
+    let messages = receive(&mut consumer, 2).await;
+    assert_eq!(payloads_of(&messages, 1), ["committed-0", "plain-3"]);
+    drop((producer, consumer, tc));
+    broker.shutdown().await.unwrap();
+
+    // After a restart (the buffer recovered from its log) as well; the
+    // committed message is still delivered.
+    let broker = broker_on(&meta, &env).await;
+    let mut producer = Client::connect(broker.pulsar_addr()).await;
+    producer.create_producer(topic, 2).await;
+    let refused = send_refused(&mut producer, 2, 0, committed).await;
+    assert_eq!(refused.error, ServerError::NotAllowedError as i32);
+    let mut consumer = Client::connect(broker.pulsar_addr()).await;
+    consumer
+        .subscribe(topic, "late", SubType::Exclusive, 1)
+        .await;
+    consumer.flow(1, 100).await;
+    let messages = receive(&mut consumer, 2).await;
+    assert_eq!(payloads_of(&messages, 1), ["committed-0", "plain-3"]);
+    expect_nothing_but_pong(&mut consumer).await;
+    broker.shutdown().await.unwrap();
+}

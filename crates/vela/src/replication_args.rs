@@ -1,7 +1,9 @@
 //! Geo-replication flags, shared by `vela standalone` and `vela broker`
 //! (Pulsar's names): how often replicated subscriptions take a snapshot,
-//! and how replicators connect to remote clusters whose record does not
-//! say (`brokerClient*`).
+//! and how this broker is a client of other brokers (`brokerClient*`):
+//! replicators toward remote clusters whose record does not say, and the
+//! brokers of this cluster toward each other (transaction outcomes carried
+//! to a topic's owner, coordinator stats gathered).
 //!
 //! Owns: the flag names and their ranges.
 
@@ -24,16 +26,16 @@ pub(crate) struct ReplicationArgs {
           default_value_t = vela_broker::config::REPLICATED_SUBSCRIPTIONS_SNAPSHOT_FREQUENCY_MS_DEFAULT,
           value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     replicated_subscriptions_snapshot_frequency_ms: u64,
-    /// Replicators connect to remote clusters' `brokerServiceUrlTls` over
-    /// TLS (Pulsar's `brokerClientTlsEnabled`; a cluster's record may say
-    /// otherwise).
+    /// Connect to other brokers over TLS (Pulsar's `brokerClientTlsEnabled`):
+    /// remote clusters' `brokerServiceUrlTls` (a cluster's record may say
+    /// otherwise), and this cluster's brokers that offer TLS.
     #[arg(long)]
     broker_client_tls_enabled: bool,
-    /// PEM roots remote clusters' certificates must chain to (Pulsar's
+    /// PEM roots other brokers' certificates must chain to (Pulsar's
     /// `brokerClientTrustCertsFilePath`).
     #[arg(long, value_name = "FILE")]
     broker_client_trust_certs_file_path: Option<PathBuf>,
-    /// How replicators authenticate to remote clusters (Pulsar's
+    /// How this broker authenticates to other brokers (Pulsar's
     /// `brokerClientAuthenticationPlugin`): `token` or
     /// `org.apache.pulsar.client.impl.auth.AuthenticationToken`.
     #[arg(long, value_name = "PLUGIN")]

@@ -2,10 +2,7 @@
 //! and the coordinator's bounds), shared by `vela standalone` and
 //! `vela broker`.
 
-use std::path::PathBuf;
 use std::time::Duration;
-
-use anyhow::Context;
 
 use clap::Args;
 use vela_broker::{BrokerConfig, TransactionConfig};
@@ -39,41 +36,16 @@ pub(crate) struct TransactionArgs {
     /// topic, or a transactional ACK, gets NotAllowedError.
     #[arg(long, default_value_t = 1_000_000, value_parser = clap::value_parser!(u64).range(1..=100_000_000))]
     transaction_state_entries_max: u64,
-    /// A file holding the token this broker presents to other brokers when
-    /// it carries a transaction's outcome to a topic they own (Pulsar's
-    /// brokerClientAuthenticationParameters with AuthenticationToken).
-    #[arg(long, value_name = "FILE")]
-    broker_client_token_file: Option<PathBuf>,
-    /// CA certificates (PEM) trusted toward other brokers: with it, a broker
-    /// that advertises pulsar+ssl:// is reached over TLS (Pulsar's
-    /// brokerClientTlsEnabled with brokerClientTrustCertsFilePath).
-    #[arg(long, value_name = "FILE")]
-    broker_client_trust_certs_file: Option<PathBuf>,
 }
 
 impl TransactionArgs {
-    /// Copies the flags into the broker's configuration (reading the
-    /// token and CA files).
+    /// Copies the flags into the broker's configuration. (Brokers reach each
+    /// other with the `--broker-client-*` flags, `ReplicationArgs`.)
     pub(crate) fn apply(&self, config: &mut BrokerConfig) -> anyhow::Result<()> {
         if !self.transaction_coordinator_enabled {
             config.transactions = None;
             return Ok(());
         }
-        let peer_token = match &self.broker_client_token_file {
-            Some(file) => {
-                let text = std::fs::read_to_string(file)
-                    .with_context(|| format!("--broker-client-token-file {}", file.display()))?;
-                Some(text.trim().to_string())
-            }
-            None => None,
-        };
-        let peer_tls = match &self.broker_client_trust_certs_file {
-            Some(file) => Some(vela_tls::client_config(
-                "--broker-client-trust-certs-file",
-                file,
-            )?),
-            None => None,
-        };
         config.transactions = Some(TransactionConfig {
             coordinators: self.transaction_coordinators,
             open_per_coordinator_max: usize::try_from(self.max_open_transactions_per_coordinator)
@@ -83,8 +55,6 @@ impl TransactionArgs {
             timeout_max: Duration::from_secs(self.max_transaction_timeout_s),
             state_entries_max: usize::try_from(self.transaction_state_entries_max)
                 .unwrap_or(usize::MAX),
-            peer_token,
-            peer_tls,
             ..TransactionConfig::default()
         });
         Ok(())

@@ -123,11 +123,26 @@ impl WritePathSource for StandaloneStages {
                     ));
                 }
             }
+            let stats = bookie.stats();
             out.push(metric(
                 StorageFamily::CorruptReads,
                 instance,
                 None,
-                bookie.stats().corrupt_reads as f64,
+                stats.corrupt_reads as f64,
+            ));
+            let budgets = &bookie.config().storage;
+            out.push(metric(
+                StorageFamily::BookieWriteCacheBytes,
+                instance,
+                Some(("max", budgets.write_cache_bytes_max.to_string())),
+                (stats.storage.write_cache_active_bytes + stats.storage.write_cache_flushing_bytes)
+                    as f64,
+            ));
+            out.push(metric(
+                StorageFamily::BookieReadCacheBytes,
+                instance,
+                Some(("max", budgets.read_cache_bytes_max.to_string())),
+                stats.storage.read_cache_bytes as f64,
             ));
             let histograms = bookie.latency_histograms();
             for (stage, bytes) in [

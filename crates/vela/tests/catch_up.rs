@@ -53,12 +53,32 @@ fn start_with_small_caches() -> Standalone {
         "1",
         "--ledger-max-entries",
         &LEDGER_ENTRIES_MAX.to_string(),
+        // A full ledger rolls over at once, not after the default 10 min.
+        "--ledger-min-rollover-minutes",
+        "0",
     ])
 }
 
 impl Standalone {
     fn client(&self) -> Client {
         Client::new(&self.pulsar_url, ClientConfig::default()).unwrap()
+    }
+
+    /// The broker's view of `topic`'s subscriptions and cursors (stats and
+    /// internal stats), for a stall's failure message.
+    fn subscription_state(&self, topic: &str) -> String {
+        let path = topic.replacen("persistent://", "/admin/v2/persistent/", 1);
+        let stats = self.try_http_get(&format!("{path}/stats"));
+        let internal = self.try_http_get(&format!("{path}/internalStats"));
+        format!("stats: {stats}\ninternal stats: {internal}")
+    }
+
+    /// Ledgers `topic`'s log has now (its internal stats).
+    fn ledgers_of(&self, topic: &str) -> usize {
+        let path = topic.replacen("persistent://", "/admin/v2/persistent/", 1);
+        let (status, body) = self.http_get(&format!("{path}/internalStats"));
+        assert_eq!(status, 200, "internalStats: {body}");
+        body.matches("\"ledgerId\"").count()
     }
 
     /// Entries the bookie served from entry logs (its `bookie_read_log`
@@ -132,16 +152,29 @@ async fn produce_backlog(client: &Client, topic: &str) {
     producer.close().await.unwrap();
 }
 
-async fn receive(consumer: &Consumer, what: &str) -> Message {
+/// The next message; on a stall, fails with what the broker says of the
+/// topic's subscriptions (permits, entries out and in replay, fenced
+/// Key_Shared consumers, read in flight) and `progress`.
+async fn receive(
+    standalone: &Standalone,
+    topic: &str,
+    consumer: &Consumer,
+    what: &str,
+    progress: &str,
+) -> Message {
     match consumer.receive_timeout(RECEIVE_TIMEOUT).await.unwrap() {
         Some(message) => message,
-        None => panic!("{what}: no message within {RECEIVE_TIMEOUT:?}"),
+        None => panic!(
+            "{what}: no message within {RECEIVE_TIMEOUT:?} ({progress})\n{}",
+            standalone.subscription_state(topic)
+        ),
     }
 }
 
 /// Drains the backlog on `subscription`, reconnecting twice in the middle
 /// with `UNACKED_AT_RECONNECT` messages received but not acknowledged.
 async fn drain_with_reconnects(
+    standalone: &Standalone,
     client: &Client,
     topic: &str,
     subscription: &str,
@@ -158,7 +191,12 @@ async fn drain_with_reconnects(
         let mut last_id = None;
         let mut unacked: Vec<usize> = Vec::new();
         loop {
-            let message = receive(&consumer, &what).await;
+            let progress = format!(
+                "session {session}, {received_total} received, {} acked, {} held unacked",
+                acked.len(),
+                unacked.len()
+            );
+            let message = receive(standalone, topic, &consumer, &what, &progress).await;
             // One consumer per connection: ids only grow within it
             // (redeliveries, which come first, included).
             assert!(
@@ -220,8 +258,12 @@ async fn every_subscription_type_drains_a_backlog_larger_than_every_cache() {
             .unwrap();
     }
     produce_backlog(&client, topic).await;
+    assert!(
+        standalone.ledgers_of(topic) > 2,
+        "the backlog does not span several ledgers"
+    );
     for (name, sub_type) in kinds {
-        drain_with_reconnects(&client, topic, name, sub_type).await;
+        drain_with_reconnects(&standalone, &client, topic, name, sub_type).await;
     }
     assert!(
         standalone.entries_read_from_entry_logs() > 0,
@@ -232,9 +274,16 @@ async fn every_subscription_type_drains_a_backlog_larger_than_every_cache() {
 
 /// Receives the whole backlog in order, pausing after every `pause_every`
 /// messages when asked to (a slow consumer).
-async fn drain_in_order(consumer: Consumer, pause_every: Option<usize>, what: &str) {
+async fn drain_in_order(
+    standalone: &Standalone,
+    topic: &str,
+    consumer: Consumer,
+    pause_every: Option<usize>,
+    what: &str,
+) {
     for expected in 0..BACKLOG_MESSAGES {
-        let message = receive(&consumer, what).await;
+        let progress = format!("{expected} received");
+        let message = receive(standalone, topic, &consumer, what, &progress).await;
         let index = check_payload(&message);
         assert_eq!(index, expected, "{what}: out of order");
         consumer.ack(&message.id).await.unwrap();
@@ -256,8 +305,8 @@ async fn a_slow_and_a_fast_consumer_each_get_every_message() {
     let fast = subscribe(&client, topic, "fast", SubType::Exclusive).await;
     produce_backlog(&client, topic).await;
     tokio::join!(
-        drain_in_order(slow, Some(50), "slow consumer"),
-        drain_in_order(fast, None, "fast consumer"),
+        drain_in_order(&standalone, topic, slow, Some(50), "slow consumer"),
+        drain_in_order(&standalone, topic, fast, None, "fast consumer"),
     );
     assert!(standalone.entries_read_from_entry_logs() > 0);
     client.close().await;

@@ -557,6 +557,11 @@ impl Bookie {
         Ok(carried.max(explicit))
     }
 
+    /// The configuration it was opened with (its cache budgets among it).
+    pub fn config(&self) -> &BookieConfig {
+        &self.core.config
+    }
+
     /// What the bookie accepts now and why, with the last disk measure.
     pub fn state(&self) -> BookieState {
         self.core.health.state()

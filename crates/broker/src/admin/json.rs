@@ -471,8 +471,19 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
                 "lastAckedTimestamp": 0,
                 "lastConsumedTimestamp": 0,
                 "lastConsumedFlowTimestamp": c.last_flow_ms,
+                "readPositionWhenJoining": c.joined_fence.map(|p| position_text(Some(p))),
                 "metadata": c.metadata
             })
+        })
+        .collect();
+    // Key_Shared consumers that joined while entries were out, with the
+    // position they take nothing at or after until earlier ones are acked.
+    let after_mark_delete: serde_json::Map<String, Value> = sub
+        .consumers
+        .iter()
+        .filter_map(|c| {
+            let fence = c.joined_fence?;
+            Some((c.consumer_name.clone(), json!(position_text(Some(fence)))))
         })
         .collect();
     let document = json!({
@@ -489,7 +500,7 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
         "msgBacklogNoDelayed": sub.msg_backlog,
         "blockedSubscriptionOnUnackedMsgs": false,
         "msgDelayed": 0,
-        "msgInReplay": 0,
+        "msgInReplay": sub.msg_in_replay,
         "unackedMessages": sub.unacked_messages,
         "type": sub.sub_type,
         "activeConsumerName": sub.active_consumer,
@@ -504,7 +515,7 @@ fn subscription_json(sub: &SubscriptionStats) -> Value {
         "isDurable": sub.durable,
         "isReplicated": sub.replicated,
         "allowOutOfOrderDelivery": false,
-        "consumersAfterMarkDeletePosition": {},
+        "consumersAfterMarkDeletePosition": after_mark_delete,
         "nonContiguousDeletedMessagesRanges": 0,
         "nonContiguousDeletedMessagesRangesSerializedSize": 0,
         "delayedMessageIndexSizeInBytes": 0,
@@ -715,6 +726,7 @@ pub fn aggregate(topic: &str, partitions: &[TopicStats]) -> TopicStats {
             merged.msg_throughput_out += s.msg_throughput_out;
             merged.msg_rate_redeliver += s.msg_rate_redeliver;
             merged.msg_expired_counter += s.msg_expired_counter;
+            merged.msg_in_replay += s.msg_in_replay;
             if let Some(rate) = s.msg_drop_rate {
                 merged.msg_drop_rate = Some(merged.msg_drop_rate.unwrap_or(0.0) + rate);
             }
@@ -813,8 +825,8 @@ pub fn internal_stats_json(input: &InternalStatsInput<'_>) -> Value {
                 json!({
                     "markDeletePosition": position_text(s.mark_delete),
                     "readPosition": position_text(s.read_position),
-                    "waitingReadOp": false,
-                    "pendingReadOps": 0,
+                    "waitingReadOp": s.waiting_for_entries,
+                    "pendingReadOps": u8::from(s.read_in_flight),
                     "messagesConsumedCounter": s.msg_out_counter,
                     "cursorLedger": -1,
                     "cursorLedgerLastEntry": -1,
@@ -824,7 +836,7 @@ pub fn internal_stats_json(input: &InternalStatsInput<'_>) -> Value {
                     "active": !s.consumers.is_empty(),
                     "numberOfEntriesSinceFirstNotAckedMessage": s.msg_backlog,
                     "totalNonContiguousDeletedMessagesRange": 0,
-                    "subscriptionHavePendingRead": false,
+                    "subscriptionHavePendingRead": s.read_in_flight,
                     "subscriptionHavePendingReplayRead": false,
                     "properties": s.cursor_properties
                 }),
@@ -923,6 +935,7 @@ impl From<ClusterDataJson> for ClusterData {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::stats::ConsumerStats;
 
     #[test]
     fn bodies_parse_with_pulsars_names() {
@@ -988,5 +1001,53 @@ mod tests {
         let doc = partitioned_stats_json("t", &[stats.clone(), stats], 2, true, "b");
         assert_eq!(doc["msgInCounter"], 6);
         assert_eq!(doc["metadata"]["partitions"], 2);
+    }
+
+    /// What a stalled dispatcher is doing shows under Pulsar's names: the
+    /// entries in replay, the fenced Key_Shared consumers, the read in flight.
+    #[test]
+    fn subscription_stats_show_replay_fences_and_reads() {
+        let fence = Position::new(7, 3);
+        let subscription = SubscriptionStats {
+            name: "s".into(),
+            sub_type: "Key_Shared".into(),
+            durable: true,
+            msg_in_replay: 12,
+            read_in_flight: true,
+            waiting_for_entries: false,
+            consumers: vec![
+                ConsumerStats {
+                    consumer_name: "joined".into(),
+                    joined_fence: Some(fence),
+                    ..ConsumerStats::default()
+                },
+                ConsumerStats {
+                    consumer_name: "first".into(),
+                    ..ConsumerStats::default()
+                },
+            ],
+            ..SubscriptionStats::default()
+        };
+        let doc = subscription_json(&subscription);
+        assert_eq!(doc["msgInReplay"], 12);
+        assert_eq!(
+            doc["consumersAfterMarkDeletePosition"],
+            json!({"joined": "7:3"})
+        );
+        assert_eq!(doc["consumers"][0]["readPositionWhenJoining"], "7:3");
+        assert!(doc["consumers"][1]["readPositionWhenJoining"].is_null());
+        let stats = [subscription];
+        let input = InternalStatsInput {
+            ledgers: &[],
+            metadata: &Default::default(),
+            last_confirmed: None,
+            entries_added: 0,
+            subscriptions: &stats,
+        };
+        let internal = internal_stats_json(&input);
+        let cursor = &internal["cursors"]["s"];
+        assert_eq!(cursor["subscriptionHavePendingRead"], true);
+        assert_eq!(cursor["pendingReadOps"], 1);
+        assert_eq!(cursor["waitingReadOp"], false);
     }
 }

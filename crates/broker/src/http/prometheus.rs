@@ -21,8 +21,9 @@
 //! the storage families of the registered
 //! sources (`vela_corrupt_reads_total`, `vela_bookie_mode`,
 //! `vela_bookie_disk_usage_ratio`, ...: `metrics::StorageFamily`), then per
-//! topic with Pulsar's names and `cluster`/`namespace`/`topic` labels, then per
-//! subscription.
+//! topic with Pulsar's names and `cluster`/`namespace`/`topic` labels (the
+//! transaction buffer's `pulsar_txn_tb_{active,aborted,committed}_total`
+//! among them), then per subscription.
 //! Never: holds a lock while formatting, or panics on odd topic names
 //! (label values are escaped).
 
@@ -493,7 +494,7 @@ fn stage_family(name: &str, help: &str, stages: &[crate::metrics::StageLatency],
 type Getter = fn(&TopicStats) -> f64;
 
 fn topic_families(rows: &[TopicRow], w: &mut Writer) {
-    let gauges: [(&str, &str, &str, Getter); 12] = [
+    let gauges: [(&str, &str, &str, Getter); 15] = [
         (
             "pulsar_rate_in",
             "gauge",
@@ -565,6 +566,25 @@ fn topic_families(rows: &[TopicRow], w: &mut Writer) {
             "gauge",
             "Subscriptions.",
             |s| s.subscriptions.len() as f64,
+        ),
+        // The transaction buffer's counts, gauges as Pulsar types them.
+        (
+            "pulsar_txn_tb_active_total",
+            "gauge",
+            "Transactions open on the topic.",
+            |s| s.ongoing_txn_count as f64,
+        ),
+        (
+            "pulsar_txn_tb_aborted_total",
+            "gauge",
+            "Transactions aborted on the topic since it was loaded.",
+            |s| s.aborted_txn_count as f64,
+        ),
+        (
+            "pulsar_txn_tb_committed_total",
+            "gauge",
+            "Transactions committed on the topic since it was loaded.",
+            |s| s.committed_txn_count as f64,
         ),
     ];
     for (name, kind, help, get) in gauges {

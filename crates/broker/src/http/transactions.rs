@@ -4,10 +4,12 @@
 //!
 //! - `coordinatorStats[?coordinatorId=N]`: `TransactionCoordinatorStats`
 //!   (`state`, `leastSigBits`, `lowWaterMark`, `ongoingTxnSize`,
-//!   `recoverStartTime`, `recoverEndTime`); without an id, a map id → stats
-//!   of the coordinators this broker serves (in a cluster, ask the others
-//!   with `?coordinatorId=`: a coordinator served elsewhere is a 307 to its
-//!   broker).
+//!   `recoverStartTime`, `recoverEndTime`); with an id served by another
+//!   broker, a 307 to it. Without an id, as Pulsar: a map id → stats of
+//!   every coordinator of the cluster (those served elsewhere asked at
+//!   their broker with `?coordinatorId=`, with the broker-client
+//!   credentials, `STATS_REQUESTS_IN_FLIGHT_MAX` at a time); one that
+//!   cannot be asked fails the request (500, naming it).
 //! - `transactionMetadata/{most}/{least}`: `TransactionMetadata` (`txnId`,
 //!   `status`, `openTimestamp`, `timeoutAt`, `owner`, `producedPartitions`,
 //!   `ackedPartitions`); 404 when the transaction is not open (ended ones
@@ -38,7 +40,7 @@ use axum::routing::get;
 use serde_json::{Map, Value, json};
 
 use super::api::{ApiError, ApiResult, Params, Shared, flag, topic_of};
-use crate::ownership::LookupAnswer;
+use crate::ownership::{BrokerInfo, LookupAnswer};
 use crate::service::Service;
 use crate::topic::Topic;
 use crate::topic_name::TopicName;
@@ -46,6 +48,8 @@ use crate::transaction::{COORDINATOR_ASSIGN_TOPIC, CoordinatorStats, Coordinator
 use crate::transaction::{TxnId, TxnView};
 
 const BASE: &str = "/admin/v3/transactions";
+/// Coordinators asked at other brokers at once by `coordinatorStats`.
+const STATS_REQUESTS_IN_FLIGHT_MAX: usize = 16;
 
 pub(super) fn routes() -> Router<Arc<Service>> {
     Router::new()
@@ -90,15 +94,14 @@ fn enabled(service: &Service) -> ApiResult<&Arc<Coordinators>> {
     })
 }
 
-/// Where coordinator `id` is served: `Ok(None)` here (opened if this broker
-/// owns it and it is not open yet, as Pulsar loads a coordinator with its
-/// partition), `Ok(Some(redirect))` at another broker.
-async fn coordinator_here(
+/// Which broker serves coordinator `id`: `Ok(None)` this one (opened if
+/// it is not open yet, as Pulsar loads a coordinator with its partition),
+/// `Ok(Some(owner))` another.
+async fn coordinator_owner(
     service: &Service,
     coordinators: &Coordinators,
     id: u64,
-    uri: &axum::http::Uri,
-) -> ApiResult<Option<Response>> {
+) -> ApiResult<Option<BrokerInfo>> {
     if id >= u64::from(coordinators.count()) {
         return Err(coordinator_not_found(id));
     }
@@ -112,18 +115,7 @@ async fn coordinator_here(
             if owner.http_url.is_empty() {
                 return Err(coordinator_not_found(id));
             }
-            let location = format!(
-                "{}{}",
-                owner.http_url.trim_end_matches('/'),
-                uri.path_and_query().map_or(uri.path(), |p| p.as_str())
-            );
-            return Ok(Some(
-                (
-                    StatusCode::TEMPORARY_REDIRECT,
-                    [(header::LOCATION, location)],
-                )
-                    .into_response(),
-            ));
+            return Ok(Some(owner));
         }
     }
     coordinators
@@ -131,6 +123,31 @@ async fn coordinator_here(
         .await
         .map_err(|e| ApiError::from(crate::error::ServiceError::from(e)))?;
     Ok(None)
+}
+
+/// Where coordinator `id` is served: `Ok(None)` here, `Ok(Some(redirect))`
+/// a 307 to the broker that serves it.
+async fn coordinator_here(
+    service: &Service,
+    coordinators: &Coordinators,
+    id: u64,
+    uri: &axum::http::Uri,
+) -> ApiResult<Option<Response>> {
+    let Some(owner) = coordinator_owner(service, coordinators, id).await? else {
+        return Ok(None);
+    };
+    let location = format!(
+        "{}{}",
+        owner.http_url.trim_end_matches('/'),
+        uri.path_and_query().map_or(uri.path(), |p| p.as_str())
+    );
+    Ok(Some(
+        (
+            StatusCode::TEMPORARY_REDIRECT,
+            [(header::LOCATION, location)],
+        )
+            .into_response(),
+    ))
 }
 
 fn coordinator_not_found(id: u64) -> ApiError {
@@ -175,16 +192,47 @@ async fn coordinator_stats(
             .map_err(|_| coordinator_not_found(id))?;
         return Ok(axum::Json(coordinator_json(&stats)).into_response());
     }
+    let count = u64::from(coordinators.count());
+    if count == 0 {
+        return Err(ApiError::not_found("Transaction coordinator not found"));
+    }
     let mut all = Map::new();
-    for id in 0..u64::from(coordinators.count()) {
-        // Served elsewhere: left out (ask with ?coordinatorId=).
-        if coordinator_here(&service, coordinators, id, &uri)
-            .await?
-            .is_none()
-            && let Ok(stats) = coordinators.stats_of(id)
-        {
-            all.insert(id.to_string(), coordinator_json(&stats));
+    let mut elsewhere = tokio::task::JoinSet::new();
+    let peers = service.peers();
+    let slots = Arc::new(tokio::sync::Semaphore::new(STATS_REQUESTS_IN_FLIGHT_MAX));
+    for id in 0..count {
+        match coordinator_owner(&service, coordinators, id).await? {
+            None => {
+                let stats = coordinators
+                    .stats_of(id)
+                    .map_err(|_| coordinator_not_found(id))?;
+                all.insert(id.to_string(), coordinator_json(&stats));
+            }
+            Some(owner) => {
+                let url = format!(
+                    "{}{BASE}/coordinatorStats?coordinatorId={id}",
+                    peers.http_base(&owner).trim_end_matches('/')
+                );
+                let (peers, slots) = (Arc::clone(&peers), Arc::clone(&slots));
+                elsewhere.spawn(async move {
+                    let _slot = slots.acquire_owned().await;
+                    let answer = tokio::task::spawn_blocking(move || {
+                        crate::broker_client::get_json(&peers, &url)
+                            .map_err(|e| format!("coordinator {id} at {url}: {e}"))
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r);
+                    (id, answer)
+                });
+            }
         }
+    }
+    while let Some(joined) = elsewhere.join_next().await {
+        let (id, answer) =
+            joined.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let stats = answer.map_err(|e| ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e))?;
+        all.insert(id.to_string(), stats);
     }
     Ok(axum::Json(Value::Object(all)).into_response())
 }

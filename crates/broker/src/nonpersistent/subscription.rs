@@ -251,6 +251,7 @@ impl NpSubscription {
                     client_version: slot.info.client_version.clone(),
                     last_flow_ms: slot.last_flow_ms,
                     metadata: slot.info.metadata.clone(),
+                    joined_fence: None,
                 })
                 .collect(),
             msg_drop_rate: Some(msg_drop_rate),
@@ -273,6 +274,7 @@ impl NpSubscription {
             client_version: slot.info.client_version.clone(),
             last_flow_ms: slot.last_flow_ms,
             metadata: slot.info.metadata.clone(),
+            joined_fence: None,
         })
     }
 }

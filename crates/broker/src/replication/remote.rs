@@ -5,9 +5,8 @@
 //! `authenticationPlugin` and `authenticationParameters`), each unset one
 //! from the broker's `brokerClient*` settings (`BrokerClientConfig`).
 //!
-//! Owns: reading the trust file (a blocking task) and the token (given,
-//! or read from a file, as Pulsar's `AuthenticationToken` takes
-//! `token:...`, `file:///path` or the token itself).
+//! Owns: merging the record with the defaults; reading the trust file and
+//! the token is `broker_client`'s (the same code for every broker client).
 //! Never: logs a credential, or accepts an authentication plugin it cannot
 //! speak (the remote is then not replicated to, and says why).
 
@@ -18,10 +17,8 @@ use vela_client::ClientConfig;
 
 use super::remote_admin::RemoteAdmin;
 use crate::admin::ClusterData;
+use crate::broker_client::{self, BrokerClientError};
 use crate::config::BrokerClientConfig;
-
-/// Largest token file read.
-const TOKEN_FILE_BYTES_MAX: u64 = 64 << 10;
 
 /// Why a remote cannot be connected to.
 #[derive(Debug, thiserror::Error)]
@@ -30,14 +27,8 @@ pub(super) enum RemoteError {
     NoUrl(&'static str),
     #[error("TLS is enabled but no brokerClientTrustCertsFilePath is set")]
     NoTrustCerts,
-    #[error("trust certificates: {0}")]
-    Tls(#[from] vela_tls::TlsError),
-    #[error("authentication plugin {0} is not supported (token only)")]
-    UnsupportedAuth(String),
-    #[error("token file {path}: {reason}")]
-    TokenFile { path: String, reason: String },
-    #[error("a blocking task failed: {0}")]
-    Task(String),
+    #[error(transparent)]
+    Client(#[from] BrokerClientError),
     #[error("admin API: {0}")]
     Admin(String),
 }
@@ -81,37 +72,19 @@ pub(super) async fn setup(
             .map(PathBuf::from)
             .or_else(|| defaults.trust_certs_file.clone())
             .ok_or(RemoteError::NoTrustCerts)?;
-        let (tls_config, pem) = tokio::task::spawn_blocking(move || {
-            let config = vela_tls::client_config("brokerClientTrustCertsFilePath", &trust)?;
-            let pem = std::fs::read(&trust).map_err(|e| vela_tls::TlsError::Read {
-                field: "brokerClientTrustCertsFilePath",
-                path: trust.clone(),
-                source: e,
-            })?;
-            Ok::<_, vela_tls::TlsError>((config, pem))
-        })
-        .await
-        .map_err(|e| RemoteError::Task(e.to_string()))??;
+        let (tls_config, pem) = broker_client::trust(trust).await?;
         config.tls = Some(tls_config);
         roots = Some(pem);
     }
     let plugin = client
         .authentication_plugin
-        .clone()
-        .or_else(|| defaults.authentication_plugin.clone())
-        .filter(|p| !p.is_empty());
-    if let Some(plugin) = plugin {
-        let short = plugin.rsplit('.').next().unwrap_or(&plugin);
-        if !matches!(short, "token" | "AuthenticationToken") {
-            return Err(RemoteError::UnsupportedAuth(plugin));
-        }
-        let params = client
-            .authentication_parameters
-            .clone()
-            .or_else(|| defaults.authentication_parameters.clone())
-            .unwrap_or_default();
-        config.auth_token = Some(token_of(&params).await?);
-    }
+        .as_deref()
+        .or(defaults.authentication_plugin.as_deref());
+    let params = client
+        .authentication_parameters
+        .as_deref()
+        .or(defaults.authentication_parameters.as_deref());
+    config.auth_token = broker_client::plugin_token(plugin, params).await?;
     let service_url = if tls {
         data.service_url_tls.as_deref()
     } else {
@@ -125,32 +98,6 @@ pub(super) async fn setup(
         None => None,
     };
     Ok(RemoteSetup { url, config, admin })
-}
-
-/// The token `params` names (Pulsar's `AuthenticationToken` parameters).
-async fn token_of(params: &str) -> Result<String, RemoteError> {
-    if let Some(token) = params.strip_prefix("token:") {
-        return Ok(token.trim().to_string());
-    }
-    let Some(path) = params.strip_prefix("file:") else {
-        return Ok(params.trim().to_string());
-    };
-    // file:///abs/path, file:/abs/path
-    let path = path.strip_prefix("//").unwrap_or(path).to_string();
-    let failed = |reason: String| RemoteError::TokenFile {
-        path: path.clone(),
-        reason,
-    };
-    let file = tokio::fs::File::open(&path)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    let mut text = String::new();
-    use tokio::io::AsyncReadExt as _;
-    file.take(TOKEN_FILE_BYTES_MAX)
-        .read_to_string(&mut text)
-        .await
-        .map_err(|e| failed(e.to_string()))?;
-    Ok(text.trim().to_string())
 }
 
 #[cfg(test)]
@@ -198,12 +145,13 @@ mod tests {
         other.client.authentication_plugin = Some("org.example.AuthenticationKerberos".into());
         assert!(matches!(
             setup(&defaults, &other).await,
-            Err(RemoteError::UnsupportedAuth(_))
+            Err(RemoteError::Client(BrokerClientError::UnsupportedAuth(_)))
         ));
     }
 
     #[tokio::test]
     async fn tokens_are_given_or_read_from_a_file() {
+        use broker_client::token_of;
         assert_eq!(token_of("token:xyz").await.unwrap(), "xyz");
         assert_eq!(token_of("xyz").await.unwrap(), "xyz");
         let dir = std::env::temp_dir().join(format!("vela-token-{}", std::process::id()));

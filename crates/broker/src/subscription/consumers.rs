@@ -27,10 +27,13 @@ pub(crate) struct Slot {
     pub(crate) info: ConsumerInfo,
     /// Current consumer epoch (raised by redeliver-all).
     pub(crate) epoch: Option<u64>,
-    /// Key_Shared: a consumer that joined while entries were out gets no
-    /// entry at or after this position until every earlier entry is acked
-    /// (the Java broker's "recently joined consumers"), so a key moving to it
-    /// cannot overtake its own earlier messages.
+    /// Key_Shared: a consumer that joined beside others while entries were
+    /// out gets no entry at or after this position until no earlier entry
+    /// is out or waiting (the Java broker's "recently joined consumers"), so
+    /// a key moving to it cannot overtake its own earlier messages. Never
+    /// set on a consumer joining alone, and cleared when one consumer is
+    /// left: a lone consumer gets what waits in replay first anyway, and a
+    /// fence would make it wait for its own acknowledgements.
     pub(crate) fence: Option<Position>,
     /// Messages it may still take (FLOW adds; a batch takes its message
     /// count, which may leave it negative).

@@ -80,9 +80,14 @@ impl Outstanding {
         self.replay.values().copied().collect()
     }
 
-    /// The first `count` entries waiting to be sent again, in log order.
-    pub(super) fn replay_first(&self, count: usize) -> Vec<Position> {
-        self.replay.keys().take(count).copied().collect()
+    /// The first `count` entries waiting to be sent again, in log order,
+    /// with their Key_Shared slots (`SLOT_UNKNOWN` when not known yet).
+    pub(super) fn replay_first(&self, count: usize) -> Vec<(Position, u32)> {
+        self.replay
+            .iter()
+            .take(count)
+            .map(|(pos, slot)| (*pos, *slot))
+            .collect()
     }
 
     /// How often the entry was sent again at a consumer's request.
@@ -260,7 +265,7 @@ mod tests {
         assert_eq!(outstanding.redelivery_count(p(0)), 1);
         outstanding.requeue_owned_by(A);
         assert_eq!(outstanding.pending_len() + outstanding.replay_len(), 3);
-        assert_eq!(outstanding.replay_first(10), vec![p(0), p(2)]);
+        assert_eq!(outstanding.replay_first(10), vec![(p(0), 7), (p(2), 9)]);
         assert_eq!(outstanding.replay_slots(), HashSet::from([7, 9]));
         assert!(outstanding.is_out_to(p(1), B));
         outstanding.requeue_all();

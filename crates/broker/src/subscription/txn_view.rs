@@ -63,14 +63,16 @@ impl TxnView {
     /// entry of an aborted transaction. A snapshot marker is noted for
     /// this subscription first.
     pub(super) fn hides(&self, entry: &LogEntry) -> bool {
+        // The metadata is scanned once for both questions.
+        let summary = crate::txn_buffer::entry_summary(&entry.data);
         if self
             .buffer
             .as_ref()
-            .is_some_and(|(buffer, _)| buffer.has_txns() && buffer.is_hidden(&entry.data))
+            .is_some_and(|(buffer, _)| buffer.has_txns() && buffer.hides(summary.as_ref()))
         {
             return true;
         }
-        let Some(marker_type) = crate::codec::entry_marker_type(&entry.data) else {
+        let Some(marker_type) = summary.and_then(|s| s.marker_type) else {
             return false;
         };
         if marker_type == markers::SNAPSHOT

@@ -194,6 +194,14 @@ impl DedupTable {
         DedupCheck::Appended(appended)
     }
 
+    /// True when `producer`'s `sequence_id` is durable already (a re-send is
+    /// a duplicate); false without dedup.
+    pub(crate) fn is_persisted(&self, producer: &str, sequence_id: i64) -> bool {
+        self.0.as_ref().is_some_and(|table| {
+            sequence_id <= table.lock().sequences(producer).map_or(-1, |s| s.persisted)
+        })
+    }
+
     /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).
     pub(crate) fn last_sequence_id(&self, producer: &str) -> i64 {
         match &self.0 {

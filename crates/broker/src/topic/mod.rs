@@ -284,7 +284,16 @@ impl Topic {
         permit: AppendPermit,
     ) -> Result<DedupCheck, ServiceError> {
         let buffer = self.buffer()?;
-        buffer.admit(txn).map_err(buffer_error)?;
+        if let Err(error) = buffer.admit(txn) {
+            // As Pulsar, a duplicate is answered as one before the buffer
+            // is asked (a re-send of a committed transaction's entry).
+            if matches!(error, BufferError::Ended(..))
+                && self.dedup.is_persisted(producer, sequence_id)
+            {
+                return Ok(DedupCheck::Duplicate);
+            }
+            return Err(buffer_error(error));
+        }
         let check = self.publish(
             producer,
             sequence_id,
@@ -308,7 +317,10 @@ impl Topic {
 
     /// END_TXN_ON_PARTITION: the commit or abort marker, durable. With the
     /// coordinator's low water mark, later SENDs of transactions at or
-    /// below it are refused (Pulsar's `appendBufferToTxn`).
+    /// below it are refused (Pulsar's `appendBufferToTxn`), and its
+    /// transactions still open here at or below it are aborted here (they
+    /// ended without this topic hearing it; Pulsar's `handleLowWaterMark`).
+    /// A failed abort fails the request: the coordinator asks again.
     pub(crate) async fn end_txn_on_partition(
         &self,
         txn: TxnKey,
@@ -318,7 +330,11 @@ impl Topic {
         let buffer = self.buffer()?;
         buffer.end(txn, commit).await.map_err(buffer_error)?;
         if let Some(low_water) = low_water {
-            buffer.note_low_water(txn.0, low_water);
+            for stale in buffer.note_low_water(txn.0, low_water) {
+                tracing::warn!(topic = %self.full_name, ?stale, low_water,
+                    "aborting a transaction below its coordinator's low water mark");
+                buffer.end(stale, false).await.map_err(buffer_error)?;
+            }
         }
         Ok(())
     }
@@ -838,10 +854,9 @@ impl Topic {
 fn buffer_error(error: BufferError) -> ServiceError {
     use vela_wire::proto::ServerError;
     let code = match &error {
-        BufferError::Full { .. }
-        | BufferError::Aborted(..)
-        | BufferError::Ended(..)
-        | BufferError::Malformed => ServerError::NotAllowedError,
+        BufferError::Full { .. } | BufferError::Ended(..) | BufferError::Malformed => {
+            ServerError::NotAllowedError
+        }
         BufferError::Log(log) => return ServiceError::from(log.clone()),
         BufferError::Meta(_) => ServerError::MetadataError,
         BufferError::Corrupt(_) => ServerError::UnknownError,

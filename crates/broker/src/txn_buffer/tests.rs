@@ -97,15 +97,20 @@ async fn limit_holds_at_the_first_open_entry_and_markers_release_it() {
     assert!(marker.iter().all(|m| buffer.is_hidden(&m.data)));
     assert_eq!(classify(&marker[0].data), Kind::Abort(t1));
     assert_eq!(classify(&marker[1].data), Kind::Commit(t2));
-    assert_eq!(budget.used(), 1);
+    assert_eq!(
+        budget.used(),
+        2,
+        "the aborted one, and the committed one until the low water mark passes it"
+    );
 
     // Ending again (a coordinator's retry) writes nothing more.
     let last = log.last_confirmed();
     buffer.end(t2, true).await.unwrap();
     buffer.end(t1, false).await.unwrap();
     assert_eq!(log.last_confirmed(), last);
-    // An aborted transaction takes no more entries.
-    assert!(matches!(buffer.admit(t1), Err(BufferError::Aborted(0, 1))));
+    // Ended transactions take no more entries.
+    assert!(matches!(buffer.admit(t1), Err(BufferError::Ended(0, 1))));
+    assert!(matches!(buffer.admit(t2), Err(BufferError::Ended(0, 2))));
 }
 
 #[tokio::test]
@@ -134,7 +139,8 @@ async fn recovery_rebuilds_open_and_aborted_transactions_from_the_log() {
     assert_eq!(recovered.read_limit(), Some(open_first));
     let aborted_entry = with_txn_id(&plain_entry(1), aborted).unwrap();
     assert!(recovered.is_hidden(&aborted_entry));
-    assert_eq!(budget.used(), 2);
+    assert_eq!(recovered.ended_count(), 1, "the commit marker is read back");
+    assert_eq!(budget.used(), 3);
     recovered.end(open, true).await.unwrap();
     assert_eq!(recovered.read_limit(), None);
 }
@@ -218,4 +224,78 @@ async fn sends_below_the_low_water_mark_are_refused_and_stats_show_the_buffer() 
     let stats = buffer.stats();
     assert_eq!(stats.open, 0);
     assert_eq!(stats.max_read_position, log.last_confirmed());
+}
+
+#[tokio::test]
+async fn a_late_send_of_an_ended_transaction_is_refused_and_never_hides_committed_entries() {
+    let (log, meta, _env) = log_and_meta().await;
+    let budget = TxnBudget::new(100);
+    let buffer = TxnBuffer::open(Arc::clone(&log), Arc::clone(&meta), Arc::clone(&budget))
+        .await
+        .unwrap();
+    buffer.ensure_tracked().await.unwrap();
+    let (committed, unsent, stale) = ((2, 5), (2, 6), (2, 7));
+    send_txn(&buffer, &log, committed, 0).await;
+    buffer.end(committed, true).await.unwrap();
+    // Ended with no entry here (registered, never sent to).
+    buffer.end(unsent, true).await.unwrap();
+    // The coordinator's mark (sent with the end) is below both.
+    assert!(buffer.note_low_water(2, 4).is_empty());
+    let committed_entry = with_txn_id(&plain_entry(0), committed).unwrap();
+
+    // A late SEND of either: Pulsar's error, nothing opened, nothing hidden.
+    for txn in [committed, unsent] {
+        let refused = buffer.admit(txn).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            format!(
+                "Transaction [({},{})] has been ended. Please use a new transaction to send message.",
+                txn.0, txn.1
+            )
+        );
+    }
+    assert_eq!(buffer.counts(), (0, 0));
+    assert_eq!(buffer.read_limit(), None);
+    assert!(!buffer.is_hidden(&committed_entry));
+
+    // After a reload (the topic moved, or the broker restarted) as well.
+    drop(buffer);
+    let buffer = TxnBuffer::open(Arc::clone(&log), Arc::clone(&meta), Arc::clone(&budget))
+        .await
+        .unwrap();
+    assert!(matches!(
+        buffer.admit(committed),
+        Err(BufferError::Ended(2, 5))
+    ));
+    assert_eq!(buffer.read_limit(), None);
+
+    // A transaction sent to without ending here, then passed by the mark:
+    // it is handed back to be aborted, and the ended ones are forgotten
+    // (the mark refuses them now).
+    let stale_first = send_txn(&buffer, &log, stale, 1).await;
+    assert_eq!(buffer.read_limit(), Some(stale_first));
+    assert_eq!(buffer.note_low_water(2, 7), vec![stale]);
+    buffer.end(stale, false).await.unwrap();
+    assert_eq!(buffer.read_limit(), None);
+    assert_eq!(buffer.ended_count(), 0);
+    assert!(matches!(
+        buffer.admit(committed),
+        Err(BufferError::Ended(2, 5))
+    ));
+    assert!(!buffer.is_hidden(&committed_entry));
+    assert_eq!(budget.used(), 1, "only the aborted one is held");
+
+    // The snapshot keeps the marks and the ended set across a reload even
+    // when no marker is scanned again.
+    let snapshot = buffer.snapshot_now();
+    assert_eq!(snapshot.low_water, vec![(2, 7)]);
+    buffer.write_snapshot(&snapshot).await.unwrap();
+    drop(buffer);
+    let buffer = TxnBuffer::open(Arc::clone(&log), meta, Arc::clone(&budget))
+        .await
+        .unwrap();
+    assert!(matches!(
+        buffer.admit(unsent),
+        Err(BufferError::Ended(2, 6))
+    ));
 }

@@ -173,6 +173,29 @@ impl Standalone {
         self.http_get("/metrics").1
     }
 
+    /// `GET path` for a failure's diagnostics: the body, or why there is
+    /// none (no answer within `HTTP_TIMEOUT` says something too).
+    pub(crate) fn try_http_get(&self, path: &str) -> String {
+        let request = format!(
+            "GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            self.http_addr
+        );
+        let answer = (|| -> std::io::Result<String> {
+            let mut stream = TcpStream::connect(self.http_addr)?;
+            stream.set_read_timeout(Some(HTTP_TIMEOUT))?;
+            stream.write_all(request.as_bytes())?;
+            let mut response = String::new();
+            stream.read_to_string(&mut response)?;
+            Ok(response)
+        })();
+        match answer {
+            Ok(response) => response
+                .split_once("\r\n\r\n")
+                .map_or(response.clone(), |(_, body)| body.to_string()),
+            Err(error) => format!("(GET {path}: {error})"),
+        }
+    }
+
     /// Sends `request` on a new connection and reads the response to its end
     /// (every request says `Connection: close`): the status code and body.
     fn http(&self, request: &str) -> (u16, String) {

@@ -195,7 +195,13 @@ impl Dispatcher {
         info: ConsumerInfo,
         sub_type: SubType,
     ) -> Result<(), ServiceError> {
-        let fence_at = (!self.outstanding.is_empty()).then_some(self.reader.position());
+        // Key_Shared: a consumer joining beside others while entries are out
+        // or waiting is fenced at the read position (Pulsar's "recently
+        // joined consumers": not the first one, and only while something
+        // is unacknowledged). Alone it takes every key; what waits in
+        // replay goes first anyway.
+        let fence_at = (!self.outstanding.is_empty() && !self.consumers.is_empty())
+            .then_some(self.reader.position());
         self.consumers
             .attach(info, sub_type, &self.name, fence_at)?;
         if self.consumers.has_active_consumer() {
@@ -222,6 +228,12 @@ impl Dispatcher {
         if self.consumers.is_empty() {
             // Nobody to read ahead for: give the budget back.
             self.ahead.clear();
+        }
+        if self.consumers.len() == 1 {
+            // Alone, it may take every key: its earlier entries wait in
+            // replay and go first (Pulsar clears its recently joined
+            // consumers when one is left).
+            self.consumers.lift_fences(|_| false);
         }
         if self.consumers.has_active_consumer() {
             self.pick_active().await;

@@ -198,6 +198,13 @@ impl Dispatcher {
                     Route::Deliver(index) => {
                         self.ahead.note_fed();
                         self.deliver(index, entry, slot).await;
+                        if self.consumers.total_permits() <= 0 {
+                            // Nobody can take more: the rest stays read
+                            // ahead (in memory), not held for a re-read.
+                            self.reader.move_past(pos);
+                            progressed = true;
+                            break;
+                        }
                     }
                     Route::Hold => {
                         stuck_slots.insert(slot);
@@ -245,7 +252,7 @@ impl Dispatcher {
         let mut progressed = false;
         let mut stuck_slots: HashSet<u32> = HashSet::new();
         let mut stuck_consumers: HashSet<usize> = HashSet::new();
-        for pos in self.outstanding.replay_first(READ_BATCH_ENTRIES_MAX) {
+        for (pos, known_slot) in self.outstanding.replay_first(READ_BATCH_ENTRIES_MAX) {
             if self.consumers.total_permits() <= 0 || self.rates.limited() {
                 break;
             }
@@ -253,6 +260,22 @@ impl Dispatcher {
                 self.outstanding.unreplay(pos);
                 progressed = true;
                 continue;
+            }
+            if self.consumers.is_key_shared() && known_slot != SLOT_UNKNOWN {
+                // Whether it can go is known before it is read: an entry
+                // held back is not read again (its slot's consumer has no
+                // permits, is fenced, or an earlier entry of the slot waits).
+                if stuck_slots.contains(&known_slot) {
+                    continue;
+                }
+                let route = self.consumers.route(known_slot, pos, &stuck_consumers);
+                if matches!(route, Route::Hold) {
+                    stuck_slots.insert(known_slot);
+                    if let Some(index) = self.consumers.selected_index(known_slot) {
+                        stuck_consumers.insert(index);
+                    }
+                    continue;
+                }
             }
             let entry = match self.reader.read_one(pos).await {
                 Ok(Some(entry)) => entry,

@@ -31,6 +31,9 @@ impl Dispatcher {
             msg_expired_counter: self.counters.expired,
             mark_delete: self.acks.mark_delete(),
             read_position: Some(self.reader.position()),
+            msg_in_replay: self.outstanding.replay_len() as u64,
+            read_in_flight: self.ahead.in_flight(),
+            waiting_for_entries: self.reader.caught_up,
             consumers: self
                 .consumers
                 .iter()
@@ -43,6 +46,7 @@ impl Dispatcher {
                     client_version: slot.info.client_version.clone(),
                     last_flow_ms: slot.last_flow_ms,
                     metadata: slot.info.metadata.clone(),
+                    joined_fence: slot.fence,
                 })
                 .collect(),
             active_consumer: self.consumers.active_name(),
