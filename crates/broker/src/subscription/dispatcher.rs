@@ -102,6 +102,7 @@ pub(crate) fn spawn(
         .min(crate::config::CONSUMERS_PER_SUBSCRIPTION_MAX);
     let dispatcher = Dispatcher {
         waiter: spec.log.entry_waiter(),
+        quiet_since: tokio::time::Instant::now(),
         held: HeldShare::new(spec.held),
         held_blocked: false,
         terminated: spec.log.is_terminated(),
@@ -242,6 +243,11 @@ struct Dispatcher {
     /// The log's wake-on-append hook of this subscription (set while it is
     /// parked with consumers waiting for the next entry).
     waiter: EntryWaiter,
+    /// Since when nothing but reads of its state (statistics) happened:
+    /// the task parks `IDLE_BEFORE_PARKING` after it. A `/metrics` scrape
+    /// asking a running subscription for its statistics does not keep it
+    /// running.
+    quiet_since: tokio::time::Instant,
     /// The topic's dispatch policies.
     policy: Arc<DispatchPolicy>,
     /// The dispatch rates it keeps to.
@@ -334,6 +340,7 @@ impl Dispatcher {
         let held = Arc::clone(self.held.budget());
         let held_blocked = self.held_blocked;
         let reading = self.ahead.in_flight();
+        let park_at = self.quiet_since + IDLE_BEFORE_PARKING;
         // Only commands and new entries can give work: after a quiet
         // while, the task parks (a timer, a read or a wait on the held
         // entries' room keeps it running).
@@ -377,10 +384,20 @@ impl Dispatcher {
                 _ = std::future::ready(()), if held_ready => Wake::Again,
                 _ = &mut rates_changed => Wake::Again,
                 _ = std::future::ready(()), if rates_stale => Wake::Again,
-                _ = tokio::time::sleep(IDLE_BEFORE_PARKING), if may_park => Wake::Idle,
+                _ = tokio::time::sleep_until(park_at), if may_park => Wake::Idle,
             }
         })
         .await;
+        let reads_only = matches!(
+            &wake,
+            Wake::Command(c) if matches!(
+                **c,
+                SubCommand::SubStats { .. } | SubCommand::Stats { .. } | SubCommand::MarkDelete { .. }
+            )
+        );
+        if !reads_only && !matches!(wake, Wake::Idle) {
+            self.quiet_since = tokio::time::Instant::now();
+        }
         let mut command = None;
         match wake {
             Wake::Command(received) => command = Some(*received),
