@@ -3,7 +3,12 @@
 //! Owns: entry ids, packaging (with the LAC piggybacked), striped parallel sends
 //! to each entry's write set, ordered completion, the LAC, ensemble changes and
 //! the close. One task (the writer task) owns all of this state; `LedgerWriter`
-//! only queues commands to it.
+//! only queues commands to it. The task runs only while there is work: with
+//! no add pending, nothing in flight and no command for
+//! `IDLE_BEFORE_PARKING`, its state parks in a `vela_mailbox::Parking` (no
+//! task for an idle open ledger), and the next command starts a run (queued
+//! first, then woken: the hand-off rule of `Parking`; the run looks for a
+//! queued command under the slot's lock before it parks).
 //!
 //! Guarantees: ids are sequential in `submit` order; an add completes `Ok` only
 //! when Qa distinct bookies of its write set (as recorded in the metadata) acked
@@ -22,8 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
+use tokio::task::JoinSet;
+use vela_mailbox::Parking;
 
 use crate::client_core::{ClientCore, PENDING_BYTES_MAX};
 use crate::entry::{ENTRY_PAYLOAD_BYTES_MAX, package};
@@ -65,6 +71,10 @@ const BOOKIE_QUARANTINE: std::time::Duration = std::time::Duration::from_secs(30
 /// about 20 times a second until the add timeout makes it a failure.
 const OVERLOAD_RETRY_DELAY_MIN: std::time::Duration = std::time::Duration::from_millis(1);
 const OVERLOAD_RETRY_DELAY_MAX: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// How long the writer task waits with nothing pending before it parks. A
+/// busy ledger keeps its task between adds that come closer than this.
+const IDLE_BEFORE_PARKING: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Published by the writer task for `LedgerWriter::last_add_confirmed`.
 const LAC_NONE: u64 = u64::MAX;
@@ -125,14 +135,15 @@ enum Command {
 pub struct LedgerWriter {
     ledger_id: LedgerId,
     quorum: Quorum,
-    /// Boxed: a channel allocates its first block of 32 slots up front, ~3
-    /// KiB per open ledger at a command's size (idle or not); 256 bytes
-    /// boxed, for one small allocation per add.
-    commands: mpsc::Sender<Box<Command>>,
+    /// A mailbox (~150 bytes idle; a tokio channel's padded state and first
+    /// block of 32 slots were ~800 per open ledger, idle or not), of boxed
+    /// commands (256 bytes each; the queue moves pointers).
+    commands: vela_mailbox::Sender<Box<Command>>,
     count_budget: Arc<Semaphore>,
     bytes_budget: Arc<Semaphore>,
     lac: Arc<AtomicU64>,
-    task: JoinHandle<()>,
+    /// The writer task's state between runs (`run`).
+    task: Arc<Parking<Parked>>,
 }
 
 impl std::fmt::Debug for Command {
@@ -177,7 +188,7 @@ impl LedgerWriter {
             .config
             .pending_bytes_max
             .clamp(ENTRY_PAYLOAD_BYTES_MAX, PENDING_BYTES_MAX);
-        let (commands, receiver) = mpsc::channel(pending_adds_max + 1);
+        let (commands, receiver) = vela_mailbox::mailbox(pending_adds_max + 1);
         let lac = Arc::new(AtomicU64::new(LAC_NONE));
         // A fresh ledger starts empty; a writer is only ever given a new ledger.
         let ensemble = metadata.last_ensemble().1.to_vec();
@@ -199,7 +210,11 @@ impl LedgerWriter {
             quarantine: BTreeMap::new(),
             published_lac: lac.clone(),
         };
-        let task = tokio::spawn(task_state.run(receiver));
+        // Parked until the first command.
+        let task = Parking::new(Parked {
+            writer: task_state,
+            commands: receiver,
+        });
         LedgerWriter {
             ledger_id,
             quorum,
@@ -334,9 +349,12 @@ impl LedgerWriter {
         // The channel holds more commands than the count budget has permits (plus
         // the one close), and every queued add holds a permit: it is never full.
         match self.commands.try_send(command) {
-            Ok(()) => Ok(()),
-            Err(mpsc::error::TrySendError::Full(command))
-            | Err(mpsc::error::TrySendError::Closed(command)) => {
+            Ok(()) => {
+                self.task.wake(run);
+                Ok(())
+            }
+            Err(vela_mailbox::TrySendError::Full(command))
+            | Err(vela_mailbox::TrySendError::Closed(command)) => {
                 debug_assert!(self.commands.is_closed(), "writer command queue full");
                 let gone = LedgerError::WriterGone(self.ledger_id);
                 if let Command::Add { reply, .. } = *command {
@@ -360,6 +378,7 @@ impl LedgerWriter {
             .send(Box::new(Command::Close { reply }))
             .await
             .map_err(|_| LedgerError::WriterGone(self.ledger_id))?;
+        self.task.wake(run);
         receiver
             .await
             .unwrap_or(Err(LedgerError::WriterGone(self.ledger_id)))
@@ -368,8 +387,9 @@ impl LedgerWriter {
 
 impl Drop for LedgerWriter {
     fn drop(&mut self) {
-        // Abandon: the writer task stops at once, as if the process had crashed.
-        self.task.abort();
+        // Abandon: the writer task stops at once, as if the process had
+        // crashed (a parked state is dropped: nothing was pending).
+        drop(self.task.stop());
     }
 }
 
@@ -422,65 +442,116 @@ struct WriterTask {
     published_lac: Arc<AtomicU64>,
 }
 
-impl WriterTask {
-    async fn run(mut self, mut commands: mpsc::Receiver<Box<Command>>) {
-        let mut close: Option<oneshot::Sender<Result<LedgerMetadata, LedgerError>>> = None;
-        loop {
-            if close.is_some() && self.pending.is_empty() {
-                // Boxed (here and for ensemble changes): a parked writer's
-                // task then holds only the loop's own state, not the
-                // largest of these rare futures.
-                let result = Box::pin(self.close()).await;
-                if let Some(reply) = close.take() {
-                    let _ = reply.send(result);
+/// The writer task's state: parked between runs, moved into a run while
+/// there is work.
+struct Parked {
+    writer: WriterTask,
+    commands: vela_mailbox::Receiver<Box<Command>>,
+}
+
+/// What a run waited for.
+enum Event {
+    Response(Result<Response, tokio::task::JoinError>),
+    Command(Option<Command>),
+    /// `IDLE_BEFORE_PARKING` without anything pending.
+    Idle,
+    /// Closing with adds pending and nothing in flight.
+    Stalled,
+}
+
+/// One run of the writer task: until it has been idle (nothing pending, in
+/// flight or being replaced, no close asked) for `IDLE_BEFORE_PARKING`,
+/// then it parks unless a command was queued meanwhile (looked for under
+/// the parking slot's lock: a command queued before that is seen here, one
+/// queued after it starts a new run).
+async fn run(parking: Arc<Parking<Parked>>, mut task: Parked) {
+    let mut close: Option<oneshot::Sender<Result<LedgerMetadata, LedgerError>>> = None;
+    loop {
+        let this = &mut task.writer;
+        let commands = &mut task.commands;
+        if close.is_some() && this.pending.is_empty() {
+            // Boxed (here and for ensemble changes): a run's future then
+            // holds only the loop's own state, not the largest of these
+            // rare futures.
+            let result = Box::pin(this.close()).await;
+            if let Some(reply) = close.take() {
+                let _ = reply.send(result);
+            }
+            // Adds queued behind the close (a caller that raced it) are
+            // answered, never dropped.
+            commands.close();
+            while let Ok(command) = commands.try_recv() {
+                if let Command::Add { reply, .. } = *command {
+                    reply.send(Err(LedgerError::LedgerClosed(this.ledger_id)));
                 }
-                // Adds queued behind the close (a caller that raced it) are
-                // answered, never dropped.
-                commands.close();
-                while let Ok(command) = commands.try_recv() {
-                    if let Command::Add { reply, .. } = *command {
-                        reply.send(Err(LedgerError::LedgerClosed(self.ledger_id)));
-                    }
-                }
+            }
+            parking.finished();
+            return;
+        }
+        let idle = close.is_none()
+            && this.pending.is_empty()
+            && this.inflight.is_empty()
+            && this.failed_indices.is_empty();
+        let event = tokio::select! {
+            biased;
+            Some(joined) = this.inflight.join_next(), if !this.inflight.is_empty() => {
+                Event::Response(joined)
+            }
+            command = commands.recv(), if close.is_none() => Event::Command(command.map(|c| *c)),
+            _ = tokio::time::sleep(IDLE_BEFORE_PARKING), if idle => Event::Idle,
+            else => Event::Stalled,
+        };
+        match event {
+            // A join error means a request task panicked (aborts happen only
+            // once the writer has failed): its add would never finish, so
+            // the writer fails rather than stall.
+            Event::Response(Ok(response)) => this.on_response(response),
+            Event::Response(Err(e)) => {
+                this.fail(LedgerError::Internal(format!("add task failed: {e}")))
+            }
+            // The writer was dropped: abandon.
+            Event::Command(None) => {
+                parking.finished();
                 return;
             }
-            tokio::select! {
-                biased;
-                Some(joined) = self.inflight.join_next(), if !self.inflight.is_empty() => {
-                    // A join error means a request task panicked (aborts happen only
-                    // once the writer has failed): its add would never finish, so
-                    // the writer fails rather than stall.
-                    match joined {
-                        Ok(response) => self.on_response(response),
-                        Err(e) => self.fail(LedgerError::Internal(format!("add task failed: {e}"))),
-                    }
+            Event::Command(Some(Command::Add {
+                payload,
+                reply,
+                permits,
+                submitted_at,
+            })) => this.on_add(payload, reply, permits, submitted_at),
+            Event::Command(Some(Command::Close { reply })) => close = Some(reply),
+            Event::Idle => {
+                debug_assert!(this.pending.is_empty() && this.inflight.is_empty());
+                match parking.park(task, |task| task.commands.is_ready()) {
+                    Ok(()) => return,
+                    Err(back) => task = back,
                 }
-                command = commands.recv(), if close.is_none() => match command.map(|c| *c) {
-                    // The writer was dropped: abandon.
-                    None => return,
-                    Some(Command::Add { payload, reply, permits, submitted_at }) => {
-                        self.on_add(payload, reply, permits, submitted_at);
-                    }
-                    Some(Command::Close { reply }) => close = Some(reply),
-                },
-                else => {
-                    // Closing with adds pending and nothing in flight: every
-                    // pending add has a request in flight or a failed index, so
-                    // this is a bug; fail rather than hang.
-                    debug_assert!(false, "writer stalled with {} pending adds", self.pending.len());
-                    self.fail(LedgerError::Internal("writer stalled while closing".into()));
-                }
+                continue;
             }
-            if self.broken.is_none()
-                && !self.failed_indices.is_empty()
-                && let Err(e) = Box::pin(self.change_ensemble()).await
-            {
-                self.fail(e);
+            Event::Stalled => {
+                // Closing with adds pending and nothing in flight: every
+                // pending add has a request in flight or a failed index, so
+                // this is a bug; fail rather than hang.
+                debug_assert!(
+                    false,
+                    "writer stalled with {} pending adds",
+                    this.pending.len()
+                );
+                this.fail(LedgerError::Internal("writer stalled while closing".into()));
             }
-            self.deliver();
         }
+        if this.broken.is_none()
+            && !this.failed_indices.is_empty()
+            && let Err(e) = Box::pin(this.change_ensemble()).await
+        {
+            this.fail(e);
+        }
+        this.deliver();
     }
+}
 
+impl WriterTask {
     fn on_add(
         &mut self,
         payload: Bytes,

@@ -2,8 +2,10 @@
 //! mark-delete position (everything at or before it is acknowledged), the
 //! individually acknowledged entries above it, and partial acks of batch entries.
 //!
-//! Persistence: changes are written to the metadata store by a background task,
-//! at most once per `cursor_persist_interval`, and on `flush`/log close. After a
+//! Persistence: changes are written to the metadata store by a task spawned
+//! at the first change after a write, which waits `cursor_persist_interval`
+//! (coalescing the changes meanwhile), writes and ends: an idle cursor has
+//! no task. Also on `flush`/log close. After a
 //! crash a subscription resumes from the last persisted state: acks of the last
 //! interval may be redelivered (at-least-once), nothing acknowledged-and-
 //! persisted is redelivered, nothing unacknowledged is skipped.
@@ -26,7 +28,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-use tokio::sync::Notify;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::error::LogError;
 use crate::format::{self, AckedRange, BatchAck, CursorInfo};
@@ -94,7 +96,11 @@ pub struct Cursor {
     persisted_ranges_max: usize,
     persist_interval: Duration,
     state: Mutex<CursorState>,
-    persist_wakeup: Arc<Notify>,
+    /// This cursor, for the persist task it spawns.
+    me: Weak<Cursor>,
+    /// A persist task is waiting to write (set by the change that spawned
+    /// it, cleared by the task just before it reads the state).
+    persist_scheduled: AtomicBool,
     persist_lock: tokio::sync::Mutex<()>,
 }
 
@@ -159,7 +165,7 @@ impl Cursor {
                 }
             }
         }
-        let cursor = Arc::new(Cursor {
+        let cursor = Arc::new_cyclic(|me| Cursor {
             name: name.to_string(),
             key,
             log: Arc::downgrade(log),
@@ -168,14 +174,10 @@ impl Cursor {
             persisted_ranges_max: settings.persisted_ranges_max,
             persist_interval: settings.persist_interval,
             state: Mutex::new(state),
-            persist_wakeup: Arc::new(Notify::new()),
+            me: me.clone(),
+            persist_scheduled: AtomicBool::new(false),
             persist_lock: tokio::sync::Mutex::new(()),
         });
-        tokio::spawn(persist_loop(
-            Arc::downgrade(&cursor),
-            Arc::clone(&cursor.persist_wakeup),
-            cursor.persist_interval,
-        ));
         Ok(cursor)
     }
 
@@ -225,7 +227,7 @@ impl Cursor {
             }
             state.changes += 1;
         }
-        self.persist_wakeup.notify_one();
+        self.schedule_persist();
         Ok(())
     }
 
@@ -252,7 +254,7 @@ impl Cursor {
                 state.changes += 1;
             }
         }
-        self.persist_wakeup.notify_one();
+        self.schedule_persist();
         Ok(())
     }
 
@@ -281,7 +283,7 @@ impl Cursor {
         if merged.iter().all(|word| *word == 0) {
             return self.ack(&[position]);
         }
-        self.persist_wakeup.notify_one();
+        self.schedule_persist();
         Ok(())
     }
 
@@ -384,10 +386,24 @@ impl Cursor {
         Ok(())
     }
 
+    /// A change to persist: spawns the persist task unless one waits
+    /// already (it will see this change). Outside a runtime (nothing can
+    /// spawn) the change waits for the next one, a `flush` or the close.
+    fn schedule_persist(&self) {
+        if self.persist_scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(persist_later(self.me.clone(), self.persist_interval));
+            }
+            Err(_) => self.persist_scheduled.store(false, Ordering::Release),
+        }
+    }
+
     pub(crate) async fn delete(&self) -> Result<(), LogError> {
         let _persisting = self.persist_lock.lock().await;
         self.state.lock().deleted = true;
-        self.persist_wakeup.notify_one();
         self.store.delete(&self.key).await
     }
 }
@@ -462,26 +478,20 @@ fn snapshot(state: &CursorState, ranges_max: usize) -> CursorInfo {
     }
 }
 
-async fn persist_loop(cursor: Weak<Cursor>, wakeup: Arc<Notify>, interval: Duration) {
-    loop {
-        wakeup.notified().await;
-        // Coalesce the changes of one interval into one write.
-        tokio::time::sleep(interval).await;
-        let Some(cursor) = cursor.upgrade() else {
-            return;
-        };
-        if cursor.state.lock().deleted {
-            return;
-        }
-        if let Err(error) = cursor.flush().await {
-            tracing::warn!(cursor = cursor.name, %error, "could not persist the cursor; will retry on the next change");
-        }
+/// The persist task: waits the interval (changes meanwhile join this
+/// write), writes, ends. Holds only a `Weak`: a dropped cursor ends it.
+async fn persist_later(cursor: Weak<Cursor>, interval: Duration) {
+    tokio::time::sleep(interval).await;
+    let Some(cursor) = cursor.upgrade() else {
+        return;
+    };
+    // Cleared before the state is read: a change from now on spawns the
+    // next task, so none is left unwritten.
+    cursor.persist_scheduled.store(false, Ordering::Release);
+    if cursor.state.lock().deleted {
+        return;
     }
-}
-
-impl Drop for Cursor {
-    fn drop(&mut self) {
-        // Let the persist task see the cursor is gone and end.
-        self.persist_wakeup.notify_one();
+    if let Err(error) = cursor.flush().await {
+        tracing::warn!(cursor = cursor.name, %error, "could not persist the cursor; will retry on the next change");
     }
 }

@@ -29,6 +29,9 @@
 //! - [`ManagedLog::read`] returns entries from a position on (the broker's
 //!   [`EntryCache`] first); [`ManagedLog::register_reader`] marks an active
 //!   reader, for whom confirmed entries are cached.
+//! - [`ManagedLog::entry_waiter`] registers a wake-on-append hook: a task
+//!   that is not running is called once an entry at or after a position is
+//!   confirmed (or the log stops).
 //! - [`ManagedLog::open_cursor`] gives a durable [`Cursor`] (a subscription's
 //!   acknowledgement state).
 
@@ -59,8 +62,8 @@ pub use cache::{
 pub use cursor::{CURSOR_PROPERTIES_MAX, Cursor, CursorStart};
 pub use error::LogError;
 pub use log::{
-    APPEND_BUDGET_BYTES_DEFAULT, AppendFuture, CacheMisses, ENTRY_CACHE_BYTES_DEFAULT,
-    LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog, Retention,
+    APPEND_BUDGET_BYTES_DEFAULT, AppendFuture, CacheMisses, ENTRY_CACHE_BYTES_DEFAULT, EntryHook,
+    EntryWaiter, LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog, Retention,
 };
 pub use offload::{
     LedgerOffloader, OFFLOAD_DELETION_LAG_DEFAULT, OffloadCounters, OffloadError, OffloadPolicy,

@@ -399,6 +399,64 @@ async fn waiting_for_the_next_entry_holds_after_everything_before_was_trimmed() 
         .unwrap();
 }
 
+/// The wake-on-append hook: called once the entry it waits for is
+/// confirmed (not before, not twice), replaced by a later registration of
+/// the same waiter, cancelled when the waiter drops, and called when the
+/// log closes.
+#[tokio::test]
+async fn an_entry_waiter_is_called_once_its_entry_is_confirmed_or_the_log_closes() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let counter = |count: &Arc<AtomicUsize>| -> vela_log::EntryHook {
+        let count = Arc::clone(count);
+        Box::new(move || {
+            count.fetch_add(1, Ordering::SeqCst);
+        })
+    };
+    let (env, _) = env_with_ledgers();
+    let log = ManagedLog::open(&env, "t/ns/persistent/hooks", small_ledgers())
+        .await
+        .unwrap();
+    let p = append_all(&log, 0..2).await;
+    let next = log.next_position(p[1]);
+
+    let (first, second, dropped) = (
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+        Arc::new(AtomicUsize::new(0)),
+    );
+    let waiter = log.entry_waiter();
+    waiter.wake_at(next, counter(&first));
+    // Replaced: only the second hook of this waiter is ever called.
+    waiter.wake_at(next, counter(&second));
+    let gone = log.entry_waiter();
+    gone.wake_at(next, counter(&dropped));
+    drop(gone);
+    let later = log.entry_waiter();
+    let at_close = Arc::new(AtomicUsize::new(0));
+    later.wake_at(Position::new(u64::MAX, 0), counter(&at_close));
+
+    // Confirmed when the append completes: the hook ran by then.
+    let appended = log.append(entry(2)).await.unwrap();
+    assert!(appended >= next);
+    assert_eq!(second.load(Ordering::SeqCst), 1);
+    assert_eq!(first.load(Ordering::SeqCst), 0, "a replaced hook runs");
+    assert_eq!(
+        dropped.load(Ordering::SeqCst),
+        0,
+        "a dropped waiter's hook runs"
+    );
+    log.append(entry(3)).await.unwrap();
+    assert_eq!(second.load(Ordering::SeqCst), 1, "a hook runs once");
+    assert_eq!(at_close.load(Ordering::SeqCst), 0);
+
+    log.close().await.unwrap();
+    assert_eq!(
+        at_close.load(Ordering::SeqCst),
+        1,
+        "closing calls every hook"
+    );
+}
+
 #[tokio::test]
 async fn deleting_a_log_removes_its_ledgers_and_metadata() {
     let (env, ledgers) = env_with_ledgers();

@@ -7,6 +7,7 @@
 //! naming the field, and the process exits with status 2.
 
 mod admin_cmd;
+mod allocator;
 mod bookie_cmd;
 mod bookie_tls_args;
 mod broker_cmd;
@@ -67,7 +68,7 @@ enum Command {
 }
 
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: allocator::VelaAllocator = allocator::VelaAllocator;
 
 fn main() {
     let cli = Cli::parse();

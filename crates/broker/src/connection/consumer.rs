@@ -135,16 +135,19 @@ impl Consumers {
                 )
                 .await;
         }
-        if let Some(loads) = loads
-            && loads.defer(
+        if let Some(loads) = loads {
+            let deferred = loads.defer(
                 session,
                 &body.topic,
                 body.force_topic_creation.unwrap_or(true),
                 TopicAction::Consume,
                 || Deferred::Subscribe(body.clone()),
-            )
-        {
-            return Ok(());
+            );
+            match deferred {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return refuse(session, &body, e).await,
+            }
         }
         match self.create_consumer(session, &body).await {
             Ok(notices) => {

@@ -27,14 +27,17 @@
 //! Tasks per connection: the reader (`Connection::run`, which handles
 //! commands in arrival order, except that a PRODUCER or SUBSCRIBE whose topic
 //! is not open yet is handled once a task of its own opened it: the reader
-//! never waits for a topic to open while under `DEFERRED_LOADS_MAX` of
-//! those), the writer (`writer::write_loop`: one vectored write per wake-up
-//! of up to `frames_per_wakeup_max` frames) and one receipt task per
-//! producer (answers SENDs strictly in SEND order).
+//! never waits for a topic to open; `DEFERRED_LOADS_MAX` loads run, more
+//! commands wait their turn, and past `DEFERRED_WAITING_MAX` one is answered
+//! ServiceNotReady), the writer (`writer::write_loop`: one vectored write per wake-up
+//! of up to `frames_per_wakeup_max` frames) and, per producer, its receipts'
+//! drain task while SENDs wait for their receipt (answers SENDs strictly in
+//! SEND order; `receipts`).
 //!
 //! Bounds: producers and consumers per connection; topic loads off the
-//! reader per connection (`DEFERRED_LOADS_MAX`: past it a command opens its
-//! topic inline, which stops reading); pending SENDs and pending
+//! reader per connection (`DEFERRED_LOADS_MAX` running, `DEFERRED_WAITING_MAX`
+//! commands and `DEFERRED_WAITING_BYTES_MAX` waiting; past those a command
+//! is answered ServiceNotReady, which clients retry); pending SENDs and pending
 //! SEND bytes (semaphores: when exhausted the reader stops reading, which
 //! pushes back on the client through TCP); the outbound queue; a topic's
 //! publish rate (past it the reader pauses after the SEND, the same way);
@@ -58,6 +61,7 @@ mod deferred;
 mod lookup;
 mod non_persistent;
 mod producer;
+mod receipts;
 mod schema;
 mod session;
 mod topic_list;
@@ -319,6 +323,8 @@ impl Connection {
     /// failed to open) goes back to its handler.
     async fn on_loaded(&mut self, loaded: Loaded) -> Result<(), Close> {
         let (command, result) = self.deferred.finish(loaded);
+        // Its slot is free: the next command waiting starts its load.
+        self.deferred.start_waiting();
         let opening = TopicOpening::Opened(result);
         match command {
             Deferred::Producer(body) => {

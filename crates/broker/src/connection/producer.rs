@@ -6,12 +6,12 @@
 //! client through TCP) and issued to `Topic::publish` (checked against the
 //! dedup table and appended before the next frame is read, so entries keep
 //! SEND order: `topic::publish` states the invariant); a receipt job then
-//! goes to the producer's receipt task, which awaits the appends strictly
-//! in SEND order, asserts their positions increase, and answers
-//! SEND_RECEIPT or SEND_ERROR. CLOSE_PRODUCER is answered by the same task,
-//! after every receipt in flight.
+//! goes to the producer's `receipts::Receipts`, whose drain task (running
+//! only while jobs wait) awaits the appends strictly in SEND order, asserts
+//! their positions increase, and answers SEND_RECEIPT or SEND_ERROR.
+//! CLOSE_PRODUCER is answered the same way, after every receipt in flight.
 //! Owns: [`Producers`] (this connection's producers and the pending-send
-//! bounds) and the receipt tasks.
+//! bounds).
 //! Never: waits for an append on the reader task, or answers a SEND out of
 //! order.
 
@@ -20,50 +20,20 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use vela_log::{AppendFuture, Position};
+use tokio::sync::Semaphore;
 use vela_wire::proto::{self, ServerError};
 use vela_wire::{Command, SendCommand};
 
-use super::admission::{Admitting, receipt};
+use super::admission::Admitting;
 use super::deferred::{Deferred, TopicOpening};
 use super::non_persistent::{self, NpProducer};
+use super::receipts::{ReceiptJob, Receipts};
 use super::session::{Close, Session};
 use crate::authorization::TopicAction;
-use crate::codec::{self, Outbound};
 use crate::error::ServiceError;
 use crate::schema;
-use crate::service::Service;
 use crate::topic::{Admission, DedupCheck, Topic};
 use crate::topic_name::{TopicDomain, TopicName};
-
-enum ReceiptJob {
-    Send {
-        sequence_id: u64,
-        highest_sequence_id: u64,
-        received: Instant,
-        /// When the append was issued (storage write latency starts).
-        issued: Instant,
-        append: AppendFuture,
-        topic_metrics: Arc<crate::metrics::TopicMetrics>,
-        /// The SEND's transaction: its buffer learns where the entry landed.
-        txn: Option<crate::txn_buffer::TxnKey>,
-        _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
-    },
-    Duplicate {
-        sequence_id: u64,
-        highest_sequence_id: u64,
-        _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
-    },
-    Error {
-        sequence_id: u64,
-        code: ServerError,
-        message: String,
-    },
-    Close {
-        request_id: u64,
-    },
-}
 
 /// Producer ids closed recently on one connection whose SENDs are ignored
 /// (Pulsar's `recentlyClosedProducers`): SENDs the client had in flight
@@ -76,15 +46,14 @@ struct ConnProducer {
     name: String,
     /// What it published, for stats (shared with its registration).
     counters: Arc<crate::stats::PublisherCounters>,
-    /// Boxed: a channel allocates its first block of 32 slots up front
-    /// (~3 KiB per producer at the job's size; 256 bytes boxed).
-    jobs: mpsc::Sender<Box<ReceiptJob>>,
+    /// Its receipts, answered in SEND order.
+    receipts: Arc<Receipts>,
 }
 
 /// The producers open on one connection and its pending-send bounds.
 pub(super) struct Producers {
     map: HashMap<u64, ConnProducer>,
-    /// Producers of non-persistent topics (no receipt task: their SENDs
+    /// Producers of non-persistent topics (no receipts: their SENDs
     /// are answered at once).
     np: HashMap<u64, NpProducer>,
     /// Ids closed recently, oldest first (`RECENTLY_CLOSED_PRODUCERS_MAX`).
@@ -108,7 +77,7 @@ impl Producers {
     }
 
     /// The broker closed this producer (a newer epoch replaced it):
-    /// dropping the job sender lets the receipt task finish what is in flight.
+    /// its receipts' drain task (if one runs) finishes what is in flight.
     pub(super) fn closed(&mut self, producer_id: u64) {
         self.map.remove(&producer_id);
         self.np.remove(&producer_id);
@@ -213,12 +182,15 @@ impl Producers {
                 )
                 .await;
         }
-        if let Some(loads) = loads
-            && loads.defer(session, &body.topic, true, TopicAction::Produce, || {
+        if let Some(loads) = loads {
+            let deferred = loads.defer(session, &body.topic, true, TopicAction::Produce, || {
                 Deferred::Producer(body.clone())
-            })
-        {
-            return Ok(());
+            });
+            match deferred {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return refuse(session, &body, e).await,
+            }
         }
         match self.create_producer(session, &body).await {
             Ok(Some(success)) => session.send(success).await,
@@ -295,15 +267,13 @@ impl Producers {
             body.request_id,
             admission.not_ready,
         )?;
-        let (jobs, jobs_rx) =
-            mpsc::channel(session.service.config.limits.pending_sends_max.max(1) + 1);
-        tokio::spawn(receipt_loop(
+        let receipts = Receipts::new(
             body.producer_id,
             (Arc::clone(&topic), name.clone()),
-            jobs_rx,
             session.out.clone(),
             Arc::clone(&session.service),
-        ));
+            session.service.config.limits.pending_sends_max.max(1) + 1,
+        );
         tracing::debug!(conn = session.id, topic = %topic.full_name, producer = %name, "producer created");
         let previous = self.map.insert(
             body.producer_id,
@@ -311,7 +281,7 @@ impl Producers {
                 topic,
                 name: name.clone(),
                 counters,
-                jobs,
+                receipts,
             },
         );
         debug_assert!(previous.is_none(), "a producer id registered twice");
@@ -353,7 +323,7 @@ impl Producers {
                 code: error.code,
                 message: error.message,
             };
-            let _ = producer.jobs.send(Box::new(job)).await;
+            producer.receipts.push(job).await;
             return Ok(());
         }
         // The stored entry carries its transaction id (Go clients set it
@@ -367,14 +337,14 @@ impl Producers {
                     code: ServerError::NotAllowedError,
                     message: error.to_string(),
                 };
-                let _ = producer.jobs.send(Box::new(job)).await;
+                producer.receipts.push(job).await;
                 return Ok(());
             }
         };
         let Some(producer) = self.map.get(&body.producer_id) else {
             return Ok(());
         };
-        let jobs = producer.jobs.clone();
+        let receipts = Arc::clone(&producer.receipts);
         let topic = Arc::clone(&producer.topic);
         let sequence_id = body.sequence_id;
         let highest_sequence_id = body.highest_sequence_id().unwrap_or(0);
@@ -411,7 +381,7 @@ impl Producers {
                 code: ServerError::NotAllowedError,
                 message: "Exceed maximum message size".into(),
             };
-            let _ = jobs.send(Box::new(job)).await;
+            receipts.push(job).await;
             return Ok(());
         }
         // Publish rate: past it, this connection stops reading for the pause
@@ -451,7 +421,7 @@ impl Producers {
                     code: error.code,
                     message: error.message,
                 };
-                let _ = jobs.send(Box::new(job)).await;
+                receipts.push(job).await;
                 return Ok(());
             }
         };
@@ -478,7 +448,7 @@ impl Producers {
                 _permits: (send_permit, bytes_permit),
             },
         };
-        let _ = jobs.send(Box::new(job)).await;
+        receipts.push(job).await;
         if let Some(pause) = pause {
             tokio::time::sleep(pause).await;
         }
@@ -517,7 +487,7 @@ impl Producers {
             code: ServerError::ChecksumError,
             message: "Checksum failed on the broker".into(),
         };
-        let _ = producer.jobs.send(Box::new(job)).await;
+        producer.receipts.push(job).await;
         Ok(())
     }
 
@@ -537,11 +507,11 @@ impl Producers {
                     .topic
                     .remove_producer(&producer.name, session.id, body.producer_id);
                 // SUCCESS goes out after every receipt in flight.
-                let _ = producer
-                    .jobs
-                    .send(Box::new(ReceiptJob::Close {
+                producer
+                    .receipts
+                    .push(ReceiptJob::Close {
                         request_id: body.request_id,
-                    }))
+                    })
                     .await;
                 Ok(())
             }
@@ -557,131 +527,4 @@ async fn refuse(
 ) -> Result<(), Close> {
     tracing::info!(conn = session.id, topic = %body.topic, error = %error, "PRODUCER refused");
     session.send_error(body.request_id, error).await
-}
-
-async fn receipt_loop(
-    producer_id: u64,
-    (topic, producer_name): (Arc<Topic>, String),
-    mut jobs: mpsc::Receiver<Box<ReceiptJob>>,
-    out: mpsc::Sender<Outbound>,
-    service: Arc<Service>,
-) {
-    let metrics = &service.metrics;
-    // Appends are issued in SEND order and the log gives increasing
-    // positions, so this producer's receipts name increasing positions.
-    let mut last_appended: Option<Position> = None;
-    let mut connection_gone = false;
-    while let Some(job) = jobs.recv().await {
-        let frame = match *job {
-            ReceiptJob::Send {
-                sequence_id,
-                highest_sequence_id,
-                received,
-                issued,
-                append,
-                topic_metrics,
-                txn,
-                _permits,
-            } => match append.await {
-                Ok(position) => {
-                    if let Some(txn) = txn {
-                        topic.txn_appended(txn, position);
-                    }
-                    // Durable: re-sends of it are duplicates from now on.
-                    topic.dedup_persisted(
-                        &producer_name,
-                        (sequence_id as i64).max(highest_sequence_id as i64),
-                    );
-                    debug_assert!(
-                        last_appended.is_none_or(|last| position > last),
-                        "a receipt out of SEND order: {position} after {last_appended:?}"
-                    );
-                    last_appended = Some(position);
-                    let durable = Instant::now();
-                    topic_metrics
-                        .storage_write_latency
-                        .record(durable.saturating_duration_since(issued));
-                    let frame = receipt(
-                        producer_id,
-                        sequence_id,
-                        highest_sequence_id,
-                        position.ledger_id,
-                        position.entry_id,
-                    );
-                    match frame {
-                        // Recorded by the writer once the receipt is out.
-                        Outbound::Simple(frame) => Outbound::Receipt {
-                            frame,
-                            timing: crate::metrics::PublishTiming {
-                                received,
-                                topic: topic_metrics,
-                            },
-                        },
-                        other => other,
-                    }
-                }
-                Err(e) => {
-                    // Not in the log: the client's re-send must be appended.
-                    topic.dedup_append_failed();
-                    metrics
-                        .send_errors
-                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tracing::warn!(producer_id, sequence_id, error = %e, "append failed");
-                    // The reason goes to the client (e.g. "not enough writable
-                    // bookies ... read-only (disk full or failing)").
-                    let error = ServiceError::from(e);
-                    codec::encode_command(proto::CommandSendError {
-                        producer_id,
-                        sequence_id,
-                        error: error.code as i32,
-                        message: match error.code {
-                            ServerError::TopicTerminatedError => error.message,
-                            _ => format!("persistence failure: {}", error.message),
-                        },
-                    })
-                }
-            },
-            ReceiptJob::Duplicate {
-                sequence_id,
-                highest_sequence_id,
-                _permits,
-            } => receipt(
-                producer_id,
-                sequence_id,
-                highest_sequence_id,
-                u64::MAX,
-                u64::MAX,
-            ),
-            ReceiptJob::Error {
-                sequence_id,
-                code,
-                message,
-            } => {
-                metrics
-                    .send_errors
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                codec::encode_command(proto::CommandSendError {
-                    producer_id,
-                    sequence_id,
-                    error: code as i32,
-                    message,
-                })
-            }
-            ReceiptJob::Close { request_id } => {
-                let _ = out
-                    .send(codec::encode_command(proto::CommandSuccess {
-                        request_id,
-                        schema: None,
-                    }))
-                    .await;
-                return;
-            }
-        };
-        // A closed connection still lets the appends in flight resolve:
-        // deduplication learns from each whether it is durable (else a
-        // re-send on the next connection would be "unknown" for ever).
-        if !connection_gone && out.send(frame).await.is_err() {
-            connection_gone = true;
-        }
-    }
 }

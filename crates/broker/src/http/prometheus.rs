@@ -16,7 +16,8 @@
 //! `..._aborted_count`, `..._timeout_count`, `..._append_log_count` with a
 //! `coordinator_id` label), the memory budgets
 //! (`pulsar_ml_cache_used_size`, `vela_entry_cache_*`,
-//! `vela_publish_buffer_available_bytes`, `vela_subscription_held_entries`),
+//! `vela_publish_buffer_available_bytes`, `vela_subscription_held_entries`,
+//! `vela_runtime_alive_tasks`),
 //! the storage families of the registered
 //! sources (`vela_corrupt_reads_total`, `vela_bookie_mode`,
 //! `vela_bookie_disk_usage_ratio`, ...: `metrics::StorageFamily`), then per
@@ -230,7 +231,12 @@ fn memory_families(service: &Service, w: &mut Writer) {
     let cache = service.log_env.cache().stats();
     let budget = service.log_env.append_budget();
     let held = &service.held_entries;
-    let gauges: [(&str, &str, &str, f64); 11] = [
+    // Every task of the process's runtime (broker, ledger client, bookies in
+    // a standalone): the tasks an idle topic keeps parked show here
+    // (ARCHITECTURE.md, "Memory model"; crates/vela/tests/idle_topics.rs).
+    let alive_tasks = tokio::runtime::Handle::try_current()
+        .map_or(0, |runtime| runtime.metrics().num_alive_tasks());
+    let gauges: [(&str, &str, &str, f64); 12] = [
         (
             "pulsar_ml_cache_used_size",
             "gauge",
@@ -296,6 +302,12 @@ fn memory_families(service: &Service, w: &mut Writer) {
             "gauge",
             "The bound of vela_subscription_held_entries (--max-unacked-entries-per-broker).",
             held.max() as f64,
+        ),
+        (
+            "vela_runtime_alive_tasks",
+            "gauge",
+            "Tasks alive on the process's async runtime.",
+            alive_tasks as f64,
         ),
     ];
     for (name, kind, help, value) in gauges {

@@ -221,35 +221,99 @@ pub(crate) struct SubscriptionHandle {
     pub(crate) tx: CommandSender,
 }
 
-/// The sending side of a subscription's commands. Commands travel boxed: a
-/// channel allocates its first block of 32 slots up front, and at ~150 bytes
-/// a `SubCommand` that block was ~5 KiB per subscription, idle or not; a box
-/// is 8 bytes a slot (one allocation per command instead).
+/// The sending side of a subscription's commands: a `vela_mailbox` (an idle
+/// one is ~150 bytes, where a tokio channel's first block and padded state
+/// were ~800 per subscription, idle or not). Commands travel boxed: a
+/// `SubCommand` is ~150 bytes, and a queue of them moves pointers. The
+/// subscription task runs only while it has work (`dispatcher`): a command
+/// queued wakes it (queued first, then woken: the hand-off rule of
+/// `vela_mailbox::Parking`), and so does the last sender leaving.
 #[derive(Debug, Clone)]
-pub(crate) struct CommandSender(mpsc::Sender<Box<SubCommand>>);
+pub(crate) struct CommandSender(Arc<SenderInner>);
+
+struct SenderInner {
+    tx: vela_mailbox::Sender<Box<SubCommand>>,
+    /// Declared after `tx`, so dropped after it: the mailbox sees its last
+    /// sender go before a parked task is woken to see that.
+    task: WakeOnDrop,
+}
+
+impl std::fmt::Debug for SenderInner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CommandSender")
+            .field("tx", &self.tx)
+            .finish()
+    }
+}
+
+/// The task to wake; woken once more when the last sender goes (a parked
+/// task then runs, finds no sender left and ends).
+struct WakeOnDrop(Arc<dyn WakeTask>);
+
+impl Drop for WakeOnDrop {
+    fn drop(&mut self) {
+        Arc::clone(&self.0).wake_task();
+    }
+}
+
+/// Starts the subscription task if it is parked, or reads its parked
+/// state (the dispatcher's `Parking` implements it).
+pub(crate) trait WakeTask: Send + Sync {
+    /// Called after the work for the task was made visible.
+    fn wake_task(self: Arc<Self>);
+
+    /// The statistics of a parked subscription, read without starting a
+    /// run (`/metrics` and the lifecycle pass ask every subscription: a
+    /// command would wake every idle one); `None` while it runs.
+    fn parked_stats(&self) -> Option<SubscriptionStats>;
+}
 
 /// The receiving side (the subscription task's).
-pub(crate) type CommandReceiver = mpsc::Receiver<Box<SubCommand>>;
+pub(crate) type CommandReceiver = vela_mailbox::Receiver<Box<SubCommand>>;
 
 /// The subscription task is gone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TaskGone;
 
+/// A command mailbox of `SUBSCRIPTION_COMMANDS_MAX` commands (the sender
+/// is made with the task's `Parking`: `CommandSender::new`).
+pub(crate) fn command_mailbox() -> (vela_mailbox::Sender<Box<SubCommand>>, CommandReceiver) {
+    vela_mailbox::mailbox(SUBSCRIPTION_COMMANDS_MAX)
+}
+
 impl CommandSender {
-    /// A command channel of `SUBSCRIPTION_COMMANDS_MAX` commands.
-    pub(crate) fn channel() -> (CommandSender, CommandReceiver) {
-        let (tx, rx) = mpsc::channel(SUBSCRIPTION_COMMANDS_MAX);
-        (CommandSender(tx), rx)
+    /// The sender of `tx`, waking `task` after each command.
+    pub(crate) fn new(
+        tx: vela_mailbox::Sender<Box<SubCommand>>,
+        task: Arc<dyn WakeTask>,
+    ) -> CommandSender {
+        CommandSender(Arc::new(SenderInner {
+            tx,
+            task: WakeOnDrop(task),
+        }))
+    }
+
+    /// The subscription's statistics if its task is parked (`None`: send
+    /// `SubStats`).
+    pub(crate) fn parked_stats(&self) -> Option<SubscriptionStats> {
+        self.0.task.0.parked_stats()
     }
 
     /// True once the task ended.
     pub(crate) fn is_closed(&self) -> bool {
-        self.0.is_closed()
+        self.0.tx.is_closed()
     }
 
-    /// Queues a command, waiting while the queue is full.
+    /// Queues a command, waiting while the queue is full, then wakes the
+    /// task if it is parked.
     pub(crate) async fn send(&self, command: SubCommand) -> Result<(), TaskGone> {
-        self.0.send(Box::new(command)).await.map_err(|_| TaskGone)
+        self.0
+            .tx
+            .send(Box::new(command))
+            .await
+            .map_err(|_| TaskGone)?;
+        Arc::clone(&self.0.task.0).wake_task();
+        Ok(())
     }
 }
 

@@ -1,6 +1,10 @@
 //! The subscription task: one per subscription with consumers (or reader),
 //! handling its commands in order and sending entries while consumers have
-//! permits.
+//! permits. It runs only while there is work: after `IDLE_BEFORE_PARKING`
+//! with nothing to do but wait for a command or the next entry, its state
+//! parks in a `vela_mailbox::Parking` (no task, no timers, no wakers; the
+//! log's wake-on-append hook and the command sender start the next run;
+//! `run` states the hand-off rule).
 //!
 //! Owns: [`Dispatcher`], whose state is grouped by job: `acks` (what is
 //! acknowledged), `consumers` (who may take what), `outstanding` (what is
@@ -31,11 +35,13 @@
 
 use std::sync::Arc;
 
-use vela_log::{LogEntry, ManagedLog, Position};
+use vela_log::{EntryWaiter, LogEntry, ManagedLog, Position};
+use vela_mailbox::Parking;
 
 use super::acks::Acks;
 use super::command::{
-    CommandReceiver, CommandSender, SubCommand, SubscriptionHandle, SubscriptionSpec,
+    CommandReceiver, CommandSender, SubCommand, SubscriptionHandle, SubscriptionSpec, WakeTask,
+    command_mailbox,
 };
 use super::consumers::Consumers;
 use super::delayed::{self, DELAYED_ENTRIES_MAX, Delayed};
@@ -59,19 +65,20 @@ use crate::stats::RateMeter;
 const HELD_ENTRIES_MAX: usize =
     UNACKED_ENTRIES_MAX + REPLAY_ENTRIES_MAX + DELAYED_ENTRIES_MAX + READ_BATCH_ENTRIES_MAX;
 
+/// How long a subscription task with nothing to do waits before it parks
+/// (its state stays, the task ends; a command or an entry it waits for
+/// starts it again). A busy subscription keeps its task between entries
+/// that come closer than this; an idle one costs no task.
+const IDLE_BEFORE_PARKING: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Starts a subscription task. `on_end` runs when it stops by itself
 /// (reader without consumers, unsubscribe).
 pub(crate) fn spawn(
     spec: SubscriptionSpec,
     on_end: Box<dyn FnOnce(&str) + Send>,
 ) -> SubscriptionHandle {
-    let (tx, rx) = CommandSender::channel();
+    let (tx, rx) = command_mailbox();
     let durable = spec.cursor.is_some();
-    let handle = SubscriptionHandle {
-        name: spec.name.clone(),
-        durable,
-        tx,
-    };
     let read_position = match (&spec.cursor, spec.reader_start) {
         (Some(cursor), _) => match cursor.mark_delete_position() {
             // Compacted reads may sit in trimmed ledgers: the read finds
@@ -94,6 +101,8 @@ pub(crate) fn spawn(
         .consumers_max
         .min(crate::config::CONSUMERS_PER_SUBSCRIPTION_MAX);
     let dispatcher = Dispatcher {
+        waiter: spec.log.entry_waiter(),
+        quiet_since: tokio::time::Instant::now(),
         held: HeldShare::new(spec.held),
         held_blocked: false,
         terminated: spec.log.is_terminated(),
@@ -119,8 +128,103 @@ pub(crate) fn spawn(
             rates: RateMeter::new([0; 3]),
         },
     };
-    tokio::spawn(dispatcher.run(rx, on_end));
+    let name = dispatcher.name.clone();
+    tracing::debug!(topic = %dispatcher.topic, subscription = %name, "subscription started");
+    let parking = Parking::new(Task {
+        dispatcher,
+        rx,
+        on_end,
+    });
+    let handle = SubscriptionHandle {
+        name,
+        durable,
+        tx: CommandSender::new(tx, Arc::clone(&parking) as Arc<dyn WakeTask>),
+    };
+    // The first run: it parks once it has nothing to do.
+    parking.wake(run);
     handle
+}
+
+/// A subscription task's state: parked between runs, moved into a run
+/// while there is work (`vela_mailbox::Parking`).
+struct Task {
+    dispatcher: Dispatcher,
+    rx: CommandReceiver,
+    on_end: Box<dyn FnOnce(&str) + Send>,
+}
+
+impl WakeTask for Parking<Task> {
+    fn wake_task(self: Arc<Self>) {
+        self.wake(run);
+    }
+
+    fn parked_stats(&self) -> Option<crate::stats::SubscriptionStats> {
+        self.with_parked(|task| task.dispatcher.stats())
+    }
+}
+
+/// One run of a subscription task: handles commands and dispatches until
+/// it has been idle `IDLE_BEFORE_PARKING`, then parks (or stops for good).
+///
+/// Parking (the hand-off rule of `vela_mailbox::Parking`): the entry hook
+/// is registered first (when consumers wait for the next entry), then
+/// `park` looks under the slot's lock for a queued command, a sender gone,
+/// the entry waited for, or a closed log. A waker makes its work visible
+/// before it wakes (a command is queued, the entry's position is the log's
+/// last confirmed one): either the run sees it and goes on, or the wake
+/// finds the state parked and starts a new run. So nothing waits behind a
+/// parked state.
+async fn run(parking: Arc<Parking<Task>>, mut task: Task) {
+    loop {
+        match task.dispatcher.step(&mut task.rx).await {
+            Step::Go => {}
+            Step::Stop => break,
+            Step::Idle {
+                waiting,
+                read_position,
+            } => {
+                if waiting {
+                    let parked = Arc::downgrade(&parking);
+                    task.dispatcher.waiter.wake_at(
+                        read_position,
+                        // Through `wake_task`: `run` naming itself here
+                        // would make its future's type depend on itself.
+                        Box::new(move || {
+                            if let Some(parking) = parked.upgrade() {
+                                parking.wake_task();
+                            }
+                        }),
+                    );
+                } else {
+                    task.dispatcher.waiter.cancel();
+                }
+                let parked = parking.park(task, |task| {
+                    task.rx.is_ready()
+                        || task.dispatcher.log.is_closed()
+                        || (waiting
+                            && task
+                                .dispatcher
+                                .log
+                                .last_confirmed()
+                                .is_some_and(|last| last >= read_position))
+                });
+                match parked {
+                    Ok(()) => return,
+                    Err(back) => task = back,
+                }
+            }
+        }
+    }
+    parking.finished();
+    let Task {
+        dispatcher,
+        rx,
+        on_end,
+    } = task;
+    tracing::debug!(topic = %dispatcher.topic, subscription = %dispatcher.name, "subscription stopped");
+    // The mailbox closes first: senders see the task gone.
+    drop(rx);
+    on_end(&dispatcher.name);
 }
 
 /// Totals since the subscription task started.
@@ -136,6 +240,14 @@ struct Counters {
 }
 
 struct Dispatcher {
+    /// The log's wake-on-append hook of this subscription (set while it is
+    /// parked with consumers waiting for the next entry).
+    waiter: EntryWaiter,
+    /// Since when nothing but reads of its state (statistics) happened:
+    /// the task parks `IDLE_BEFORE_PARKING` after it. A `/metrics` scrape
+    /// asking a running subscription for its statistics does not keep it
+    /// running.
+    quiet_since: tokio::time::Instant,
     /// The topic's dispatch policies.
     policy: Arc<DispatchPolicy>,
     /// The dispatch rates it keeps to.
@@ -175,6 +287,9 @@ enum Wake {
     Again,
     /// The read-ahead's read in flight finished.
     Read(Result<Vec<LogEntry>, String>),
+    /// Nothing happened for `IDLE_BEFORE_PARKING`, with nothing to wait for
+    /// but commands and new entries.
+    Idle,
 }
 
 enum Flow {
@@ -182,112 +297,151 @@ enum Flow {
     Stop,
 }
 
+/// What one step of a run ended with.
+enum Step {
+    Go,
+    Stop,
+    /// Idle: the run may park; `waiting`: consumers wait for the entry at
+    /// `read_position` (the log's hook is to wake the task for it).
+    Idle {
+        waiting: bool,
+        read_position: Position,
+    },
+}
+
 impl Dispatcher {
-    async fn run(mut self, mut rx: CommandReceiver, on_end: Box<dyn FnOnce(&str) + Send>) {
-        tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription started");
-        loop {
-            let txn_blocked = self.txn.as_ref().is_some_and(|t| t.blocked);
-            self.consumers.set_unacked_max(
-                self.policy
-                    .unacked_per_consumer_max
-                    .load(std::sync::atomic::Ordering::Relaxed),
-            );
-            let waiting = self.reader.caught_up
-                && self.consumers.total_permits() > 0
-                && !self.subscription_unacked_full()
-                && !txn_blocked;
-            let read_position = self.next_read_position();
-            let log = Arc::clone(&self.log);
-            let next_due = self.delayed.next_due_ms();
-            let delay = next_due.map_or(std::time::Duration::ZERO, |due_ms| {
-                std::time::Duration::from_millis(due_ms.saturating_sub(delayed::now_ms()))
-            });
-            let retry_at = self
-                .reader
-                .retry_at()
-                .unwrap_or_else(tokio::time::Instant::now);
-            let retrying = self.reader.retry_at().is_some();
-            let rate_resume_at = self.rates.resume_at;
-            let rates_seen = self.rates.version();
-            let policy = Arc::clone(&self.policy);
-            let held = Arc::clone(self.held.budget());
-            let held_blocked = self.held_blocked;
-            let reading = self.ahead.in_flight();
-            let ahead = &mut self.ahead;
-            let txn = self.txn.as_mut();
-            // Boxed: the futures of this wait (timers, the log's watch, the
-            // channel) live only while it waits, and a parked subscription
-            // task holds only the dispatcher's state (~1.3 KiB less each).
-            let wake = Box::pin(async {
-                // Room in the broker-wide count of held entries: enabled
-                // before the check, so a release between the two still
-                // wakes us.
-                let freed = held.freed();
-                tokio::pin!(freed);
-                freed.as_mut().enable();
-                let held_waiting = held_blocked && held.is_full();
-                let held_ready = held_blocked && !held_waiting;
-                // New dispatch rates: the same, for a replacement.
-                let rates_changed = policy.rates_changed();
-                tokio::pin!(rates_changed);
-                rates_changed.as_mut().enable();
-                let rates_stale = policy.rates_version() != rates_seen;
-                tokio::select! {
-                    command = rx.recv() => match command {
-                        Some(command) => Wake::Command(command),
-                        None => Wake::Closed,
-                    },
-                    result = ahead.finished(), if reading => Wake::Read(result),
-                    _ = log.wait_for_entry_at(read_position), if waiting => Wake::Again,
-                    _ = txn_view::limit_moved(txn), if txn_blocked => Wake::Again,
-                    _ = tokio::time::sleep(delay), if next_due.is_some() => Wake::Again,
-                    _ = tokio::time::sleep_until(retry_at), if retrying => Wake::Retry,
-                    _ = tokio::time::sleep_until(rate_resume_at.unwrap_or(retry_at)),
-                        if rate_resume_at.is_some() => Wake::Again,
-                    _ = &mut freed, if held_waiting => Wake::Again,
-                    _ = std::future::ready(()), if held_ready => Wake::Again,
-                    _ = &mut rates_changed => Wake::Again,
-                    _ = std::future::ready(()), if rates_stale => Wake::Again,
-                }
-            })
-            .await;
-            let mut command = None;
-            match wake {
-                Wake::Command(received) => command = Some(*received),
-                Wake::Closed => break,
-                Wake::Retry => {
-                    self.reader.clear_retry();
-                    self.reader.caught_up = false;
-                }
-                Wake::Again => self.reader.caught_up = false,
-                Wake::Read(result) => self.read_finished(result),
+    /// Waits for something to do and does it: one command, a read
+    /// finished, new entries, a timer; then dispatches.
+    async fn step(&mut self, rx: &mut CommandReceiver) -> Step {
+        let txn_blocked = self.txn.as_ref().is_some_and(|t| t.blocked);
+        self.consumers.set_unacked_max(
+            self.policy
+                .unacked_per_consumer_max
+                .load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let waiting = self.reader.caught_up
+            && self.consumers.total_permits() > 0
+            && !self.subscription_unacked_full()
+            && !txn_blocked;
+        let read_position = self.next_read_position();
+        let log = Arc::clone(&self.log);
+        let next_due = self.delayed.next_due_ms();
+        let delay = next_due.map_or(std::time::Duration::ZERO, |due_ms| {
+            std::time::Duration::from_millis(due_ms.saturating_sub(delayed::now_ms()))
+        });
+        let retry_at = self
+            .reader
+            .retry_at()
+            .unwrap_or_else(tokio::time::Instant::now);
+        let retrying = self.reader.retry_at().is_some();
+        let rate_resume_at = self.rates.resume_at;
+        let rates_seen = self.rates.version();
+        let policy = Arc::clone(&self.policy);
+        let held = Arc::clone(self.held.budget());
+        let held_blocked = self.held_blocked;
+        let reading = self.ahead.in_flight();
+        let park_at = self.quiet_since + IDLE_BEFORE_PARKING;
+        // Only commands and new entries can give work: after a quiet
+        // while, the task parks (a timer, a read or a wait on the held
+        // entries' room keeps it running).
+        let may_park = !reading
+            && next_due.is_none()
+            && !retrying
+            && rate_resume_at.is_none()
+            && !held_blocked
+            && !txn_blocked;
+        let ahead = &mut self.ahead;
+        let txn = self.txn.as_mut();
+        // Boxed: the futures of this wait (timers, the log's watch, the
+        // channel) live only while it waits.
+        let wake = Box::pin(async {
+            // Room in the broker-wide count of held entries: enabled
+            // before the check, so a release between the two still
+            // wakes us.
+            let freed = held.freed();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            let held_waiting = held_blocked && held.is_full();
+            let held_ready = held_blocked && !held_waiting;
+            // New dispatch rates: the same, for a replacement.
+            let rates_changed = policy.rates_changed();
+            tokio::pin!(rates_changed);
+            rates_changed.as_mut().enable();
+            let rates_stale = policy.rates_version() != rates_seen;
+            tokio::select! {
+                command = rx.recv() => match command {
+                    Some(command) => Wake::Command(command),
+                    None => Wake::Closed,
+                },
+                result = ahead.finished(), if reading => Wake::Read(result),
+                _ = log.wait_for_entry_at(read_position), if waiting => Wake::Again,
+                _ = txn_view::limit_moved(txn), if txn_blocked => Wake::Again,
+                _ = tokio::time::sleep(delay), if next_due.is_some() => Wake::Again,
+                _ = tokio::time::sleep_until(retry_at), if retrying => Wake::Retry,
+                _ = tokio::time::sleep_until(rate_resume_at.unwrap_or(retry_at)),
+                    if rate_resume_at.is_some() => Wake::Again,
+                _ = &mut freed, if held_waiting => Wake::Again,
+                _ = std::future::ready(()), if held_ready => Wake::Again,
+                _ = &mut rates_changed => Wake::Again,
+                _ = std::future::ready(()), if rates_stale => Wake::Again,
+                _ = tokio::time::sleep_until(park_at), if may_park => Wake::Idle,
             }
-            if self.log.is_closed() {
-                // The topic's log closed or failed: consumers reconnect (to a
-                // reopened topic) after CLOSE_CONSUMER.
-                tracing::info!(topic = %self.topic, subscription = %self.name, "log closed: closing consumers");
-                if let Some(SubCommand::Shutdown { reply }) = command {
-                    let _ = reply.send(());
-                }
-                Box::pin(self.close_all_consumers(None)).await;
-                break;
-            }
-            // Handling and dispatching are boxed: a parked subscription
-            // task then holds only this loop's state (~2 KiB less per
-            // subscription), at one allocation per wake-up.
-            if let Some(command) = command
-                && let Flow::Stop = Box::pin(self.handle(command)).await
-            {
-                break;
-            }
-            self.reader.set_active(!self.consumers.is_empty());
-            self.held_blocked = false;
-            Box::pin(self.dispatch()).await;
-            self.report_held();
-            self.tell_end_of_topic().await;
+        })
+        .await;
+        let reads_only = matches!(
+            &wake,
+            Wake::Command(c) if matches!(
+                **c,
+                SubCommand::SubStats { .. } | SubCommand::Stats { .. } | SubCommand::MarkDelete { .. }
+            )
+        );
+        if !reads_only && !matches!(wake, Wake::Idle) {
+            self.quiet_since = tokio::time::Instant::now();
         }
-        tracing::debug!(topic = %self.topic, subscription = %self.name, "subscription stopped");
-        on_end(&self.name);
+        let mut command = None;
+        match wake {
+            Wake::Command(received) => command = Some(*received),
+            Wake::Closed => return Step::Stop,
+            Wake::Retry => {
+                self.reader.clear_retry();
+                self.reader.caught_up = false;
+            }
+            Wake::Again => self.reader.caught_up = false,
+            Wake::Read(result) => self.read_finished(result),
+            Wake::Idle => {
+                return Step::Idle {
+                    waiting,
+                    read_position,
+                };
+            }
+        }
+        if self.log.is_closed() {
+            // The topic's log closed or failed: consumers reconnect (to a
+            // reopened topic) after CLOSE_CONSUMER.
+            tracing::info!(topic = %self.topic, subscription = %self.name, "log closed: closing consumers");
+            if let Some(SubCommand::Shutdown { reply }) = command {
+                let _ = reply.send(());
+            }
+            Box::pin(self.close_all_consumers(None)).await;
+            return Step::Stop;
+        }
+        // Handling and dispatching are boxed: a run's future then holds
+        // only this step's state, at one allocation per wake-up.
+        if let Some(command) = command
+            && let Flow::Stop = Box::pin(self.handle(command)).await
+        {
+            return Step::Stop;
+        }
+        self.reader.set_active(!self.consumers.is_empty());
+        self.held_blocked = false;
+        Box::pin(self.dispatch()).await;
+        self.report_held();
+        if self.terminated {
+            // Boxed (a terminated topic only): its send would otherwise
+            // sit in every run's future.
+            Box::pin(self.tell_end_of_topic()).await;
+        }
+        Step::Go
     }
 
     /// Where the next log read starts: after the entries read ahead, or at
@@ -313,5 +467,32 @@ impl Dispatcher {
                 self.reader.schedule_retry();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A parked subscription holds its `Dispatcher` (in its `Parking`,
+    /// with the mailbox's receiver and `on_end`): the largest part of an
+    /// idle topic's fixed cost (ARCHITECTURE.md, "Memory model"). A field that grows it past the
+    /// bound belongs behind a `Box` or an `Option<Box<_>>`.
+    #[test]
+    fn a_parked_subscription_task_holds_little() {
+        let sizes = [
+            ("Dispatcher", std::mem::size_of::<Dispatcher>()),
+            ("Consumers", std::mem::size_of::<Consumers>()),
+            ("Outstanding", std::mem::size_of::<Outstanding>()),
+            ("Reader", std::mem::size_of::<Reader>()),
+            ("ReadAhead", std::mem::size_of::<ReadAhead>()),
+            ("Rates", std::mem::size_of::<Rates>()),
+            ("Acks", std::mem::size_of::<Acks>()),
+            ("Counters", std::mem::size_of::<Counters>()),
+            ("Option<TxnView>", std::mem::size_of::<Option<TxnView>>()),
+            ("Delayed", std::mem::size_of::<Delayed>()),
+        ];
+        eprintln!("{sizes:?}");
+        assert!(sizes[0].1 <= 1024, "{sizes:?}");
     }
 }

@@ -7,7 +7,7 @@
 //! broker adds no lock of its own:
 //! - a producer lives on one connection, whose reader task issues the
 //!   appends of its SENDs one at a time in the order it read them, so a
-//!   producer's entries are in SEND order; its receipt task awaits them in
+//!   producer's entries are in SEND order; its receipts' drain task awaits them in
 //!   that order, and asserts (debug) that their positions increase;
 //! - producers are not ordered among themselves (Pulsar promises nothing
 //!   across producers either);

@@ -304,12 +304,19 @@ impl SubscriptionTable {
         self.map.lock().keys().cloned().collect()
     }
 
-    /// Statistics of every running subscription (asks each task once).
+    /// Statistics of every running subscription (asks each task once, or
+    /// reads a parked one's state).
     pub(crate) async fn stats(&self) -> Vec<SubscriptionStats> {
         let handles: Vec<SubscriptionHandle> =
             self.map.lock().values().map(|e| e.handle.clone()).collect();
         let mut subscriptions = Vec::with_capacity(handles.len());
         for handle in handles {
+            // A parked subscription is read where it is: asking its task
+            // would start every idle one.
+            if let Some(stats) = handle.tx.parked_stats() {
+                subscriptions.push(stats);
+                continue;
+            }
             let (reply, answer) = oneshot::channel();
             if handle.tx.send(SubCommand::SubStats { reply }).await.is_ok()
                 && let Ok(stats) = answer.await

@@ -22,6 +22,7 @@
 
 mod append_future;
 mod config;
+mod entry_hooks;
 mod ledger_order;
 mod lifecycle;
 mod offload;
@@ -39,6 +40,7 @@ use tokio::sync::{oneshot, watch};
 pub use append_future::AppendFuture;
 pub use config::{APPEND_BUDGET_BYTES_DEFAULT, ENTRY_CACHE_BYTES_DEFAULT};
 pub use config::{LogConfig, LogEnv, Retention};
+pub use entry_hooks::{EntryHook, EntryWaiter};
 
 use crate::backend::{LedgerBackendError, LedgerDescription, Persistence};
 use crate::budget::AppendPermit;
@@ -121,6 +123,8 @@ pub(crate) struct Shared {
     queue: Arc<AppendQueue>,
     meta_lock: tokio::sync::Mutex<()>,
     confirmed: watch::Sender<Option<Position>>,
+    /// Wake-on-append hooks of tasks that are not running (`EntryWaiter`).
+    entry_hooks: entry_hooks::EntryHooks,
     cursors: Mutex<HashMap<String, Arc<Cursor>>>,
     /// Terminated: its queue stopped for good, its record says so.
     terminated: AtomicBool,
@@ -272,6 +276,7 @@ impl ManagedLog {
                 queue: Arc::new(AppendQueue::new(name.to_string(), budget, limits, hooks)),
                 meta_lock: tokio::sync::Mutex::new(()),
                 confirmed,
+                entry_hooks: entry_hooks::EntryHooks::default(),
                 cursors: Mutex::new(HashMap::new()),
                 terminated: AtomicBool::new(info.terminated),
                 offload_status: Mutex::new(OffloadStatus::NOT_RUN),
@@ -622,6 +627,13 @@ impl ManagedLog {
         }
     }
 
+    /// A handle for a wake-on-append hook: a task that is not running
+    /// (a parked subscription) is woken once an entry at or after a
+    /// position is confirmed, or the log stops ([`EntryWaiter::wake_at`]).
+    pub fn entry_waiter(&self) -> EntryWaiter {
+        EntryWaiter::new(Arc::downgrade(&self.shared))
+    }
+
     /// True once the log is closed or failed (the broker should reload it).
     pub fn is_closed(&self) -> bool {
         self.shared.queue.is_stopped() && !self.is_terminated()
@@ -900,6 +912,9 @@ impl Shared {
                 false
             }
         });
+        // After the last confirmed position moved: a waiter that looks at
+        // it after registering either sees this entry or is called here.
+        self.entry_hooks.confirmed(position);
     }
 
     /// A rollover failed: the log stops taking appends and the broker
@@ -915,6 +930,7 @@ impl Shared {
             tracing::error!(log = self.name, %error, "append failed; the log stops taking appends");
         }
         self.confirmed.send_modify(|_| {});
+        self.entry_hooks.stopped();
     }
 
     fn cursor_settings(&self) -> CursorSettings {
