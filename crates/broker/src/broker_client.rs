@@ -234,10 +234,34 @@ mod tests {
         .unwrap()
     }
 
-    /// A CA certificate (only parsed here, never used to connect).
+    /// A CA certificate made for this run with `openssl` (only parsed
+    /// here, never used to connect), so no key material is kept in git.
     fn ca_file(dir: &std::path::Path) -> PathBuf {
         let path = dir.join("ca.pem");
-        std::fs::write(&path, include_str!("../tests/data/peer_ca.pem")).unwrap();
+        let status = std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:P-256",
+            ])
+            .args([
+                "-nodes",
+                "-days",
+                "1",
+                "-subj",
+                "/CN=vela-test-ca",
+                "-keyout",
+            ])
+            .arg(dir.join("ca.key"))
+            .arg("-out")
+            .arg(&path)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl runs");
+        assert!(status.success(), "openssl req -x509 failed");
         path
     }
 
