@@ -16,6 +16,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::config::BrokerClientConfig;
 use crate::ownership::BrokerInfo;
@@ -170,13 +171,18 @@ impl PeerCredentials {
     }
 }
 
-/// GET `url` (another broker's admin API) with `peers`' roots and token;
-/// the JSON of a 200 answer. Blocking: run it in a blocking task.
-pub(crate) fn get_json(peers: &PeerCredentials, url: &str) -> Result<serde_json::Value, String> {
+/// An HTTP agent for another broker's or cluster's admin API: answers of
+/// any status are returned (not errors), each request ends within
+/// `timeout`, and with `roots_pem` (PEM file contents) a server's
+/// certificate must chain to those roots.
+pub(crate) fn admin_agent(
+    roots_pem: Option<&[u8]>,
+    timeout: Duration,
+) -> Result<ureq::Agent, String> {
     let mut builder = ureq::Agent::config_builder()
         .http_status_as_error(false)
-        .timeout_global(Some(ADMIN_REQUEST_TIMEOUT));
-    if let Some(pem) = &peers.roots_pem {
+        .timeout_global(Some(timeout));
+    if let Some(pem) = roots_pem {
         let certs = ureq::tls::parse_pem(pem)
             .filter_map(|item| match item {
                 Ok(ureq::tls::PemItem::Certificate(cert)) => Some(Ok(cert)),
@@ -190,7 +196,13 @@ pub(crate) fn get_json(peers: &PeerCredentials, url: &str) -> Result<serde_json:
             .build();
         builder = builder.tls_config(tls);
     }
-    let agent: ureq::Agent = builder.build().into();
+    Ok(builder.build().into())
+}
+
+/// GET `url` (another broker's admin API) with `peers`' roots and token;
+/// the JSON of a 200 answer. Blocking: run it in a blocking task.
+pub(crate) fn get_json(peers: &PeerCredentials, url: &str) -> Result<serde_json::Value, String> {
+    let agent = admin_agent(peers.roots_pem.as_deref(), ADMIN_REQUEST_TIMEOUT)?;
     let request = agent.get(url);
     let result = match &peers.token {
         Some(token) => request

@@ -54,25 +54,8 @@ impl RemoteAdmin {
         roots: Option<&[u8]>,
         token: Option<&str>,
     ) -> Result<RemoteAdmin, String> {
-        let mut builder = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(REQUEST_TIMEOUT));
-        if let Some(pem) = roots {
-            let certs = ureq::tls::parse_pem(pem)
-                .filter_map(|item| match item {
-                    Ok(ureq::tls::PemItem::Certificate(cert)) => Some(Ok(cert)),
-                    Ok(_) => None,
-                    Err(e) => Some(Err(e)),
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("trust certificates: {e}"))?;
-            let tls = ureq::tls::TlsConfig::builder()
-                .root_certs(ureq::tls::RootCerts::Specific(Arc::new(certs)))
-                .build();
-            builder = builder.tls_config(tls);
-        }
         Ok(RemoteAdmin {
-            agent: builder.build().into(),
+            agent: crate::broker_client::admin_agent(roots, REQUEST_TIMEOUT)?,
             base: base.trim_end_matches('/').to_string(),
             authorization: token.map(|t| format!("Bearer {t}")),
         })
