@@ -11,11 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use bytes::Bytes;
-use common::{Client, expect_nothing_but_pong, message_of, receipt_seq};
-use vela_meta::{
-    BackendKind, BoxFuture, ExpectedVersion, MetaError, MetadataStore, Session, Version, Watcher,
-};
+use common::{Client, PutHookStore, expect_nothing_but_pong, message_of, receipt_seq};
+use vela_meta::MetadataStore;
 use vela_wire::proto::{
     self, ServerError, command_ack::AckType, command_subscribe::InitialPosition,
     command_subscribe::SubType,
@@ -144,72 +141,9 @@ async fn terminated_topics_refuse_producers_and_tell_consumers_the_end() {
     broker.shutdown().await.unwrap();
 }
 
-/// A memory store whose puts take `PUT_DELAY` once `slow` is set: the
-/// log's record of a termination is then written while SENDs arrive.
-#[derive(Debug)]
-struct SlowPuts {
-    inner: Arc<dyn MetadataStore>,
-    slow: AtomicBool,
-}
-
+/// How long a put takes once `slow` is set: the log's record of a
+/// termination is then written while SENDs arrive.
 const PUT_DELAY: Duration = Duration::from_millis(50);
-
-impl MetadataStore for SlowPuts {
-    fn kind(&self) -> BackendKind {
-        self.inner.kind()
-    }
-
-    fn get<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<(Bytes, Version)>, MetaError>> {
-        self.inner.get(key)
-    }
-
-    fn put<'a>(
-        &'a self,
-        key: &'a str,
-        value: Bytes,
-        expected: ExpectedVersion,
-    ) -> BoxFuture<'a, Result<Version, MetaError>> {
-        Box::pin(async move {
-            if self.slow.load(Ordering::SeqCst) {
-                tokio::time::sleep(PUT_DELAY).await;
-            }
-            self.inner.put(key, value, expected).await
-        })
-    }
-
-    fn delete<'a>(
-        &'a self,
-        key: &'a str,
-        expected: ExpectedVersion,
-    ) -> BoxFuture<'a, Result<(), MetaError>> {
-        self.inner.delete(key, expected)
-    }
-
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, MetaError>> {
-        self.inner.children(path)
-    }
-
-    fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Watcher, MetaError>> {
-        self.inner.watch(path)
-    }
-
-    fn session(&self, ttl: Duration) -> BoxFuture<'_, Result<Session, MetaError>> {
-        self.inner.session(ttl)
-    }
-
-    fn put_ephemeral<'a>(
-        &'a self,
-        session: &'a Session,
-        key: &'a str,
-        value: Bytes,
-        expected: ExpectedVersion,
-    ) -> BoxFuture<'a, Result<Version, MetaError>> {
-        self.inner.put_ephemeral(session, key, value, expected)
-    }
-}
 
 /// SENDs in flight while the topic is terminated: the producer's client
 /// hears CLOSE_PRODUCER before any SEND_ERROR (the Go client fails its
@@ -218,10 +152,16 @@ impl MetadataStore for SlowPuts {
 /// forget the producer, and its sends time out).
 #[tokio::test]
 async fn producers_hear_close_producer_before_send_errors_of_a_termination() {
-    let store = Arc::new(SlowPuts {
-        inner: Arc::new(vela_meta::MemoryStore::new()),
-        slow: AtomicBool::new(false),
-    });
+    let slow = Arc::new(AtomicBool::new(false));
+    let slowing = Arc::clone(&slow);
+    let store = PutHookStore::new(Box::new(move |_key: &str| {
+        let slow = slowing.load(Ordering::SeqCst);
+        Box::pin(async move {
+            if slow {
+                tokio::time::sleep(PUT_DELAY).await;
+            }
+        })
+    }));
     let meta: Arc<dyn MetadataStore> = Arc::clone(&store) as Arc<dyn MetadataStore>;
     let ledgers = vela_log::memory::MemoryBackend(vela_log::memory::MemoryLedgers::new());
     let log_env = vela_log::LogEnv::new(Arc::clone(&meta), Arc::new(ledgers));
@@ -236,9 +176,9 @@ async fn producers_hear_close_producer_before_send_errors_of_a_termination() {
         sends.extend_from_slice(&Client::send_frame(1, seq, b"x"));
     }
     producer.send_bytes(&sends).await;
-    store.slow.store(true, Ordering::SeqCst);
+    slow.store(true, Ordering::SeqCst);
     broker.terminate_topic(topic).await.unwrap();
-    store.slow.store(false, Ordering::SeqCst);
+    slow.store(false, Ordering::SeqCst);
     let mut receipts = 0;
     loop {
         let command = producer.recv().await.command;

@@ -14,14 +14,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use bytes::Bytes;
-use common::Client;
+use common::{Client, PutHookStore};
 use tokio::sync::watch;
-use vela_meta::{
-    BackendKind, BoxFuture, ExpectedVersion, MetaError, MetadataStore, Session, Version, Watcher,
-};
+use vela_meta::MetadataStore;
 use vela_wire::proto::{self, ServerError};
 
 /// `connection::deferred::DEFERRED_LOADS_MAX` and `DEFERRED_WAITING_MAX`
@@ -32,72 +28,6 @@ const COMMANDS_WAITING: u64 = 1024;
 
 /// Topics whose puts wait for the gate.
 const GATED: &str = "gated-";
-
-/// A memory store whose puts of keys naming a gated topic wait until the
-/// gate opens.
-#[derive(Debug)]
-struct GatedPuts {
-    inner: Arc<dyn MetadataStore>,
-    open: watch::Sender<bool>,
-}
-
-impl MetadataStore for GatedPuts {
-    fn kind(&self) -> BackendKind {
-        self.inner.kind()
-    }
-
-    fn get<'a>(
-        &'a self,
-        key: &'a str,
-    ) -> BoxFuture<'a, Result<Option<(Bytes, Version)>, MetaError>> {
-        self.inner.get(key)
-    }
-
-    fn put<'a>(
-        &'a self,
-        key: &'a str,
-        value: Bytes,
-        expected: ExpectedVersion,
-    ) -> BoxFuture<'a, Result<Version, MetaError>> {
-        Box::pin(async move {
-            if key.contains(GATED) {
-                let mut open = self.open.subscribe();
-                let _ = open.wait_for(|open| *open).await;
-            }
-            self.inner.put(key, value, expected).await
-        })
-    }
-
-    fn delete<'a>(
-        &'a self,
-        key: &'a str,
-        expected: ExpectedVersion,
-    ) -> BoxFuture<'a, Result<(), MetaError>> {
-        self.inner.delete(key, expected)
-    }
-
-    fn children<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Vec<String>, MetaError>> {
-        self.inner.children(path)
-    }
-
-    fn watch<'a>(&'a self, path: &'a str) -> BoxFuture<'a, Result<Watcher, MetaError>> {
-        self.inner.watch(path)
-    }
-
-    fn session(&self, ttl: Duration) -> BoxFuture<'_, Result<Session, MetaError>> {
-        self.inner.session(ttl)
-    }
-
-    fn put_ephemeral<'a>(
-        &'a self,
-        session: &'a Session,
-        key: &'a str,
-        value: Bytes,
-        expected: ExpectedVersion,
-    ) -> BoxFuture<'a, Result<Version, MetaError>> {
-        self.inner.put_ephemeral(session, key, value, expected)
-    }
-}
 
 fn producer(producer_id: u64) -> proto::CommandProducer {
     proto::CommandProducer {
@@ -110,10 +40,17 @@ fn producer(producer_id: u64) -> proto::CommandProducer {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_answers_lookups_while_many_topics_open_and_refuses_past_its_queue() {
-    let store = Arc::new(GatedPuts {
-        inner: Arc::new(vela_meta::MemoryStore::new()),
-        open: watch::channel(false).0,
-    });
+    // Puts of keys naming a gated topic wait until the gate opens.
+    let gate = Arc::new(watch::channel(false).0);
+    let gate_of_puts = Arc::clone(&gate);
+    let store = PutHookStore::new(Box::new(move |key: &str| {
+        let mut open = key.contains(GATED).then(|| gate_of_puts.subscribe());
+        Box::pin(async move {
+            if let Some(open) = open.as_mut() {
+                let _ = open.wait_for(|open| *open).await;
+            }
+        })
+    }));
     let meta: Arc<dyn MetadataStore> = Arc::clone(&store) as Arc<dyn MetadataStore>;
     let ledgers = vela_log::memory::MemoryBackend(vela_log::memory::MemoryLedgers::new());
     let log_env = vela_log::LogEnv::new(Arc::clone(&meta), Arc::new(ledgers));
@@ -155,7 +92,7 @@ async fn a_connection_answers_lookups_while_many_topics_open_and_refuses_past_it
     assert_eq!(metadata.partitions, Some(0));
 
     // The gate opens: every PRODUCER admitted succeeds, once.
-    store.open.send_replace(true);
+    gate.send_replace(true);
     let mut succeeded = vec![false; admitted as usize];
     for _ in 0..admitted {
         let command = client.recv().await.command;

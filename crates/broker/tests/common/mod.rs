@@ -265,3 +265,97 @@ pub async fn start_broker_on(
     let config = BrokerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)));
     Broker::start(config, meta, log_env).await.unwrap()
 }
+
+/// What `PutHookStore` awaits before a put of `key` goes through.
+pub type PutHook = Box<dyn Fn(&str) -> vela_meta::BoxFuture<'static, ()> + Send + Sync>;
+
+/// A metadata store that awaits `hook` before each put (to slow or hold
+/// chosen writes) and hands everything else to `inner` unchanged.
+pub struct PutHookStore {
+    inner: Arc<dyn vela_meta::MetadataStore>,
+    hook: PutHook,
+}
+
+impl PutHookStore {
+    /// A memory store behind `hook`.
+    pub fn new(hook: PutHook) -> Arc<PutHookStore> {
+        Arc::new(PutHookStore {
+            inner: Arc::new(vela_meta::MemoryStore::new()),
+            hook,
+        })
+    }
+}
+
+impl std::fmt::Debug for PutHookStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PutHookStore")
+            .field("inner", &self.inner)
+            .finish()
+    }
+}
+
+impl vela_meta::MetadataStore for PutHookStore {
+    fn kind(&self) -> vela_meta::BackendKind {
+        self.inner.kind()
+    }
+
+    fn get<'a>(
+        &'a self,
+        key: &'a str,
+    ) -> vela_meta::BoxFuture<'a, Result<Option<(Bytes, vela_meta::Version)>, vela_meta::MetaError>>
+    {
+        self.inner.get(key)
+    }
+
+    fn put<'a>(
+        &'a self,
+        key: &'a str,
+        value: Bytes,
+        expected: vela_meta::ExpectedVersion,
+    ) -> vela_meta::BoxFuture<'a, Result<vela_meta::Version, vela_meta::MetaError>> {
+        let wait = (self.hook)(key);
+        Box::pin(async move {
+            wait.await;
+            self.inner.put(key, value, expected).await
+        })
+    }
+
+    fn delete<'a>(
+        &'a self,
+        key: &'a str,
+        expected: vela_meta::ExpectedVersion,
+    ) -> vela_meta::BoxFuture<'a, Result<(), vela_meta::MetaError>> {
+        self.inner.delete(key, expected)
+    }
+
+    fn children<'a>(
+        &'a self,
+        path: &'a str,
+    ) -> vela_meta::BoxFuture<'a, Result<Vec<String>, vela_meta::MetaError>> {
+        self.inner.children(path)
+    }
+
+    fn watch<'a>(
+        &'a self,
+        path: &'a str,
+    ) -> vela_meta::BoxFuture<'a, Result<vela_meta::Watcher, vela_meta::MetaError>> {
+        self.inner.watch(path)
+    }
+
+    fn session(
+        &self,
+        ttl: Duration,
+    ) -> vela_meta::BoxFuture<'_, Result<vela_meta::Session, vela_meta::MetaError>> {
+        self.inner.session(ttl)
+    }
+
+    fn put_ephemeral<'a>(
+        &'a self,
+        session: &'a vela_meta::Session,
+        key: &'a str,
+        value: Bytes,
+        expected: vela_meta::ExpectedVersion,
+    ) -> vela_meta::BoxFuture<'a, Result<vela_meta::Version, vela_meta::MetaError>> {
+        self.inner.put_ephemeral(session, key, value, expected)
+    }
+}
