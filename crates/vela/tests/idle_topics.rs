@@ -117,18 +117,8 @@ async fn an_idle_topic_keeps_no_task_and_a_few_kib_and_wakes_for_the_next_messag
                 .await
                 .unwrap();
             let payload = format!("topic {index}").into_bytes();
-            producer
-                .send(OutgoingMessage::new(payload.clone()))
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-            let message = tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
-                .await
-                .unwrap_or_else(|_| panic!("topic {index}: the message never came"))
-                .unwrap();
-            assert_eq!(message.payload.as_ref(), payload.as_slice());
-            consumer.ack(&message.id).await.unwrap();
+            let failure = format!("topic {index}: the message never came");
+            round_trip(&producer, &consumer, payload, &failure).await;
             (producer, Arc::new(consumer))
         });
     }
@@ -168,18 +158,8 @@ async fn an_idle_topic_keeps_no_task_and_a_few_kib_and_wakes_for_the_next_messag
         }
         working.spawn(async move {
             let payload = format!("topic {index}, after parking").into_bytes();
-            producer
-                .send(OutgoingMessage::new(payload.clone()))
-                .await
-                .unwrap()
-                .await
-                .unwrap();
-            let message = tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
-                .await
-                .unwrap_or_else(|_| panic!("topic {index}: a parked subscription never woke"))
-                .unwrap();
-            assert_eq!(message.payload.as_ref(), payload.as_slice());
-            consumer.ack(&message.id).await.unwrap();
+            let failure = format!("topic {index}: a parked subscription never woke");
+            round_trip(&producer, &consumer, payload, &failure).await;
             (producer, consumer)
         });
     }
@@ -188,4 +168,22 @@ async fn an_idle_topic_keeps_no_task_and_a_few_kib_and_wakes_for_the_next_messag
     }
     assert_eq!(again.len(), topics);
     drop(again);
+}
+
+/// Sends `payload` (waiting for its receipt), receives it on `consumer`
+/// within `RECEIVE_TIMEOUT` (else panics with `failure`), checks it byte
+/// for byte and acknowledges it.
+async fn round_trip(producer: &Producer, consumer: &Consumer, payload: Vec<u8>, failure: &str) {
+    producer
+        .send(OutgoingMessage::new(payload.clone()))
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let message = tokio::time::timeout(RECEIVE_TIMEOUT, consumer.receive())
+        .await
+        .unwrap_or_else(|_| panic!("{failure}"))
+        .unwrap();
+    assert_eq!(message.payload.as_ref(), payload.as_slice());
+    consumer.ack(&message.id).await.unwrap();
 }
