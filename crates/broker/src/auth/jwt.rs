@@ -412,9 +412,43 @@ fn decode_json(part: &str, what: &'static str) -> Result<Value, JwtError> {
 mod tests {
     use super::*;
 
-    /// An RSA-2048 key pair made with `openssl genpkey` for these tests only.
-    pub(crate) const TEST_RSA_PRIVATE_PEM: &str = include_str!("testdata/rsa-private.pem");
-    pub(crate) const TEST_RSA_PUBLIC_PEM: &str = include_str!("testdata/rsa-public.pem");
+    /// An RSA-2048 key pair (private PKCS#8 PEM, public SPKI PEM) made by
+    /// `openssl` for this run, so no key material is kept in git.
+    fn test_rsa_pems() -> (String, String) {
+        let openssl = |args: &[&str], input: Option<&str>| {
+            use std::io::Write;
+            let mut child = std::process::Command::new("openssl")
+                .args(args)
+                .stdin(std::process::Stdio::piped())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .expect("openssl runs");
+            if let Some(input) = input {
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(input.as_bytes())
+                    .unwrap();
+            }
+            let out = child.wait_with_output().unwrap();
+            assert!(out.status.success(), "openssl {args:?} failed");
+            String::from_utf8(out.stdout).unwrap()
+        };
+        let private = openssl(
+            &[
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+            ],
+            None,
+        );
+        let public = openssl(&["pkey", "-pubout"], Some(&private));
+        (private, public)
+    }
 
     fn now() -> SystemTime {
         SystemTime::now()
@@ -497,12 +531,13 @@ mod tests {
 
     #[test]
     fn rs256_round_trip_pem_and_der() {
-        let signer = SigningKey::rsa_private(TEST_RSA_PRIVATE_PEM.as_bytes()).unwrap();
-        let verifier = VerifyKey::rsa_public(TEST_RSA_PUBLIC_PEM.as_bytes()).unwrap();
+        let (private_pem, public_pem) = test_rsa_pems();
+        let signer = SigningKey::rsa_private(private_pem.as_bytes()).unwrap();
+        let verifier = VerifyKey::rsa_public(public_pem.as_bytes()).unwrap();
         let token = signer.sign("carol", None).unwrap();
         assert_eq!(verifier.verify(&token, now()).unwrap().subject, "carol");
         // DER SubjectPublicKeyInfo (Pulsar's file format) and bare PKCS#1.
-        let spki = SubjectPublicKeyInfoDer::from_pem_slice(TEST_RSA_PUBLIC_PEM.as_bytes()).unwrap();
+        let spki = SubjectPublicKeyInfoDer::from_pem_slice(public_pem.as_bytes()).unwrap();
         let from_der = VerifyKey::rsa_public(spki.as_ref()).unwrap();
         assert_eq!(from_der.verify(&token, now()).unwrap().subject, "carol");
         let pkcs1 = signer.rsa_public_pkcs1().unwrap();
