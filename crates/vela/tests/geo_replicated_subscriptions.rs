@@ -26,7 +26,9 @@
 //! restarted with no consumer attached still reports the subscription
 //! replicated (`.../replicatedSubscriptionStatus`), keeps taking snapshots,
 //! and a move of its cursor by the admin API alone (`skip_all`) reaches
-//! `b`. A client's own unsubscribe on `a` deletes `a`'s subscription only:
+//! `b`; an update from `b` moves `a`'s subscription but never re-enables
+//! a status its admin disabled. A client's own unsubscribe on `a` deletes
+//! `a`'s subscription only:
 //! `b` keeps its own, as Pulsar does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -123,17 +125,20 @@ fn passed(b: &Standalone, position: &MessageId) -> bool {
     mark_delete(b, "s").is_some_and(|at| at >= (position.ledger_id, position.entry_id))
 }
 
-/// Sends round `round`'s messages and waits for every receipt.
-async fn send_round(producer: &Producer, round: usize) {
+/// Sends round `round`'s messages and waits for every receipt: the last
+/// one's id on the producing broker.
+async fn send_round(producer: &Producer, round: usize) -> MessageId {
     let mut receipts = Vec::with_capacity(ROUND);
     for index in round * ROUND..(round + 1) * ROUND {
         let message = OutgoingMessage::new(payload(index));
         receipts.push(producer.send(message).await.unwrap());
     }
     producer.flush().await;
+    let mut last = None;
     for receipt in receipts {
-        receipt.await.unwrap();
+        last = Some(receipt.await.unwrap());
     }
+    last.expect("at least one message")
 }
 
 /// Waits until `b`'s subscription `s` stands at or past `position`.
@@ -208,17 +213,24 @@ fn replicated_status(broker: &Standalone) -> (u16, Option<bool>) {
 }
 
 /// Produces round `round` on `broker`; `check_b` receives it on `b`: where
-/// its last message landed there.
-async fn produce_round(broker: &Standalone, check_b: &Consumer, round: usize) -> MessageId {
+/// its last message was stored on `broker`, and where it landed on `b`.
+async fn produce_round(
+    broker: &Standalone,
+    check_b: &Consumer,
+    round: usize,
+) -> (MessageId, MessageId) {
     let client = client(broker);
     let producer = client
         .create_producer(TOPIC, ProducerOptions::default())
         .await
         .unwrap();
-    send_round(&producer, round).await;
+    let sent = send_round(&producer, round).await;
     producer.close().await.unwrap();
     let (from, to) = (round * ROUND, (round + 1) * ROUND);
-    receive_in_order(check_b, from, to, "check on b").await
+    (
+        sent,
+        receive_in_order(check_b, from, to, "check on b").await,
+    )
 }
 
 #[tokio::test]
@@ -234,7 +246,7 @@ async fn a_replicated_subscription_stays_replicated_across_a_restart_without_con
     {
         let client_a = client(&a);
         let on_a = subscribe(&client_a, "s", true).await;
-        let landed = produce_round(&a, &check_b, 0).await;
+        let (_, landed) = produce_round(&a, &check_b, 0).await;
         receive_in_order(&on_a, 0, ROUND, "on a").await;
         follows(&b, &landed, 0).await;
         on_a.close().await.unwrap();
@@ -264,7 +276,7 @@ async fn a_replicated_subscription_stays_replicated_across_a_restart_without_con
         doc["cursors"]["s"]["properties"]["pulsar.replicated.subscription"], 1,
         "Pulsar's cursor property: {doc}"
     );
-    let landed = produce_round(&a, &check_b, 1).await;
+    let (_, landed) = produce_round(&a, &check_b, 1).await;
     // Only the admin API moves a's subscription now: past everything, once
     // a snapshot taken after the restart covers round 1 (skip again until
     // one does; each try is a condition, the deadline a failure bound).
@@ -306,6 +318,38 @@ async fn a_replicated_subscription_stays_replicated_across_a_restart_without_con
     let shown: serde_json::Value =
         serde_json::from_str(&cli(&["get-replicated-subscription-status"])).unwrap();
     assert_eq!(shown, serde_json::json!({ TOPIC: false }));
+    // b's updates still move a's subscription (b's is replicated), but
+    // leave a's status as its admin set it: as Pulsar, an update marks
+    // only a subscription it creates.
+    let (sent_on_a, _) = produce_round(&a, &check_b, 2).await;
+    let deadline = tokio::time::Instant::now() + RECEIVE_TIMEOUT;
+    loop {
+        let (status, body) = b.http_post_json(
+            "/admin/v2/persistent/geo/ns/failover/subscription/s/skip_all",
+            "",
+        );
+        assert_eq!(status, 204, "skip_all on b: {body}");
+        let target = (sent_on_a.ledger_id, sent_on_a.entry_id);
+        let tried = tokio::time::Instant::now() + Duration::from_secs(2);
+        while mark_delete(&a, "s").is_none_or(|at| at < target)
+            && tokio::time::Instant::now() < tried
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if mark_delete(&a, "s").is_some_and(|at| at >= target) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a's subscription never followed b's (at {:?}, round 2 ends at {target:?})",
+            mark_delete(&a, "s")
+        );
+    }
+    assert_eq!(
+        replicated_status(&a),
+        (200, Some(false)),
+        "an update from b turned a's replication back on"
+    );
     cli(&["set-replicated-subscription-status", "-e"]);
     assert_eq!(replicated_status(&a), (200, Some(true)));
     let (status, _) = a.http_get(

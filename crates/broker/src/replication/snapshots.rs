@@ -26,7 +26,8 @@
 //!    carried to every remote.
 //! 5. A remote's controller, handed the UPDATE, moves its subscription of
 //!    that name to its position there (creating it, marked replicated on
-//!    its cursor too, never moving it back).
+//!    its cursor too, when missing; never moving it back, never changing
+//!    the status of one that exists).
 //!
 //! So a consumer failing over to a remote resumes at most one snapshot
 //! interval (plus a tick and the replication lag) behind where it
@@ -379,7 +380,8 @@ impl Controller {
 }
 
 /// Moves subscription `name` to `position` (forward only), creating it
-/// first when it does not exist here; it is replicated from then on.
+/// first when it does not exist here; one it creates is replicated from
+/// then on.
 async fn apply_update(topic: Arc<Topic>, name: String, position: Position) {
     if topic
         .log
@@ -390,22 +392,27 @@ async fn apply_update(topic: Arc<Topic>, name: String, position: Position) {
             "replicated subscription update beyond the log: ignored");
         return;
     }
+    // As Pulsar: an update only marks the subscription it creates. An
+    // existing one keeps the status its admin gave it (an update racing a
+    // `--disable` must not turn replication back on).
     if !topic.subscription_names().contains(&name) {
         match topic
             .create_subscription(&name, SubscriptionStart::Earliest)
             .await
         {
-            Ok(()) | Err(crate::error::AdminError::Exists(_)) => {}
+            Ok(()) => {
+                if let Err(error) = topic.set_replicated(&name, true).await {
+                    tracing::warn!(topic = %topic.full_name, subscription = %name, %error,
+                        "subscription not marked replicated");
+                }
+            }
+            Err(crate::error::AdminError::Exists(_)) => {}
             Err(error) => {
                 tracing::warn!(topic = %topic.full_name, subscription = %name, %error,
                     "replicated subscription not created");
                 return;
             }
         }
-    }
-    if let Err(error) = topic.set_replicated(&name, true).await {
-        tracing::warn!(topic = %topic.full_name, subscription = %name, %error,
-            "subscription not marked replicated");
     }
     if let Err(error) = topic.evict_up_to(&name, position).await {
         tracing::warn!(topic = %topic.full_name, subscription = %name, %error,
