@@ -10,6 +10,7 @@ mod admin_cmd;
 mod allocator;
 mod bookie_cmd;
 mod bookie_tls_args;
+mod broker_args;
 mod broker_cmd;
 mod doctor;
 mod ledgers_cmd;

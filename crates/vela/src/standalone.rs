@@ -26,7 +26,6 @@
 //! Never: starts with fewer bookies than the data directory holds (ledgers on
 //! the missing ones would be unreadable), or binds beyond `--bind`.
 
-use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -35,22 +34,19 @@ use anyhow::Context;
 use clap::Args;
 use tokio::task::JoinSet;
 use vela_bookie::bookie::{Bookie, BookieConfig, BookieMode};
-use vela_broker::{Broker, BrokerConfig, PersistenceConfig};
+use vela_broker::PersistenceConfig;
 use vela_ledger::{BookieId, LedgerClient, LedgerConfig};
 use vela_ledger_backend::{LocalBookies, ReplicatedLedgers};
 use vela_log::LogEnv;
 use vela_meta::registry::BookieInfo;
 use vela_meta::{FileStore, MetadataStore};
 
-use crate::limit_args::LimitArgs;
-use crate::memory_args::MemoryArgs;
+use crate::broker_args::BrokerFlags;
 use crate::persistence_args::PersistenceArgs;
 use crate::process::{StopSignals, announce};
 use crate::registration::Registration;
-use crate::security_args::{HttpListeners, SecurityArgs, pulsar_urls};
+use crate::security_args::pulsar_urls;
 use crate::storage_args::StorageArgs;
-use crate::topic_args::TopicArgs;
-use crate::transaction_args::TransactionArgs;
 use crate::write_path_source::StandaloneStages;
 
 // Every message the broker accepts (its largest frame's payload section) fits
@@ -96,32 +92,14 @@ pub(crate) struct StandaloneArgs {
     /// Where metadata and bookie data live (created if absent).
     #[arg(long, default_value = "data", value_name = "DIR")]
     data_dir: PathBuf,
-    /// Address the Pulsar and HTTP listeners bind.
-    #[arg(long, default_value = "127.0.0.1", value_name = "IP")]
-    bind: IpAddr,
-    /// Pulsar protocol port (0: pick a free one; the ready line says which).
-    #[arg(long, default_value_t = 6650)]
-    port: u16,
-    /// HTTP port: admin API and metrics (0: pick a free one).
-    #[arg(long, default_value_t = 8080)]
-    http_port: u16,
+    #[command(flatten)]
+    broker: BrokerFlags,
     /// Bookies to run, each with its own journal and ledger directories.
     #[arg(long, default_value_t = 1,
           value_parser = clap::value_parser!(u8).range(1..=BOOKIES_MAX as i64))]
     bookies: u8,
     #[command(flatten)]
     persistence: PersistenceArgs,
-    /// Host put into lookup answers. Default: the bind address (127.0.0.1
-    /// when binding every interface).
-    #[arg(long, value_name = "HOST")]
-    advertised_host: Option<String>,
-    /// This cluster's name (Pulsar's `clusterName`): recorded with its URLs
-    /// at start, named by replication policies and by replicated messages.
-    #[arg(long, default_value = vela_broker::config::CLUSTER_NAME_DEFAULT, value_name = "NAME")]
-    cluster_name: String,
-    /// Interval of keep-alive pings to clients, seconds (Pulsar: 30).
-    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
-    keepalive_s: u64,
     /// Threads running the broker and the bookies' request handling. Default:
     /// the CPU count.
     #[arg(long, value_name = "N",
@@ -129,22 +107,6 @@ pub(crate) struct StandaloneArgs {
     worker_threads: Option<u16>,
     #[command(flatten)]
     storage: StorageArgs,
-    #[command(flatten)]
-    topics: TopicArgs,
-    #[command(flatten)]
-    transactions: TransactionArgs,
-    #[command(flatten)]
-    replication: crate::replication_args::ReplicationArgs,
-    #[command(flatten)]
-    memory: MemoryArgs,
-    #[command(flatten)]
-    offload: crate::offload_args::OffloadArgs,
-    #[command(flatten)]
-    security: SecurityArgs,
-    #[command(flatten)]
-    limits: LimitArgs,
-    #[command(flatten)]
-    listeners: crate::listener_args::ListenerArgs,
 }
 
 impl StandaloneArgs {
@@ -153,14 +115,6 @@ impl StandaloneArgs {
         let default_ensemble = if self.bookies == 1 { 1 } else { 2 };
         self.persistence
             .resolve(default_ensemble, Some(self.bookies))
-    }
-
-    fn advertised_host(&self) -> String {
-        match &self.advertised_host {
-            Some(host) => host.clone(),
-            None if self.bind.is_unspecified() => "127.0.0.1".to_string(),
-            None => self.bind.to_string(),
-        }
     }
 }
 
@@ -292,51 +246,21 @@ async fn serve(
     let transport = LocalBookies::new(bookies.iter().cloned());
     let ledgers = LedgerClient::new(store.clone(), Arc::new(transport), LedgerConfig::default());
     let stages = StandaloneStages::new(ledgers.clone(), bookies.to_vec());
-    let log_env = args.memory.apply(LogEnv::new(
+    let flags = &args.broker;
+    let log_env = flags.memory.apply(LogEnv::new(
         store.clone(),
         Arc::new(ReplicatedLedgers::new(ledgers)),
     ));
-    let log_env = args.offload.offloader(log_env)?;
+    let log_env = flags.offload.offloader(log_env)?;
 
-    let mut config = BrokerConfig::new(SocketAddr::new(args.bind, args.port));
-    config.advertised_host = args.advertised_host();
-    config.cluster_name = args.cluster_name.clone();
-    config.replication_inflight_bytes_max = args.memory.replication_inflight_bytes();
-    config.default_persistence = persistence;
-    config.keepalive = Duration::from_secs(args.keepalive_s);
-    args.topics.apply(&mut config)?;
-    args.offload.apply(&mut config);
-    args.transactions.apply(&mut config)?;
-    args.replication.apply(&mut config);
-    args.security.apply(args.bind, &mut config)?;
-    args.limits.apply(&mut config);
-    args.listeners.apply(&mut config)?;
+    let config = flags.config(persistence)?;
     let mut signals = StopSignals::install()?;
-    let broker = Broker::start(config, store.clone(), log_env)
-        .await
-        .with_context(|| {
-            format!(
-                "cannot start the broker on {} (--bind, --port, --tls-port, --tls-cert-file, \
-                 --tls-key-file)",
-                args.bind
-            )
-        })?;
-    broker
-        .add_write_path_source(Arc::new(stages))
-        .context("cannot register the write-path stages")?;
-    let http = HttpListeners::start(
-        &broker,
-        &args.security,
-        args.bind,
-        args.http_port,
-        &args.advertised_host(),
-    )
-    .await?;
+    let (broker, http) = flags.start(config, store.clone(), log_env, stages).await?;
 
     announce(&format!(
         "vela standalone ready in {} ms: {} {} ({} bookie{}, E={} Qw={} Qa={}, data in {})",
         started.elapsed().as_millis(),
-        pulsar_urls(&broker, &args.security),
+        pulsar_urls(&broker, &flags.security),
         http.urls,
         bookies.len(),
         if bookies.len() == 1 { "" } else { "s" },
