@@ -658,3 +658,97 @@ async fn an_append_refused_at_once_says_so_before_it_is_awaited() {
     assert!(refused.is_refused());
     assert!(refused.await.is_err());
 }
+
+/// A backend that, while the first ledger of the log under test is being
+/// created, lets a rival owner create that same log (two brokers racing to
+/// create a new topic).
+struct RacedBackend {
+    inner: MemoryBackend,
+    rival: parking_lot::Mutex<Option<(LogEnv, &'static str)>>,
+    rival_log: tokio::sync::OnceCell<Arc<ManagedLog>>,
+}
+
+impl std::fmt::Debug for RacedBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RacedBackend")
+    }
+}
+
+impl vela_log::LedgerBackend for RacedBackend {
+    fn create_ledger(
+        &self,
+        persistence: vela_log::Persistence,
+        log_name: &str,
+    ) -> vela_log::backend::BoxFuture<
+        '_,
+        Result<Arc<dyn vela_log::OpenLedger>, vela_log::LedgerBackendError>,
+    > {
+        let log_name = log_name.to_string();
+        Box::pin(async move {
+            let rival = self.rival.lock().take();
+            if let Some((env, name)) = rival {
+                let log = ManagedLog::open(&env, name, small_ledgers()).await.unwrap();
+                self.rival_log.set(log).unwrap();
+            }
+            self.inner.create_ledger(persistence, &log_name).await
+        })
+    }
+
+    fn recover(
+        &self,
+        ledger_id: u64,
+    ) -> vela_log::backend::BoxFuture<
+        '_,
+        Result<vela_log::RecoveredLedger, vela_log::LedgerBackendError>,
+    > {
+        self.inner.recover(ledger_id)
+    }
+
+    fn read(
+        &self,
+        ledger_id: u64,
+        first_entry_id: u64,
+        last_entry_id: u64,
+    ) -> vela_log::backend::BoxFuture<'_, Result<Vec<Bytes>, vela_log::LedgerBackendError>> {
+        self.inner.read(ledger_id, first_entry_id, last_entry_id)
+    }
+
+    fn delete(
+        &self,
+        ledger_id: u64,
+    ) -> vela_log::backend::BoxFuture<'_, Result<(), vela_log::LedgerBackendError>> {
+        self.inner.delete(ledger_id)
+    }
+}
+
+#[tokio::test]
+async fn a_new_log_created_by_a_rival_meanwhile_fences_the_loser_and_keeps_no_ledger_of_it() {
+    const NAME: &str = "t/ns/persistent/raced";
+    let ledgers = MemoryLedgers::new();
+    let store: Arc<dyn vela_meta::MetadataStore> = Arc::new(vela_meta::MemoryStore::new());
+    let rival_env = LogEnv::new(
+        Arc::clone(&store),
+        Arc::new(MemoryBackend(Arc::clone(&ledgers))),
+    );
+    let backend = Arc::new(RacedBackend {
+        inner: MemoryBackend(Arc::clone(&ledgers)),
+        rival: parking_lot::Mutex::new(Some((rival_env.clone(), NAME))),
+        rival_log: tokio::sync::OnceCell::new(),
+    });
+    let env = LogEnv::new(
+        Arc::clone(&store),
+        Arc::clone(&backend) as Arc<dyn vela_log::LedgerBackend>,
+    );
+    let lost = ManagedLog::open(&env, NAME, small_ledgers()).await;
+    assert!(matches!(lost, Err(LogError::Fenced(_))), "{lost:?}");
+    // Only the winner's ledger is left, and the winner's log works.
+    let winner = backend.rival_log.get().unwrap();
+    assert_eq!(ledgers.ledger_ids(), winner.ledger_ids());
+    append_all(winner, 0..4).await;
+    assert_eq!(read_all(winner).await.len(), 4);
+    // A later owner opens the winner's log with everything in it.
+    let reopened = ManagedLog::open(&rival_env, NAME, small_ledgers())
+        .await
+        .unwrap();
+    assert_eq!(read_all(&reopened).await.len(), 4);
+}

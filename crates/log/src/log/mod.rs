@@ -159,24 +159,18 @@ impl ManagedLog {
     ) -> Result<Arc<ManagedLog>, LogError> {
         config.persistence.validate().map_err(LogError::Config)?;
         let key = format::log_key(name);
-        let (mut info, mut version) = match env.store.get_json::<LogInfo>(&key).await? {
-            Some(found) => found,
-            None => {
-                let info = LogInfo {
+        // `None`: a new log, whose record is first written below, with its
+        // first ledger already in it (one write, not a create and an update).
+        let (mut info, stored_version) = match env.store.get_json::<LogInfo>(&key).await? {
+            Some((info, version)) => (info, Some(version)),
+            None => (
+                LogInfo {
                     version: format::FORMAT_VERSION,
                     ledgers: Vec::new(),
                     terminated: false,
-                };
-                let version =
-                    env.store
-                        .create_json(&key, &info)
-                        .await
-                        .map_err(|error| match error {
-                            LogError::Fenced(_) => LogError::Fenced(name.to_string()),
-                            other => other,
-                        })?;
-                (info, version)
-            }
+                },
+                None,
+            ),
         };
         if info.version > format::FORMAT_VERSION {
             return Err(LogError::Metadata(format!(
@@ -217,14 +211,28 @@ impl ManagedLog {
                 offload: None,
             });
         }
-        version =
-            env.store
-                .update_json(&key, &info, version)
-                .await
-                .map_err(|error| match error {
+        let written = match stored_version {
+            Some(version) => env.store.update_json(&key, &info, version).await,
+            // Another broker created the log meanwhile: Fenced, as a lost update.
+            None => env.store.create_json(&key, &info).await,
+        };
+        let version = match written {
+            Ok(version) => version,
+            Err(error) => {
+                if let (LogError::Fenced(_), Some(appender)) = (&error, &appender) {
+                    // The write surely failed (a CAS lost, not an unknown
+                    // outcome): no record names the ledger made above.
+                    let ledger_id = appender.ledger_id();
+                    if let Err(error) = env.ledgers.delete(ledger_id).await {
+                        tracing::warn!(log = name, ledger_id, %error, "could not delete an unused ledger");
+                    }
+                }
+                return Err(match error {
                     LogError::Fenced(_) => LogError::Fenced(name.to_string()),
                     other => other,
-                })?;
+                });
+            }
+        };
         for ledger_id in empty {
             if let Err(error) = env.ledgers.delete(ledger_id).await {
                 tracing::warn!(log = name, ledger_id, %error, "could not delete an empty ledger");
