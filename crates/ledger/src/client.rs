@@ -51,6 +51,7 @@ impl LedgerClient {
                 config,
                 rng: Mutex::new(rng),
                 ids: IdAllocator::for_ledgers(store.clone()),
+                bookies: store::BookieListing::default(),
                 stats: Stats::new(),
                 store,
             }),
@@ -69,7 +70,7 @@ impl LedgerClient {
                 count: properties.len(),
             });
         }
-        let candidates = store::available_bookies(&self.core.store).await?;
+        let candidates = self.core.available_bookies().await?;
         let ensemble = {
             let mut rng = self.core.rng.lock();
             placement::choose(&candidates, &[], &[], quorum.ensemble_size(), &mut *rng)?

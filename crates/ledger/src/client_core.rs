@@ -14,7 +14,10 @@ use rand::rngs::StdRng;
 use vela_meta::{IdAllocator, MetadataStore};
 
 use crate::entry::ENTRY_PAYLOAD_BYTES_MAX;
+use crate::error::LedgerError;
+use crate::placement::BookieCandidate;
 use crate::stats::Stats;
+use crate::store::BookieListing;
 use crate::transport::BookieTransport;
 
 /// Default bound on adds in flight per ledger. At ~200k entries/s and a 2 ms
@@ -76,5 +79,14 @@ pub(crate) struct ClientCore {
     pub(crate) rng: Mutex<StdRng>,
     /// Ledger ids (ranges reserved by CAS on `vela_meta::idgen::LEDGER_ID_KEY`).
     pub(crate) ids: IdAllocator,
+    /// The registry's bookies, as placement reads them.
+    pub(crate) bookies: BookieListing,
     pub(crate) stats: Stats,
+}
+
+impl ClientCore {
+    /// The bookies available now (a listing read after this call began).
+    pub(crate) async fn available_bookies(&self) -> Result<Arc<Vec<BookieCandidate>>, LedgerError> {
+        self.bookies.read(&self.store).await
+    }
 }

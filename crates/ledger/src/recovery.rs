@@ -360,7 +360,7 @@ impl Rewrite<'_> {
             .filter(|i| !failed.contains(i))
             .map(|i| self.target[i].clone())
             .collect();
-        let candidates = store::available_bookies(&self.core.store).await?;
+        let candidates = self.core.available_bookies().await?;
         let picks = {
             let mut rng = self.core.rng.lock();
             placement::choose(&candidates, &keep, &failed_bookies, failed.len(), &mut *rng)

@@ -6,6 +6,7 @@
 //! merge).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use vela_meta::{ExpectedVersion, MetaError, MetadataStore, Version};
@@ -150,6 +151,42 @@ pub(crate) async fn available_bookies(
             rack: info.rack,
         })
         .collect())
+}
+
+/// The registry's bookie listing, shared by callers that wait for it at the
+/// same time: a caller gets a listing whose read began after its own call
+/// did (as fresh as reading the registry itself), and while one read is in
+/// flight, every caller that arrives meanwhile shares the next one. Many
+/// ledgers created at once (a broker loading thousands of topics) cost a
+/// few listings, not one each.
+#[derive(Debug, Default)]
+pub(crate) struct BookieListing {
+    /// Callers so far: caller number `n` may take a listing whose read
+    /// began once `n` callers had started.
+    callers: AtomicU64,
+    /// The last listing, with the callers that had started when its read
+    /// began.
+    last: tokio::sync::Mutex<Option<(u64, Arc<Vec<BookieCandidate>>)>>,
+}
+
+impl BookieListing {
+    pub(crate) async fn read(
+        &self,
+        store: &Arc<dyn MetadataStore>,
+    ) -> Result<Arc<Vec<BookieCandidate>>, LedgerError> {
+        let me = self.callers.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut last = self.last.lock().await;
+        if let Some((covered, listing)) = last.as_ref()
+            && *covered >= me
+        {
+            return Ok(Arc::clone(listing));
+        }
+        let covered = self.callers.load(Ordering::SeqCst);
+        debug_assert!(covered >= me);
+        let listing = Arc::new(available_bookies(store).await?);
+        *last = Some((covered, Arc::clone(&listing)));
+        Ok(listing)
+    }
 }
 
 /// Where bookie `id` listens, from its registration (`None`: not registered).

@@ -787,7 +787,7 @@ impl WriterTask {
             .filter(|i| !failed.contains(i))
             .map(|i| self.ensemble[i].clone())
             .collect();
-        let candidates = store::available_bookies(&self.core.store).await?;
+        let candidates = self.core.available_bookies().await?;
         let quarantined: Vec<BookieId> = self.quarantine.keys().cloned().collect();
         let picks = {
             let mut rng = self.core.rng.lock();
