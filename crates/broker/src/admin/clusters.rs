@@ -12,7 +12,10 @@
 use bytes::Bytes;
 use vela_meta::{ExpectedVersion, MetaError};
 
-use super::{Admin, AdminError, CLUSTERS_MAX, ClusterData, REPLICATION_CLUSTERS_MAX, TenantInfo};
+use super::{
+    Admin, AdminError, CLUSTERS_MAX, ClusterData, NamespacePolicies, REPLICATION_CLUSTERS_MAX,
+    TenantInfo, TopicRecord,
+};
 use crate::topic_name::{NamespaceName, TopicName, decode_segment, encode_segment};
 
 /// Pulsar's name for the pseudo-cluster of v1 global namespaces: never a
@@ -246,11 +249,7 @@ impl Admin {
         &self,
         topic: &TopicName,
     ) -> Result<Option<Vec<String>>, AdminError> {
-        let record = self.topic_record(topic).await?;
-        Ok(record
-            .policies
-            .get(REPLICATION_POLICY)
-            .and_then(|value| serde_json::from_value(value.clone()).ok()))
+        Ok(own_replication(&self.topic_record(topic).await?))
     }
 
     /// Sets (`Some`, checked as Pulsar does) or removes (`None`) a topic's
@@ -292,14 +291,34 @@ impl Admin {
         topic: &TopicName,
         local: &str,
     ) -> Result<Vec<String>, AdminError> {
-        if let Some(own) = self.topic_replication(topic).await? {
-            return Ok(own);
+        let record = self.topic_record(topic).await?;
+        if own_replication(&record).is_some() {
+            return Ok(replication_of(&record, None, local));
         }
         let policies = self.namespace_policies(&topic.namespace).await?;
-        Ok(policies
-            .and_then(|p| p.replication_clusters)
-            .unwrap_or_else(|| vec![local.to_string()]))
+        Ok(replication_of(&record, policies.as_ref(), local))
     }
+}
+
+/// A topic's own replication clusters, from its record.
+fn own_replication(record: &TopicRecord) -> Option<Vec<String>> {
+    record
+        .policies
+        .get(REPLICATION_POLICY)
+        .and_then(|value| serde_json::from_value(value.clone()).ok())
+}
+
+/// The clusters a topic is replicated among, from its record and its
+/// namespace's policies as already read: its own list, else its
+/// namespace's, else only `local` (no replication).
+pub fn replication_of(
+    record: &TopicRecord,
+    namespace: Option<&NamespacePolicies>,
+    local: &str,
+) -> Vec<String> {
+    own_replication(record)
+        .or_else(|| namespace.and_then(|p| p.replication_clusters.clone()))
+        .unwrap_or_else(|| vec![local.to_string()])
 }
 
 impl Admin {

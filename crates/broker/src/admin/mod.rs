@@ -32,6 +32,7 @@ use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
 pub use crate::error::AdminError;
 use crate::topic_name::{NamespaceName, TopicDomain, TopicName};
 pub use crate::topic_name::{decode_segment, encode_segment};
+pub use clusters::replication_of;
 pub use records::{
     AuthAction, BACKLOG_QUOTA_POLICIES, BACKLOG_QUOTA_TYPES, BacklogQuota, CLUSTERS_MAX,
     ClusterClient, ClusterData, ENSEMBLE_MAX, GRANTED_ROLES_MAX, NamespacePolicies, PROPERTIES_MAX,

@@ -105,7 +105,9 @@ impl Service {
         }
         let policies = self.namespace_policies_of(topic).await?;
         let partitions = self.check_servable(topic).await?;
-        let exists = partitions.is_some() || self.admin.topic_exists(topic).await?;
+        // A partition's record is written at its first open, below.
+        let registered = partitions.is_none() && self.admin.topic_exists(topic).await?;
+        let exists = partitions.is_some() || registered;
         let may_create = create
             && AutoCreation::of(&policies, self.config.auto_create_topics) != AutoCreation::Off;
         if !exists && !may_create {
@@ -149,7 +151,9 @@ impl Service {
                             }
                         });
                 let dedup = lifecycle.deduplication.unwrap_or(false);
-                self.admin.register_topic(topic).await?;
+                if !registered {
+                    self.admin.register_topic(topic).await?;
+                }
                 let config = LogConfig {
                     persistence: Persistence {
                         ensemble: persistence.ensemble,
@@ -204,12 +208,13 @@ impl Service {
                 if lifecycle.compaction_threshold_bytes.is_some() {
                     crate::compaction::compaction_cursor(&served.log).await?;
                 }
+                let remotes = self.replication_remotes_of(&record, &policies);
                 served.set_policy_record(record);
                 served.set_lifecycle_policies(lifecycle);
                 served.rebuild_dedup().await?;
                 // Replication cursors from the moment the topic opens, so
                 // nothing produced before its replicators start is missed.
-                for remote in self.replication_remotes(topic).await? {
+                for remote in remotes {
                     served
                         .log
                         .open_cursor(

@@ -34,6 +34,19 @@ impl Service {
         Ok(clusters)
     }
 
+    /// `replication_remotes` from the topic's record and its namespace's
+    /// policies as already read (a topic open has both: two reads fewer).
+    pub(crate) fn replication_remotes_of(
+        &self,
+        record: &crate::admin::TopicRecord,
+        namespace: &crate::admin::NamespacePolicies,
+    ) -> Vec<String> {
+        let local = &self.config.cluster_name;
+        let mut clusters = crate::admin::replication_of(record, Some(namespace), local);
+        clusters.retain(|c| c != local);
+        clusters
+    }
+
     /// Records a running replicator's statistics (topic stats, metrics).
     pub(crate) fn register_replicator(
         &self,
