@@ -744,6 +744,11 @@ async fn a_new_log_created_by_a_rival_meanwhile_fences_the_loser_and_keeps_no_le
     // Only the winner's ledger is left, and the winner's log works.
     let winner = backend.rival_log.get().unwrap();
     assert_eq!(ledgers.ledger_ids(), winner.ledger_ids());
+    // A subscription keeps rolled-over ledgers from being trimmed.
+    winner
+        .open_cursor("s", CursorStart::Earliest)
+        .await
+        .unwrap();
     append_all(winner, 0..4).await;
     assert_eq!(read_all(winner).await.len(), 4);
     // A later owner opens the winner's log with everything in it.
