@@ -247,6 +247,8 @@ def main():
     parser.add_argument("--create", choices=("admin", "producers"), default="admin")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--store", choices=("file", "etcd"), default="file")
+    parser.add_argument("--session-ttl-ms", type=int,
+                        help="the broker's etcd session TTL (its default when not given)")
     parser.add_argument("--check", type=int, default=1000,
                         help="topics written and read back after the restart (0: none)")
     args = parser.parse_args()
@@ -269,7 +271,9 @@ def main():
         others.append(bookie)
         broker = Process("broker", [args.vela, "broker", "--metadata", url, "--port", "0",
                                     "--http-port", "0", "--ensemble-size", "1",
-                                    "--write-quorum", "1", "--ack-quorum", "1"], ready)
+                                    "--write-quorum", "1", "--ack-quorum", "1"]
+                         + (["--session-ttl-ms", str(args.session_ttl_ms)]
+                            if args.session_ttl_ms else []), ready)
 
     def etcd_state(label):
         if etcd:
