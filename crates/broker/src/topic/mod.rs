@@ -661,6 +661,57 @@ impl Topic {
         Ok(attached)
     }
 
+    /// Whether attaching a consumer as `request` asks would write metadata:
+    /// a durable subscription whose cursor is not open yet (its creation),
+    /// or one still to mark replicated. A connection then has
+    /// [`Topic::prepare_subscription`] do it off its reader first.
+    pub(crate) fn subscribe_writes(&self, request: &SubscribeRequest) -> bool {
+        if !request.durable {
+            return false;
+        }
+        match self.log.cursor(&request.subscription) {
+            None => true,
+            Some(_) => request.replicated && !self.replicated.is_replicated(&request.subscription),
+        }
+    }
+
+    /// Writes what attaching a consumer as `request` asks would write,
+    /// without attaching it: the new durable subscription's cursor (after
+    /// the policy checks a new subscription passes) and its replicated mark.
+    /// The attach ([`Topic::subscribe`]) then finds both done and writes
+    /// nothing. As in Pulsar, the subscription stays when the attach is
+    /// then refused (an Exclusive one taken, say).
+    pub(crate) async fn prepare_subscription(
+        &self,
+        request: &SubscribeRequest,
+    ) -> Result<(), ServiceError> {
+        if !self.subscribe_writes(request) {
+            return Ok(());
+        }
+        if self
+            .subscriptions
+            .live(&request.subscription)
+            .is_some_and(|running| running.durable != request.durable)
+        {
+            // The attach refuses it; nothing to create.
+            return Ok(());
+        }
+        self.check_policy_limits(request).await?;
+        let start = if request.initial_earliest {
+            vela_log::CursorStart::Earliest
+        } else {
+            vela_log::CursorStart::Latest
+        };
+        self.log.open_cursor(&request.subscription, start).await?;
+        if request.replicated
+            && let Err(error) = self.set_replicated(&request.subscription, true).await
+        {
+            tracing::warn!(topic = %self.full_name, subscription = %request.subscription,
+                %error, "subscription not replicated");
+        }
+        Ok(())
+    }
+
     /// The dispatch policies (the replicators read their rate there).
     pub(crate) fn dispatch_policy(&self) -> &Arc<crate::subscription::DispatchPolicy> {
         &self.dispatch_policy
