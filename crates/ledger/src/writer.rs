@@ -27,8 +27,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, oneshot};
-use tokio::task::JoinSet;
 use vela_mailbox::Parking;
 
 use crate::client_core::{ClientCore, PENDING_BYTES_MAX};
@@ -203,7 +204,7 @@ impl LedgerWriter {
             lac: None,
             length_bytes: 0,
             pending: VecDeque::new(),
-            inflight: JoinSet::new(),
+            inflight: None,
             failed_indices: BTreeSet::new(),
             broken: None,
             changes_without_progress: 0,
@@ -404,6 +405,9 @@ struct PendingEntry {
     _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
 }
 
+/// One add request to one bookie, answered with its `Response`.
+type RequestFuture = Pin<Box<dyn Future<Output = Response> + Send>>;
+
 /// A bookie's answer to one add.
 struct Response {
     entry_id: EntryId,
@@ -426,9 +430,12 @@ struct WriterTask {
     length_bytes: u64,
     /// Adds after the LAC, in entry order.
     pending: VecDeque<PendingEntry>,
-    /// Requests in flight; bounded by pending adds x Qw, plus stale requests to
-    /// replaced bookies, each ended by the add timeout.
-    inflight: JoinSet<Response>,
+    /// Requests in flight, polled by the writer task itself (a bookie's
+    /// answer wakes the writer, with no task of its own per request);
+    /// bounded by pending adds x Qw, plus stale requests to replaced
+    /// bookies, each ended by the add timeout. `None` while none was sent
+    /// since the writer last parked (an idle writer keeps no set).
+    inflight: Option<FuturesUnordered<RequestFuture>>,
     /// Ensemble indices that failed and await replacement.
     failed_indices: BTreeSet<usize>,
     /// The first fatal failure; once set no add is sent or acknowledged.
@@ -451,7 +458,7 @@ struct Parked {
 
 /// What a run waited for.
 enum Event {
-    Response(Result<Response, tokio::task::JoinError>),
+    Response(Response),
     Command(Option<Command>),
     /// `IDLE_BEFORE_PARKING` without anything pending.
     Idle,
@@ -488,27 +495,22 @@ async fn run(parking: Arc<Parking<Parked>>, mut task: Parked) {
             parking.finished();
             return;
         }
+        let in_flight = this.inflight.as_ref().is_some_and(|set| !set.is_empty());
         let idle = close.is_none()
             && this.pending.is_empty()
-            && this.inflight.is_empty()
+            && !in_flight
             && this.failed_indices.is_empty();
         let event = tokio::select! {
             biased;
-            Some(joined) = this.inflight.join_next(), if !this.inflight.is_empty() => {
-                Event::Response(joined)
+            Some(response) = next_response(&mut this.inflight), if in_flight => {
+                Event::Response(response)
             }
             command = commands.recv(), if close.is_none() => Event::Command(command.map(|c| *c)),
             _ = tokio::time::sleep(IDLE_BEFORE_PARKING), if idle => Event::Idle,
             else => Event::Stalled,
         };
         match event {
-            // A join error means a request task panicked (aborts happen only
-            // once the writer has failed): its add would never finish, so
-            // the writer fails rather than stall.
-            Event::Response(Ok(response)) => this.on_response(response),
-            Event::Response(Err(e)) => {
-                this.fail(LedgerError::Internal(format!("add task failed: {e}")))
-            }
+            Event::Response(response) => this.on_response(response),
             // The writer was dropped: abandon.
             Event::Command(None) => {
                 parking.finished();
@@ -522,7 +524,9 @@ async fn run(parking: Arc<Parking<Parked>>, mut task: Parked) {
             })) => this.on_add(payload, reply, permits, submitted_at),
             Event::Command(Some(Command::Close { reply })) => close = Some(reply),
             Event::Idle => {
-                debug_assert!(this.pending.is_empty() && this.inflight.is_empty());
+                debug_assert!(this.pending.is_empty() && !in_flight);
+                // Empty: a parked writer keeps no request set.
+                this.inflight = None;
                 match parking.park(task, |task| task.commands.is_ready()) {
                     Ok(()) => return,
                     Err(back) => task = back,
@@ -551,7 +555,22 @@ async fn run(parking: Arc<Parking<Parked>>, mut task: Parked) {
     }
 }
 
+/// The next answer of the requests in flight (`None` when there are none).
+async fn next_response(inflight: &mut Option<FuturesUnordered<RequestFuture>>) -> Option<Response> {
+    match inflight {
+        Some(set) => set.next().await,
+        None => None,
+    }
+}
+
 impl WriterTask {
+    /// Puts a request among those in flight, polled by this task.
+    fn request(&mut self, request: impl Future<Output = Response> + Send + 'static) {
+        self.inflight
+            .get_or_insert_with(FuturesUnordered::new)
+            .push(Box::pin(request));
+    }
+
     fn on_add(
         &mut self,
         payload: Bytes,
@@ -604,7 +623,7 @@ impl WriterTask {
                 .transport
                 .add(&bookie, self.ledger_id, entry_id, packaged, AddMode::Normal);
         let timeout = self.core.config.add_timeout;
-        self.inflight.spawn(async move {
+        self.request(async move {
             let result = match tokio::time::timeout(timeout, request).await {
                 Ok(result) => result,
                 Err(_) => Err(BookieError::Timeout),
@@ -683,7 +702,7 @@ impl WriterTask {
             response.index,
         );
         let bookie = response.bookie.clone();
-        self.inflight.spawn(async move {
+        self.request(async move {
             tokio::time::sleep(delay).await;
             let request =
                 core.transport
@@ -753,7 +772,9 @@ impl WriterTask {
             pending.reply.send(Err(error.clone()));
         }
         self.failed_indices.clear();
-        self.inflight.abort_all();
+        // Dropped: the requests in flight are abandoned (their answers
+        // could not count any more).
+        self.inflight = None;
         self.broken = Some(error);
     }
 

@@ -4,7 +4,10 @@
 //! Owns, per topic (or partition) producer: sequence ids, the open batch, the
 //! queue of sent-but-unacknowledged frames (`pending`, in sequence order),
 //! and its connection. A background task flushes batches when their delay is
-//! up and fails sends older than the send timeout.
+//! up and fails sends older than the send timeout; it sleeps until the next
+//! of those deadlines, and with neither (nothing pending, no open batch)
+//! until a send wakes it: an idle producer costs no wake-ups (10,000 idle
+//! producers ticking every 100 ms were 100,000 wake-ups a second).
 //! Guarantees: receipts complete in send order; after a reconnect every
 //! pending frame is sent again, in order, with its original sequence id (the
 //! broker's dedup keeps one copy when enabled); a send fails only with a
@@ -40,9 +43,6 @@ use crate::client::{Client, partition_name};
 use crate::connection::{Connection, ProducerEvents};
 use crate::error::ClientError;
 use crate::message::{MessageId, OutgoingMessage};
-
-/// How often the background task checks for timed-out sends.
-const TIMEOUT_CHECK_INTERVAL: Duration = Duration::from_millis(100);
 
 /// First pause before reconnecting; doubles up to `RECONNECT_BACKOFF_MAX`.
 const RECONNECT_BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -304,6 +304,10 @@ struct State {
     unsent_from: usize,
     /// A task waits for room on the connection to send the rest.
     pumping: bool,
+    /// The background task will tick again by the send timeout of the
+    /// oldest pending frame (or earlier): a frame queued behind it needs no
+    /// wake-up. Cleared by a tick that found nothing to wait for.
+    timer_armed: bool,
     reconnecting: bool,
     /// Set when the producer is closed for good.
     closed: Option<ClientError>,
@@ -355,6 +359,7 @@ impl TopicProducer {
                 pending: VecDeque::new(),
                 unsent_from: 0,
                 pumping: false,
+                timer_armed: false,
                 reconnecting: true,
                 closed: None,
             }),
@@ -422,7 +427,10 @@ impl TopicProducer {
                     core.flush_batch(&mut state);
                     core.pump(&mut state);
                 } else if first {
+                    // Its delay is due before any deadline the task waits
+                    // for: always a wake-up.
                     state.batch_started = Some(Instant::now());
+                    state.timer_armed = true;
                     core.wake.notify_one();
                 }
             }
@@ -438,6 +446,7 @@ impl TopicProducer {
                 core.pump(&mut state);
             }
         }
+        core.arm_timer(&mut state);
         Ok(SendFuture(receipt))
     }
 
@@ -450,6 +459,7 @@ impl TopicProducer {
                 let mut state = self.core.state.lock();
                 self.core.flush_batch(&mut state);
                 self.core.pump(&mut state);
+                self.core.arm_timer(&mut state);
                 if state.pending.is_empty() || state.closed.is_some() {
                     return;
                 }
@@ -756,11 +766,26 @@ impl ProducerCore {
         Ok(())
     }
 
-    /// Runs the batch timer and the send timeout; returns when to run again.
-    fn tick(&self) -> Instant {
+    /// Wakes the background task for the send timeout of pending frames
+    /// unless it already waits for a deadline at or before theirs.
+    fn arm_timer(&self, state: &mut State) {
+        if state.timer_armed
+            || state.pending.is_empty()
+            || self.options.send_timeout.is_none()
+            || state.closed.is_some()
+        {
+            return;
+        }
+        state.timer_armed = true;
+        self.wake.notify_one();
+    }
+
+    /// Runs the batch timer and the send timeout; returns when to run again
+    /// (`None`: nothing to wait for until a send wakes the task).
+    fn tick(&self) -> Option<Instant> {
         let now = Instant::now();
-        let mut next = now + TIMEOUT_CHECK_INTERVAL;
-        let mut timed_out = false;
+        let mut next: Option<Instant> = None;
+        let mut timed_out = None;
         {
             let mut state = self.state.lock();
             if let (Some(started), Some(batching)) = (state.batch_started, &self.options.batching) {
@@ -769,20 +794,28 @@ impl ProducerCore {
                     self.flush_batch(&mut state);
                     self.pump(&mut state);
                 } else {
-                    next = next.min(due);
+                    next = Some(due);
                 }
             }
             if let (Some(front), Some(timeout)) = (state.pending.front(), self.options.send_timeout)
             {
-                timed_out = front.created_at + timeout <= now;
+                let expires = front.created_at + timeout;
+                if expires <= now {
+                    timed_out = Some(timeout);
+                } else {
+                    next = Some(next.map_or(expires, |due| due.min(expires)));
+                }
             }
+            state.timer_armed = next.is_some();
         }
-        if let (true, Some(timeout)) = (timed_out, self.options.send_timeout) {
+        if let Some(timeout) = timed_out {
             tracing::warn!(topic = %self.topic, ?timeout, "sends timed out; failing every pending message");
             self.fail_all(ClientError::Timeout {
                 operation: "send",
                 timeout,
             });
+            // Sends may have come meanwhile: look again at once.
+            return Some(Instant::now());
         }
         next
     }
@@ -953,9 +986,12 @@ async fn background(core: Weak<ProducerCore>, wake: Arc<Notify>) {
             Some(core) => core.tick(),
             None => return,
         };
-        tokio::select! {
-            _ = tokio::time::sleep_until(next) => {}
-            _ = wake.notified() => {}
+        match next {
+            Some(next) => tokio::select! {
+                _ = tokio::time::sleep_until(next) => {}
+                _ = wake.notified() => {}
+            },
+            None => wake.notified().await,
         }
     }
 }
