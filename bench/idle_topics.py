@@ -3,16 +3,28 @@
 
 Starts `vela standalone` (release build) on a fresh data directory, then one
 client process (the official Python client, asyncio) creates N topics, each
-with one producer and one subscription with one consumer, and holds them
-idle. Prints the broker's resident memory per topic (/proc VmRSS after the
-topics settled, minus VmRSS before the first one) and, with `--heaptrack`,
-its heap per topic (the broker runs on glibc malloc,
+with what `--attach` says (one producer and one subscription with one
+consumer; or the producer only; or the subscription and its consumer only),
+and holds them idle. Prints the broker's resident memory per topic (/proc
+VmRSS after the topics settled, minus VmRSS before the first one) and, with
+`--heaptrack`, its heap per topic (the broker runs on glibc malloc,
 `VELA_SYSTEM_ALLOCATOR=1`, under heaptrack; heap after the topics settled
 minus heap before the first, from heaptrack's massif snapshots, and the
-peak's growth over N).
+peak's growth over N). `--breakdown` (with `--heaptrack`) kills the broker
+with SIGKILL once the figures are taken, so that what heaptrack sees as never
+freed is what was live at that moment, and prints the allocation sites
+holding the most of it (by the innermost frame in Vela's own crates), in
+bytes per topic.
+
+`--system pulsar` measures Apache Pulsar 4.0.8 standalone the same way (the
+bench's `PulsarServer`: its JVM flags, 1 bookie): RSS per topic, and the
+live Java heap per topic (`jcmd GC.class_histogram`, which collects first:
+live objects after the topics settled minus before).
 
     python3 bench/idle_topics.py                    # 10,000 topics, RSS
-    python3 bench/idle_topics.py --heaptrack        # and the heap, glibc malloc
+    python3 bench/idle_topics.py --attach producer  # producers only
+    python3 bench/idle_topics.py --heaptrack --breakdown  # heap, glibc malloc
+    python3 bench/idle_topics.py --system pulsar --topics 10000
     python3 bench/idle_topics.py --topics 1000 --vela target/debug/vela
 
 Figures only; nothing here is a pass/fail check (the bound checked by
@@ -21,6 +33,7 @@ Figures only; nothing here is a pass/fail check (the bound checked by
 
 import argparse
 import asyncio
+import collections
 import glob
 import os
 import re
@@ -31,6 +44,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from pathlib import Path
 
 import pulsar
 import pulsar.asyncio
@@ -40,6 +54,14 @@ READY_TIMEOUT_S = 120
 # Quiet time after the last topic before the "after" figures are taken: the
 # cursors' first persist and any deferred work are done by then.
 SETTLE_S = 5
+# What each topic gets (--attach).
+ATTACH = {
+    "both": (True, True),
+    "producer": (True, False),
+    "consumer": (False, True),
+}
+# Allocation sites printed by --breakdown.
+BREAKDOWN_SITES = 30
 
 
 def alive_tasks(http):
@@ -62,6 +84,18 @@ def rss_kib(pid):
     raise RuntimeError("no VmRSS")
 
 
+def java_live_heap_bytes(pid):
+    """Bytes of live objects in a JVM (`jcmd GC.class_histogram` collects
+    first, also under -XX:+DisableExplicitGC), or None."""
+    out = subprocess.run(["jcmd", str(pid), "GC.class_histogram"],
+                         capture_output=True, text=True, check=False, timeout=600)
+    for line in reversed(out.stdout.splitlines()):
+        fields = line.split()
+        if fields and fields[0] == "Total" and len(fields) >= 3:
+            return int(fields[2])
+    return None
+
+
 def children(pid):
     out = []
     for stat in glob.glob("/proc/[0-9]*/stat"):
@@ -75,14 +109,16 @@ def children(pid):
     return out
 
 
-def vela_pid(root_pid):
-    """The vela process: the spawned one, or (heaptrack) its descendant."""
+def vela_pid(root_pid, binary):
+    """The vela process (`binary`): the spawned one, or (heaptrack) its
+    descendant."""
+    comm = os.path.basename(binary)[:15]  # /proc/PID/comm keeps 15 bytes
     frontier = [root_pid]
     while frontier:
         pid = frontier.pop()
         try:
             with open(f"/proc/{pid}/comm") as f:
-                if f.read().strip().startswith("vela"):
+                if f.read().strip() == comm:
                     return pid
         except OSError:
             pass
@@ -112,37 +148,37 @@ def start(vela, data_dir, heaptrack_out):
     raise RuntimeError("no ready line")
 
 
-async def create_measure_close(url, http, args, pid, spawned):
-    """Creates the topics, measures once they settled, closes the client
-    (before the broker stops: no reconnect attempts). Returns the figures."""
+async def create_measure_close(url, args, measure):
+    """Creates the topics, takes `measure()` before the first and once they
+    settled, closes the client (before the broker stops: no reconnect
+    attempts). Returns the two samples and the creation time."""
     client = pulsar.asyncio.Client(
         url, operation_timeout_seconds=120,
         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
     )
     gate = asyncio.Semaphore(args.concurrency)
     held = []
+    with_producer, with_consumer = ATTACH[args.attach]
 
     async def one(i):
         topic = f"persistent://public/default/idle-{i}"
         async with gate:
-            producer = await client.create_producer(topic, batching_enabled=False)
-            consumer = await client.subscribe(topic, "idle")
+            producer = consumer = None
+            if with_producer:
+                producer = await client.create_producer(topic, batching_enabled=False)
+            if with_consumer:
+                consumer = await client.subscribe(topic, "idle")
             held.append((producer, consumer))
 
     await asyncio.sleep(2)
-    rss_before = rss_kib(pid)
-    tasks_before = alive_tasks(http)
-    t_before = time.monotonic() - spawned
+    before = measure()
     began = time.monotonic()
     await asyncio.gather(*(one(i) for i in range(args.topics)))
     created_s = time.monotonic() - began
     await asyncio.sleep(SETTLE_S)
-    rss_after = rss_kib(pid)
-    tasks_after = alive_tasks(http)
-    t_after = time.monotonic() - spawned
+    after = measure()
     await client.close()
-    tasks = (tasks_before, tasks_after)
-    return rss_before, rss_after, t_before, t_after, created_s, tasks
+    return before, after, created_s
 
 
 def massif_heap(path, at_s):
@@ -171,39 +207,72 @@ def massif_heap(path, at_s):
     if peak:
         scale = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}[peak.group(2)]
         peak_bytes = float(peak.group(1)) * scale
+    os.remove(path + ".massif")
     return values, peak_bytes
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--topics", type=int, default=10_000)
-    parser.add_argument("--vela", default=os.path.join(ROOT, "target/release/vela"))
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--heaptrack", action="store_true")
-    parser.add_argument("--data-root", default=None,
-                        help="where the data directory goes (e.g. /dev/shm: topic creation "
-                             "waits for no fsync; memory figures are the process's either way)")
-    args = parser.parse_args()
+def own_frame(frame):
+    """A frame of Vela's own crates, shortened (no hash, no closure
+    suffixes), or None."""
+    if "vela_" not in frame:
+        return None
+    frame = re.sub(r"::h[0-9a-f]{16}$", "", frame)
+    frame = re.sub(r"::\{\{closure\}\}", "", frame)
+    return frame
 
+
+def breakdown(path, topics):
+    """What was never freed (live at the SIGKILL), by the innermost frame of
+    Vela's own crates on each allocation's stack, largest first."""
+    stacks = path + ".stacks"
+    subprocess.run(
+        ["heaptrack_print", "-f", path, "--print-flamegraph", stacks,
+         "--flamegraph-cost-type", "leaked", "--print-peaks", "0",
+         "--print-allocators", "0", "--print-temporary", "0", "--print-leaks", "0"],
+        capture_output=True, text=True, check=False,
+    )
+    sites = collections.Counter()
+    total = 0
+    with open(stacks) as f:
+        for line in f:
+            stack, _, cost = line.rstrip("\n").rpartition(" ")
+            if not cost.isdigit():
+                continue
+            bytes_ = int(cost)
+            total += bytes_
+            frames = stack.split(";")
+            site = next((own for own in map(own_frame, reversed(frames)) if own), None)
+            sites[site or "(no Vela frame)"] += bytes_
+    os.remove(stacks)
+    print(f"live at the kill: {total / 2**20:.1f} MiB ({total / topics / 1024:.2f} KiB per topic, "
+          f"the broker's start included); by the allocating frame of Vela's crates:")
+    for site, bytes_ in sites.most_common(BREAKDOWN_SITES):
+        print(f"  {bytes_ / topics:9.0f} B/topic  {site}")
+
+
+def run_vela(args):
     data_dir = tempfile.mkdtemp(prefix="vela-idle-topics-", dir=args.data_root)
     heaptrack_out = os.path.join(data_dir, "heaptrack") if args.heaptrack else None
     proc = None
     try:
         proc, (url, http), spawned = start(args.vela, data_dir, heaptrack_out)
-        pid = vela_pid(proc.pid)
-        rss_before, rss_after, t_before, t_after, created_s, tasks = asyncio.run(
-            create_measure_close(url, http, args, pid, spawned)
-        )
+        pid = vela_pid(proc.pid, args.vela)
+
+        def measure():
+            return rss_kib(pid), alive_tasks(http), time.monotonic() - spawned
+
+        before, after, created_s = asyncio.run(create_measure_close(url, args, measure))
+        (rss_before, tasks_before, t_before), (rss_after, tasks_after, t_after) = before, after
         per_topic_rss = (rss_after - rss_before) * 1024 / args.topics
-        print(f"topics: {args.topics} (one producer, one subscription with one consumer each), "
+        print(f"vela: {args.topics} topics ({args.attach}: {describe(args.attach)}), "
               f"created in {created_s:.1f} s")
         print(f"broker RSS: {rss_before / 1024:.1f} MiB before, {rss_after / 1024:.1f} MiB after: "
               f"{per_topic_rss / 1024:.2f} KiB per topic")
-        if None not in tasks:
-            print(f"broker runtime tasks: {tasks[0]:.0f} before, {tasks[1]:.0f} after: "
-                  f"{(tasks[1] - tasks[0]) / args.topics:.2f} per topic")
-        os.kill(pid, signal.SIGTERM)
-        proc.wait(timeout=120)
+        if None not in (tasks_before, tasks_after):
+            print(f"broker runtime tasks: {tasks_before:.0f} before, {tasks_after:.0f} after: "
+                  f"{(tasks_after - tasks_before) / args.topics:.2f} per topic")
+        os.kill(pid, signal.SIGKILL if args.breakdown else signal.SIGTERM)
+        proc.wait(timeout=300)
         if heaptrack_out:
             files = glob.glob(heaptrack_out + "*.zst") + glob.glob(heaptrack_out + "*.gz")
             if not files:
@@ -217,17 +286,88 @@ def main():
             if peak is not None and before is not None:
                 print(f"broker heap peak: {peak / 2**20:.1f} MiB: "
                       f"{(peak - before) / args.topics / 1024:.2f} KiB per topic above the start")
-            print(f"heaptrack data: {files[0]} (kept; delete when done)")
+            if args.breakdown:
+                breakdown(files[0], args.topics)
+            if args.keep_heaptrack:
+                print(f"heaptrack data: {files[0]} (kept; delete when done)")
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait()
-        for path in os.listdir(data_dir):
-            if not path.startswith("heaptrack"):
-                full = os.path.join(data_dir, path)
-                shutil.rmtree(full, ignore_errors=True) if os.path.isdir(full) else os.remove(full)
-        if not args.heaptrack:
+        if args.keep_heaptrack:
+            for path in os.listdir(data_dir):
+                if not path.startswith("heaptrack"):
+                    full = os.path.join(data_dir, path)
+                    shutil.rmtree(full, ignore_errors=True) if os.path.isdir(full) else os.remove(full)
+        else:
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def run_pulsar(args):
+    """Apache Pulsar standalone as bench.py starts it (1 bookie)."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import bench  # noqa: E402  (bench/bench.py: the servers)
+
+    data_root = Path(tempfile.mkdtemp(prefix="pulsar-idle-topics-", dir=args.data_root))
+    opts = bench.Options(0, 0, 0, data_root, Path(args.vela).resolve(), False, False, data_root)
+    server = bench.PulsarServer(1, data_root / "pulsar", opts)
+    try:
+        server.start()
+
+        def measure():
+            return rss_kib(server.pid), java_live_heap_bytes(server.pid)
+
+        before, after, created_s = asyncio.run(
+            create_measure_close(server.service_url, args, measure))
+        (rss_before, heap_before), (rss_after, heap_after) = before, after
+        print(f"pulsar: {args.topics} topics ({args.attach}: {describe(args.attach)}), "
+              f"created in {created_s:.1f} s")
+        print(f"broker RSS: {rss_before / 1024:.1f} MiB before, {rss_after / 1024:.1f} MiB after: "
+              f"{(rss_after - rss_before) / args.topics:.2f} KiB per topic "
+              f"(a JVM: its heap is reserved at start, {bench.PULSAR_MEM_DEFAULT})")
+        if None not in (heap_before, heap_after):
+            print(f"live Java heap: {heap_before / 2**20:.1f} MiB before, "
+                  f"{heap_after / 2**20:.1f} MiB after: "
+                  f"{(heap_after - heap_before) / args.topics / 1024:.2f} KiB per topic")
+    finally:
+        server.stop()
+        shutil.rmtree(data_root, ignore_errors=True)
+
+
+def describe(attach):
+    return {
+        "both": "one producer and one subscription with one consumer each",
+        "producer": "one producer each, no subscription",
+        "consumer": "one subscription with one consumer each, no producer",
+    }[attach]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--topics", type=int, default=10_000)
+    parser.add_argument("--attach", choices=list(ATTACH), default="both",
+                        help="what each topic gets (default: a producer and a consumer)")
+    parser.add_argument("--system", choices=("vela", "pulsar"), default="vela")
+    parser.add_argument("--vela", default=os.path.join(ROOT, "target/release/vela"))
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--heaptrack", action="store_true")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="with --heaptrack: the live heap by allocation site (SIGKILLs the "
+                             "broker once measured)")
+    parser.add_argument("--keep-heaptrack", action="store_true",
+                        help="keep heaptrack's data file (large)")
+    parser.add_argument("--data-root", default=None,
+                        help="where the data directory goes (e.g. /dev/shm: topic creation "
+                             "waits for no fsync; memory figures are the process's either way)")
+    args = parser.parse_args()
+    if args.breakdown and not args.heaptrack:
+        parser.error("--breakdown needs --heaptrack")
+    if args.system == "pulsar":
+        if args.heaptrack:
+            parser.error("--heaptrack is for vela")
+        run_pulsar(args)
+    else:
+        run_vela(args)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@
 //! still opening is answered at once; past the per-connection queue of
 //! commands waiting for a load a PRODUCER is answered ServiceNotReady (a
 //! retriable error), and every command queued is answered once the loads
-//! go on.
+//! go on. Nor does it wait for a new subscription's cursor to be written.
 //!
-//! Deterministic: the topics' log records are written through a metadata
-//! store whose puts for them wait behind a gate the test opens.
+//! Deterministic: the topics' log records (the cursors' records) are
+//! written through a metadata store whose puts for them wait behind a gate
+//! the test opens.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -104,6 +105,98 @@ async fn a_connection_answers_lookups_while_many_topics_open_and_refuses_past_it
         succeeded[id] = true;
     }
     assert!(succeeded.iter().all(|s| *s));
+    drop(client);
+    broker.shutdown().await.unwrap();
+}
+
+/// Subscriptions whose cursor puts wait for the gate.
+const GATED_SUBSCRIPTION: &str = "gated-subscription";
+
+fn subscribe(topic: &str, consumer_id: u64) -> proto::CommandSubscribe {
+    proto::CommandSubscribe {
+        topic: format!("persistent://public/default/{topic}"),
+        subscription: GATED_SUBSCRIPTION.into(),
+        sub_type: proto::command_subscribe::SubType::Exclusive as i32,
+        consumer_id,
+        request_id: consumer_id,
+        ..Default::default()
+    }
+}
+
+/// A SUBSCRIBE that creates its subscription writes the new cursor off the
+/// connection's reader, on a topic already open as on one still to open:
+/// a lookup sent behind it is answered while the cursor's write waits, and
+/// the SUBSCRIBE is answered once it is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscribe_creating_its_cursor_leaves_the_connection_free() {
+    let gate = Arc::new(watch::channel(false).0);
+    let gate_of_puts = Arc::clone(&gate);
+    let store = PutHookStore::new(Box::new(move |key: &str| {
+        let mut open = key
+            .contains(GATED_SUBSCRIPTION)
+            .then(|| gate_of_puts.subscribe());
+        Box::pin(async move {
+            if let Some(open) = open.as_mut() {
+                let _ = open.wait_for(|open| *open).await;
+            }
+        })
+    }));
+    let meta: Arc<dyn MetadataStore> = Arc::clone(&store) as Arc<dyn MetadataStore>;
+    let ledgers = vela_log::memory::MemoryBackend(vela_log::memory::MemoryLedgers::new());
+    let log_env = vela_log::LogEnv::new(Arc::clone(&meta), Arc::new(ledgers));
+    let broker = common::start_broker_on(meta, log_env).await;
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    // The topic is open (its producer is served).
+    client
+        .create_producer("persistent://public/default/open", 100)
+        .await;
+
+    client.send(subscribe("open", 1)).await;
+    client.send(subscribe("not-open-yet", 2)).await;
+    client
+        .send(proto::CommandPartitionedTopicMetadata {
+            topic: "persistent://public/default/other".into(),
+            request_id: 1 << 40,
+            ..Default::default()
+        })
+        .await;
+    // Answered while both cursors' writes wait (before this change the
+    // reader waited for the first one: nothing came).
+    let first = client.recv().await.command;
+    let metadata = first
+        .partition_metadata_response
+        .expect("PARTITIONED_METADATA is answered behind the SUBSCRIBEs");
+    assert_eq!(metadata.request_id, 1 << 40);
+
+    gate.send_replace(true);
+    let mut answered = [false; 2];
+    for _ in 0..2 {
+        let command = client.recv().await.command;
+        let Some(success) = command.success else {
+            panic!("expected SUCCESS for a SUBSCRIBE, got {command:?}");
+        };
+        let id = success.request_id as usize - 1;
+        assert!(!answered[id], "SUBSCRIBE {id} answered twice");
+        answered[id] = true;
+    }
+    // Each subscription exists, its consumer attached: a message produced
+    // on the open topic reaches it.
+    client.flow(1, 10).await;
+    client.produce(100, 0, b"after the gate").await;
+    let (mut receipted, mut delivered) = (false, false);
+    for _ in 0..2 {
+        // The receipt and the message, in either order.
+        let frame = client.recv().await;
+        if frame.command.send_receipt.is_some() {
+            receipted = true;
+            continue;
+        }
+        let (message, payload) = common::message_of(&frame);
+        assert_eq!(message.consumer_id, 1);
+        assert_eq!(payload.as_ref(), b"after the gate");
+        delivered = true;
+    }
+    assert!(receipted && delivered);
     drop(client);
     broker.shutdown().await.unwrap();
 }

@@ -136,11 +136,15 @@ impl Consumers {
                 .await;
         }
         if let Some(loads) = loads {
+            // A bad request opens nothing and creates nothing: its handling
+            // below answers it.
+            let subscription = subscribe_request(&body).ok();
             let deferred = loads.defer(
                 session,
                 &body.topic,
                 body.force_topic_creation.unwrap_or(true),
                 TopicAction::Consume,
+                subscription,
                 || Deferred::Subscribe(body.clone()),
             );
             match deferred {
@@ -172,23 +176,7 @@ impl Consumers {
         session
             .authorize(&topic_name.namespace, TopicAction::Consume)
             .await?;
-        if body.subscription.is_empty() || body.subscription.len() > NAME_BYTES_MAX {
-            return Err(ServiceError::new(
-                ServerError::NotAllowedError,
-                "subscription name empty or longer than NAME_BYTES_MAX",
-            ));
-        }
-        if body
-            .subscription
-            .starts_with(crate::topic::REPLICATOR_PREFIX)
-        {
-            // The replicators' cursors: a consumer acking one would drop
-            // what is still to replicate (Pulsar refuses them too).
-            return Err(ServiceError::new(
-                ServerError::NotAllowedError,
-                "Subscription with reserved subscription name attempted",
-            ));
-        }
+        check_subscription_name(body)?;
         if topic_name.domain == TopicDomain::NonPersistent {
             let sub_type = SubType::try_from(body.sub_type).map_err(|_| {
                 ServiceError::new(ServerError::NotAllowedError, "unknown subscription type")
@@ -214,26 +202,9 @@ impl Consumers {
                 .check_consumer(&topic_name, s, strategy, !topic.has_producers())
                 .await?;
         }
-        let sub_type = SubType::try_from(body.sub_type).map_err(|_| {
-            ServiceError::new(ServerError::NotAllowedError, "unknown subscription type")
-        })?;
-        let durable = body.durable.unwrap_or(true);
-        let reader_start = if durable {
-            None
-        } else {
-            reader_start(body.start_message_id.as_ref())
-        };
+        let request = subscribe_request(body)?;
         let info = consumer_info(session, body)?;
-        let request = SubscribeRequest {
-            subscription: body.subscription.clone(),
-            sub_type,
-            durable,
-            initial_earliest: body.initial_position == Some(InitialPosition::Earliest as i32),
-            reader_start,
-            sticky: info.sticky_ranges.is_some(),
-            read_compacted: body.read_compacted.unwrap_or(false),
-            replicated: body.replicate_subscription_state.unwrap_or(false),
-        };
+        debug_assert_eq!(request.sticky, info.sticky_ranges.is_some());
         let (sub, slot) = topic.subscribe(&request, info).await?;
         tracing::debug!(conn = session.id, topic = %topic.full_name, subscription = %sub.name, "consumer created");
         let previous = self.map.insert(
@@ -628,6 +599,58 @@ fn consumer_stats_response(
             ..proto::CommandConsumerStatsResponse::default()
         },
     }
+}
+
+/// A subscription name a consumer may use: not empty, at most
+/// `NAME_BYTES_MAX`, not a replicator's.
+fn check_subscription_name(body: &proto::CommandSubscribe) -> Result<(), ServiceError> {
+    if body.subscription.is_empty() || body.subscription.len() > NAME_BYTES_MAX {
+        return Err(ServiceError::new(
+            ServerError::NotAllowedError,
+            "subscription name empty or longer than NAME_BYTES_MAX",
+        ));
+    }
+    if body
+        .subscription
+        .starts_with(crate::topic::REPLICATOR_PREFIX)
+    {
+        // The replicators' cursors: a consumer acking one would drop what
+        // is still to replicate (Pulsar refuses them too).
+        return Err(ServiceError::new(
+            ServerError::NotAllowedError,
+            "Subscription with reserved subscription name attempted",
+        ));
+    }
+    Ok(())
+}
+
+/// The subscription a SUBSCRIBE on a persistent topic asks for (its name
+/// checked).
+fn subscribe_request(body: &proto::CommandSubscribe) -> Result<SubscribeRequest, ServiceError> {
+    check_subscription_name(body)?;
+    let sub_type = SubType::try_from(body.sub_type).map_err(|_| {
+        ServiceError::new(ServerError::NotAllowedError, "unknown subscription type")
+    })?;
+    let durable = body.durable.unwrap_or(true);
+    let reader_start = if durable {
+        None
+    } else {
+        reader_start(body.start_message_id.as_ref())
+    };
+    let sticky = body
+        .key_shared_meta
+        .as_ref()
+        .is_some_and(|meta| meta.key_shared_mode == proto::KeySharedMode::Sticky as i32);
+    Ok(SubscribeRequest {
+        subscription: body.subscription.clone(),
+        sub_type,
+        durable,
+        initial_earliest: body.initial_position == Some(InitialPosition::Earliest as i32),
+        reader_start,
+        sticky,
+        read_compacted: body.read_compacted.unwrap_or(false),
+        replicated: body.replicate_subscription_state.unwrap_or(false),
+    })
 }
 
 /// A consumer as SUBSCRIBE describes it (names bounded, Key_Shared STICKY

@@ -1,13 +1,17 @@
-//! PRODUCER and SUBSCRIBE whose topic is not open yet: the topic is opened
-//! off the reader, by a task of its own (after the role's authorization
-//! check: nothing is opened for a role that may not use it), and the
-//! command comes back to its handler once the topic is open or failed.
+//! PRODUCER and SUBSCRIBE whose topic is not open yet, and SUBSCRIBE that
+//! creates its durable subscription: the topic is opened (and the new
+//! subscription's cursor written) off the reader, by a task of its own
+//! (after the role's authorization check: nothing is opened for a role that
+//! may not use it), and the command comes back to its handler once that is
+//! done or failed; the handler then writes nothing.
 //!
 //! Why: opening a topic may take seconds to a minute (its ledger's recovery
-//! fences a quorum of bookies and waits on unreachable ones), and official
-//! clients put every producer and consumer on one connection per broker:
-//! opening it inside the read loop stalls all the client's other topics
-//! (their LOOKUP and PARTITIONED_METADATA too, which then time out).
+//! fences a quorum of bookies and waits on unreachable ones), a cursor's
+//! creation is a metadata write (an fsync, an etcd round trip, or longer
+//! when the store is slow), and official clients put every producer and
+//! consumer on one connection per broker: waiting for either inside the
+//! read loop stalls all the client's other topics (their LOOKUP and
+//! PARTITIONED_METADATA too, which then time out).
 //! Owns: [`DeferredLoads`] (the loads running, the commands waiting for a
 //! load slot, their bounds, and the ids they are for, so that a
 //! CLOSE_PRODUCER / CLOSE_CONSUMER meanwhile is answered at once and the
@@ -35,6 +39,7 @@ use vela_wire::proto::{self, ServerError};
 use super::session::{self, Session};
 use crate::authorization::TopicAction;
 use crate::error::ServiceError;
+use crate::topic::SubscribeRequest;
 use crate::topic_name::{TopicDomain, TopicName};
 
 /// Topic loads of one connection's PRODUCER and SUBSCRIBE commands running
@@ -131,18 +136,21 @@ impl DeferredLoads {
         }
     }
 
-    /// Opens `topic` off the read loop when it is not served yet; the
-    /// command (`command()`) comes back through [`DeferredLoads::recv`].
-    /// `Ok(false)`: handle the command now (the topic is open, its name is
-    /// bad, or it is non-persistent). `Err`: too many commands wait for
-    /// their topic on this connection; the error is the answer. Never
-    /// waits.
+    /// Opens `topic` off the read loop when it is not served yet, and for
+    /// a SUBSCRIBE (`subscription`) writes what its attach would write (a
+    /// new durable subscription's cursor, `Topic::prepare_subscription`),
+    /// also on a topic already open; the command (`command()`) comes back
+    /// through [`DeferredLoads::recv`]. `Ok(false)`: handle the command now
+    /// (the topic is open and there is nothing to write, its name is bad,
+    /// or it is non-persistent). `Err`: too many commands wait for their
+    /// topic on this connection; the error is the answer. Never waits.
     pub(super) fn defer(
         &mut self,
         session: &Session,
         topic: &str,
         create: bool,
         action: TopicAction,
+        subscription: Option<SubscribeRequest>,
         command: impl FnOnce() -> Deferred,
     ) -> Result<bool, ServiceError> {
         let Ok(name) = TopicName::parse(topic) else {
@@ -152,10 +160,11 @@ impl DeferredLoads {
             // Nothing to open: a non-persistent topic is made in place.
             return Ok(false);
         }
-        if session
-            .service
-            .served_topic(&name.to_string())
-            .is_some_and(|t| !t.log.is_closed())
+        if let Some(open) = session.service.served_topic(&name.to_string())
+            && !open.log.is_closed()
+            && subscription
+                .as_ref()
+                .is_none_or(|request| !open.subscribe_writes(request))
         {
             return Ok(false);
         }
@@ -164,7 +173,11 @@ impl DeferredLoads {
         let load: Load = Box::pin(async move {
             // Nothing is opened for a role that may not use the topic.
             session::authorize_role(&service, role.as_deref(), &name.namespace, action).await?;
-            service.topic(&name, create).await.map(|_| ())
+            let topic = service.topic(&name, create).await?;
+            match subscription {
+                Some(request) => topic.prepare_subscription(&request).await,
+                None => Ok(()),
+            }
         });
         self.admit(command(), load)?;
         Ok(true)

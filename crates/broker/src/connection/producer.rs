@@ -183,9 +183,14 @@ impl Producers {
                 .await;
         }
         if let Some(loads) = loads {
-            let deferred = loads.defer(session, &body.topic, true, TopicAction::Produce, || {
-                Deferred::Producer(body.clone())
-            });
+            let deferred = loads.defer(
+                session,
+                &body.topic,
+                true,
+                TopicAction::Produce,
+                None,
+                || Deferred::Producer(body.clone()),
+            );
             match deferred {
                 Ok(true) => return Ok(()),
                 Ok(false) => {}

@@ -125,7 +125,8 @@ pub(crate) struct Topic {
     pub(crate) compaction: Arc<Compaction>,
     /// A publish rate set by topic or namespace policy, replacing the
     /// broker's (`policy_rate_set` keeps SENDs off the lock when none is).
-    policy_rate: Mutex<Option<PublishThrottle>>,
+    /// Boxed: most topics have none (~100 bytes inline otherwise).
+    policy_rate: Mutex<Option<Box<PublishThrottle>>>,
     policy_rate_set: AtomicBool,
     /// Delayed delivery and unacknowledged limits, shared with the
     /// subscription tasks.
@@ -136,8 +137,9 @@ pub(crate) struct Topic {
     /// A termination began: producers are refused (retriably until the log
     /// is terminated, then with TopicTerminatedError).
     terminating: AtomicBool,
-    /// The transaction buffer and pending acks (transactions on).
-    txn: Option<(Arc<TxnBuffer>, PendingAcks)>,
+    /// The transaction buffer and pending acks (transactions on), boxed:
+    /// ~120 bytes a topic otherwise, with transactions off too.
+    txn: Option<Box<(Arc<TxnBuffer>, PendingAcks)>>,
     /// Replicated subscriptions and the snapshots they read, shared with
     /// the subscription tasks and the snapshot controller
     /// (`replication::snapshots`).
@@ -165,7 +167,7 @@ impl Topic {
         txn: Option<TopicTxn>,
     ) -> Arc<Topic> {
         let full_name = name.to_string();
-        let txn = txn.map(|t| (t.buffer, t.acks));
+        let txn = txn.map(|t| Box::new((t.buffer, t.acks)));
         let replicated = Arc::new(ReplicatedSubscriptions::default());
         replicated.restore(&log);
         Arc::new(Topic {
@@ -182,7 +184,7 @@ impl Topic {
                 limits.consumers_per_subscription_max,
                 reads,
                 held,
-                txn.as_ref().map(|(buffer, _)| Arc::clone(buffer)),
+                txn.as_deref().map(|(buffer, _)| Arc::clone(buffer)),
                 Arc::clone(&replicated),
             ),
             policies: PolicyState::default(),
@@ -243,23 +245,26 @@ impl Topic {
     /// The transaction buffer (`None` when transactions are off): what
     /// readers other than subscriptions (replicators) must respect.
     pub(crate) fn txn_buffer(&self) -> Option<&Arc<TxnBuffer>> {
-        self.txn.as_ref().map(|(buffer, _)| buffer)
+        self.txn.as_deref().map(|(buffer, _)| buffer)
     }
 
     /// The pending acknowledgements of its subscriptions (`None` when
     /// transactions are off).
     pub(crate) fn pending_acks(&self) -> Option<&PendingAcks> {
-        self.txn.as_ref().map(|(_, acks)| acks)
+        self.txn.as_deref().map(|(_, acks)| acks)
     }
 
     /// The transaction buffer, or NotAllowedError when transactions are off.
     fn buffer(&self) -> Result<&Arc<TxnBuffer>, ServiceError> {
-        self.txn.as_ref().map(|(buffer, _)| buffer).ok_or_else(|| {
-            ServiceError::new(
-                vela_wire::proto::ServerError::NotAllowedError,
-                "Transactions are not enabled.",
-            )
-        })
+        self.txn
+            .as_deref()
+            .map(|(buffer, _)| buffer)
+            .ok_or_else(|| {
+                ServiceError::new(
+                    vela_wire::proto::ServerError::NotAllowedError,
+                    "Transactions are not enabled.",
+                )
+            })
     }
 
     /// Readies the transaction buffer for this topic's transactional SENDs
@@ -310,7 +315,7 @@ impl Topic {
 
     /// An entry of transaction `txn` is durable at `position`.
     pub(crate) fn txn_appended(&self, txn: TxnKey, position: vela_log::Position) {
-        if let Some((buffer, _)) = &self.txn {
+        if let Some((buffer, _)) = self.txn.as_deref() {
             buffer.appended(txn, position);
         }
     }
@@ -348,7 +353,7 @@ impl Topic {
         cumulative: bool,
     ) -> Result<(), ServiceError> {
         self.buffer()?;
-        let Some((_, acks)) = &self.txn else {
+        let Some((_, acks)) = self.txn.as_deref() else {
             return Ok(());
         };
         acks.ack(subscription, txn, ids, cumulative).await
@@ -371,7 +376,7 @@ impl Topic {
         low_water: Option<u64>,
     ) -> Result<(), ServiceError> {
         self.buffer()?;
-        let Some((_, acks)) = &self.txn else {
+        let Some((_, acks)) = self.txn.as_deref() else {
             return Ok(());
         };
         self.apply_txn_outcome(acks, subscription, txn, commit)
@@ -514,7 +519,9 @@ impl Topic {
             let mut throttle = self.policy_rate.lock();
             // A policy rate with neither side limited is no limit (Pulsar's
             // -1/-1), also over the broker's.
-            *throttle = rate.and_then(|r| PublishThrottle::new(r, Instant::now()));
+            *throttle = rate
+                .and_then(|r| PublishThrottle::new(r, Instant::now()))
+                .map(Box::new);
             self.policy_rate_set
                 .store(rate.is_some(), Ordering::Release);
         }
@@ -661,6 +668,57 @@ impl Topic {
         Ok(attached)
     }
 
+    /// Whether attaching a consumer as `request` asks would write metadata:
+    /// a durable subscription whose cursor is not open yet (its creation),
+    /// or one still to mark replicated. A connection then has
+    /// [`Topic::prepare_subscription`] do it off its reader first.
+    pub(crate) fn subscribe_writes(&self, request: &SubscribeRequest) -> bool {
+        if !request.durable {
+            return false;
+        }
+        match self.log.cursor(&request.subscription) {
+            None => true,
+            Some(_) => request.replicated && !self.replicated.is_replicated(&request.subscription),
+        }
+    }
+
+    /// Writes what attaching a consumer as `request` asks would write,
+    /// without attaching it: the new durable subscription's cursor (after
+    /// the policy checks a new subscription passes) and its replicated mark.
+    /// The attach ([`Topic::subscribe`]) then finds both done and writes
+    /// nothing. As in Pulsar, the subscription stays when the attach is
+    /// then refused (an Exclusive one taken, say).
+    pub(crate) async fn prepare_subscription(
+        &self,
+        request: &SubscribeRequest,
+    ) -> Result<(), ServiceError> {
+        if !self.subscribe_writes(request) {
+            return Ok(());
+        }
+        if self
+            .subscriptions
+            .live(&request.subscription)
+            .is_some_and(|running| running.durable != request.durable)
+        {
+            // The attach refuses it; nothing to create.
+            return Ok(());
+        }
+        self.check_policy_limits(request).await?;
+        let start = if request.initial_earliest {
+            vela_log::CursorStart::Earliest
+        } else {
+            vela_log::CursorStart::Latest
+        };
+        self.log.open_cursor(&request.subscription, start).await?;
+        if request.replicated
+            && let Err(error) = self.set_replicated(&request.subscription, true).await
+        {
+            tracing::warn!(topic = %self.full_name, subscription = %request.subscription,
+                %error, "subscription not replicated");
+        }
+        Ok(())
+    }
+
     /// The dispatch policies (the replicators read their rate there).
     pub(crate) fn dispatch_policy(&self) -> &Arc<crate::subscription::DispatchPolicy> {
         &self.dispatch_policy
@@ -769,7 +827,7 @@ impl Topic {
     /// As [`Topic::close`], then deletes the log, its cursors and ledgers.
     pub(crate) async fn delete(&self) -> Result<(), vela_log::LogError> {
         self.detach_clients().await;
-        if let Some((buffer, acks)) = &self.txn {
+        if let Some((buffer, acks)) = self.txn.as_deref() {
             buffer.delete().await;
             if let Err(error) = acks.delete_all().await {
                 tracing::warn!(topic = %self.full_name, %error, "pending acknowledgement records not deleted");
@@ -832,7 +890,7 @@ impl Topic {
     /// update from one of them makes it here again).
     pub(crate) async fn subscription_deleted(&self, subscription: &str) {
         self.replicated.forget(subscription);
-        if let Some((_, acks)) = &self.txn
+        if let Some((_, acks)) = self.txn.as_deref()
             && let Err(error) = acks.drop_subscription(subscription).await
         {
             tracing::warn!(topic = %self.full_name, subscription, %error, "pending acknowledgement records not deleted");
@@ -862,4 +920,46 @@ fn buffer_error(error: BufferError) -> ServiceError {
         BufferError::Corrupt(_) => ServerError::UnknownError,
     };
     ServiceError::new(code, error.to_string())
+}
+
+#[cfg(test)]
+mod size_tests {
+    use super::*;
+
+    /// A served topic's own struct is part of an idle topic's fixed cost
+    /// (ARCHITECTURE.md, "Memory model"; 1,672 bytes before its rate and
+    /// transaction parts were boxed): its parts' sizes, printed for the
+    /// next cut. A field that grows it past the bound belongs behind a
+    /// `Box` or an `Option<Box<_>>`.
+    #[test]
+    fn a_served_topic_holds_little() {
+        let sizes = [
+            ("Topic", std::mem::size_of::<Topic>()),
+            ("TopicName", std::mem::size_of::<TopicName>()),
+            ("Publisher", std::mem::size_of::<Publisher>()),
+            ("DedupTable", std::mem::size_of::<DedupTable>()),
+            ("ProducerTable", std::mem::size_of::<ProducerTable>()),
+            (
+                "SubscriptionTable",
+                std::mem::size_of::<SubscriptionTable>(),
+            ),
+            ("PolicyState", std::mem::size_of::<PolicyState>()),
+            ("TopicPolicies", std::mem::size_of::<TopicPolicies>()),
+            ("RateMeter<4>", std::mem::size_of::<Mutex<RateMeter<4>>>()),
+            (
+                "policy_rate",
+                std::mem::size_of::<Mutex<Option<Box<PublishThrottle>>>>(),
+            ),
+            (
+                "OnceCell<()>",
+                std::mem::size_of::<tokio::sync::OnceCell<()>>(),
+            ),
+            (
+                "txn",
+                std::mem::size_of::<Option<Box<(Arc<TxnBuffer>, PendingAcks)>>>(),
+            ),
+        ];
+        eprintln!("{sizes:?}");
+        assert!(sizes[0].1 <= 1400, "{sizes:?}");
+    }
 }

@@ -41,8 +41,9 @@ pub(crate) struct Publisher {
     msg_in: AtomicU64,
     /// Entry bytes published since the topic opened.
     bytes_in: AtomicU64,
-    /// The publish rate's buckets (`None`: unlimited).
-    throttle: Option<PublishThrottle>,
+    /// The publish rate's buckets (`None`: unlimited; boxed, ~100 bytes
+    /// inline on every topic otherwise).
+    throttle: Option<Box<PublishThrottle>>,
 }
 
 impl Publisher {
@@ -50,7 +51,7 @@ impl Publisher {
         Publisher {
             msg_in: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
-            throttle: PublishThrottle::new(rate, Instant::now()),
+            throttle: PublishThrottle::new(rate, Instant::now()).map(Box::new),
         }
     }
 

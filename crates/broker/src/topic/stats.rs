@@ -81,7 +81,7 @@ impl Topic {
         );
         let (ongoing_txn_count, committed_txn_count, aborted_txn_count) = self
             .txn
-            .as_ref()
+            .as_deref()
             .map_or((0, 0, 0), |(buffer, _)| buffer.txn_counts());
         TopicStats {
             topic: self.full_name.clone(),
