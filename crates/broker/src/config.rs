@@ -245,8 +245,11 @@ impl Default for PersistenceConfig {
 /// for.
 pub const READ_AHEAD_BYTES_MAX_DEFAULT: u64 = 256 * 1024 * 1024;
 
-/// Default of `BrokerConfig::catch_up_read_nice`.
-pub const CATCH_UP_READ_NICE_DEFAULT: u8 = 10;
+/// Default of `BrokerConfig::catch_up_read_nice`: 0, the reads run on the
+/// broker's runtime. Lower priority is opt-in until it is shown to help
+/// producers on a quiet machine: on a busy one (other processes' builds) a
+/// drain at nice 10 ran 1.2x to 3.5x slower (bench/RESULTS-catch-up.md).
+pub const CATCH_UP_READ_NICE_DEFAULT: u8 = 0;
 
 /// Everything the broker needs to start.
 #[derive(Debug, Clone)]

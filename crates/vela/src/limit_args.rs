@@ -91,8 +91,9 @@ pub(crate) struct LimitArgs {
     /// CPU priority (nice value, 0 to 19) of the threads that read
     /// catch-up subscriptions' entries from the bookies: on a busy machine
     /// the kernel then runs producers' writes first and a backlog drains
-    /// more slowly instead; alone, a drain takes whatever CPU is free. 0:
-    /// the reads run on the broker's own threads.
+    /// more slowly instead (behind any busy process); alone, a drain takes
+    /// whatever CPU is free. 0 (the default): the reads run on the broker's
+    /// own threads.
     #[arg(long, default_value_t = CATCH_UP_READ_NICE_DEFAULT,
           value_parser = clap::value_parser!(u8).range(0..=19))]
     catch_up_read_nice: u8,
