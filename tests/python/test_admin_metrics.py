@@ -145,7 +145,9 @@ def test_tenants_and_namespaces(broker):
     assert quotas["destination_storage"]["policy"] == "producer_exception"
     bad_quota = dict(quota, policy="nope")
     assert http(broker, "POST", base + "/backlogQuota", json.dumps(bad_quota))[0] == 400
-    assert http(broker, "GET", "/admin/v2/namespaces/%s/missing/persistence" % tenant)[0] == 404
+    status, body = http(broker, "GET", "/admin/v2/namespaces/%s/missing/persistence" % tenant)
+    assert status == 404 and json.loads(body)["reason"].endswith(" does not exist"), (status, body)
+    assert "does not exist does not exist" not in json.loads(body)["reason"], body
 
     # Deletion: refused while not empty, then allowed.
     assert http(broker, "PUT", "/admin/v2/persistent/%s/t" % ns, "{}")[0] == 204
@@ -259,7 +261,8 @@ def test_subscription_admin(broker, client):
     assert http(broker, "POST", path + "/subscription/admin-sub/expireMessages/0")[0] == 204
     assert backlog("admin-sub") == 0
     assert http(broker, "POST", path + "/subscription/admin-sub/skip/abc")[0] == 400
-    assert http(broker, "POST", path + "/subscription/missing/skip/1")[0] == 404
+    status, body = http(broker, "POST", path + "/subscription/missing/skip/1")
+    assert (status, json.loads(body)["reason"]) == (404, "Subscription missing not found for topic " + topic)
 
     # A live consumer follows a reset (it is disconnected and re-attaches).
     consumer = client.subscribe(topic, "admin-sub")

@@ -284,15 +284,41 @@ def test_dispatch_rate_throttles_delivery(pb, pc, policy):
         consumer.close()
 
 
+def _send_errors(b):
+    """The broker's vela_send_errors_total."""
+    status, raw = http(b, "GET", "/metrics")
+    assert status == 200, raw
+    for line in raw.decode().splitlines():
+        if line.startswith("vela_send_errors_total"):
+            return float(line.split()[-1])
+    raise AssertionError("no vela_send_errors_total in /metrics")
+
+
 def test_max_message_size_refuses_larger_sends(pb, pc):
+    """A send over the topic's maxMessageSize is answered with a send error
+    (Pulsar's NotAllowedError "Exceed maximum message size") and never
+    stored. The C++ client under the Python one answers any send error but
+    a checksum error by reconnecting and sending again (as it does against
+    Pulsar), so the refused send stays pending, refused again on every
+    connection, until the producer closes: it never succeeds."""
     topic = "persistent://%s/size" % new_namespace(pb)
     create_topic(pb, topic)
     set_topic_policy(pb, topic, "maxMessageSize", 2000)
     producer = pc.create_producer(topic, batching_enabled=False)
     producer.send(b"x" * 100)
-    with pytest.raises(pulsar.PulsarException):
-        producer.send(b"x" * 5000)
+    refused_before = _send_errors(pb)
+    outcomes = []
+    producer.send_async(b"x" * 5000, lambda result, _id: outcomes.append(result))
+    deadline = time.time() + WAIT_S
+    while _send_errors(pb) < refused_before + 2 and time.time() < deadline:
+        time.sleep(0.05)
+    assert _send_errors(pb) >= refused_before + 2, "the oversized send was not refused"
+    status, body = http(pb, "GET", rest(topic) + "/internalStats")
+    assert status == 200, body
+    assert json.loads(body)["numberOfEntries"] == 1, "the oversized message was stored"
+    assert outcomes == [], outcomes
     producer.close()
+    assert len(outcomes) == 1 and outcomes[0] != pulsar.Result.Ok, outcomes
 
 
 def test_max_topics_per_namespace_refuses_the_next_topic(pb, pc):

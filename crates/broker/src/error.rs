@@ -55,8 +55,9 @@ pub enum AdminError {
     /// The thing to create exists already.
     #[error("{0} already exists")]
     Exists(String),
-    /// The namespace or tenant is absent.
-    #[error("{0} does not exist")]
+    /// The tenant, namespace, topic or subscription is absent: the whole
+    /// message, as the caller words it (Pulsar's texts where it has one).
+    #[error("{0}")]
     NotFound(String),
     /// A request argument breaks a policy rule (Pulsar answers 412).
     #[error("invalid: {0}")]

@@ -89,7 +89,7 @@ impl Admin {
         data.validate()?;
         let key = cluster_key(cluster);
         let Some((_, version)) = self.meta.get(&key).await? else {
-            return Err(AdminError::NotFound("Cluster".into()));
+            return Err(AdminError::NotFound("Cluster does not exist".into()));
         };
         let value = serde_json::to_vec(data).map_err(|e| AdminError::Invalid(e.to_string()))?;
         self.meta
@@ -102,7 +102,7 @@ impl Admin {
     /// Pulsar refuses a cluster in use; 404 when absent).
     pub async fn delete_cluster(&self, cluster: &str) -> Result<(), AdminError> {
         if self.cluster(cluster).await?.is_none() {
-            return Err(AdminError::NotFound("Cluster".into()));
+            return Err(AdminError::NotFound("Cluster does not exist".into()));
         }
         for tenant in self.tenants().await? {
             let allowed = self
@@ -235,7 +235,7 @@ impl Admin {
         let mut policies = self
             .namespace_policies(ns)
             .await?
-            .ok_or_else(|| AdminError::NotFound("Namespace".into()))?;
+            .ok_or_else(|| AdminError::NotFound("Namespace does not exist".into()))?;
         policies.replication_clusters = Some(clusters.clone());
         self.set_namespace_policies(ns, &policies).await?;
         Ok(clusters)

@@ -225,7 +225,10 @@ impl Admin {
     ) -> Result<(), AdminError> {
         policies.validate()?;
         if !self.tenant_exists(&ns.tenant).await? {
-            return Err(AdminError::NotFound(format!("tenant {}", ns.tenant)));
+            return Err(AdminError::NotFound(format!(
+                "tenant {} does not exist",
+                ns.tenant
+            )));
         }
         let value =
             serde_json::to_vec(&policies).map_err(|e| AdminError::Invalid(e.to_string()))?;
@@ -255,9 +258,9 @@ impl Admin {
             .await
         {
             Ok(()) => Ok(()),
-            Err(MetaError::NotFound { .. }) => {
-                Err(AdminError::NotFound(format!("tenant {tenant}")))
-            }
+            Err(MetaError::NotFound { .. }) => Err(AdminError::NotFound(format!(
+                "tenant {tenant} does not exist"
+            ))),
             Err(e) => Err(e.into()),
         }
     }
@@ -273,7 +276,9 @@ impl Admin {
             .await
         {
             Ok(()) => Ok(()),
-            Err(MetaError::NotFound { .. }) => Err(AdminError::NotFound(format!("namespace {ns}"))),
+            Err(MetaError::NotFound { .. }) => Err(AdminError::NotFound(format!(
+                "namespace {ns} does not exist"
+            ))),
             Err(e) => Err(e.into()),
         }
     }
@@ -313,7 +318,9 @@ impl Admin {
         policies.validate()?;
         let key = namespace_key(ns);
         if self.meta.get(&key).await?.is_none() {
-            return Err(AdminError::NotFound(format!("namespace {ns}")));
+            return Err(AdminError::NotFound(format!(
+                "namespace {ns} does not exist"
+            )));
         }
         let value = serde_json::to_vec(policies).map_err(|e| AdminError::Invalid(e.to_string()))?;
         self.meta
@@ -397,7 +404,7 @@ impl Admin {
         }
         if self.namespace_policies(&topic.namespace).await?.is_none() {
             return Err(AdminError::NotFound(format!(
-                "namespace {}",
+                "namespace {} does not exist",
                 topic.namespace
             )));
         }
@@ -543,9 +550,9 @@ impl Admin {
             .await
         {
             Ok(()) => Ok(()),
-            Err(MetaError::NotFound { .. }) => {
-                Err(AdminError::NotFound(format!("partitioned topic {topic}")))
-            }
+            Err(MetaError::NotFound { .. }) => Err(AdminError::NotFound(format!(
+                "partitioned topic {topic} does not exist"
+            ))),
             Err(e) => Err(e.into()),
         }
     }

@@ -22,23 +22,50 @@ use vela_wire::proto::{self, ServerError};
 use super::session::{Close, Session};
 use crate::codec;
 use crate::error::ServiceError;
+use crate::service::Service;
 use crate::topic_name::TopicName;
 use crate::transaction::{COORDINATOR_ASSIGN_TOPIC, Coordinators, TxnAction, TxnError, TxnId};
 
-/// The answer of a transaction command: every such response carries the
-/// request id, the transaction id and the error, if any.
-macro_rules! txn_answer {
-    ($response:ident, $request_id:expr, $id:expr, $result:expr) => {{
-        let (error, message) = split($result);
-        proto::$response {
-            request_id: $request_id,
-            txnid_least_bits: Some($id.least),
-            txnid_most_bits: Some($id.most),
-            error,
-            message,
+/// A response to a command on one transaction: each carries the request
+/// id, the transaction id and the error, if any.
+trait TxnResponse {
+    fn answer(request_id: u64, id: TxnId, result: Result<(), ServiceError>) -> proto::BaseCommand;
+}
+
+macro_rules! txn_responses {
+    ($($response:ident),+) => {$(
+        impl TxnResponse for proto::$response {
+            fn answer(
+                request_id: u64,
+                id: TxnId,
+                result: Result<(), ServiceError>,
+            ) -> proto::BaseCommand {
+                let (error, message) = split(result);
+                proto::$response {
+                    request_id,
+                    txnid_least_bits: Some(id.least),
+                    txnid_most_bits: Some(id.most),
+                    error,
+                    message,
+                }
+                .into()
+            }
         }
-        .into()
-    }};
+    )+};
+}
+
+txn_responses!(
+    CommandAddPartitionToTxnResponse,
+    CommandAddSubscriptionToTxnResponse,
+    CommandEndTxnResponse,
+    CommandEndTxnOnPartitionResponse,
+    CommandEndTxnOnSubscriptionResponse
+);
+
+/// Who sent a command: the role, and whether it is a superuser.
+struct Caller {
+    role: Option<String>,
+    superuser: bool,
 }
 
 /// Transaction requests of one connection waiting for the log.
@@ -191,13 +218,69 @@ impl TxnRequests {
         Ok(())
     }
 
-    fn caller(session: &Session) -> (Option<String>, bool) {
+    fn caller(session: &Session) -> Caller {
         let role = session.role().map(str::to_string);
         let superuser = match (&session.service.config.auth, &role) {
             (Some(auth), Some(role)) => auth.is_superuser(role),
             _ => false,
         };
-        (role, superuser)
+        Caller { role, superuser }
+    }
+
+    /// A client's command on transaction `id`, served by the coordinators
+    /// (answered Pulsar's way when transactions are off): `op` runs in a
+    /// task of its own and its outcome is answered as `R`.
+    async fn coordinator_op<R, F, Fut>(
+        &self,
+        session: &Session,
+        request_id: u64,
+        id: TxnId,
+        op: F,
+    ) -> Result<(), Close>
+    where
+        R: TxnResponse,
+        F: FnOnce(Arc<Coordinators>, Caller) -> Fut,
+        Fut: std::future::Future<Output = Result<(), ServiceError>> + Send + 'static,
+    {
+        let Some(coordinators) = Self::coordinators(session, request_id).await? else {
+            return Ok(());
+        };
+        let work = op(coordinators, Self::caller(session));
+        self.spawn(
+            session,
+            async move { R::answer(request_id, id, work.await) },
+        )
+        .await
+    }
+
+    /// Another broker's coordinator ending transaction `id` here: refused
+    /// unless its caller may (`check_participant_caller`); `op` runs in a
+    /// task of its own with the outcome asked for (true: commit) and is
+    /// answered as `R`.
+    async fn participant_op<R, F, Fut>(
+        &self,
+        session: &Session,
+        request_id: u64,
+        id: TxnId,
+        action: Option<i32>,
+        op: F,
+    ) -> Result<(), Close>
+    where
+        R: TxnResponse,
+        F: FnOnce(Arc<Service>, bool) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<(), ServiceError>> + Send,
+    {
+        let allowed = Self::check_participant_caller(session);
+        let service = Arc::clone(&session.service);
+        self.spawn(session, async move {
+            let result = async {
+                allowed?;
+                op(service, action_of(action)?).await
+            }
+            .await;
+            R::answer(request_id, id, result)
+        })
+        .await
     }
 
     pub(super) async fn on_add_partitions(
@@ -205,27 +288,23 @@ impl TxnRequests {
         session: &Session,
         body: proto::CommandAddPartitionToTxn,
     ) -> Result<(), Close> {
-        let request_id = body.request_id;
-        let Some(coordinators) = Self::coordinators(session, request_id).await? else {
-            return Ok(());
-        };
         let id = txn_id(body.txnid_most_bits, body.txnid_least_bits);
-        let (role, superuser) = Self::caller(session);
-        self.spawn(session, async move {
-            let result = async {
+        self.coordinator_op::<proto::CommandAddPartitionToTxnResponse, _, _>(
+            session,
+            body.request_id,
+            id,
+            |coordinators, caller| async move {
                 let partitions = body
                     .partitions
                     .iter()
                     .map(|p| topic_of(p))
                     .collect::<Result<Vec<_>, _>>()?;
                 coordinators
-                    .add_partitions(id, role.as_deref(), superuser, partitions)
+                    .add_partitions(id, caller.role.as_deref(), caller.superuser, partitions)
                     .await?;
-                Ok::<(), ServiceError>(())
-            }
-            .await;
-            txn_answer!(CommandAddPartitionToTxnResponse, request_id, id, result)
-        })
+                Ok(())
+            },
+        )
         .await
     }
 
@@ -234,27 +313,23 @@ impl TxnRequests {
         session: &Session,
         body: proto::CommandAddSubscriptionToTxn,
     ) -> Result<(), Close> {
-        let request_id = body.request_id;
-        let Some(coordinators) = Self::coordinators(session, request_id).await? else {
-            return Ok(());
-        };
         let id = txn_id(body.txnid_most_bits, body.txnid_least_bits);
-        let (role, superuser) = Self::caller(session);
-        self.spawn(session, async move {
-            let result = async {
+        self.coordinator_op::<proto::CommandAddSubscriptionToTxnResponse, _, _>(
+            session,
+            body.request_id,
+            id,
+            |coordinators, caller| async move {
                 let subscriptions = body
                     .subscription
                     .iter()
                     .map(|s| Ok((topic_of(&s.topic)?, s.subscription.clone())))
                     .collect::<Result<Vec<_>, ServiceError>>()?;
                 coordinators
-                    .add_subscriptions(id, role.as_deref(), superuser, subscriptions)
+                    .add_subscriptions(id, caller.role.as_deref(), caller.superuser, subscriptions)
                     .await?;
-                Ok::<(), ServiceError>(())
-            }
-            .await;
-            txn_answer!(CommandAddSubscriptionToTxnResponse, request_id, id, result)
-        })
+                Ok(())
+            },
+        )
         .await
     }
 
@@ -263,30 +338,25 @@ impl TxnRequests {
         session: &Session,
         body: proto::CommandEndTxn,
     ) -> Result<(), Close> {
-        let request_id = body.request_id;
-        let Some(coordinators) = Self::coordinators(session, request_id).await? else {
-            return Ok(());
-        };
         let id = txn_id(body.txnid_most_bits, body.txnid_least_bits);
-        let (role, superuser) = Self::caller(session);
-        let action = match body.txn_action.map(proto::TxnAction::try_from) {
-            Some(Ok(proto::TxnAction::Commit)) => Ok(TxnAction::Commit),
-            Some(Ok(proto::TxnAction::Abort)) => Ok(TxnAction::Abort),
-            other => Err(ServiceError::new(
-                ServerError::InvalidTxnStatus,
-                format!("Unsupported txnAction {other:?}"),
-            )),
-        };
-        self.spawn(session, async move {
-            let result = async {
-                coordinators
-                    .end(id, action?, role.as_deref(), superuser)
-                    .await?;
-                Ok::<(), ServiceError>(())
+        let action = action_of(body.txn_action).map(|commit| {
+            if commit {
+                TxnAction::Commit
+            } else {
+                TxnAction::Abort
             }
-            .await;
-            txn_answer!(CommandEndTxnResponse, request_id, id, result)
-        })
+        });
+        self.coordinator_op::<proto::CommandEndTxnResponse, _, _>(
+            session,
+            body.request_id,
+            id,
+            |coordinators, caller| async move {
+                coordinators
+                    .end(id, action?, caller.role.as_deref(), caller.superuser)
+                    .await?;
+                Ok(())
+            },
+        )
         .await
     }
 }
@@ -322,7 +392,7 @@ impl TxnRequests {
     /// Participant commands come from brokers: with authentication on,
     /// only a superuser may send them.
     fn check_participant_caller(session: &Session) -> Result<(), ServiceError> {
-        let (_, superuser) = Self::caller(session);
+        let superuser = Self::caller(session).superuser;
         if session.service.config.auth.is_some() && !superuser {
             return Err(ServiceError::new(
                 ServerError::AuthorizationError,
@@ -337,14 +407,13 @@ impl TxnRequests {
         session: &Session,
         body: proto::CommandEndTxnOnPartition,
     ) -> Result<(), Close> {
-        let request_id = body.request_id;
         let id = txn_id(body.txnid_most_bits, body.txnid_least_bits);
-        let allowed = Self::check_participant_caller(session);
-        let service = Arc::clone(&session.service);
-        self.spawn(session, async move {
-            let result = async {
-                allowed?;
-                let commit = action_of(body.txn_action)?;
+        self.participant_op::<proto::CommandEndTxnOnPartitionResponse, _, _>(
+            session,
+            body.request_id,
+            id,
+            body.txn_action,
+            move |service, commit| async move {
                 let topic = body.topic.unwrap_or_default();
                 crate::txn_participants::end_on_partition(
                     &service,
@@ -354,10 +423,8 @@ impl TxnRequests {
                     body.txnid_least_bits_of_low_watermark,
                 )
                 .await
-            }
-            .await;
-            txn_answer!(CommandEndTxnOnPartitionResponse, request_id, id, result)
-        })
+            },
+        )
         .await
     }
 
@@ -366,14 +433,13 @@ impl TxnRequests {
         session: &Session,
         body: proto::CommandEndTxnOnSubscription,
     ) -> Result<(), Close> {
-        let request_id = body.request_id;
         let id = txn_id(body.txnid_most_bits, body.txnid_least_bits);
-        let allowed = Self::check_participant_caller(session);
-        let service = Arc::clone(&session.service);
-        self.spawn(session, async move {
-            let result = async {
-                allowed?;
-                let commit = action_of(body.txn_action)?;
+        self.participant_op::<proto::CommandEndTxnOnSubscriptionResponse, _, _>(
+            session,
+            body.request_id,
+            id,
+            body.txn_action,
+            move |service, commit| async move {
                 let Some(subscription) = body.subscription else {
                     return Err(ServiceError::new(
                         ServerError::InvalidTopicName,
@@ -389,10 +455,8 @@ impl TxnRequests {
                     body.txnid_least_bits_of_low_watermark,
                 )
                 .await
-            }
-            .await;
-            txn_answer!(CommandEndTxnOnSubscriptionResponse, request_id, id, result)
-        })
+            },
+        )
         .await
     }
 }
