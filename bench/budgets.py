@@ -4,8 +4,11 @@ and for Vela how full each of its memory budgets got (ARCHITECTURE.md,
 
 A background thread samples the server's VmRSS every 0.25 s and, for Vela,
 scrapes /metrics every second (each budget's gauge and its bound); the
-caller names the phase that runs (`phase`). Figures only: nothing here
-passes or fails a run.
+caller names the phase that runs (`phase`). At each scrape it also notes
+the anonymous resident memory (RssAnon: heap, stacks; the binary's pages
+are RssFile) beyond what the budgets' gauges count at that moment, and
+keeps each phase's largest such excess with the parts of the RSS then.
+Figures only: nothing here passes or fails a run.
 """
 
 from __future__ import annotations
@@ -58,6 +61,20 @@ def _sum(samples: list, name: str) -> float | None:
 def _sum_label(samples: list, name: str, label: str) -> float | None:
     values = [float(l[label]) for n, l, _ in samples if n == name and label in l]
     return sum(values) if values else None
+
+
+def rss_parts_mib(pid: int) -> dict | None:
+    """RssAnon, RssFile and RssShmem of `pid` in MiB, None once it is gone."""
+    parts = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key = line.split(":")[0]
+                if key in ("RssAnon", "RssFile", "RssShmem"):
+                    parts[key] = int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return parts or None
 
 
 def vela_budgets(samples: list) -> dict:
@@ -113,13 +130,21 @@ class MemoryWatch:
         with self._lock:
             self._current = name
             if name is not None:
-                self.phases.setdefault(name, {"rss_peak_mib": None, "usage_peak_mib": {}})
+                self.phases.setdefault(name, {"rss_peak_mib": None, "usage_peak_mib": {},
+                                          "beyond_gauges": None})
 
-    def _record(self, rss: float | None, usage: dict) -> None:
+    def _record(self, rss: float | None, usage: dict, parts: dict | None = None) -> None:
         with self._lock:
             if self._current is None:
                 return
             figures = self.phases[self._current]
+            if usage and parts and "RssAnon" in parts:
+                counted = sum(usage.values()) / MIB
+                beyond = parts["RssAnon"] - counted
+                seen = figures.get("beyond_gauges")
+                if seen is None or beyond > seen["anon_beyond_mib"]:
+                    figures["beyond_gauges"] = {"anon_beyond_mib": beyond,
+                                                "gauges_mib": counted, **parts}
             if rss is not None:
                 peak = figures["rss_peak_mib"]
                 figures["rss_peak_mib"] = rss if peak is None else max(peak, rss)
@@ -132,10 +157,12 @@ class MemoryWatch:
         next_scrape = 0.0
         while not self._stopped.is_set():
             usage = {}
+            parts = None
             if self.vela and time.monotonic() >= next_scrape:
                 next_scrape = time.monotonic() + METRICS_SAMPLE_S
                 usage = vela_usage(scrape(self.server.admin_url), self.budgets)
-            self._record(bench.rss_mib(self.server.pid), usage)
+                parts = rss_parts_mib(self.server.pid)
+            self._record(bench.rss_mib(self.server.pid), usage, parts)
             self._stopped.wait(RSS_SAMPLE_S)
 
     def stop(self) -> dict:
@@ -172,4 +199,11 @@ def lines(system: str, memory: dict) -> list:
                 f"{k} {v:,.1f}/{budgets[k]:,.0f}" if k in budgets else f"{k} {v:,.1f}"
                 for k, v in used.items())
         out.append(line)
+        beyond = figures.get("beyond_gauges")
+        if beyond:
+            out.append(f"     {'':<22} anonymous RSS beyond the gauges at most "
+                       f"{beyond['anon_beyond_mib']:,.0f} MiB (then: RssAnon "
+                       f"{beyond.get('RssAnon', 0):,.0f}, gauges {beyond['gauges_mib']:,.0f}, "
+                       f"RssFile {beyond.get('RssFile', 0):,.0f}, RssShmem "
+                       f"{beyond.get('RssShmem', 0):,.0f})")
     return out

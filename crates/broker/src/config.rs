@@ -245,6 +245,12 @@ impl Default for PersistenceConfig {
 /// for.
 pub const READ_AHEAD_BYTES_MAX_DEFAULT: u64 = 256 * 1024 * 1024;
 
+/// Default of `BrokerConfig::catch_up_read_nice`: 0, the reads run on the
+/// broker's runtime. Lower priority is opt-in until it is shown to help
+/// producers on a quiet machine: on a busy one (other processes' builds) a
+/// drain at nice 10 ran 1.2x to 3.5x slower (bench/RESULTS-catch-up.md).
+pub const CATCH_UP_READ_NICE_DEFAULT: u8 = 0;
+
 /// Everything the broker needs to start.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -323,6 +329,11 @@ pub struct BrokerConfig {
     /// what its consumers wait for. The one read-ahead knob, to be drawn
     /// from the broker-wide memory budget.
     pub read_ahead_bytes_max: u64,
+    /// CPU priority (Linux nice value, 0..=19) of the threads catch-up
+    /// reads run on (`subscription::read_pool`): above 0, a subscription's
+    /// reads from the bookies run on a small runtime of their own at that
+    /// nice value, below the publish path; 0: on the broker's runtime.
+    pub catch_up_read_nice: u8,
     /// Entries all subscriptions together hold (out to consumers and not
     /// acknowledged, to send again, delayed); at it, subscriptions read no
     /// new entries until acknowledgements free room (Pulsar's
@@ -460,6 +471,7 @@ impl BrokerConfig {
             connection_caps: ConnectionCaps::default(),
             topic_limits: TopicLimits::default(),
             read_ahead_bytes_max: READ_AHEAD_BYTES_MAX_DEFAULT,
+            catch_up_read_nice: CATCH_UP_READ_NICE_DEFAULT,
             held_entries_max: HELD_ENTRIES_PER_BROKER_DEFAULT,
             topics_max: TOPICS_MAX_DEFAULT,
             non_persistent_limits: NonPersistentLimits::default(),

@@ -219,7 +219,23 @@ impl Broker {
         } else {
             None
         };
-        let service = Arc::new(Service::new(config, meta, log_env, advertised_url));
+        if i32::from(config.catch_up_read_nice) > subscription::READ_NICE_MAX {
+            return Err(BrokerError::Config(format!(
+                "catch_up_read_nice {} is over {}",
+                config.catch_up_read_nice,
+                subscription::READ_NICE_MAX
+            )));
+        }
+        let read_pool = Arc::new(subscription::ReadPool::new(i32::from(
+            config.catch_up_read_nice,
+        ))?);
+        let service = Arc::new(Service::new(
+            config,
+            meta,
+            log_env,
+            advertised_url,
+            read_pool,
+        ));
         if let Some(peers) = peers {
             let _ = service.peer_credentials.set(peers);
         }

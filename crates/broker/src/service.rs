@@ -120,11 +120,13 @@ impl Service {
         meta: Arc<dyn MetadataStore>,
         log_env: LogEnv,
         advertised_url: String,
+        read_pool: Arc<crate::subscription::ReadPool>,
     ) -> Service {
         let metrics = crate::metrics::BrokerMetrics::default();
         let reads = crate::subscription::SubscriptionReads::new(
             config.read_ahead_bytes_max,
             Arc::clone(&metrics.reads),
+            read_pool,
         );
         let transactions = config.transactions.clone().map(|txn| {
             let persistence = config.default_persistence;

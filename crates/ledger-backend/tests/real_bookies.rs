@@ -85,6 +85,46 @@ async fn pipelined_writes_close_and_read_back_on_real_bookies() {
     cluster.stop().await;
 }
 
+/// A connection that a read opens from another runtime (the broker's
+/// catch-up threads) is started on the transport's own runtime: the adds
+/// that later share the pooled connection keep working after that other
+/// runtime is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_opened_by_a_read_on_another_runtime_outlives_it() {
+    let cluster = Cluster::start(1).await;
+    let writer = cluster
+        .client()
+        .create(quorum(1, 1, 1), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    writer.add(payload(id, 0)).await.unwrap();
+    writer.close().await.unwrap();
+    // A fresh client, no connection yet: its first one is made by a read
+    // running on another runtime.
+    let client = cluster.client();
+    let reader = client.open_for_read(id).await.unwrap();
+    let other = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let read = other
+        .spawn(async move { reader.read(EntryId(0)).await })
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(read, payload(id, 0));
+    other.shutdown_background();
+    let next = client
+        .create(quorum(1, 1, 1), no_properties())
+        .await
+        .unwrap();
+    let next_id = next.ledger_id();
+    next.add(payload(next_id, 0)).await.unwrap();
+    cluster.stop().await;
+}
+
 #[tokio::test]
 async fn recovery_on_real_bookies_fences_the_old_writer() {
     let cluster = Cluster::start(3).await;

@@ -6,7 +6,9 @@
 //! its address through the registry. Answers are the bookie client's own
 //! (`vela_bookie_protocol::BookieError`), passed through.
 //! Never: retries or fails over (the ledger protocol decides that); holds its
-//! lock across an `.await`.
+//! lock across an `.await`; starts a connection's tasks on a runtime other
+//! than the one it was made on (a read polled on the broker's catch-up
+//! threads must not leave the connection every add shares on them).
 //! Bounds: one connection per registered bookie (the registry is the bound);
 //! in-flight requests per connection are bounded by `BookieClient` itself.
 
@@ -35,6 +37,9 @@ struct Inner {
     store: Arc<dyn MetadataStore>,
     config: ClientConfig,
     pool: Mutex<BTreeMap<BookieId, BookieClient>>,
+    /// The runtime the transport was made on: connections (and their read
+    /// and write tasks) are started there, whoever asks first.
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl BookieClientTransport {
@@ -46,6 +51,7 @@ impl BookieClientTransport {
                 store,
                 config,
                 pool: Mutex::new(BTreeMap::new()),
+                runtime: tokio::runtime::Handle::try_current().ok(),
             }),
         }
     }
@@ -69,7 +75,13 @@ impl Inner {
             .map_err(|e| BookieError::UnknownBookie(format!("{bookie} at {address}: {e}")))?
             .next()
             .ok_or_else(|| BookieError::UnknownBookie(format!("{bookie} at {address}")))?;
-        let client = BookieClient::connect_with(addr, self.config.clone()).await?;
+        let connecting = BookieClient::connect_with(addr, self.config.clone());
+        let client = match &self.runtime {
+            Some(runtime) => runtime.spawn(connecting).await.map_err(|e| {
+                BookieError::ConnectionLost(format!("connecting to {bookie} failed: {e}"))
+            })??,
+            None => connecting.await?,
+        };
         let mut pool = self.pool.lock();
         // Another request may have connected meanwhile: keep one connection.
         match pool.get(bookie) {

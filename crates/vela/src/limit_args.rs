@@ -1,8 +1,8 @@
 //! Broker limits shared by `vela standalone` and `vela broker`: connections in
 //! all and per client IP, topics per broker, producers and consumers per topic, consumers per
 //! subscription, the largest message, each topic's publish rate, and the
-//! subscriptions' read-ahead budget and the bytes of non-persistent messages
-//! in flight.
+//! subscriptions' read-ahead budget and the priority of their reads, and the
+//! bytes of non-persistent messages in flight.
 //!
 //! Owns: the flag names (Pulsar's setting names where there is one), their
 //! ranges (clap rejects a bad value naming the flag), and copying them into
@@ -10,9 +10,9 @@
 
 use clap::Args;
 use vela_broker::config::{
-    CONNECTIONS_MAX_DEFAULT, CONSUMERS_PER_SUBSCRIPTION_MAX, CONSUMERS_PER_TOPIC_MAX,
-    HELD_ENTRIES_PER_BROKER_DEFAULT, MAX_MESSAGE_SIZE_BYTES, PRODUCERS_PER_TOPIC_MAX,
-    READ_AHEAD_BYTES_MAX_DEFAULT, TOPICS_MAX_DEFAULT,
+    CATCH_UP_READ_NICE_DEFAULT, CONNECTIONS_MAX_DEFAULT, CONSUMERS_PER_SUBSCRIPTION_MAX,
+    CONSUMERS_PER_TOPIC_MAX, HELD_ENTRIES_PER_BROKER_DEFAULT, MAX_MESSAGE_SIZE_BYTES,
+    PRODUCERS_PER_TOPIC_MAX, READ_AHEAD_BYTES_MAX_DEFAULT, TOPICS_MAX_DEFAULT,
 };
 use vela_broker::{BrokerConfig, ConnectionCaps, NonPersistentLimits, PublishRate, TopicLimits};
 
@@ -88,6 +88,15 @@ pub(crate) struct LimitArgs {
     #[arg(long, default_value_t = READ_AHEAD_BYTES_MAX_DEFAULT >> 20,
           value_parser = clap::value_parser!(u64).range(0..=READ_AHEAD_MIB_CEILING))]
     read_ahead_mb: u64,
+    /// CPU priority (nice value, 0 to 19) of the threads that read
+    /// catch-up subscriptions' entries from the bookies: on a busy machine
+    /// the kernel then runs producers' writes first and a backlog drains
+    /// more slowly instead (behind any busy process); alone, a drain takes
+    /// whatever CPU is free. 0 (the default): the reads run on the broker's
+    /// own threads.
+    #[arg(long, default_value_t = CATCH_UP_READ_NICE_DEFAULT,
+          value_parser = clap::value_parser!(u8).range(0..=19))]
+    catch_up_read_nice: u8,
     /// Entries all subscriptions together hold: delivered and not yet
     /// acknowledged, waiting to be sent again, or delayed (Pulsar's
     /// maxUnackedMessagesPerBroker, counted in entries; ~64 bytes of index
@@ -137,6 +146,7 @@ impl LimitArgs {
         config.topics_max = to_usize(self.max_topics_per_broker);
         config.max_message_size_bytes = to_usize(self.max_message_size);
         config.read_ahead_bytes_max = self.read_ahead_mb << 20;
+        config.catch_up_read_nice = self.catch_up_read_nice;
         config.held_entries_max = to_usize(self.max_unacked_entries_per_broker);
         config.non_persistent_limits = NonPersistentLimits {
             topic_inflight_bytes_max: self.max_non_persistent_inflight_bytes_per_topic,

@@ -21,6 +21,7 @@
 //!   and the read position;
 //! - `read_ahead`: entries read ahead and the read in flight, within the
 //!   broker-wide read-ahead budget;
+//! - `read_pool`: the lower-priority threads catch-up reads run on;
 //! - `seek`: finding positions by message id or publish time;
 //! - `txn_view`: what the task skips or waits for in the log: the topic's
 //!   transaction buffer (read limit, markers and aborted entries) and
@@ -49,6 +50,7 @@ mod dispatcher;
 mod held;
 mod policy;
 mod read_ahead;
+mod read_pool;
 mod reader;
 mod redelivery;
 mod seek;
@@ -65,6 +67,7 @@ pub(crate) use dispatcher::spawn;
 pub(crate) use held::HeldEntries;
 pub(crate) use policy::{DispatchPolicy, DispatchRates, limiter as dispatch_limiter};
 pub(crate) use read_ahead::SubscriptionReads;
+pub(crate) use read_pool::{READ_NICE_MAX, ReadPool};
 pub(crate) use reader::READ_BATCH_ENTRIES_MAX;
 pub(crate) use seek::{first_published_at_or_after, resolve_seek};
 pub(crate) use snapshots::{

@@ -32,6 +32,7 @@ use std::time::Instant;
 use tokio::task::JoinHandle;
 use vela_log::{LogEntry, ManagedLog, Position};
 
+use super::read_pool::ReadPool;
 use crate::metrics::ReadMetrics;
 
 /// Reads' worth of entries a subscription keeps read ahead, buffered and in
@@ -86,19 +87,25 @@ impl ReadAheadBudget {
     }
 }
 
-/// What a subscription's reads share with the broker: the budget and the
-/// read-path stages.
+/// What a subscription's reads share with the broker: the budget, the
+/// read-path stages and the threads the reads run on.
 #[derive(Debug, Clone)]
 pub(crate) struct SubscriptionReads {
     pub(crate) budget: Arc<ReadAheadBudget>,
     pub(crate) metrics: Arc<ReadMetrics>,
+    pub(crate) pool: Arc<ReadPool>,
 }
 
 impl SubscriptionReads {
-    pub(crate) fn new(budget_bytes: u64, metrics: Arc<ReadMetrics>) -> SubscriptionReads {
+    pub(crate) fn new(
+        budget_bytes: u64,
+        metrics: Arc<ReadMetrics>,
+        pool: Arc<ReadPool>,
+    ) -> SubscriptionReads {
         SubscriptionReads {
             budget: Arc::new(ReadAheadBudget::new(budget_bytes)),
             metrics,
+            pool,
         }
     }
 }
@@ -191,7 +198,9 @@ impl ReadAhead {
             return false;
         };
         let log = Arc::clone(log);
-        let task = tokio::spawn(async move {
+        // On the catch-up threads (`read_pool`): below the publish path's
+        // priority when the machine is busy.
+        let task = self.reads.pool.spawn(async move {
             log.read(from, READ_AHEAD_ENTRIES_MAX, READ_AHEAD_BYTES_PER_READ_MAX)
                 .await
                 .map_err(|e| e.to_string())
@@ -382,7 +391,7 @@ mod tests {
     }
 
     fn reads(budget_bytes: u64) -> SubscriptionReads {
-        SubscriptionReads::new(budget_bytes, Arc::default())
+        SubscriptionReads::new(budget_bytes, Arc::default(), Arc::new(ReadPool::inline()))
     }
 
     /// Read-ahead is reserved in the shared budget and given back as entries
