@@ -311,7 +311,7 @@ fn own_replication(record: &TopicRecord) -> Option<Vec<String>> {
 /// The clusters a topic is replicated among, from its record and its
 /// namespace's policies as already read: its own list, else its
 /// namespace's, else only `local` (no replication).
-pub fn replication_of(
+pub(crate) fn replication_of(
     record: &TopicRecord,
     namespace: Option<&NamespacePolicies>,
     local: &str,

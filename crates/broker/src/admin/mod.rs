@@ -15,7 +15,7 @@
 //! Never: opens logs or talks to clients; the broker's service decides when
 //! to call these.
 
-mod clusters;
+pub(crate) mod clusters;
 pub mod json;
 pub mod offload_policies;
 pub mod policy_specs;
@@ -32,7 +32,6 @@ use vela_meta::{ExpectedVersion, MetaError, MetadataStore};
 pub use crate::error::AdminError;
 use crate::topic_name::{NamespaceName, TopicDomain, TopicName};
 pub use crate::topic_name::{decode_segment, encode_segment};
-pub use clusters::replication_of;
 pub use records::{
     AuthAction, BACKLOG_QUOTA_POLICIES, BACKLOG_QUOTA_TYPES, BacklogQuota, CLUSTERS_MAX,
     ClusterClient, ClusterData, ENSEMBLE_MAX, GRANTED_ROLES_MAX, NamespacePolicies, PROPERTIES_MAX,

@@ -42,7 +42,7 @@ impl Service {
         namespace: &crate::admin::NamespacePolicies,
     ) -> Vec<String> {
         let local = &self.config.cluster_name;
-        let mut clusters = crate::admin::replication_of(record, Some(namespace), local);
+        let mut clusters = crate::admin::clusters::replication_of(record, Some(namespace), local);
         clusters.retain(|c| c != local);
         clusters
     }
