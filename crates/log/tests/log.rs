@@ -478,14 +478,25 @@ async fn deleting_a_log_removes_its_ledgers_and_metadata() {
     assert!(fresh.cursor_names().is_empty());
 }
 
-/// Records the replication each ledger was created with.
-#[derive(Debug)]
-struct RecordingBackend {
+/// What a [`CreateHookBackend`] runs before each ledger creation, given the
+/// replication asked for.
+type CreateHook =
+    Box<dyn Fn(vela_log::Persistence) -> vela_log::backend::BoxFuture<'static, ()> + Send + Sync>;
+
+/// The in-memory backend, with a hook run before every ledger creation (to
+/// record it, or to let a rival act meanwhile).
+struct CreateHookBackend {
     inner: MemoryBackend,
-    created: parking_lot::Mutex<Vec<vela_log::Persistence>>,
+    before_create: CreateHook,
 }
 
-impl vela_log::LedgerBackend for RecordingBackend {
+impl std::fmt::Debug for CreateHookBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CreateHookBackend")
+    }
+}
+
+impl vela_log::LedgerBackend for CreateHookBackend {
     fn create_ledger(
         &self,
         persistence: vela_log::Persistence,
@@ -494,8 +505,12 @@ impl vela_log::LedgerBackend for RecordingBackend {
         '_,
         Result<Arc<dyn vela_log::OpenLedger>, vela_log::LedgerBackendError>,
     > {
-        self.created.lock().push(persistence);
-        self.inner.create_ledger(persistence, log_name)
+        let log_name = log_name.to_string();
+        let hook = (self.before_create)(persistence);
+        Box::pin(async move {
+            hook.await;
+            self.inner.create_ledger(persistence, &log_name).await
+        })
     }
 
     fn recover(
@@ -527,9 +542,15 @@ impl vela_log::LedgerBackend for RecordingBackend {
 
 #[tokio::test]
 async fn set_persistence_reaches_the_next_ledger_only() {
-    let backend = Arc::new(RecordingBackend {
+    // The replication each ledger was created with.
+    let created_with = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let record = Arc::clone(&created_with);
+    let backend = Arc::new(CreateHookBackend {
         inner: MemoryBackend(MemoryLedgers::new()),
-        created: parking_lot::Mutex::new(Vec::new()),
+        before_create: Box::new(move |persistence| {
+            record.lock().push(persistence);
+            Box::pin(async {})
+        }),
     });
     let env = LogEnv::new(Arc::new(vela_meta::MemoryStore::new()), backend.clone());
     let log = ManagedLog::open(&env, "t/ns/persistent/p", small_ledgers())
@@ -557,7 +578,7 @@ async fn set_persistence_reaches_the_next_ledger_only() {
     // The open ledger keeps its replication; the rollover at 3 entries uses the new one.
     append_all(&log, 2..4).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let created = backend.created.lock().clone();
+    let created = created_with.lock().clone();
     assert_eq!(created.len(), 2, "{created:?}");
     assert_eq!(created[0], vela_log::Persistence::SINGLE);
     assert_eq!(created[1], wide);
@@ -659,68 +680,6 @@ async fn an_append_refused_at_once_says_so_before_it_is_awaited() {
     assert!(refused.await.is_err());
 }
 
-/// A backend that, while the first ledger of the log under test is being
-/// created, lets a rival owner create that same log (two brokers racing to
-/// create a new topic).
-struct RacedBackend {
-    inner: MemoryBackend,
-    rival: parking_lot::Mutex<Option<(LogEnv, &'static str)>>,
-    rival_log: tokio::sync::OnceCell<Arc<ManagedLog>>,
-}
-
-impl std::fmt::Debug for RacedBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("RacedBackend")
-    }
-}
-
-impl vela_log::LedgerBackend for RacedBackend {
-    fn create_ledger(
-        &self,
-        persistence: vela_log::Persistence,
-        log_name: &str,
-    ) -> vela_log::backend::BoxFuture<
-        '_,
-        Result<Arc<dyn vela_log::OpenLedger>, vela_log::LedgerBackendError>,
-    > {
-        let log_name = log_name.to_string();
-        Box::pin(async move {
-            let rival = self.rival.lock().take();
-            if let Some((env, name)) = rival {
-                let log = ManagedLog::open(&env, name, small_ledgers()).await.unwrap();
-                self.rival_log.set(log).unwrap();
-            }
-            self.inner.create_ledger(persistence, &log_name).await
-        })
-    }
-
-    fn recover(
-        &self,
-        ledger_id: u64,
-    ) -> vela_log::backend::BoxFuture<
-        '_,
-        Result<vela_log::RecoveredLedger, vela_log::LedgerBackendError>,
-    > {
-        self.inner.recover(ledger_id)
-    }
-
-    fn read(
-        &self,
-        ledger_id: u64,
-        first_entry_id: u64,
-        last_entry_id: u64,
-    ) -> vela_log::backend::BoxFuture<'_, Result<Vec<Bytes>, vela_log::LedgerBackendError>> {
-        self.inner.read(ledger_id, first_entry_id, last_entry_id)
-    }
-
-    fn delete(
-        &self,
-        ledger_id: u64,
-    ) -> vela_log::backend::BoxFuture<'_, Result<(), vela_log::LedgerBackendError>> {
-        self.inner.delete(ledger_id)
-    }
-}
-
 #[tokio::test]
 async fn a_new_log_created_by_a_rival_meanwhile_fences_the_loser_and_keeps_no_ledger_of_it() {
     const NAME: &str = "t/ns/persistent/raced";
@@ -730,10 +689,24 @@ async fn a_new_log_created_by_a_rival_meanwhile_fences_the_loser_and_keeps_no_le
         Arc::clone(&store),
         Arc::new(MemoryBackend(Arc::clone(&ledgers))),
     );
-    let backend = Arc::new(RacedBackend {
+    // While the first ledger of the log under test is being created, a
+    // rival owner creates that same log (two brokers racing to create a
+    // new topic).
+    let rival = Arc::new(parking_lot::Mutex::new(Some(rival_env.clone())));
+    let rival_log = Arc::new(tokio::sync::OnceCell::<Arc<ManagedLog>>::new());
+    let rival_opened = Arc::clone(&rival_log);
+    let backend = Arc::new(CreateHookBackend {
         inner: MemoryBackend(Arc::clone(&ledgers)),
-        rival: parking_lot::Mutex::new(Some((rival_env.clone(), NAME))),
-        rival_log: tokio::sync::OnceCell::new(),
+        before_create: Box::new(move |_| {
+            let rival = rival.lock().take();
+            let rival_opened = Arc::clone(&rival_opened);
+            Box::pin(async move {
+                if let Some(env) = rival {
+                    let log = ManagedLog::open(&env, NAME, small_ledgers()).await.unwrap();
+                    rival_opened.set(log).unwrap();
+                }
+            })
+        }),
     });
     let env = LogEnv::new(
         Arc::clone(&store),
@@ -742,7 +715,7 @@ async fn a_new_log_created_by_a_rival_meanwhile_fences_the_loser_and_keeps_no_le
     let lost = ManagedLog::open(&env, NAME, small_ledgers()).await;
     assert!(matches!(lost, Err(LogError::Fenced(_))), "{lost:?}");
     // Only the winner's ledger is left, and the winner's log works.
-    let winner = backend.rival_log.get().unwrap();
+    let winner = rival_log.get().unwrap();
     assert_eq!(ledgers.ledger_ids(), winner.ledger_ids());
     // A subscription keeps rolled-over ledgers from being trimmed.
     winner
