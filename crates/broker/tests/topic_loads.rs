@@ -39,23 +39,31 @@ fn producer(producer_id: u64) -> proto::CommandProducer {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_answers_lookups_while_many_topics_open_and_refuses_past_its_queue() {
-    // Puts of keys naming a gated topic wait until the gate opens.
+/// A broker (in-memory ledgers) whose metadata puts of keys containing
+/// `marker` wait until the returned gate is set to true.
+async fn broker_gating_puts(
+    marker: &'static str,
+) -> (Arc<watch::Sender<bool>>, vela_broker::BrokerHandle) {
     let gate = Arc::new(watch::channel(false).0);
     let gate_of_puts = Arc::clone(&gate);
     let store = PutHookStore::new(Box::new(move |key: &str| {
-        let mut open = key.contains(GATED).then(|| gate_of_puts.subscribe());
+        let mut open = key.contains(marker).then(|| gate_of_puts.subscribe());
         Box::pin(async move {
             if let Some(open) = open.as_mut() {
                 let _ = open.wait_for(|open| *open).await;
             }
         })
     }));
-    let meta: Arc<dyn MetadataStore> = Arc::clone(&store) as Arc<dyn MetadataStore>;
+    let meta: Arc<dyn MetadataStore> = store;
     let ledgers = vela_log::memory::MemoryBackend(vela_log::memory::MemoryLedgers::new());
     let log_env = vela_log::LogEnv::new(Arc::clone(&meta), Arc::new(ledgers));
-    let broker = common::start_broker_on(meta, log_env).await;
+    (gate, common::start_broker_on(meta, log_env).await)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_answers_lookups_while_many_topics_open_and_refuses_past_its_queue() {
+    // Puts of keys naming a gated topic wait until the gate opens.
+    let (gate, broker) = broker_gating_puts(GATED).await;
     let mut client = Client::connect(broker.pulsar_addr()).await;
 
     // Every load runs or waits (the gate is shut), and one more is refused.
@@ -129,22 +137,7 @@ fn subscribe(topic: &str, consumer_id: u64) -> proto::CommandSubscribe {
 /// the SUBSCRIBE is answered once it is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscribe_creating_its_cursor_leaves_the_connection_free() {
-    let gate = Arc::new(watch::channel(false).0);
-    let gate_of_puts = Arc::clone(&gate);
-    let store = PutHookStore::new(Box::new(move |key: &str| {
-        let mut open = key
-            .contains(GATED_SUBSCRIPTION)
-            .then(|| gate_of_puts.subscribe());
-        Box::pin(async move {
-            if let Some(open) = open.as_mut() {
-                let _ = open.wait_for(|open| *open).await;
-            }
-        })
-    }));
-    let meta: Arc<dyn MetadataStore> = Arc::clone(&store) as Arc<dyn MetadataStore>;
-    let ledgers = vela_log::memory::MemoryBackend(vela_log::memory::MemoryLedgers::new());
-    let log_env = vela_log::LogEnv::new(Arc::clone(&meta), Arc::new(ledgers));
-    let broker = common::start_broker_on(meta, log_env).await;
+    let (gate, broker) = broker_gating_puts(GATED_SUBSCRIPTION).await;
     let mut client = Client::connect(broker.pulsar_addr()).await;
     // The topic is open (its producer is served).
     client
