@@ -59,6 +59,21 @@ pub struct StorageConfig {
     /// `gc()` compacts a non-active entry log whose live bytes are below this
     /// fraction of its size (0.0 = never compact, only delete fully dead logs).
     pub compaction_live_fraction: f64,
+    /// Live bytes compaction copies per slice (at least one entry): the flush
+    /// lock is held for one slice's append, fdatasync and index commit at a
+    /// time, never for a whole log (`gc` module doc).
+    pub compaction_slice_bytes: u64,
+    /// Live bytes compaction copies per second at most (0: no limit): its
+    /// reads and writes share the device with the journal.
+    pub compaction_bytes_per_s: u64,
+    /// An entry log gc deletes is first cut down by `ftruncate` in steps of
+    /// this many bytes, each synced, before the unlink (0: unlinked at once):
+    /// the blocks one step frees (and, on a filesystem mounted with
+    /// `discard`, their discard) go to the device in pieces the journal's
+    /// writes do not queue behind for long.
+    pub log_delete_step_bytes: u64,
+    /// Bytes of entry logs gc deletes per second at most (0: no limit).
+    pub log_delete_bytes_per_s: u64,
     /// Test-only fail point; `None` in production.
     #[doc(hidden)]
     pub fail_point: Option<FailPoint>,
@@ -71,13 +86,17 @@ pub struct StorageConfig {
 pub enum FailPoint {
     /// After the entry log is written and fdatasync'ed, before the index commit.
     FlushBeforeIndexCommit,
+    /// In a gc pass, right after the first compaction slice is committed
+    /// (its entries moved, the rest of the log not yet).
+    GcAfterCompactionSlice,
 }
 
 impl StorageConfig {
     /// Defaults for a ledger dir: 256 MiB write cache flushed at 64 MiB or every
     /// 10 s, 64 MiB read cache, 64 MiB index cache, 1 GiB entry logs written with
     /// O_DIRECT where possible (else 4 MiB write-back steps), compaction below
-    /// 20% live.
+    /// 20% live in 4 MiB slices at up to 32 MiB/s, deleted logs cut in 16 MiB
+    /// steps at up to 1 GiB/s.
     pub fn new(ledger_dir: impl Into<PathBuf>) -> StorageConfig {
         StorageConfig {
             ledger_dir: ledger_dir.into(),
@@ -92,6 +111,10 @@ impl StorageConfig {
             direct_writes: true,
             index_cache_bytes_max: 64 * 1024 * 1024,
             compaction_live_fraction: 0.2,
+            compaction_slice_bytes: 4 * 1024 * 1024,
+            compaction_bytes_per_s: 32 * 1024 * 1024,
+            log_delete_step_bytes: 16 * 1024 * 1024,
+            log_delete_bytes_per_s: 1024 * 1024 * 1024,
             fail_point: None,
         }
     }
@@ -140,6 +163,9 @@ impl StorageConfig {
                 "compaction_live_fraction {} must be within 0.0..=1.0",
                 self.compaction_live_fraction
             ));
+        }
+        if self.compaction_slice_bytes == 0 {
+            return bad("compaction_slice_bytes must be positive".into());
         }
         Ok(())
     }

@@ -328,6 +328,9 @@ pub(crate) struct Batch {
     pub(crate) remove_records: Vec<(u64, u64)>,
     /// (log_id, ledger_id, bytes) added to `log_ledgers`.
     pub(crate) add_log_ledger_bytes: Vec<(u64, u64, u64)>,
+    /// (log_id, ledger_id, bytes) taken off `log_ledgers` (compaction moved
+    /// them out of that log); a row that is absent stays absent.
+    pub(crate) sub_log_ledger_bytes: Vec<(u64, u64, u64)>,
     /// log_id → committed size.
     pub(crate) set_log_sizes: Vec<(u64, u64)>,
     pub(crate) remove_logs: Vec<u64>,
@@ -416,6 +419,12 @@ impl Index {
             for &(log_id, ledger_id, bytes) in &batch.add_log_ledger_bytes {
                 let old = ll.get((log_id, ledger_id))?.map_or(0, |v| v.value());
                 ll.insert((log_id, ledger_id), old + bytes)?;
+            }
+            for &(log_id, ledger_id, bytes) in &batch.sub_log_ledger_bytes {
+                let old = ll.get((log_id, ledger_id))?.map(|v| v.value());
+                if let Some(old) = old {
+                    ll.insert((log_id, ledger_id), old.saturating_sub(bytes))?;
+                }
             }
             for &(log_id, size) in &batch.set_log_sizes {
                 logs.insert(log_id, size)?;

@@ -34,7 +34,10 @@
 //! `put_entry`, state setters and cache hits hold a mutex for a few map operations
 //! and never do I/O (safe on a tokio worker). `get_entry` misses do `pread`s and
 //! index reads: call them via `spawn_blocking`. `flush`, `checkpoint` and `gc` do
-//! heavy I/O and serialize on one flush lock: call them from a dedicated thread.
+//! heavy I/O: call them from dedicated threads. Flushes serialize on the flush
+//! lock; a gc pass takes it only step by step (a snapshot, one compaction slice,
+//! one index commit), so a flush waits for at most one step, and its reads,
+//! pacing and file deletions run with no lock held (`gc` module doc).
 //!
 //! Shutdown: dropping storage flushes nothing; a clean stop calls `checkpoint`
 //! first (otherwise the next open replays more journal, losing nothing).
@@ -47,6 +50,7 @@
 //! panics on bytes read back from disk, retries a failed fsync (storage turns
 //! `Broken` and the bookie replaces it).
 
+mod compact;
 mod config;
 mod entry_log;
 mod error;
@@ -71,7 +75,7 @@ use parking_lot::{Condvar, Mutex};
 
 pub use config::{ENTRY_PAYLOAD_BYTES_MAX, FailPoint, LOG_READS_IN_FLIGHT_DEFAULT, StorageConfig};
 pub use error::StorageError;
-pub use stats::{FlushStats, GcStats, StorageStats};
+pub use stats::{FlushStats, GcStats, GcTimings, StorageStats};
 
 use crate::JournalMark;
 use entry_log::{EntryLogWriter, FlushPace, LogReaders};
@@ -103,8 +107,12 @@ pub struct LedgerStorage {
     /// flushed half is freed) and when storage turns broken (no room will
     /// come; their puts are refused at once).
     write_room_freed: tokio::sync::Notify,
-    /// The flusher: one flush, checkpoint or gc step at a time.
+    /// The flusher: one flush, checkpoint or gc step at a time. A gc pass
+    /// takes it per step (a snapshot, one compaction slice, one commit), never
+    /// for the whole pass.
     flusher: Mutex<Flusher>,
+    /// One gc pass at a time (taken for the whole pass, before `flusher`).
+    gc: Mutex<gc::GcState>,
     index: Index,
     readers: LogReaders,
     /// Bounds entry-log reads at the disk (`StorageConfig::log_reads_in_flight_max`).
@@ -113,6 +121,8 @@ pub struct LedgerStorage {
     counters: Counters,
     /// Test-only simulated crash point (`StorageConfig::fail_point`, or set later).
     fail_point: Mutex<Option<FailPoint>>,
+    /// Test-only: called by a gc pass after each compaction slice, no lock held.
+    gc_slice_hook: Mutex<Option<gc::GcSliceHook>>,
 }
 
 /// See `LedgerStorage::flush_pace`.
@@ -136,8 +146,6 @@ struct Flusher {
     writer: EntryLogWriter,
     next_log_id: u64,
     mark: JournalMark,
-    /// Logs that failed compaction in this process; skipped by later passes.
-    compaction_skip: HashSet<u64>,
 }
 
 #[derive(Debug, Default)]
@@ -149,6 +157,8 @@ struct Counters {
     entry_log_read_bytes: AtomicU64,
     flushes: AtomicU64,
     flushed_bytes: AtomicU64,
+    /// The longest a flush waited for the flush lock, ns.
+    flush_lock_wait_max_ns: AtomicU64,
     /// Copy of the flusher's active log id, readable without the flush lock.
     active_log_id: AtomicU64,
     /// The write cache's size as last seen under the state lock (by a put, a
@@ -213,8 +223,8 @@ impl LedgerStorage {
                 writer,
                 next_log_id: active_id + 1,
                 mark,
-                compaction_skip: HashSet::new(),
             }),
+            gc: Mutex::new(gc::GcState::default()),
             index,
             config,
             dir,
@@ -225,6 +235,7 @@ impl LedgerStorage {
                 ..Counters::default()
             },
             fail_point: Mutex::new(fail_point),
+            gc_slice_hook: Mutex::new(None),
         };
         Ok((storage, mark))
     }
@@ -233,6 +244,13 @@ impl LedgerStorage {
     #[doc(hidden)]
     pub fn set_fail_point(&self, fail_point: Option<FailPoint>) {
         *self.fail_point.lock() = fail_point;
+    }
+
+    /// Test-only: `hook` is called by gc passes after each compaction slice is
+    /// committed, with no lock held (a test pauses a pass there).
+    #[doc(hidden)]
+    pub fn set_gc_slice_hook(&self, hook: Option<Arc<dyn Fn() + Send + Sync>>) {
+        *self.gc_slice_hook.lock() = hook.map(gc::GcSliceHook);
     }
 
     /// The configuration storage was opened with.
@@ -426,12 +444,18 @@ impl LedgerStorage {
         } else {
             0
         };
-        // A concurrent compaction may delete the log between the index lookup and
-        // the open: look up once more (the index then names the new log).
+        // A concurrent compaction may move the entry and delete its old log
+        // between the index lookup and the read: the open fails, or the read
+        // finds the file cut short (gc truncates a log in steps before the
+        // unlink). Look up once more: the index then names the new log. A log
+        // that is really bad fails the same way twice.
         let read = match self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes) {
             Err(StorageError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound =>
             {
+                self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes)
+            }
+            Err(StorageError::Corruption { .. }) => {
                 self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes)
             }
             r => r,
@@ -615,8 +639,20 @@ impl LedgerStorage {
     /// fdatasync'ed entry logs with a committed index, ledger state changes in the
     /// index. Any failure turns storage `Broken` (the bookie must stop).
     pub fn flush(&self) -> Result<FlushStats, StorageError> {
-        let mut flusher = self.flusher.lock();
-        self.flush_locked(&mut flusher)
+        let (mut flusher, waited) = self.lock_flusher_for_flush();
+        self.flush_locked(&mut flusher, waited)
+    }
+
+    /// Takes the flush lock for a flush; returns how long that took (also
+    /// kept as the maximum in `StorageStats::flush_lock_wait_max`).
+    fn lock_flusher_for_flush(&self) -> (parking_lot::MutexGuard<'_, Flusher>, Duration) {
+        let asked = Instant::now();
+        let flusher = self.flusher.lock();
+        let waited = asked.elapsed();
+        self.counters
+            .flush_lock_wait_max_ns
+            .fetch_max(waited.as_nanos() as u64, Ordering::Relaxed);
+        (flusher, waited)
     }
 
     /// Flushes, then persists `mark` as the checkpoint (atomically: temp file,
@@ -624,8 +660,8 @@ impl LedgerStorage {
     /// current checkpoint flushes but leaves the checkpoint where it is. After
     /// return the journal may delete files wholly before the checkpoint.
     pub fn checkpoint(&self, mark: JournalMark) -> Result<FlushStats, StorageError> {
-        let mut flusher = self.flusher.lock();
-        let stats = self.flush_locked(&mut flusher)?;
+        let (mut flusher, waited) = self.lock_flusher_for_flush();
+        let stats = self.flush_locked(&mut flusher, waited)?;
         if mark > flusher.mark {
             if let Err(e) = fs::replace_atomically(
                 &self.dir,
@@ -676,6 +712,9 @@ impl LedgerStorage {
             flush_count: c.flushes.load(Ordering::Relaxed),
             flushed_bytes_total: c.flushed_bytes.load(Ordering::Relaxed),
             last_flush: *c.last_flush.lock(),
+            flush_lock_wait_max: Duration::from_nanos(
+                c.flush_lock_wait_max_ns.load(Ordering::Relaxed),
+            ),
             active_log_id,
             checkpoint_mark,
         }
@@ -693,7 +732,11 @@ impl LedgerStorage {
         self.write_room_freed.notify_waiters();
     }
 
-    fn flush_locked(&self, f: &mut Flusher) -> Result<FlushStats, StorageError> {
+    fn flush_locked(
+        &self,
+        f: &mut Flusher,
+        lock_wait: Duration,
+    ) -> Result<FlushStats, StorageError> {
         // Swap under the state lock; snapshot what the flush needs of each ledger.
         let (half, dirty, snapshot) = {
             let mut st = self.state.lock();
@@ -713,7 +756,8 @@ impl LedgerStorage {
             (half, dirty, snapshot)
         };
         match self.write_flush(f, &half, &dirty, &snapshot) {
-            Ok(stats) => {
+            Ok(mut stats) => {
+                stats.lock_wait_duration = lock_wait;
                 self.counters.flushes.fetch_add(1, Ordering::Relaxed);
                 *self.counters.last_flush.lock() = stats;
                 self.counters
@@ -848,8 +892,8 @@ impl LedgerStorage {
         Ok(stats)
     }
 
-    /// How a write-out of entry logs (a flush, or a compaction, which frees no
-    /// cache: `freed_bytes` 0) shares the device: `Yield` while the cache holds
+    /// How a flush's write-out of entry logs shares the device (compaction
+    /// always yields: `compact::COMPACTION_PACE`): `Yield` while the cache holds
     /// less than `1 / FLUSH_CATCH_UP_FRACTION_INVERSE` of a flush threshold
     /// that this write-out will not free (for a flush: what puts added since
     /// it began). Past that, whole buffers: a flush that yields under a

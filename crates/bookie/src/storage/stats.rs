@@ -19,6 +19,9 @@ pub struct FlushStats {
     pub log_write_duration: Duration,
     /// The durable index transaction.
     pub index_commit_duration: Duration,
+    /// How long the flush waited for the flush lock (held by another flush
+    /// or by a gc step) before it could start.
+    pub lock_wait_duration: Duration,
 }
 
 /// What one `gc()` pass did.
@@ -37,6 +40,41 @@ pub struct GcStats {
     /// Logs that could not be compacted (corrupt record); they are skipped by
     /// later passes of this process and reported here once.
     pub compaction_errors: u64,
+    /// Compaction slices committed (each under the flush lock on its own).
+    pub compaction_slices: u64,
+    /// Where the pass spent its time, step by step (`gc` module doc).
+    pub timings: GcTimings,
+}
+
+/// Time one `gc()` pass spent in each step. Steps under the flush lock are
+/// the ones a flush (and, once the write cache is full, an add) can wait for;
+/// `flush_lock_held_max` is the longest the pass held it at once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcTimings {
+    /// The whole pass.
+    pub pass: Duration,
+    /// Reading which ledgers are deleted and the active log (flush lock).
+    pub snapshot: Duration,
+    /// Reading the logs' usage from the index (no lock).
+    pub usage: Duration,
+    /// Index commits removing dead and compacted logs (flush lock).
+    pub log_remove_commit: Duration,
+    /// Truncating and unlinking deleted log files, pacing included (no lock).
+    pub log_delete: Duration,
+    /// Compaction: reading and verifying live records from old logs (no lock).
+    pub compaction_read: Duration,
+    /// Compaction: appending the copies to the active log (flush lock).
+    pub compaction_append: Duration,
+    /// Compaction: fdatasync of the copies (flush lock).
+    pub compaction_sync: Duration,
+    /// Compaction: index commits of the moved records (flush lock).
+    pub compaction_commit: Duration,
+    /// Sleeping to keep compaction and deletion within their rates.
+    pub pacing: Duration,
+    /// Index commits purging deleted ledgers' records (flush lock).
+    pub purge_commit: Duration,
+    /// The longest the pass held the flush lock at once.
+    pub flush_lock_held_max: Duration,
 }
 
 /// Snapshot of storage state and counters since open.
@@ -68,4 +106,6 @@ pub struct StorageStats {
     pub checkpoint_mark: JournalMark,
     /// The last non-empty flush (timings for the write-path breakdown).
     pub last_flush: FlushStats,
+    /// The longest any flush waited for the flush lock since open.
+    pub flush_lock_wait_max: Duration,
 }
