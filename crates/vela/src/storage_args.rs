@@ -78,6 +78,21 @@ pub(crate) struct StorageArgs {
     /// Run storage garbage collection this often, seconds.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     gc_interval_s: u64,
+    /// Live bytes storage GC's compaction copies per second at most, MiB/s
+    /// (0: no limit). Compaction's reads and writes share the disk with the
+    /// journal; at this pace a pass's 256 MiB take 8 s.
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+    compaction_rate_mb_s: u64,
+    /// Entry-log bytes storage GC deletes per second at most, MiB/s (0: no
+    /// limit).
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+    gc_delete_rate_mb_s: u64,
+    /// Storage GC cuts a deleted entry log down in steps of this many MiB,
+    /// each synced, before its unlink (0: unlinked at once), so the blocks it
+    /// frees (and their discards, on a filesystem mounted with `discard`)
+    /// reach the disk in pieces the journal's fdatasync does not wait behind.
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u64).range(0..=1_048_576))]
+    gc_delete_step_mb: u64,
     /// Disk usage (percent of the filesystem of the journal or ledger
     /// directory) at which the bookie turns read-only: new adds are refused
     /// (producers get errors, or writers move to other bookies) while reads
@@ -181,6 +196,9 @@ impl StorageArgs {
             .min(config.storage.read_cache_bytes_max);
         config.storage.flush_interval = Duration::from_millis(self.flush_interval_ms);
         config.gc_interval = Duration::from_secs(self.gc_interval_s);
+        config.storage.compaction_bytes_per_s = self.compaction_rate_mb_s << 20;
+        config.storage.log_delete_bytes_per_s = self.gc_delete_rate_mb_s << 20;
+        config.storage.log_delete_step_bytes = self.gc_delete_step_mb << 20;
         config.disk = DiskThresholds {
             usage_max: self.disk_usage_max_percent / 100.0,
             usage_lwm: self.disk_usage_lwm_percent / 100.0,

@@ -1,8 +1,10 @@
 //! `Engine`: one opening of a bookie's journal and ledger storage, with the
-//! sync thread that checkpoints them.
+//! threads that checkpoint them and collect garbage.
 //!
-//! Owns: the `Journal`, the `LedgerStorage` and the sync thread for as long as
-//! they are healthy. A bookie whose journal or storage failed closes its engine
+//! Owns: the `Journal`, the `LedgerStorage`, the sync thread (checkpoints) and
+//! the gc thread (storage gc passes, beside checkpoints: a long paced pass
+//! never delays a flush by more than one of its steps) for as long as they are
+//! healthy. A bookie whose journal or storage failed closes its engine
 //! and opens a new one on the same directories (`Bookie`'s disk monitor), so
 //! opening is exactly what a restart does: storage loads its index and
 //! checkpointed mark, the journal replays every record after the mark into
@@ -35,8 +37,10 @@ pub(super) struct Engine {
     pub(super) journal: Arc<Journal>,
     pub(super) storage: Arc<LedgerStorage>,
     sync: SyncThread,
+    gc: SyncThread,
 }
 
+/// A background thread of the engine and its stop flag.
 #[derive(Debug)]
 struct SyncThread {
     stop: Arc<AtomicBool>,
@@ -93,11 +97,13 @@ impl Engine {
             (health.clone(), generation),
             checkpoint_latency.clone(),
         )?;
+        let gc = SyncThread::start_gc(storage.clone(), config.gc_interval)?;
         Ok(Engine {
             generation,
             journal,
             storage,
             sync,
+            gc,
         })
     }
 
@@ -117,6 +123,7 @@ impl Engine {
     /// nothing. After a failure the checkpoint is skipped or fails: the next
     /// open replays from the last good checkpoint instead, losing nothing.
     pub(super) fn close(&self) {
+        self.gc.stop();
         self.sync.stop();
         if let Err(error) = self.journal.shutdown() {
             tracing::warn!(%error, "journal closed after a failure");
@@ -173,7 +180,6 @@ impl SyncThread {
     ) -> Result<SyncThread, OpenError> {
         let stop = Arc::new(AtomicBool::new(false));
         let flush_interval = config.storage.flush_interval;
-        let gc_interval = config.gc_interval;
         let handle = {
             let stop = stop.clone();
             std::thread::Builder::new()
@@ -184,12 +190,31 @@ impl SyncThread {
                         &storage,
                         &stop,
                         flush_interval,
-                        gc_interval,
                         &checkpoint_latency,
                     ) {
                         health.fail(generation, &reason);
                     }
                 })
+                .map_err(OpenError::Thread)?
+        };
+        Ok(SyncThread {
+            stop,
+            handle: Mutex::new(Some(handle)),
+        })
+    }
+
+    /// Starts the gc thread: a pass every `gc_interval` (a pass in progress
+    /// returns at its next step once stopped).
+    fn start_gc(
+        storage: Arc<LedgerStorage>,
+        gc_interval: Duration,
+    ) -> Result<SyncThread, OpenError> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let handle = {
+            let stop = stop.clone();
+            std::thread::Builder::new()
+                .name("bookie-gc".to_string())
+                .spawn(move || gc_loop(&storage, &stop, gc_interval))
                 .map_err(OpenError::Thread)?
         };
         Ok(SyncThread {
@@ -204,26 +229,23 @@ impl SyncThread {
         if let Some(handle) = handle
             && handle.join().is_err()
         {
-            tracing::error!("bookie sync thread panicked");
+            tracing::error!("bookie background thread panicked");
         }
     }
 }
 
 /// Checkpoints every `flush_interval`, or sooner when storage asks (write cache
 /// past its threshold or full) or the journal does (a pmem ring more than half
-/// full), and runs gc every `gc_interval`. Returns the
-/// reason on a failed checkpoint (storage is `Broken` then: the engine must be
-/// replaced).
+/// full). Returns the reason on a failed checkpoint (storage is `Broken` then:
+/// the engine must be replaced).
 fn sync_loop(
     journal: &Journal,
     storage: &LedgerStorage,
     stop: &AtomicBool,
     flush_interval: Duration,
-    gc_interval: Duration,
     checkpoint_latency: &Histogram,
 ) -> Result<(), String> {
     let mut last_checkpoint = Instant::now();
-    let mut last_gc = Instant::now();
     while !stop.load(Ordering::Acquire) {
         let requested = storage.wait_for_flush_trigger(SYNC_POLL_INTERVAL.min(flush_interval))
             || journal.wants_checkpoint();
@@ -242,14 +264,61 @@ fn sync_loop(
             tracing::warn!(%error, "cannot delete old journal files");
         }
         last_checkpoint = Instant::now();
-        if last_gc.elapsed() >= gc_interval {
-            let started = Instant::now();
-            match storage.gc() {
-                Ok(stats) => tracing::debug!(?stats, elapsed = ?started.elapsed(), "gc pass"),
-                Err(error) => tracing::warn!(%error, "gc pass failed"),
-            }
-            last_gc = Instant::now();
-        }
     }
     Ok(())
+}
+
+/// Runs a storage gc pass every `gc_interval` until `stop`. A failed pass
+/// turns storage `Broken` (the next checkpoint reports it); a pass that did
+/// something is logged at info with where its time went.
+fn gc_loop(storage: &LedgerStorage, stop: &AtomicBool, gc_interval: Duration) {
+    let mut last_gc = Instant::now();
+    while !stop.load(Ordering::Acquire) {
+        std::thread::sleep(SYNC_POLL_INTERVAL.min(gc_interval));
+        if last_gc.elapsed() < gc_interval {
+            continue;
+        }
+        match storage.gc_until(stop) {
+            Ok(stats) => {
+                let t = &stats.timings;
+                let worked = stats.logs_deleted + stats.logs_compacted + stats.ledgers_purged > 0
+                    || stats.compaction_slices > 0;
+                let flush_lock_wait_max_ms =
+                    storage.stats().flush_lock_wait_max.as_secs_f64() * 1e3;
+                if worked {
+                    tracing::info!(
+                        logs_deleted = stats.logs_deleted,
+                        logs_compacted = stats.logs_compacted,
+                        slices = stats.compaction_slices,
+                        entries_copied = stats.entries_copied,
+                        reclaimed_mib = stats.bytes_reclaimed >> 20,
+                        ledgers_purged = stats.ledgers_purged,
+                        pass_ms = ms(t.pass),
+                        snapshot_ms = ms(t.snapshot),
+                        usage_ms = ms(t.usage),
+                        log_remove_commit_ms = ms(t.log_remove_commit),
+                        log_delete_ms = ms(t.log_delete),
+                        compaction_read_ms = ms(t.compaction_read),
+                        compaction_append_ms = ms(t.compaction_append),
+                        compaction_sync_ms = ms(t.compaction_sync),
+                        compaction_commit_ms = ms(t.compaction_commit),
+                        pacing_ms = ms(t.pacing),
+                        purge_commit_ms = ms(t.purge_commit),
+                        flush_lock_held_max_ms = ms(t.flush_lock_held_max),
+                        flush_lock_wait_max_ms,
+                        "storage gc pass"
+                    );
+                } else {
+                    tracing::debug!(?stats, "storage gc pass");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "storage gc pass failed"),
+        }
+        last_gc = Instant::now();
+    }
+}
+
+/// A duration in ms with µs precision, for log lines.
+fn ms(d: Duration) -> f64 {
+    (d.as_micros() as f64) / 1e3
 }

@@ -92,7 +92,7 @@ pub struct BookieConfig {
     pub journal: JournalConfig,
     /// Ledger storage: directory, cache sizes, flush interval and threshold.
     pub storage: StorageConfig,
-    /// How often the sync thread runs storage gc.
+    /// How often the gc thread runs a storage gc pass.
     pub gc_interval: Duration,
     /// When the bookie turns read-only for lack of disk space, and back.
     pub disk: DiskThresholds,
