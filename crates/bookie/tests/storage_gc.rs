@@ -4,10 +4,13 @@
 mod common;
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+use std::time::Duration;
 
 use bytes::Bytes;
 use vela_bookie::JournalMark;
-use vela_bookie::storage::{LedgerStorage, StorageConfig, StorageError};
+use vela_bookie::storage::{FailPoint, LedgerStorage, StorageConfig, StorageError};
 
 fn config(dir: &Path) -> StorageConfig {
     let mut c = StorageConfig::new(dir);
@@ -18,6 +21,8 @@ fn config(dir: &Path) -> StorageConfig {
     c.entry_log_size_max_bytes = 12 * 1024 * 1024;
     c.writeback_step_bytes = 1024 * 1024;
     c.compaction_live_fraction = 0.5;
+    // Deleted logs are cut in several steps before the unlink.
+    c.log_delete_step_bytes = 1024 * 1024;
     c
 }
 
@@ -224,4 +229,127 @@ fn compaction_skips_a_log_with_a_corrupt_record_and_storage_stays_usable() {
     check_range(&s, 13, 0..10);
     // Later passes do not retry it in a loop.
     assert_eq!(s.gc().unwrap().compaction_errors, 0);
+}
+
+/// Ledger 10 (live, ~800 KB in two index records) and ledger 11 (deleted,
+/// ~8 MB) interleaved in the first log, which rotation then closes (ledger 12
+/// fills the rest of it and the next log): a log for compaction.
+fn sparse_first_log(s: &LedgerStorage) {
+    put_range(s, 10, 0..100);
+    put_range(s, 11, 0..1200);
+    s.flush().unwrap();
+    put_range(s, 10, 100..200);
+    put_range(s, 11, 1200..2000);
+    s.flush().unwrap();
+    put_range(s, 12, 0..1200);
+    s.flush().unwrap();
+    s.delete_ledger(11).unwrap();
+    s.flush().unwrap();
+}
+
+/// A gc pass takes the flush lock one compaction slice at a time: with the
+/// pass held between two slices, puts, a flush and a checkpoint complete. (With
+/// the lock held for the whole pass, as gc once did, the flush waits for the
+/// pass and the watchdog below fails the test.)
+#[test]
+fn a_flush_completes_while_a_compaction_is_paused_between_slices() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.compaction_slice_bytes = 64 * 1024;
+    let (s, _) = LedgerStorage::open(c.clone()).unwrap();
+    let s = Arc::new(s);
+    sparse_first_log(&s);
+    let first_log = dir.path().join(&log_files(dir.path())[0]);
+
+    let (paused_tx, paused_rx) = mpsc::channel::<()>();
+    let (resume_tx, resume_rx) = mpsc::channel::<()>();
+    let resume_rx = Mutex::new(resume_rx);
+    let first = AtomicBool::new(true);
+    s.set_gc_slice_hook(Some(Arc::new(move || {
+        if first.swap(false, Ordering::SeqCst) {
+            paused_tx.send(()).unwrap();
+            resume_rx.lock().unwrap().recv().unwrap();
+        }
+    })));
+    let gc = {
+        let s = Arc::clone(&s);
+        std::thread::spawn(move || s.gc().unwrap())
+    };
+    paused_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("the pass committed a first compaction slice");
+
+    let (flushed_tx, flushed_rx) = mpsc::channel();
+    let writer = {
+        let s = Arc::clone(&s);
+        std::thread::spawn(move || {
+            put_range(&s, 13, 0..50);
+            let flushed = s.flush().unwrap();
+            s.checkpoint(JournalMark {
+                file_id: 1,
+                offset: 7,
+            })
+            .unwrap();
+            flushed_tx.send(flushed).unwrap();
+        })
+    };
+    let flushed = flushed_rx.recv_timeout(Duration::from_secs(60)).expect(
+        "a flush and a checkpoint complete while a gc pass is paused between compaction slices",
+    );
+    assert_eq!(flushed.entry_count, 50);
+    assert!(first_log.exists(), "the pass is still compacting the log");
+    check_range(&s, 13, 0..50);
+    check_range(&s, 10, 0..200);
+    resume_tx.send(()).unwrap();
+    writer.join().unwrap();
+    let st = gc.join().unwrap();
+    assert!(st.compaction_slices >= 2, "{st:?}");
+    assert!(st.logs_compacted >= 1, "{st:?}");
+    assert!(!first_log.exists());
+    check_range(&s, 10, 0..200);
+    check_range(&s, 12, 0..1200);
+    check_range(&s, 13, 0..50);
+
+    let s = Arc::into_inner(s).unwrap();
+    drop(s);
+    let (s, mark) = LedgerStorage::open(c).unwrap();
+    assert_eq!(mark.offset, 7);
+    check_range(&s, 10, 0..200);
+    check_range(&s, 12, 0..1200);
+    check_range(&s, 13, 0..50);
+}
+
+/// kill -9 right after the first compaction slice is committed: after reopen
+/// every entry reads back (moved or not), and the next pass finishes the log.
+#[test]
+fn a_crash_between_compaction_slices_loses_nothing_and_the_next_pass_finishes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut c = config(dir.path());
+    c.compaction_slice_bytes = 64 * 1024;
+    c.compaction_bytes_per_s = 0;
+    let (s, _) = LedgerStorage::open(c.clone()).unwrap();
+    sparse_first_log(&s);
+    let first_log = dir.path().join(&log_files(dir.path())[0]);
+    s.set_fail_point(Some(FailPoint::GcAfterCompactionSlice));
+    assert!(matches!(s.gc(), Err(StorageError::Broken(_))));
+    assert!(matches!(
+        s.put_entry(20, 0, payload(20, 0)),
+        Err(StorageError::Broken(_))
+    ));
+    drop(s);
+
+    let (s, _) = LedgerStorage::open(c.clone()).unwrap();
+    assert!(first_log.exists());
+    check_range(&s, 10, 0..200);
+    check_range(&s, 12, 0..1200);
+    assert_eq!(s.last_entry_id(10).unwrap(), Some(199));
+    let st = s.gc().unwrap();
+    assert!(st.logs_compacted >= 1, "{st:?}");
+    assert!(!first_log.exists());
+    check_range(&s, 10, 0..200);
+    check_range(&s, 12, 0..1200);
+    drop(s);
+    let (s, _) = LedgerStorage::open(c).unwrap();
+    check_range(&s, 10, 0..200);
+    check_range(&s, 12, 0..1200);
 }

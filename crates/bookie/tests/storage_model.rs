@@ -42,8 +42,14 @@ fn config(dir: &Path) -> StorageConfig {
     c.read_ahead_bytes_max = 4 * 1024;
     c.entry_log_size_max_bytes = 12 * 1024 * 1024;
     c.writeback_step_bytes = 64 * 1024;
-    // Compact eagerly so passes actually move entries around.
+    // Compact eagerly so passes actually move entries around, a few entries
+    // per slice (records get split across slices), without pacing; deleted
+    // logs are cut in small steps.
     c.compaction_live_fraction = 0.9;
+    c.compaction_slice_bytes = 2 * 1024;
+    c.compaction_bytes_per_s = 0;
+    c.log_delete_step_bytes = 4 * 1024;
+    c.log_delete_bytes_per_s = 0;
     c
 }
 
@@ -61,6 +67,9 @@ enum Op {
     Crash,
     /// kill -9 during a flush, after the entry log's fdatasync, before the index commit.
     CrashInFlush,
+    /// kill -9 during a gc pass, right after its first compaction slice is
+    /// committed (the log half moved).
+    CrashInGc,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -75,6 +84,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Gc),
         1 => Just(Op::Crash),
         1 => Just(Op::CrashInFlush),
+        1 => Just(Op::CrashInGc),
     ]
 }
 
@@ -234,7 +244,17 @@ fn run(ops: &[Op], direct_writes: bool) {
             Op::Gc => {
                 s.gc().unwrap();
             }
-            Op::Crash | Op::CrashInFlush => {
+            Op::Crash | Op::CrashInFlush | Op::CrashInGc => {
+                if matches!(op, Op::CrashInGc) {
+                    s.set_fail_point(Some(FailPoint::GcAfterCompactionSlice));
+                    // A pass with nothing to compact ends normally.
+                    if s.gc().is_err() {
+                        assert!(matches!(
+                            s.put_entry(0, 0, payload(0, 0)),
+                            Err(StorageError::Broken(_))
+                        ));
+                    }
+                }
                 if matches!(op, Op::CrashInFlush) {
                     s.set_fail_point(Some(FailPoint::FlushBeforeIndexCommit));
                     let mark = JournalMark {
@@ -304,7 +324,9 @@ proptest! {
 #[test]
 fn concurrent_reads_during_flush_gc_and_compaction() {
     let dir = tempfile::tempdir().unwrap();
-    let c = config(dir.path());
+    let mut c = config(dir.path());
+    // Deleted logs (12 MiB) are cut in a dozen steps while readers run.
+    c.log_delete_step_bytes = 1024 * 1024;
     let (s, _) = LedgerStorage::open(c).unwrap();
     let s = Arc::new(s);
     let big = |l: u64, e: u64| {
