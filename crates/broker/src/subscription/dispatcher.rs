@@ -183,6 +183,7 @@ async fn run(parking: Arc<Parking<Task>>, mut task: Task) {
                 waiting,
                 read_position,
             } => {
+                task.dispatcher.shrink_idle();
                 if waiting {
                     let parked = Arc::downgrade(&parking);
                     task.dispatcher.waiter.wake_at(
@@ -310,6 +311,15 @@ enum Step {
 }
 
 impl Dispatcher {
+    /// Gives back what its emptied collections keep (it is about to park:
+    /// a parked subscription holds its state only, ~1 KiB).
+    fn shrink_idle(&mut self) {
+        self.outstanding.shrink_idle();
+        self.acks.shrink_idle();
+        self.delayed.shrink_idle();
+        self.ahead.shrink_idle();
+    }
+
     /// Waits for something to do and does it: one command, a read
     /// finished, new entries, a timer; then dispatches.
     async fn step(&mut self, rx: &mut CommandReceiver) -> Step {

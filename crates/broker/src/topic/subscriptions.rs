@@ -104,7 +104,9 @@ struct SubEntry {
     generation: u64,
 }
 
-type SubscriptionMap = Mutex<HashMap<String, SubEntry>>;
+/// Entries boxed: a map's first allocation holds four slots (~90 bytes
+/// each inline, where most topics have one subscription).
+type SubscriptionMap = Mutex<HashMap<String, Box<SubEntry>>>;
 
 /// The running subscriptions of one topic.
 #[derive(Debug)]
@@ -240,10 +242,10 @@ impl SubscriptionTable {
                 let mut map = self.map.lock();
                 map.insert(
                     request.subscription.clone(),
-                    SubEntry {
+                    Box::new(SubEntry {
                         handle: handle.clone(),
                         generation: this_generation,
-                    },
+                    }),
                 );
                 debug_assert!(map.len() <= SUBSCRIPTIONS_PER_TOPIC_MAX);
                 handle
