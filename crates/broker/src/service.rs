@@ -84,7 +84,9 @@ pub(crate) struct Service {
     /// The subscriptions' read-ahead budget (`read_ahead_bytes_max`) and
     /// read-path stages, shared by every subscription.
     pub(crate) reads: crate::subscription::SubscriptionReads,
-    topics: Mutex<HashMap<String, TopicCell>>,
+    /// Served topics by full name (the key is the topic's own
+    /// `Topic::full_name`, one copy).
+    topics: Mutex<HashMap<Arc<str>, TopicCell>>,
     /// Entries held by all subscriptions (`BrokerConfig::held_entries_max`).
     pub(crate) held_entries: Arc<HeldEntries>,
     /// Non-persistent topics served (nothing to open: created in place).

@@ -255,7 +255,7 @@ struct Dispatcher {
     rates: Rates,
     name: String,
     /// Full topic name (for logs).
-    topic: String,
+    topic: Arc<str>,
     /// Partition index for message ids (−1 if not a partition).
     partition: i32,
     durable: bool,

@@ -98,8 +98,9 @@ pub(crate) use throttle::PublishThrottle;
 pub(crate) struct Topic {
     /// Parsed name.
     pub(crate) name: TopicName,
-    /// Full name (`persistent://t/ns/x`).
-    pub(crate) full_name: String,
+    /// Full name (`persistent://t/ns/x`), one copy shared with the
+    /// service's map of topics, the producer table and the subscriptions.
+    pub(crate) full_name: Arc<str>,
     /// The topic's log.
     pub(crate) log: Arc<ManagedLog>,
     /// Appends, publish rate, in-counters.
@@ -157,7 +158,7 @@ impl Topic {
     /// Wraps an opened log.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
-        name: TopicName,
+        (name, full_name): (TopicName, Arc<str>),
         log: Arc<ManagedLog>,
         dedup_enabled: bool,
         compaction: Compaction,
@@ -166,12 +167,12 @@ impl Topic {
         held: Arc<HeldEntries>,
         txn: Option<TopicTxn>,
     ) -> Arc<Topic> {
-        let full_name = name.to_string();
+        debug_assert_eq!(*full_name, name.to_string());
         let txn = txn.map(|t| Box::new((t.buffer, t.acks)));
         let replicated = Arc::new(ReplicatedSubscriptions::default());
         replicated.restore(&log);
         Arc::new(Topic {
-            producers: ProducerTable::new(full_name.clone(), limits.producers_max),
+            producers: ProducerTable::new(Arc::clone(&full_name), limits.producers_max),
             full_name,
             name,
             log,
@@ -648,7 +649,7 @@ impl Topic {
         let attached = self
             .subscriptions
             .subscribe(
-                &self.name,
+                (&self.full_name, self.name.partition_index()),
                 &self.log,
                 &self.compaction,
                 request,

@@ -28,7 +28,6 @@ use crate::subscription::{
     self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionReads, SubscriptionSpec,
 };
 use crate::subscription::{HeldEntries, ReplicatedSubscriptions};
-use crate::topic_name::TopicName;
 
 /// Subscriptions on one topic (each is a task and a cursor). When reached:
 /// SUBSCRIBE gets NotAllowedError.
@@ -159,12 +158,13 @@ impl SubscriptionTable {
         ConsumerSlot::reserve(&self.consumer_count, self.consumers_max)
     }
 
-    /// Attaches a consumer to the subscription of `topic` (whose log and
-    /// compaction are given), creating the subscription when needed. The
-    /// slot counts it against `TopicLimits::consumers_max` while held.
+    /// Attaches a consumer to the subscription of the topic named
+    /// `full_name` (partition index `partition`, −1 if none; its log and
+    /// compaction given), creating the subscription when needed. The slot
+    /// counts it against `TopicLimits::consumers_max` while held.
     pub(crate) async fn subscribe(
         &self,
-        topic: &TopicName,
+        (full_name, partition): (&Arc<str>, i32),
         log: &Arc<ManagedLog>,
         compaction: &Arc<Compaction>,
         request: &SubscribeRequest,
@@ -222,8 +222,8 @@ impl SubscriptionTable {
                 let handle = subscription::spawn(
                     SubscriptionSpec {
                         name: request.subscription.clone(),
-                        topic: topic.to_string(),
-                        partition: topic.partition_index(),
+                        topic: Arc::clone(full_name),
+                        partition,
                         log: Arc::clone(log),
                         cursor,
                         reader_start: request.reader_start,
