@@ -28,6 +28,9 @@ use crate::admin::{BacklogQuota, NamespacePolicies, RetentionPolicy, TopicRecord
 use crate::config::{DispatchRate, PublishRate};
 use crate::error::ServiceError;
 
+mod shared;
+pub(crate) use shared::SharedPolicies;
+
 /// What happens when a backlog quota is exceeded (Pulsar's
 /// `BacklogQuota.RetentionPolicy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

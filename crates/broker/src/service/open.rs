@@ -212,6 +212,9 @@ impl Service {
                     crate::compaction::compaction_cursor(&served.log).await?;
                 }
                 let remotes = self.replication_remotes_of(&record, &policies);
+                let lifecycle = self
+                    .shared_policies
+                    .share(&topic.namespace, &record, lifecycle);
                 served.set_policy_record(record);
                 served.set_lifecycle_policies(lifecycle);
                 served.rebuild_dedup().await?;
