@@ -28,8 +28,7 @@ use crate::admin::{BacklogQuota, NamespacePolicies, RetentionPolicy, TopicRecord
 use crate::config::{DispatchRate, PublishRate};
 use crate::error::ServiceError;
 
-mod shared;
-pub(crate) use shared::SharedPolicies;
+pub(crate) mod shared;
 
 /// What happens when a backlog quota is exceeded (Pulsar's
 /// `BacklogQuota.RetentionPolicy`).

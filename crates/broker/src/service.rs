@@ -83,7 +83,7 @@ pub(crate) struct Service {
     dynamic: Mutex<std::collections::BTreeMap<String, serde_json::Value>>,
     /// One copy of each namespace's resolved policies, shared by its served
     /// topics that have none of their own.
-    shared_policies: crate::policies::SharedPolicies,
+    shared_policies: crate::policies::shared::SharedPolicies,
     /// The subscriptions' read-ahead budget (`read_ahead_bytes_max`) and
     /// read-path stages, shared by every subscription.
     pub(crate) reads: crate::subscription::SubscriptionReads,
@@ -173,7 +173,7 @@ impl Service {
             meta: Arc::clone(&meta),
             write_path_sources: Mutex::new(Vec::new()),
             dynamic: Mutex::new(std::collections::BTreeMap::new()),
-            shared_policies: crate::policies::SharedPolicies::default(),
+            shared_policies: crate::policies::shared::SharedPolicies::default(),
             topics: Mutex::new(HashMap::new()),
             np_topics: Mutex::new(HashMap::new()),
             replication_wakeup: tokio::sync::Notify::new(),
