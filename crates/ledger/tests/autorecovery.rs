@@ -18,6 +18,7 @@ fn config() -> AutoRecoveryConfig {
     AutoRecoveryConfig {
         lost_grace: Duration::ZERO,
         scan_interval: Duration::from_millis(100),
+        full_audit_interval: Duration::from_secs(3600),
     }
 }
 
@@ -144,4 +145,65 @@ async fn a_bookie_back_within_the_grace_period_costs_no_copying() {
     tokio::time::advance(Duration::from_secs(120)).await;
     let report = recovery.pass().await.unwrap();
     assert_eq!(report.segments_fixed, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_reads_only_new_ledgers_and_those_listing_a_missing_bookie() {
+    let h = Harness::new(24, 4).await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        let writer = h
+            .client()
+            .create(quorum(2, 2, 2), no_properties())
+            .await
+            .unwrap();
+        writer.add(payload(writer.ledger_id(), 0)).await.unwrap();
+        writer.close().await.unwrap();
+        ids.push(writer.ledger_id());
+    }
+    let mut recovery = AutoRecovery::new(h.client(), config());
+    // The first pass reads every ledger; the next ones nothing, while every
+    // bookie is available and no ledger is new.
+    assert_eq!(recovery.pass().await.unwrap().ledgers_checked, 6);
+    assert_eq!(recovery.pass().await.unwrap().ledgers_checked, 0);
+
+    let writer = h
+        .client()
+        .create(quorum(2, 2, 2), no_properties())
+        .await
+        .unwrap();
+    writer.add(payload(writer.ledger_id(), 0)).await.unwrap();
+    writer.close().await.unwrap();
+    assert_eq!(recovery.pass().await.unwrap().ledgers_checked, 1);
+    ids.push(writer.ledger_id());
+
+    // A lost bookie: exactly the ledgers that list it are read and fixed.
+    let victim = h.client().metadata(ids[0]).await.unwrap().last_ensemble().1[0].clone();
+    let mut listing = 0;
+    for id in &ids {
+        if h.client()
+            .metadata(*id)
+            .await
+            .unwrap()
+            .all_bookies()
+            .contains(&victim)
+        {
+            listing += 1;
+        }
+    }
+    lose(&h, &victim).await;
+    let report = recovery.pass().await.unwrap();
+    assert_eq!(report.ledgers_checked, listing, "{report:?}");
+    assert_eq!(report.segments_fixed, listing, "{report:?}");
+    for id in &ids {
+        let after = h.client().metadata(*id).await.unwrap();
+        assert!(!after.all_bookies().contains(&victim), "{after:?}");
+        assert_fully_replicated(&h, *id, &after, 0).await;
+    }
+    // What was fixed is read once more (its last read listed the victim),
+    // then nothing until the full audit reads every ledger again.
+    assert_eq!(recovery.pass().await.unwrap().ledgers_checked, listing);
+    assert_eq!(recovery.pass().await.unwrap().ledgers_checked, 0);
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    assert_eq!(recovery.pass().await.unwrap().ledgers_checked, 7);
 }

@@ -66,9 +66,13 @@ pub(crate) struct BookieArgs {
     /// entries to other bookies.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(0..=86_400))]
     lost_bookie_grace_s: u64,
-    /// Seconds between auto-recovery audit passes.
+    /// Seconds between auto-recovery audit passes. A pass reads the metadata
+    /// of new ledgers and of ledgers listing an unavailable bookie.
     #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     autorecovery_interval_s: u64,
+    /// Seconds between auto-recovery passes that read every ledger's metadata.
+    #[arg(long, default_value_t = 3600, value_parser = clap::value_parser!(u64).range(1..=604_800))]
+    autorecovery_full_audit_interval_s: u64,
     #[command(flatten)]
     storage: StorageArgs,
     #[command(flatten)]
@@ -193,6 +197,9 @@ async fn serve(
                     vela_ledger::AutoRecoveryConfig {
                         lost_grace: Duration::from_secs(args.lost_bookie_grace_s),
                         scan_interval: Duration::from_secs(args.autorecovery_interval_s),
+                        full_audit_interval: Duration::from_secs(
+                            args.autorecovery_full_audit_interval_s,
+                        ),
                     },
                     autorecovery_client,
                 );
