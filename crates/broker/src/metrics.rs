@@ -13,7 +13,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use vela_metrics::{Histogram, Snapshot};
+use vela_metrics::{Histogram, Snapshot, SparseHistogram};
 
 /// Pulsar's `pulsar_storage_write_latency_le_*` bucket bounds (µs) and the
 /// metric-name suffix of each; the overflow bucket is `overflow`. Each is a
@@ -315,11 +315,12 @@ pub(crate) struct TopicMetrics {
     pub(crate) storage_write_latency: TopicHistogram,
 }
 
-/// A topic's latency histogram, allocated at its first sample: a topic
-/// that never published costs a pointer, not ~0.9 KiB (of a per-topic
-/// fixed cost of a few KiB).
+/// A topic's latency histogram, allocated at its first sample (a topic
+/// that never published costs a pointer) and sparse until it sees many
+/// distinct latencies (`vela_metrics::SparseHistogram`: ~130 bytes, where
+/// a full histogram is ~0.9 KiB, of a per-topic fixed cost of a few KiB).
 #[derive(Debug, Default)]
-pub(crate) struct TopicHistogram(std::sync::OnceLock<Box<Histogram>>);
+pub(crate) struct TopicHistogram(std::sync::OnceLock<Box<SparseHistogram>>);
 
 impl TopicHistogram {
     /// Records one latency.

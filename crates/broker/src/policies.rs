@@ -28,6 +28,8 @@ use crate::admin::{BacklogQuota, NamespacePolicies, RetentionPolicy, TopicRecord
 use crate::config::{DispatchRate, PublishRate};
 use crate::error::ServiceError;
 
+pub(crate) mod shared;
+
 /// What happens when a backlog quota is exceeded (Pulsar's
 /// `BacklogQuota.RetentionPolicy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -81,10 +81,15 @@ pub(crate) struct Service {
     /// Policies set by the broker's dynamic configuration, by policy key
     /// (`http::brokers` keeps them in the store and here).
     dynamic: Mutex<std::collections::BTreeMap<String, serde_json::Value>>,
+    /// One copy of each namespace's resolved policies, shared by its served
+    /// topics that have none of their own.
+    shared_policies: crate::policies::shared::SharedPolicies,
     /// The subscriptions' read-ahead budget (`read_ahead_bytes_max`) and
     /// read-path stages, shared by every subscription.
     pub(crate) reads: crate::subscription::SubscriptionReads,
-    topics: Mutex<HashMap<String, TopicCell>>,
+    /// Served topics by full name (the key is the topic's own
+    /// `Topic::full_name`, one copy).
+    topics: Mutex<HashMap<Arc<str>, TopicCell>>,
     /// Entries held by all subscriptions (`BrokerConfig::held_entries_max`).
     pub(crate) held_entries: Arc<HeldEntries>,
     /// Non-persistent topics served (nothing to open: created in place).
@@ -168,6 +173,7 @@ impl Service {
             meta: Arc::clone(&meta),
             write_path_sources: Mutex::new(Vec::new()),
             dynamic: Mutex::new(std::collections::BTreeMap::new()),
+            shared_policies: crate::policies::shared::SharedPolicies::default(),
             topics: Mutex::new(HashMap::new()),
             np_topics: Mutex::new(HashMap::new()),
             replication_wakeup: tokio::sync::Notify::new(),

@@ -817,3 +817,104 @@ async fn topics_past_the_broker_bound_are_refused_and_served_ones_go_on() {
     assert_eq!(receipt_seq(&client.recv().await), 0);
     broker.shutdown().await.unwrap();
 }
+
+/// PRODUCER with `producer_id` on `topic`: true if it was registered,
+/// false if refused with ProducerBusy (a limit reached).
+async fn producer_admitted(client: &mut Client, topic: &str, producer_id: u64) -> bool {
+    client
+        .send(proto::CommandProducer {
+            topic: topic.into(),
+            producer_id,
+            request_id: producer_id,
+            ..Default::default()
+        })
+        .await;
+    let command = client.recv().await.command;
+    if command.producer_success.is_some() {
+        return true;
+    }
+    let error = command.error.expect("PRODUCER answers SUCCESS or ERROR");
+    assert_eq!(
+        error.error,
+        proto::ServerError::ProducerBusy as i32,
+        "{error:?}"
+    );
+    false
+}
+
+/// Adds producers to `topic` (ids from `*next_id` on) until one is
+/// refused (`refused`) or admitted (`!refused`): stored policies reach
+/// served topics through the store's watch, a moment later.
+async fn until_producer(client: &mut Client, topic: &str, next_id: &mut u64, refused: bool) {
+    for _ in 0..500 {
+        *next_id += 1;
+        if producer_admitted(client, topic, *next_id).await != refused {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("{topic}: the policy change never applied (refused: {refused})");
+}
+
+/// The topics of a namespace without policies of their own share one copy
+/// of its resolved policies (`policies::shared`): a namespace change still
+/// reaches every served topic, a topic's own policy only that topic, and
+/// the namespace's later changes the others.
+#[tokio::test]
+async fn namespace_policy_changes_reach_each_served_topic_and_a_topic_policy_only_its_own() {
+    let broker = start_broker().await;
+    let ns = NamespaceName::parse("public/shared").unwrap();
+    broker
+        .admin()
+        .create_namespace(&ns, NamespacePolicies::default())
+        .await
+        .unwrap();
+    let (a, b) = (
+        "persistent://public/shared/a",
+        "persistent://public/shared/b",
+    );
+    let mut client = Client::connect(broker.pulsar_addr()).await;
+    let mut next_id = 0;
+    for topic in [a, b] {
+        next_id += 1;
+        assert!(producer_admitted(&mut client, topic, next_id).await);
+    }
+    let set_namespace_producers_max = |max: u64| {
+        let mut policies = NamespacePolicies::default();
+        policies
+            .policies
+            .insert("maxProducers".into(), serde_json::json!(max));
+        policies
+    };
+    broker
+        .admin()
+        .set_namespace_policies(&ns, &set_namespace_producers_max(1))
+        .await
+        .unwrap();
+    until_producer(&mut client, a, &mut next_id, true).await;
+    until_producer(&mut client, b, &mut next_id, true).await;
+    // A's own limit: a takes producers again, b still has the namespace's.
+    broker
+        .admin()
+        .update_topic_record(&vela_broker::TopicName::parse(a).unwrap(), |record| {
+            record
+                .policies
+                .insert("maxProducers".into(), serde_json::json!(1000));
+            Ok(())
+        })
+        .await
+        .unwrap();
+    until_producer(&mut client, a, &mut next_id, false).await;
+    next_id += 1;
+    assert!(!producer_admitted(&mut client, b, next_id).await);
+    // The namespace's next change reaches b; a keeps its own.
+    broker
+        .admin()
+        .set_namespace_policies(&ns, &set_namespace_producers_max(100))
+        .await
+        .unwrap();
+    until_producer(&mut client, b, &mut next_id, false).await;
+    next_id += 1;
+    assert!(producer_admitted(&mut client, a, next_id).await);
+    broker.shutdown().await.unwrap();
+}

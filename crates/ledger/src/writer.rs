@@ -197,7 +197,7 @@ impl LedgerWriter {
             core,
             ledger_id,
             quorum,
-            metadata,
+            metadata: crate::metadata::encode(&metadata).into_boxed_slice(),
             version: versioned.version,
             ensemble,
             next_entry: EntryId(0),
@@ -420,7 +420,10 @@ struct WriterTask {
     core: Arc<ClientCore>,
     ledger_id: LedgerId,
     quorum: Quorum,
-    metadata: LedgerMetadata,
+    /// The ledger's metadata as last stored, encoded (`metadata::encode`):
+    /// decoded only for an ensemble change or the close. ~200 bytes where
+    /// the decoded maps hold ~1 KiB of nodes, kept by every open ledger.
+    metadata: Box<[u8]>,
     version: vela_meta::Version,
     /// The last segment's bookies (what new and resent adds go to).
     ensemble: Vec<BookieId>,
@@ -525,8 +528,10 @@ async fn run(parking: Arc<Parking<Parked>>, mut task: Parked) {
             Event::Command(Some(Command::Close { reply })) => close = Some(reply),
             Event::Idle => {
                 debug_assert!(this.pending.is_empty() && !in_flight);
-                // Empty: a parked writer keeps no request set.
+                // Empty: a parked writer keeps no request set, and no
+                // slots for pending adds (four, ~0.4 KiB, after its first).
                 this.inflight = None;
+                this.pending = VecDeque::new();
                 match parking.park(task, |task| task.commands.is_ready()) {
                     Ok(()) => return,
                     Err(back) => task = back,
@@ -854,7 +859,7 @@ impl WriterTask {
         ensemble: &[BookieId],
     ) -> Result<(), LedgerError> {
         for _ in 0..METADATA_CAS_ATTEMPTS_MAX {
-            let mut metadata = self.metadata.clone();
+            let mut metadata = self.stored_metadata()?;
             let (last_first, _) = metadata.last_ensemble();
             if last_first != first_entry && metadata.ensembles.len() >= ENSEMBLES_MAX {
                 return Err(LedgerError::TooManyEnsembleChanges(self.ledger_id));
@@ -862,7 +867,7 @@ impl WriterTask {
             metadata.set_last_ensemble(first_entry, ensemble.to_vec());
             match store::cas(&self.core.store, self.ledger_id, &metadata, self.version).await {
                 Ok(version) => {
-                    self.metadata = metadata;
+                    self.keep_metadata(&metadata);
                     self.version = version;
                     return Ok(());
                 }
@@ -873,12 +878,25 @@ impl WriterTask {
         Err(LedgerError::MetadataContention(self.ledger_id))
     }
 
+    /// The metadata as last stored, decoded.
+    fn stored_metadata(&self) -> Result<LedgerMetadata, LedgerError> {
+        crate::metadata::decode(&self.metadata).map_err(|error| LedgerError::MetadataFormat {
+            ledger_id: self.ledger_id,
+            error,
+        })
+    }
+
+    /// Keeps `metadata` (just stored, or read back) encoded.
+    fn keep_metadata(&mut self, metadata: &LedgerMetadata) {
+        self.metadata = crate::metadata::encode(metadata).into_boxed_slice();
+    }
+
     /// After a CAS conflict: reload, and stop unless the ledger is still OPEN.
     async fn reread_open(&mut self) -> Result<(), LedgerError> {
         let fresh = store::read(&self.core.store, self.ledger_id).await?;
         match fresh.metadata.state {
             LedgerState::Open => {
-                self.metadata = fresh.metadata;
+                self.keep_metadata(&fresh.metadata);
                 self.version = fresh.version;
                 Ok(())
             }
@@ -896,7 +914,7 @@ impl WriterTask {
         }
         debug_assert!(self.pending.is_empty());
         for _ in 0..METADATA_CAS_ATTEMPTS_MAX {
-            let mut metadata = self.metadata.clone();
+            let mut metadata = self.stored_metadata()?;
             metadata.state = LedgerState::Closed;
             metadata.last_entry = self.lac;
             metadata.length_bytes = self.length_bytes;
@@ -907,7 +925,7 @@ impl WriterTask {
                     let fresh = store::read(&self.core.store, self.ledger_id).await?;
                     match fresh.metadata.state {
                         LedgerState::Open => {
-                            self.metadata = fresh.metadata;
+                            self.keep_metadata(&fresh.metadata);
                             self.version = fresh.version;
                         }
                         // Closed by a recoverer exactly where we stand (or by an

@@ -57,7 +57,7 @@ pub const CURSOR_PROPERTIES_MAX: usize = 16;
 /// Where a cursor keeps its state and its bounds (from the log's config).
 #[derive(Debug, Clone)]
 pub(crate) struct CursorSettings {
-    pub(crate) log_name: String,
+    pub(crate) log_name: Arc<str>,
     pub(crate) store: Store,
     pub(crate) acked_entries_max: usize,
     pub(crate) persisted_ranges_max: usize,
@@ -89,7 +89,9 @@ struct CursorState {
 /// `flush`, `reset` and `delete`, which write metadata.
 pub struct Cursor {
     name: String,
-    key: String,
+    /// Its log's name (shared with the log): the cursor's key is made from
+    /// it when written (`key`), not kept (~70 bytes a cursor).
+    log_name: Arc<str>,
     log: Weak<dyn CursorLog>,
     store: Store,
     acked_entries_max: usize,
@@ -167,7 +169,7 @@ impl Cursor {
         }
         let cursor = Arc::new_cyclic(|me| Cursor {
             name: name.to_string(),
-            key,
+            log_name: Arc::clone(&settings.log_name),
             log: Arc::downgrade(log),
             store: store.clone(),
             acked_entries_max: settings.acked_entries_max,
@@ -179,6 +181,11 @@ impl Cursor {
             persist_lock: tokio::sync::Mutex::new(()),
         });
         Ok(cursor)
+    }
+
+    /// Where its state is stored.
+    fn key(&self) -> String {
+        format::cursor_key(&self.log_name, &self.name)
     }
 
     /// The cursor's name.
@@ -377,12 +384,20 @@ impl Cursor {
             )
         };
         let new_version = match version {
-            Some(version) => self.store.update_json(&self.key, &info, version).await?,
-            None => self.store.create_json(&self.key, &info).await?,
+            Some(version) => self.store.update_json(&self.key(), &info, version).await?,
+            None => self.store.create_json(&self.key(), &info).await?,
         };
         let mut state = self.state.lock();
         state.version = Some(new_version);
         state.persisted_changes = state.persisted_changes.max(changes);
+        // An emptied set keeps its node (~200 bytes, after the first
+        // individual ack): given back here, not at each ack.
+        if state.acked.is_empty() {
+            state.acked = BTreeSet::new();
+        }
+        if state.batch_acks.is_empty() {
+            state.batch_acks = BTreeMap::new();
+        }
         Ok(())
     }
 
@@ -404,7 +419,7 @@ impl Cursor {
     pub(crate) async fn delete(&self) -> Result<(), LogError> {
         let _persisting = self.persist_lock.lock().await;
         self.state.lock().deleted = true;
-        self.store.delete(&self.key).await
+        self.store.delete(&self.key()).await
     }
 }
 

@@ -106,6 +106,10 @@ struct Queued {
     permit: AppendPermit,
 }
 
+/// The front append taken by the drain, and the writer (with its tally)
+/// it goes to.
+type Front = (Arc<dyn OpenLedger>, Arc<Tally>, Queued);
+
 /// Entries of one ledger handed to its writer and completed, for the order
 /// assertion.
 #[derive(Debug, Default)]
@@ -143,7 +147,7 @@ struct State {
 /// The one ordered queue of a log's appends (see the module docs).
 pub(crate) struct AppendQueue {
     /// The log's name, for errors.
-    name: String,
+    name: Arc<str>,
     budget: AppendBudget,
     limits: LedgerLimits,
     hooks: QueueHooks,
@@ -168,7 +172,7 @@ impl fmt::Debug for AppendQueue {
 impl AppendQueue {
     /// An empty queue with no writer yet (`set_writer` attaches one).
     pub(crate) fn new(
-        name: String,
+        name: Arc<str>,
         budget: AppendBudget,
         limits: LedgerLimits,
         hooks: QueueHooks,
@@ -208,7 +212,25 @@ impl AppendQueue {
             } else if let Some(permit) = permit {
                 debug_assert_eq!(permit.payload_bytes(), data.len());
                 state.bytes += payload_bytes;
-                state.items.push_back(Queued { data, done, permit });
+                let item = Queued { data, done, permit };
+                if !state.draining
+                    && state.items.is_empty()
+                    && let Writer::Open(current) = &state.writer
+                {
+                    // Nothing queued, nobody draining: this push drains,
+                    // starting with its own append, which is never queued
+                    // (an idle log keeps no queue buffer).
+                    let front = (
+                        Arc::clone(&current.writer),
+                        Arc::clone(&current.tally),
+                        item,
+                    );
+                    state.draining = true;
+                    drop(state);
+                    self.drain_from(None, Some(front));
+                    return true;
+                }
+                state.items.push_back(item);
                 let start = !state.draining && matches!(state.writer, Writer::Open(_));
                 if start {
                     state.draining = true;
@@ -219,7 +241,7 @@ impl AppendQueue {
                 }
                 return true;
             } else {
-                Some(LogError::Overloaded(self.name.clone()))
+                Some(LogError::Overloaded(self.name.to_string()))
             }
         };
         if let Some(error) = refused {
@@ -315,11 +337,21 @@ impl AppendQueue {
     /// Hands queued appends to the current writer, front first, while its
     /// window has room; run by whoever set `draining`. With `reserved`, room
     /// for the front append was already reserved on that writer.
-    fn drain(self: &Arc<Self>, mut reserved: Option<Arc<dyn OpenLedger>>) {
-        let mut next = {
+    fn drain(self: &Arc<Self>, reserved: Option<Arc<dyn OpenLedger>>) {
+        let next = {
             let mut state = self.state.lock();
             self.take_front(&mut state)
         };
+        self.drain_from(reserved, next);
+    }
+
+    /// `drain`, with the front append already taken (`take_front`, or a
+    /// push that found the queue empty): `None` when the drain was released.
+    fn drain_from(
+        self: &Arc<Self>,
+        mut reserved: Option<Arc<dyn OpenLedger>>,
+        mut next: Option<Front>,
+    ) {
         while let Some((writer, tally, item)) = next {
             let payload_bytes = item.data.len();
             let has_room = match reserved.take() {
@@ -372,7 +404,7 @@ impl AppendQueue {
 
     /// The front append and the writer it goes to; `None` (and the drain
     /// released) when the queue is empty or has no open writer.
-    fn take_front(&self, state: &mut State) -> Option<(Arc<dyn OpenLedger>, Arc<Tally>, Queued)> {
+    fn take_front(&self, state: &mut State) -> Option<Front> {
         debug_assert!(state.draining, "drain without holding the drain");
         if let Writer::Open(current) = &state.writer
             && let Some(item) = state.items.pop_front()
@@ -530,7 +562,7 @@ impl LedgerAppender {
         };
         let name = format!("ledger {}", writer.ledger_id());
         let queue = Arc::new(AppendQueue::new(
-            name,
+            Arc::from(name),
             AppendBudget::new(APPENDER_BYTES_MAX),
             LedgerLimits::NONE,
             hooks,
@@ -704,7 +736,7 @@ mod tests {
             stopped: Box::new(|_| {}),
         };
         let budget = AppendBudget::new(bytes_max);
-        Arc::new(AppendQueue::new("t".to_string(), budget, limits, hooks))
+        Arc::new(AppendQueue::new(Arc::from("t"), budget, limits, hooks))
     }
 
     /// Pushes an append of `bytes` bytes; true when it was queued.

@@ -8,7 +8,9 @@
 //! sum addition, relaxed atomics, no allocation, no lock, no thread-local),
 //! its plain-data [`Snapshot`] (counts per bucket, merged across instances
 //! and subtracted between two scrapes) and [`Summary`] (count, mean,
-//! p50/p99/p99.9 and a bound on the maximum).
+//! p50/p99/p99.9 and a bound on the maximum); [`SparseHistogram`] (the same
+//! buckets, counted in a few slots until more distinct buckets are hit:
+//! for the per-topic histograms of topics that publish now and then).
 //!
 //! Buckets are log-linear: 1..9, then 14 steps per decade (1, 1.25, 1.5,
 //! 1.75, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 9) from 10 to 9·10^7, then 10^8 and an
@@ -30,6 +32,9 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+mod sparse;
+pub use sparse::{SPARSE_SLOTS, SparseHistogram};
 
 /// Mantissas (×100) of the bounds in each decade from 10 on.
 const DECADE_MANTISSAS: [u64; 14] = [
@@ -99,6 +104,12 @@ impl Histogram {
     pub fn record_value(&self, value: u64) {
         self.buckets[bucket_index(value)].fetch_add(1, Ordering::Relaxed);
         self.sum.fetch_add(value, Ordering::Relaxed);
+    }
+
+    /// Counts one sample in bucket `index` without its value
+    /// (`SparseHistogram` keeps the sum).
+    fn count_in_bucket(&self, index: usize) {
+        self.buckets[index].fetch_add(1, Ordering::Relaxed);
     }
 
     /// The counts now.

@@ -67,8 +67,8 @@ impl Admitting {
             exclusive: false,
             out: session.out.clone(),
             events: session.events_tx.clone(),
-            address: session.peer.to_string(),
-            client_version: session.client_version.clone(),
+            address: std::sync::Arc::clone(&session.address),
+            client_version: std::sync::Arc::clone(&session.client_version),
             metadata: client_metadata(&body.metadata)?,
             counters: Default::default(),
         };

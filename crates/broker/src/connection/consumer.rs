@@ -105,7 +105,7 @@ impl Consumers {
             self.map.get(&body.consumer_id),
         ) {
             (Some(np), _) => Some((np.subscription(), np.topic_name())),
-            (None, Some(c)) => Some((c.sub.name.as_str(), c.topic.full_name.as_str())),
+            (None, Some(c)) => Some((c.sub.name.as_str(), &*c.topic.full_name)),
             (None, None) => None,
         };
         if let Some((subscription, topic_name)) = existing {
@@ -686,12 +686,12 @@ fn consumer_info(
         events: session.events_tx.clone(),
         protocol_version: session.protocol_version,
         sticky_ranges,
-        address: session.peer.to_string(),
+        address: Arc::clone(&session.address),
         epoch: body.consumer_epoch,
         allow_out_of_order,
         handles_end_of_topic: session.handles_end_of_topic(),
         metadata: client_metadata(&body.metadata)?,
-        client_version: session.client_version.clone(),
+        client_version: Arc::clone(&session.client_version),
     })
 }
 

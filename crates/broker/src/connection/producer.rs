@@ -143,7 +143,7 @@ impl Producers {
         }
         if let Some(existing) = self.map.get(&producer_id) {
             // A retry of a PRODUCER that already succeeded on this connection.
-            if existing.topic.full_name
+            if *existing.topic.full_name
                 == TopicName::parse(&body.topic)
                     .map(|t| t.to_string())
                     .unwrap_or_default()

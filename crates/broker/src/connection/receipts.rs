@@ -31,10 +31,6 @@ use crate::error::ServiceError;
 use crate::service::Service;
 use crate::topic::Topic;
 
-/// Slots an idle queue keeps; a queue that grew past it is given back when
-/// it empties (a burst's capacity is not kept per idle producer).
-const IDLE_JOBS_CAPACITY_MAX: usize = 8;
-
 pub(super) enum ReceiptJob {
     Send {
         sequence_id: u64,
@@ -155,9 +151,10 @@ impl Receipts {
                     Some(job) => job,
                     None => {
                         queue.draining = false;
-                        if queue.jobs.capacity() > IDLE_JOBS_CAPACITY_MAX {
-                            queue.jobs = VecDeque::new();
-                        }
+                        // An idle producer keeps no slots (4 jobs, ~0.5
+                        // KiB, after its first SEND): the next drain task
+                        // allocates them again, beside its own spawn.
+                        queue.jobs = VecDeque::new();
                         return;
                     }
                 }

@@ -98,6 +98,9 @@ pub(super) struct Session {
     /// keyed by it in topics and subscriptions).
     pub(super) id: u64,
     pub(super) peer: SocketAddr,
+    /// `peer` as text, one copy shared by the connection's producers and
+    /// consumers (their stats show it).
+    pub(super) address: Arc<str>,
     /// Frames for the writer task.
     pub(super) out: mpsc::Sender<Outbound>,
     /// Where topics and subscriptions tell this connection that they closed
@@ -106,7 +109,8 @@ pub(super) struct Session {
     /// CONNECT was answered; every other command needs it.
     pub(super) connected: bool,
     pub(super) protocol_version: i32,
-    pub(super) client_version: String,
+    /// CONNECT's client version, shared as `address` is.
+    pub(super) client_version: Arc<str>,
     auth: ConnAuth,
 }
 
@@ -123,11 +127,12 @@ impl Session {
             service,
             id,
             peer,
+            address: Arc::from(peer.to_string()),
             out,
             events_tx,
             connected: false,
             protocol_version: 0,
-            client_version: String::new(),
+            client_version: Arc::from(""),
             auth: ConnAuth {
                 transport,
                 ..ConnAuth::default()
@@ -178,7 +183,8 @@ impl Session {
             .protocol_version
             .unwrap_or(0)
             .clamp(0, PROTOCOL_VERSION_MAX);
-        self.client_version = connect.client_version.chars().take(128).collect();
+        self.client_version =
+            Arc::from(connect.client_version.chars().take(128).collect::<String>());
         if let Some(config) = &self.service.config.auth {
             let data = connect.auth_data.as_deref().unwrap_or_default();
             match config.authenticate(

@@ -102,7 +102,7 @@ impl NonPersistentTopic {
     ) -> Arc<NonPersistentTopic> {
         let full_name = name.to_string();
         Arc::new(NonPersistentTopic {
-            producers: ProducerTable::new(full_name.clone(), limits.producers_max),
+            producers: ProducerTable::new(Arc::from(full_name.as_str()), limits.producers_max),
             full_name,
             name,
             subscriptions: Mutex::new(HashMap::new()),
@@ -447,7 +447,7 @@ mod tests {
             allow_out_of_order: false,
             handles_end_of_topic: true,
             metadata: Default::default(),
-            client_version: String::new(),
+            client_version: Arc::from(""),
         }
     }
 

@@ -190,15 +190,15 @@ impl Reconciler {
             self.forget_moved_remotes(service).await;
         }
         let topics = service.served_topic_handles();
-        let served: HashSet<String> = topics.iter().map(|t| t.full_name.clone()).collect();
-        self.wanted.retain(|name, _| served.contains(name));
+        let served: HashSet<&str> = topics.iter().map(|t| &*t.full_name).collect();
+        self.wanted.retain(|name, _| served.contains(name.as_str()));
         for topic in &topics {
-            if !full && self.wanted.contains_key(&topic.full_name) {
+            if !full && self.wanted.contains_key(&*topic.full_name) {
                 continue;
             }
             match service.replication_remotes(&topic.name).await {
                 Ok(remotes) => {
-                    self.wanted.insert(topic.full_name.clone(), remotes);
+                    self.wanted.insert(topic.full_name.to_string(), remotes);
                 }
                 Err(error) => {
                     tracing::warn!(topic = %topic.full_name, %error, "replication clusters unreadable");
@@ -208,7 +208,7 @@ impl Reconciler {
         // Stop what is no longer wanted, or whose topic was reopened, or
         // whose replicator ended (it is started again below).
         let by_name: HashMap<&str, &Arc<Topic>> =
-            topics.iter().map(|t| (t.full_name.as_str(), t)).collect();
+            topics.iter().map(|t| (&*t.full_name, t)).collect();
         let stale: Vec<(String, String)> = self
             .running
             .iter()
@@ -242,11 +242,11 @@ impl Reconciler {
         // Start what is wanted and not running.
         let mut records: HashMap<String, Option<ClusterData>> = HashMap::new();
         for topic in &topics {
-            let Some(remotes) = self.wanted.get(&topic.full_name).cloned() else {
+            let Some(remotes) = self.wanted.get(&*topic.full_name).cloned() else {
                 continue;
             };
             for remote in remotes {
-                let key = (topic.full_name.clone(), remote.clone());
+                let key = (topic.full_name.to_string(), remote.clone());
                 if self.running.contains_key(&key) {
                     continue;
                 }
@@ -303,7 +303,7 @@ impl Reconciler {
             // did not serve the topic).
             for topic in &topics {
                 // Unknown (policies unreadable): keep everything.
-                let Some(wanted) = self.wanted.get(&topic.full_name) else {
+                let Some(wanted) = self.wanted.get(&*topic.full_name) else {
                     continue;
                 };
                 for name in topic.log.cursor_names() {
@@ -321,7 +321,7 @@ impl Reconciler {
     /// The snapshot controller of `topic`, started when it has none (or
     /// one of an earlier opening of the topic).
     fn controller(&mut self, service: &Service, topic: &Arc<Topic>) -> Arc<Controller> {
-        if let Some(task) = self.controllers.get(&topic.full_name)
+        if let Some(task) = self.controllers.get(&*topic.full_name)
             && Arc::ptr_eq(task.controller.topic(), topic)
         {
             return Arc::clone(&task.controller);
@@ -336,7 +336,7 @@ impl Reconciler {
         );
         tokio::spawn(Arc::clone(&controller).run(frequency, stopped));
         self.controllers.insert(
-            topic.full_name.clone(),
+            topic.full_name.to_string(),
             ControllerTask {
                 controller: Arc::clone(&controller),
                 stop,

@@ -91,7 +91,7 @@ impl Service {
         create: bool,
     ) -> Result<Arc<Topic>, ServiceError> {
         let full_name = topic.to_string();
-        if let Some(cell) = self.topics.lock().get(&full_name)
+        if let Some(cell) = self.topics.lock().get(full_name.as_str())
             && let Some(served) = cell.get()
             && !served.log.is_closed()
         {
@@ -116,21 +116,24 @@ impl Service {
                 format!("Topic {topic} does not exist"),
             ));
         }
-        let cell = {
+        let (cell, key) = {
             let mut topics = self.topics.lock();
             let stale = topics
-                .get(&full_name)
+                .get(full_name.as_str())
                 .and_then(|c| c.get())
                 .is_some_and(|t| t.log.is_closed());
             if stale {
-                topics.remove(&full_name);
+                topics.remove(full_name.as_str());
             }
-            if !topics.contains_key(&full_name)
-                && topics.len() + self.np_topics.lock().len() >= self.config.topics_max
-            {
-                return Err(topics_max_reached(self.config.topics_max));
-            }
-            Arc::clone(topics.entry(full_name.clone()).or_default())
+            let key = match topics.get_key_value(full_name.as_str()) {
+                Some((key, _)) => Arc::clone(key),
+                None if topics.len() + self.np_topics.lock().len() >= self.config.topics_max => {
+                    return Err(topics_max_reached(self.config.topics_max));
+                }
+                None => Arc::from(full_name.as_str()),
+            };
+            let cell = Arc::clone(topics.entry(Arc::clone(&key)).or_default());
+            (cell, key)
         };
         let served = cell
             .get_or_try_init(|| async {
@@ -196,7 +199,7 @@ impl Service {
                     None => None,
                 };
                 let served = Topic::new(
-                    topic.clone(),
+                    (topic.clone(), key),
                     log,
                     dedup,
                     compaction,
@@ -209,6 +212,9 @@ impl Service {
                     crate::compaction::compaction_cursor(&served.log).await?;
                 }
                 let remotes = self.replication_remotes_of(&record, &policies);
+                let lifecycle = self
+                    .shared_policies
+                    .share(&topic.namespace, &record, lifecycle);
                 served.set_policy_record(record);
                 served.set_lifecycle_policies(lifecycle);
                 served.rebuild_dedup().await?;

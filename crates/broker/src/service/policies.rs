@@ -3,7 +3,9 @@
 //! now (resolved topic > namespace > broker), and the schema compatibility
 //! strategy that applies to a topic.
 //!
-//! Owns nothing of its own: `Service::dynamic` holds the dynamic policies.
+//! Owns nothing of its own: `Service::dynamic` holds the dynamic policies,
+//! `Service::shared_policies` the one copy of a namespace's resolved
+//! policies its topics without their own share (`policies::shared`).
 //! Never: stores a policy (`admin` and `http` do) or opens a topic to apply
 //! one (a topic opening resolves its policies itself).
 
@@ -132,6 +134,9 @@ impl Service {
         topic
             .log
             .set_offload_policy(resolved.offload_policy(self.config.offload_policy));
+        let resolved = self
+            .shared_policies
+            .share(&topic.name.namespace, &record, resolved);
         topic.set_policy_record(record);
         topic.set_lifecycle_policies(resolved);
         let result = topic.log.set_persistence(Persistence {

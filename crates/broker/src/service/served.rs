@@ -65,7 +65,7 @@ impl Service {
             .lock()
             .iter()
             .filter(|(_, c)| c.get().is_some())
-            .map(|(n, _)| n.clone())
+            .map(|(n, _)| n.to_string())
             .collect();
         names.extend(self.np_topics.lock().keys().cloned());
         names.sort();
@@ -136,7 +136,7 @@ impl Service {
         let served = self
             .topics
             .lock()
-            .remove(&full_name)
+            .remove(full_name.as_str())
             .and_then(|c| c.get().cloned());
         let served = match served {
             Some(served) => served,
@@ -151,7 +151,7 @@ impl Service {
                 match self
                     .topics
                     .lock()
-                    .remove(&full_name)
+                    .remove(full_name.as_str())
                     .and_then(|c| c.get().cloned())
                 {
                     Some(served) => served,

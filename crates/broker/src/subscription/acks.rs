@@ -169,6 +169,19 @@ impl Acks {
         }
     }
 
+    /// Gives back emptied sets' nodes (the subscription parks; a durable
+    /// cursor does so after each persist).
+    pub(super) fn shrink_idle(&mut self) {
+        if let Acks::Memory(m) = self {
+            if m.acked.is_empty() {
+                m.acked = BTreeSet::new();
+            }
+            if m.batch.is_empty() {
+                m.batch = BTreeMap::new();
+            }
+        }
+    }
+
     pub(super) fn backlog(&self, log: &ManagedLog) -> u64 {
         match self {
             Acks::Durable(c) => c.backlog_entries(),

@@ -41,8 +41,8 @@ pub(crate) struct ConsumerInfo {
     pub(crate) protocol_version: i32,
     /// Key_Shared: (sticky, ranges); `None` means AUTO_SPLIT.
     pub(crate) sticky_ranges: Option<Vec<(i32, i32)>>,
-    /// Client address for stats.
-    pub(crate) address: String,
+    /// Client address for stats (shared by the connection's consumers).
+    pub(crate) address: Arc<str>,
     /// Consumer epoch from SUBSCRIBE (Java clients, Exclusive/Failover);
     /// stamped on every MESSAGE when set.
     pub(crate) epoch: Option<u64>,
@@ -50,8 +50,8 @@ pub(crate) struct ConsumerInfo {
     pub(crate) allow_out_of_order: bool,
     /// SUBSCRIBE's `metadata` (bounded by the connection), for stats.
     pub(crate) metadata: std::collections::BTreeMap<String, String>,
-    /// Client version string from CONNECT, for stats.
-    pub(crate) client_version: String,
+    /// Client version string from CONNECT, for stats (shared as `address`).
+    pub(crate) client_version: Arc<str>,
     /// The client understands REACHED_END_OF_TOPIC (see
     /// `connection::session`: not C++/Python nor Go, which close the
     /// connection on it).
@@ -322,8 +322,8 @@ impl CommandSender {
 pub(crate) struct SubscriptionSpec {
     /// Subscription name.
     pub(crate) name: String,
-    /// Full topic name (for logs).
-    pub(crate) topic: String,
+    /// Full topic name (for logs), shared with the topic.
+    pub(crate) topic: Arc<str>,
     /// Partition index for message ids (−1 if not a partition).
     pub(crate) partition: i32,
     /// The topic's log.

@@ -83,6 +83,13 @@ impl Delayed {
     pub(super) fn clear(&mut self) {
         self.by_due.clear();
     }
+
+    /// Gives back an emptied set's node (the subscription parks).
+    pub(super) fn shrink_idle(&mut self) {
+        if self.by_due.is_empty() {
+            self.by_due = BTreeSet::new();
+        }
+    }
 }
 
 #[cfg(test)]

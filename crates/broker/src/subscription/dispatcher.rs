@@ -183,6 +183,7 @@ async fn run(parking: Arc<Parking<Task>>, mut task: Task) {
                 waiting,
                 read_position,
             } => {
+                task.dispatcher.shrink_idle();
                 if waiting {
                     let parked = Arc::downgrade(&parking);
                     task.dispatcher.waiter.wake_at(
@@ -254,7 +255,7 @@ struct Dispatcher {
     rates: Rates,
     name: String,
     /// Full topic name (for logs).
-    topic: String,
+    topic: Arc<str>,
     /// Partition index for message ids (−1 if not a partition).
     partition: i32,
     durable: bool,
@@ -310,6 +311,15 @@ enum Step {
 }
 
 impl Dispatcher {
+    /// Gives back what its emptied collections keep (it is about to park:
+    /// a parked subscription holds its state only, ~1 KiB).
+    fn shrink_idle(&mut self) {
+        self.outstanding.shrink_idle();
+        self.acks.shrink_idle();
+        self.delayed.shrink_idle();
+        self.ahead.shrink_idle();
+    }
+
     /// Waits for something to do and does it: one command, a read
     /// finished, new entries, a timer; then dispatches.
     async fn step(&mut self, rx: &mut CommandReceiver) -> Step {

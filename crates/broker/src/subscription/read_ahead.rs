@@ -338,6 +338,13 @@ impl ReadAhead {
         self.wait_started = None;
     }
 
+    /// Gives back an emptied buffer's slots (the subscription parks).
+    pub(super) fn shrink_idle(&mut self) {
+        if self.entries.is_empty() {
+            self.entries = VecDeque::new();
+        }
+    }
+
     /// Consumers with permits found nothing buffered: a wait for a read
     /// starts (if none runs yet).
     pub(super) fn note_waiting(&mut self) {

@@ -69,9 +69,9 @@ pub(crate) struct ProducerReg {
     /// The connection's event queue.
     pub(crate) events: mpsc::Sender<ConnEvent>,
     /// Client address (stats).
-    pub(crate) address: String,
+    pub(crate) address: Arc<str>,
     /// Client version (stats).
-    pub(crate) client_version: String,
+    pub(crate) client_version: Arc<str>,
     /// PRODUCER's `metadata` (bounded by the connection), for stats.
     pub(crate) metadata: std::collections::BTreeMap<String, String>,
     /// What it published (its connection counts; stats read).
@@ -195,15 +195,15 @@ impl ProducerState {
 /// The producers of one topic.
 #[derive(Debug)]
 pub(crate) struct ProducerTable {
-    /// Full topic name (for logs).
-    topic: String,
+    /// Full topic name (for logs), shared with the topic.
+    topic: Arc<str>,
     /// `TopicLimits::producers_max`.
     producers_max: usize,
     state: Mutex<ProducerState>,
 }
 
 impl ProducerTable {
-    pub(crate) fn new(topic: String, producers_max: usize) -> ProducerTable {
+    pub(crate) fn new(topic: Arc<str>, producers_max: usize) -> ProducerTable {
         ProducerTable {
             topic,
             producers_max,
@@ -488,8 +488,8 @@ impl ProducerTable {
                     producer_name: name.clone(),
                     producer_id: reg.producer_id,
                     access_mode: if reg.exclusive { "Exclusive" } else { "Shared" }.to_string(),
-                    address: reg.address.clone(),
-                    client_version: reg.client_version.clone(),
+                    address: reg.address.to_string(),
+                    client_version: reg.client_version.to_string(),
                     metadata: reg.metadata.clone(),
                     msg_drop_rate: None,
                     ..PublisherStats::default()
@@ -528,8 +528,8 @@ mod tests {
                 exclusive: false,
                 out,
                 events,
-                address: String::new(),
-                client_version: String::new(),
+                address: Arc::from(""),
+                client_version: Arc::from(""),
                 metadata: Default::default(),
                 counters: Default::default(),
             },

@@ -19,13 +19,15 @@ use crate::policies::{QuotaLimit, QuotaPolicy, TopicPolicies};
 
 #[derive(Debug, Default)]
 struct Policies {
-    /// TTL, backlog quotas and retention of the namespace (`lifecycle`).
-    policies: TopicPolicies,
+    /// TTL, backlog quotas and retention of the namespace (`lifecycle`);
+    /// one copy shared by the topics they are the same for
+    /// (`Service::shared_policies`).
+    policies: Arc<TopicPolicies>,
     /// The exceeded quota holding producers off, as of the last lifecycle pass.
     quota_block: Option<(QuotaLimit, QuotaPolicy)>,
     /// The topic's own policies as stored (resolved into `policies` with its
-    /// namespace's).
-    record: TopicRecord,
+    /// namespace's); `None` when it has none (most topics: no bytes spent).
+    record: Option<Box<TopicRecord>>,
 }
 
 /// The policies of one topic and its quota verdict.
@@ -34,23 +36,23 @@ pub(crate) struct PolicyState(Mutex<Policies>);
 
 impl PolicyState {
     /// The namespace policies this topic enforces over time.
-    pub(crate) fn policies(&self) -> TopicPolicies {
-        self.0.lock().policies.clone()
+    pub(crate) fn policies(&self) -> Arc<TopicPolicies> {
+        Arc::clone(&self.0.lock().policies)
     }
 
     /// Replaces them (topic open, namespace policy change).
-    pub(crate) fn set_policies(&self, policies: TopicPolicies) {
+    pub(crate) fn set_policies(&self, policies: Arc<TopicPolicies>) {
         self.0.lock().policies = policies;
     }
 
     /// The topic's own policy record, as last applied.
     pub(crate) fn record(&self) -> TopicRecord {
-        self.0.lock().record.clone()
+        self.0.lock().record.as_deref().cloned().unwrap_or_default()
     }
 
     /// Keeps the topic's own policy record (applied with `set_policies`).
     pub(crate) fn set_record(&self, record: TopicRecord) {
-        self.0.lock().record = record;
+        self.0.lock().record = (!record.is_empty()).then(|| Box::new(record));
     }
 
     /// The exceeded quota holding producers off, if any.
@@ -69,7 +71,7 @@ impl PolicyState {
         if let Some((limit @ QuotaLimit::AgeSeconds(_), policy)) = self.quota_block() {
             return Err(policy.refusal(limit));
         }
-        for (limit, policy) in self.policies().quotas {
+        for &(limit, policy) in &self.policies().quotas {
             if policy == QuotaPolicy::ConsumerBacklogEviction {
                 continue;
             }

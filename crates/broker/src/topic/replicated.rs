@@ -74,7 +74,7 @@ impl Topic {
         } else {
             ReplicatedStatusError::NotFound {
                 subscription: name.to_string(),
-                topic: self.full_name.clone(),
+                topic: self.full_name.to_string(),
             }
         }
     }

@@ -84,7 +84,7 @@ impl Topic {
             .as_deref()
             .map_or((0, 0, 0), |(buffer, _)| buffer.txn_counts());
         TopicStats {
-            topic: self.full_name.clone(),
+            topic: self.full_name.to_string(),
             msg_in_counter,
             bytes_in_counter,
             msg_out_counter,

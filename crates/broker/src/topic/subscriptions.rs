@@ -28,7 +28,6 @@ use crate::subscription::{
     self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionReads, SubscriptionSpec,
 };
 use crate::subscription::{HeldEntries, ReplicatedSubscriptions};
-use crate::topic_name::TopicName;
 
 /// Subscriptions on one topic (each is a task and a cursor). When reached:
 /// SUBSCRIBE gets NotAllowedError.
@@ -104,7 +103,9 @@ struct SubEntry {
     generation: u64,
 }
 
-type SubscriptionMap = Mutex<HashMap<String, SubEntry>>;
+/// Entries boxed: a map's first allocation holds four slots (~90 bytes
+/// each inline, where most topics have one subscription).
+type SubscriptionMap = Mutex<HashMap<String, Box<SubEntry>>>;
 
 /// The running subscriptions of one topic.
 #[derive(Debug)]
@@ -157,12 +158,13 @@ impl SubscriptionTable {
         ConsumerSlot::reserve(&self.consumer_count, self.consumers_max)
     }
 
-    /// Attaches a consumer to the subscription of `topic` (whose log and
-    /// compaction are given), creating the subscription when needed. The
-    /// slot counts it against `TopicLimits::consumers_max` while held.
+    /// Attaches a consumer to the subscription of the topic named
+    /// `full_name` (partition index `partition`, −1 if none; its log and
+    /// compaction given), creating the subscription when needed. The slot
+    /// counts it against `TopicLimits::consumers_max` while held.
     pub(crate) async fn subscribe(
         &self,
-        topic: &TopicName,
+        (full_name, partition): (&Arc<str>, i32),
         log: &Arc<ManagedLog>,
         compaction: &Arc<Compaction>,
         request: &SubscribeRequest,
@@ -220,8 +222,8 @@ impl SubscriptionTable {
                 let handle = subscription::spawn(
                     SubscriptionSpec {
                         name: request.subscription.clone(),
-                        topic: topic.to_string(),
-                        partition: topic.partition_index(),
+                        topic: Arc::clone(full_name),
+                        partition,
                         log: Arc::clone(log),
                         cursor,
                         reader_start: request.reader_start,
@@ -240,10 +242,10 @@ impl SubscriptionTable {
                 let mut map = self.map.lock();
                 map.insert(
                     request.subscription.clone(),
-                    SubEntry {
+                    Box::new(SubEntry {
                         handle: handle.clone(),
                         generation: this_generation,
-                    },
+                    }),
                 );
                 debug_assert!(map.len() <= SUBSCRIPTIONS_PER_TOPIC_MAX);
                 handle

@@ -220,6 +220,8 @@ impl LogCache {
         let mut state = self.shared.state.lock();
         let id = state.next_mark_id;
         state.next_mark_id += 1;
+        // A handful per log, most often one: no spare slots kept.
+        state.marks.reserve_exact(1);
         state.marks.push((id, next));
         self.shared.readers.fetch_add(1, Ordering::AcqRel);
         drop(state);
@@ -295,6 +297,9 @@ impl Drop for ReadMark {
     fn drop(&mut self) {
         let mut state = self.shared.state.lock();
         state.marks.retain(|(id, _)| *id != self.id);
+        if state.marks.is_empty() {
+            state.marks = Vec::new();
+        }
         self.shared.readers.fetch_sub(1, Ordering::AcqRel);
         // The last reader leaves: the entries stay until the evictor needs
         // room (a reader coming back soon finds them).

@@ -1,7 +1,7 @@
 //! Wake-on-append hooks: a task that is not running (a parked
 //! subscription) asks to be woken once an entry at or after a position is
-//! confirmed, instead of keeping a task parked on the log's `confirmed`
-//! watch.
+//! confirmed, instead of keeping a task waiting in
+//! `ManagedLog::wait_for_entry_at`.
 //!
 //! Owns: [`EntryHooks`] (one per log: the hooks registered, at most one per
 //! [`EntryWaiter`]) and [`EntryWaiter`] (a registration handle; dropping it

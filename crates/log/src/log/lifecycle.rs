@@ -128,7 +128,7 @@ impl Shared {
             Ok(new_version) => new_version,
             Err(error) => {
                 let error = match error {
-                    LogError::Fenced(_) => LogError::Fenced(self.name.clone()),
+                    LogError::Fenced(_) => LogError::Fenced(self.name.to_string()),
                     other => other,
                 };
                 self.fail(error);
@@ -153,7 +153,7 @@ impl Shared {
             state.ledgers = info.ledgers;
         }
         tracing::debug!(
-            log = self.name,
+            log = %self.name,
             old = old.ledger_id(),
             new = created.ledger_id(),
             "rolled over"
@@ -248,7 +248,7 @@ impl Shared {
                 }
             }
             Err(error) => {
-                tracing::warn!(log = self.name, %error, "could not trim consumed ledgers");
+                tracing::warn!(log = %self.name, %error, "could not trim consumed ledgers");
                 return;
             }
         }

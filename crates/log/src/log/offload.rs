@@ -167,7 +167,7 @@ impl Shared {
     fn mark_running(&self) -> Result<(), LogError> {
         let mut status = self.offload_status.lock();
         if status.running {
-            return Err(LogError::OffloadInProgress(self.name.clone()));
+            return Err(LogError::OffloadInProgress(self.name.to_string()));
         }
         *status = OffloadStatus {
             state: OffloadState::Running,
@@ -219,13 +219,13 @@ impl Shared {
         for ledger_id in ledger_ids {
             if self.queue.is_stopped() && !self.is_terminated() {
                 // Closed (unloaded) or failed: the next owner goes on.
-                first_error.get_or_insert(LogError::Closed(self.name.clone()));
+                first_error.get_or_insert(LogError::Closed(self.name.to_string()));
                 break;
             }
             match self.offload_ledger_retrying(ledger_id).await {
                 Ok(LedgerOutcome::Done | LedgerOutcome::Gone) => {}
                 Err(error) => {
-                    tracing::warn!(log = self.name, ledger_id, %error, "offload failed");
+                    tracing::warn!(log = %self.name, ledger_id, %error, "offload failed");
                     first_unoffloaded = first_unoffloaded.min(Position::new(ledger_id, 0));
                     first_error.get_or_insert(error);
                 }
@@ -262,7 +262,7 @@ impl Shared {
             match self.offload_ledger(ledger_id).await {
                 Err(LogError::OffloadStore(message)) if attempt < ATTEMPTS_MAX => {
                     tracing::warn!(
-                        log = self.name,
+                        log = %self.name,
                         ledger_id,
                         attempt,
                         error = %message,
@@ -278,7 +278,7 @@ impl Shared {
                         );
                     }
                     if self.queue.is_stopped() && !self.is_terminated() {
-                        return Err(LogError::Closed(self.name.clone()));
+                        return Err(LogError::Closed(self.name.to_string()));
                     }
                     tokio::time::sleep(delay).await;
                     delay = (delay * 2).min(RETRY_DELAY_MAX);
@@ -332,7 +332,7 @@ impl Shared {
         if let Some(previous) = previous
             && let Err(error) = offloader.delete(previous).await
         {
-            tracing::warn!(log = self.name, ledger_id, %error, "could not delete a previous offload attempt's objects");
+            tracing::warn!(log = %self.name, ledger_id, %error, "could not delete a previous offload attempt's objects");
         }
         // Step 2: the copy.
         let written = match offloader
@@ -372,7 +372,7 @@ impl Shared {
         match completed {
             Recorded::Stored => {
                 tracing::info!(
-                    log = self.name,
+                    log = %self.name,
                     ledger_id,
                     written,
                     driver = offloader.driver_name(),
@@ -420,7 +420,7 @@ impl Shared {
             .update_json(&key, &info, version)
             .await
             .map_err(|error| match error {
-                LogError::Fenced(_) => LogError::Fenced(self.name.clone()),
+                LogError::Fenced(_) => LogError::Fenced(self.name.to_string()),
                 other => other,
             })?;
         let mut state = self.state.lock();
@@ -496,7 +496,7 @@ impl Shared {
                 Ok(Recorded::Stored) => match self.env.ledgers.delete(ledger_id).await {
                     Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {
                         tracing::info!(
-                            log = self.name,
+                            log = %self.name,
                             ledger_id,
                             "bookie copy of an offloaded ledger deleted"
                         );
@@ -504,12 +504,12 @@ impl Shared {
                     Err(error) => {
                         // The record says deleted: the bookie ledger is
                         // garbage now, never read again.
-                        tracing::warn!(log = self.name, ledger_id, %error, "could not delete the bookie copy of an offloaded ledger");
+                        tracing::warn!(log = %self.name, ledger_id, %error, "could not delete the bookie copy of an offloaded ledger");
                     }
                 },
                 Ok(Recorded::Missing | Recorded::Unchanged) => {}
                 Err(error) => {
-                    tracing::warn!(log = self.name, ledger_id, %error, "could not record an offloaded ledger's bookie copy as deleted");
+                    tracing::warn!(log = %self.name, ledger_id, %error, "could not record an offloaded ledger's bookie copy as deleted");
                     return;
                 }
             }
@@ -525,7 +525,7 @@ impl Shared {
                 uid: offload.uid(),
             };
             if let Err(error) = offloader.delete(target).await {
-                tracing::warn!(log = self.name, ledger_id = ledger.ledger_id, %error, "could not delete an offloaded ledger's objects");
+                tracing::warn!(log = %self.name, ledger_id = ledger.ledger_id, %error, "could not delete an offloaded ledger's objects");
             }
         }
         if ledger.offload.is_some_and(|o| o.bookie_deleted) {
@@ -534,13 +534,13 @@ impl Shared {
         match self.env.ledgers.delete(ledger.ledger_id).await {
             Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {
                 tracing::debug!(
-                    log = self.name,
+                    log = %self.name,
                     ledger_id = ledger.ledger_id,
                     "deleted ledger"
                 );
             }
             Err(error) => {
-                tracing::warn!(log = self.name, ledger_id = ledger.ledger_id, %error, "could not delete a ledger");
+                tracing::warn!(log = %self.name, ledger_id = ledger.ledger_id, %error, "could not delete a ledger");
             }
         }
     }

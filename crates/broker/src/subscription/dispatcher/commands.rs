@@ -99,7 +99,7 @@ impl Dispatcher {
                     unacked_messages: s.unacked,
                     backlog,
                     name: s.info.name.clone(),
-                    address: s.info.address.clone(),
+                    address: s.info.address.to_string(),
                 });
                 let _ = reply.send(snapshot);
             }
