@@ -2,10 +2,14 @@
 run, both driven by the same client (`vela perf`):
 
   backlog-while-producing
-                   the same backlog, then a producer at 20k msg/s (batched)
-                   on the same topic: alone for 10 s, then while one consumer
-                   (receiver queue 1,000) drains the backlog; the producer's
-                   latency percentiles before and during the drain.
+                   a backlog (5 M x 1 KiB by default, so the drain lasts
+                   seconds: --while-producing-messages), then a producer at
+                   20k msg/s (batched) on the same topic: alone for 10 s,
+                   then while one consumer (receiver queue 1,000) drains the
+                   backlog; the producer's latency percentiles before and
+                   during the drain and, for Vela, each write-path stage in
+                   both windows (from /admin/v2/vela/write-path) and the
+                   server's CPU.
   backlog-drain    a backlog of N x 1 KiB messages (batched, produced with
                    every subscription already there), then drained by one
                    exclusive consumer per receiver queue size (1,000, the
@@ -45,6 +49,9 @@ PRODUCER_RATE = 20_000
 PRODUCER_ALONE_S = 10
 QUEUES = (1000, 10_000)
 MESSAGES_DEFAULT = 1_500_000
+# backlog-while-producing's backlog: large enough that the drain (and so the
+# producer's "during" window) lasts several seconds on Vela (~1 M msg/s).
+WHILE_PRODUCING_MESSAGES_DEFAULT = 5_000_000
 MESSAGE_BYTES = 1024
 
 
@@ -74,6 +81,62 @@ def read_path(server: bench.Server, system: str, row: dict) -> None:
             row["read_path"] = json.loads(answer.read())
     except OSError as error:
         print(f"   {system}: no read-path breakdown: {error}")
+
+
+def write_path_now(server: bench.Server) -> dict | None:
+    """Vela's write-path stage histograms as they are now (bucket counts per
+    stage and scope), to subtract from a later snapshot; None for Pulsar or
+    when the endpoint cannot be read."""
+    if not server.system.startswith("vela"):
+        return None
+    try:
+        with urllib.request.urlopen(f"{server.admin_url}/admin/v2/vela/write-path",
+                                    timeout=30) as answer:
+            doc = json.loads(answer.read())
+    except OSError:
+        return None
+    return {"bounds": doc["bucket_bounds_us"],
+            "stages": {(r["stage"], r["scope"]): (r["buckets"], r["sum_us"])
+                       for r in doc["stages"]}}
+
+
+def bucket_quantile(buckets: list, bounds: list, q: float) -> float:
+    """As vela_metrics::Snapshot::quantile: linear inside the bucket (µs)."""
+    count = sum(buckets)
+    if count == 0:
+        return 0.0
+    rank = max(q * count, 1.0)
+    below = 0
+    for i, n in enumerate(buckets):
+        if n == 0:
+            continue
+        if below + n >= rank:
+            lower = bounds[i - 1] if i > 0 else 0
+            if i >= len(bounds):
+                return float(lower)
+            return lower + (bounds[i] - lower) * (rank - below) / n
+        below += n
+    return float(bounds[-1])
+
+
+def write_path_window(before: dict | None, after: dict | None) -> list:
+    """Each write-path stage's count, mean, p50 and p99 (ms) between two
+    snapshots: where a phase's publishes spent their time."""
+    if not before or not after:
+        return []
+    rows = []
+    bounds = after["bounds"]
+    for key, (buckets, total_us) in after["stages"].items():
+        old, old_total = before["stages"].get(key, ([0] * len(buckets), 0))
+        delta = [a - b for a, b in zip(buckets, old)]
+        count = sum(delta)
+        if count == 0:
+            continue
+        rows.append({"stage": key[0], "scope": key[1], "count": count,
+                     "mean_ms": (total_us - old_total) / count / 1000,
+                     "p50_ms": bucket_quantile(delta, bounds, 0.5) / 1000,
+                     "p99_ms": bucket_quantile(delta, bounds, 0.99) / 1000})
+    return rows
 
 
 def run_drains_in_turns(opts: bench.Options, systems: list, messages: int,
@@ -186,10 +249,16 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
                       logs / f"{system}.bwp.backlog.log", timeout=1800)
             rate = ["-r", str(PRODUCER_RATE), "-s", str(MESSAGE_BYTES), "-i", "5"]
             watch.phase("producer alone")
+            stages_before = write_path_now(server)
+            cpu_before = bench.cpu_seconds(server.pid)
+            alone_started = time.monotonic()
             alone = perf_json(opts, ["produce", topic, "-u", server.service_url, *rate,
                                      "--test-duration", str(PRODUCER_ALONE_S), "--warmup", "2"],
                               logs / f"{system}.bwp.alone.log", timeout=300)
             row["alone_latency_ms"] = alone["latency_ms"]
+            row["write_path"] = {"alone": write_path_window(stages_before,
+                                                            write_path_now(server))}
+            row["server_cpu"] = {"alone": cpu_share(server, cpu_before, alone_started)}
             during_log = logs / f"{system}.bwp.during.log"
             # The producer warms up (connects, first batches) for 2 s, left out
             # of its figures, before the drain starts: its summary covers the
@@ -198,12 +267,17 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
                                     *rate, "--warmup", "2", "--json"], during_log)
             time.sleep(2.2)
             watch.phase("drain while producing")
+            stages_before = write_path_now(server)
+            cpu_before = bench.cpu_seconds(server.pid)
             started = time.monotonic()
             drained = perf_json(opts, ["consume", topic, "-u", server.service_url,
                                        "-s", "catch-up", "--subscription-position", "earliest",
                                        "-q", "1000", "-m", str(messages), "-i", "5"],
                                 logs / f"{system}.bwp.drain.log", timeout=1800)
             row["drain_wall_s"] = time.monotonic() - started
+            row["write_path"]["during"] = write_path_window(stages_before,
+                                                            write_path_now(server))
+            row["server_cpu"]["during"] = cpu_share(server, cpu_before, started)
             watch.phase(None)
             producer.send_signal(bench.signal.SIGINT)
             producer.wait(timeout=60)
@@ -217,6 +291,38 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
         finally:
             row["memory"] = watch.stop()
     return row
+
+
+def cpu_share(server: bench.Server, before: float | None, since: float) -> float | None:
+    """The server's CPU seconds per second of wall time since `since`."""
+    now = bench.cpu_seconds(server.pid)
+    if before is None or now is None:
+        return None
+    return (now - before) / max(time.monotonic() - since, 1e-6)
+
+
+def write_path_lines(row: dict) -> list:
+    """Vela's write-path stages of the producer alone and during the drain."""
+    windows = row.get("write_path", {})
+    alone = {(r["stage"], r["scope"]): r for r in windows.get("alone", [])}
+    during = {(r["stage"], r["scope"]): r for r in windows.get("during", [])}
+    if not alone or not during:
+        return []
+    lines = [["stage", "scope", "p50 alone", "p99 alone", "p50 during", "p99 during",
+              "mean alone", "mean during"]]
+    for key, a in alone.items():
+        d = during.get(key)
+        if d is None:
+            continue
+        lines.append([key[0], key[1], f"{a['p50_ms']:.3f}", f"{a['p99_ms']:.3f}",
+                      f"{d['p50_ms']:.3f}", f"{d['p99_ms']:.3f}",
+                      f"{a['mean_ms']:.3f}", f"{d['mean_ms']:.3f}"])
+    cpu = row.get("server_cpu", {})
+    out = ["   " + line for line in common.plain_table(lines).splitlines()]
+    if cpu.get("alone") is not None and cpu.get("during") is not None:
+        out.append(f"   server CPU: {cpu['alone']:.2f} cores alone, "
+                   f"{cpu['during']:.2f} during the drain")
+    return out
 
 
 def while_producing_table(rows: list) -> str:
@@ -272,6 +378,10 @@ def main(argv: list) -> int:
     parser = common.run_parser(__doc__, SCENARIOS)
     parser.add_argument("--messages", type=int, default=MESSAGES_DEFAULT,
                         help=f"messages in the backlog (default {MESSAGES_DEFAULT:,})")
+    parser.add_argument("--while-producing-messages", type=int,
+                        default=WHILE_PRODUCING_MESSAGES_DEFAULT,
+                        help="messages in backlog-while-producing's backlog (default "
+                             f"{WHILE_PRODUCING_MESSAGES_DEFAULT:,})")
     parser.add_argument("--repeat", type=int, default=3,
                         help="backlog-drain: rounds of turns, the median reported (default 3; "
                              "1: one system after the other, each on its own)")
@@ -282,10 +392,13 @@ def main(argv: list) -> int:
     producing = []
     try:
         for name in args.scenarios:
-            print(f"\n== {name}: {SCENARIOS[name]} ({args.messages:,} messages) ==", flush=True)
+            messages = (args.while_producing_messages if name == "backlog-while-producing"
+                        else args.messages)
+            print(f"\n== {name}: {SCENARIOS[name]} ({messages:,} messages) ==", flush=True)
             for system in systems:
                 if name == "backlog-while-producing":
-                    producing.append(run_while_producing(opts, system, args.messages))
+                    producing.append(run_while_producing(opts, system,
+                                                         args.while_producing_messages))
                 elif args.repeat <= 1:
                     rows.append(run_drain(opts, system, args.messages))
             if name == "backlog-drain" and args.repeat > 1:
@@ -303,6 +416,11 @@ def main(argv: list) -> int:
         print(f"\nbacklog-while-producing: producer at {PRODUCER_RATE:,} msg/s, latency "
               "before and during a drain (receiver queue 1,000):")
         print(while_producing_table(producing))
+        for row in producing:
+            lines = write_path_lines(row)
+            if lines:
+                print(f"\n   {row['system']} write path (ms), producer alone and during the drain:")
+                print("\n".join(lines))
     for row in rows:
         lines = read_path_lines(row)
         if lines:
