@@ -190,8 +190,8 @@ impl Reconciler {
             self.forget_moved_remotes(service).await;
         }
         let topics = service.served_topic_handles();
-        let served: HashSet<String> = topics.iter().map(|t| t.full_name.clone()).collect();
-        self.wanted.retain(|name, _| served.contains(name));
+        let served: HashSet<&str> = topics.iter().map(|t| t.full_name.as_str()).collect();
+        self.wanted.retain(|name, _| served.contains(name.as_str()));
         for topic in &topics {
             if !full && self.wanted.contains_key(&topic.full_name) {
                 continue;
@@ -242,7 +242,12 @@ impl Reconciler {
         // Start what is wanted and not running.
         let mut records: HashMap<String, Option<ClusterData>> = HashMap::new();
         for topic in &topics {
-            let Some(remotes) = self.wanted.get(&topic.full_name).cloned() else {
+            let Some(remotes) = self
+                .wanted
+                .get(&topic.full_name)
+                .filter(|remotes| !remotes.is_empty())
+                .cloned()
+            else {
                 continue;
             };
             for remote in remotes {
