@@ -158,6 +158,7 @@ impl Setup {
 
     fn held_ledgers(&self) -> Vec<u64> {
         let mut ids: Vec<u64> = self.held.lock().iter().map(|(id, ..)| *id).collect();
+        ids.sort_unstable();
         ids.dedup();
         ids
     }
