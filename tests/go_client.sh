@@ -3,8 +3,9 @@
 # go tool from the Go module proxy into target/go: nothing installed
 # globally) against a fresh `vela standalone` with advertised listeners:
 # non-persistent topics, a pattern consumer finding new topics, topic
-# termination, lookups by listener name, transactions (coordinator only so
-# far: open, commit, abort, timeout) (tests/go-client).
+# termination, lookups by listener name, transactions (commit visible on two
+# topics at once, aborted sends never visible, acks undone by an abort, a
+# timeout aborts, the admin views) (tests/go-client).
 # Called by ./test.sh; needs go (skipped with a note when absent).
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
