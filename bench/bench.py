@@ -515,6 +515,11 @@ class Figures:
     note: str = ""
     client_cpu_cores: float | None = None  # the client's CPU s per wall s
     stages_ms: dict = field(default_factory=dict)  # Vela's write-path stages: p50 p99 max
+    # The server's CPU ms per 1,000 entries (Vela: ledger adds counted by its
+    # write-path stage; Pulsar: messages sent, the client's rate x time) from
+    # the moment every producer was created to the client's end: per-entry
+    # cost, less sensitive to other load on the machine than latency.
+    server_cpu_ms_per_1k: float | None = None
 
 
 SERVERS = {"vela": VelaServer, "vela-pmem": VelaPmemServer, "pulsar": PulsarServer}
@@ -522,15 +527,21 @@ SERVERS = {"vela": VelaServer, "vela-pmem": VelaPmemServer, "pulsar": PulsarServ
 
 def watch(proc: subprocess.Popen, server: Server, timeout: float,
           log_path: Path | None = None, done_marker: str | None = None,
-          done_grace: float = 3.0) -> float | None:
+          done_grace: float = 3.0, on_marker: tuple | None = None) -> float | None:
     """Waits for a client, sampling the server's RSS every 0.25 s; returns
     the peak. With done_marker: once that text is in the log, waits
     done_grace s more, then stops the client (pulsar-perf idles up to 10 s
-    after its test duration before it prints its summary and exits)."""
+    after its test duration before it prints its summary and exits). With
+    on_marker (text, callback) and log_path: calls callback() once, when the
+    text first shows in the log."""
     peak = None
     deadline = time.monotonic() + timeout
     done_at = None
     while proc.poll() is None:
+        if on_marker is not None and log_path is not None:
+            if on_marker[0] in log_path.read_text(errors="replace"):
+                on_marker[1]()
+                on_marker = None
         cpu = cpu_seconds(proc.pid)
         if cpu is not None:
             CLIENT_CPU[proc.pid] = (cpu, time.monotonic())
@@ -732,14 +743,32 @@ def run_vela_perf(opts: Options, sc: Scenario, server: Server, tag: str) -> Figu
         # Creating producers comes before the measured run: 10,000 of them
         # take tens of seconds on a loaded Pulsar.
         creating_s = sc.topics // 50
-        fig.peak_rss_mib = watch(proc, server, timeout=opts.duration + 120 + creating_s)
+        created: dict = {}
+
+        def at_created() -> None:
+            created["cpu"], created["at"] = cpu_seconds(server.pid), time.monotonic()
+            if server.system != "pulsar":
+                created["stages"] = write_path_buckets(server)[1]
+
+        fig.peak_rss_mib = watch(proc, server, timeout=opts.duration + 120 + creating_s,
+                                 log_path=out, on_marker=("produce: created", at_created))
+        cpu_end, ended = cpu_seconds(server.pid), time.monotonic()
         fig.client_cpu_cores = client_cpu_cores(proc, started)
         if proc.returncode != 0:
             raise Fail(f"vela perf produce failed:\n{tail(out)}")
+        entries = None
         if server.system != "pulsar":
             _, stages_after = write_path_buckets(server)
             fig.stages_ms = stage_percentiles(bounds, stages_before, stages_after)
-        return figures_from_vela(parse_vela_json(out), fig)
+            if "stages" in created and "ledger_add" in stages_after:
+                entries = (sum(stages_after["ledger_add"])
+                           - sum(created["stages"].get("ledger_add", [])))
+        fig = figures_from_vela(parse_vela_json(out), fig)
+        if server.system == "pulsar" and "at" in created and fig.messages_per_s:
+            entries = fig.messages_per_s * (ended - created["at"])
+        if created.get("cpu") is not None and cpu_end is not None and entries:
+            fig.server_cpu_ms_per_1k = 1e6 * (cpu_end - created["cpu"]) / entries
+        return fig
     # End to end: the consumer subscribes first, then the producer runs.
     cons_out = Path(f"{base}.consume.log")
     prod_out = Path(f"{base}.produce.log")
@@ -1055,6 +1084,8 @@ def one_line(fig: Figures) -> str:
             + (f", peak RSS {fmt(fig.peak_rss_mib, 0)} MiB" if fig.peak_rss_mib else "")
             + (f", client CPU {fmt(fig.client_cpu_cores, 2)} cores"
                if fig.client_cpu_cores is not None else "")
+            + (f", server CPU {fmt(fig.server_cpu_ms_per_1k, 1)} ms per 1k entries"
+               if fig.server_cpu_ms_per_1k is not None else "")
             + "".join(f"; {stage} p50 {fmt(v.get('p50'))} p99 {fmt(v.get('p99'))} "
                       f"max {fmt(v.get('max'))} ms" for stage, v in fig.stages_ms.items()))
 

@@ -17,3 +17,10 @@ pub mod server;
 pub mod storage;
 
 pub use mark::JournalMark;
+
+/// A map keyed by ids (ledger ids) on the add path: foldhash, a fast hasher
+/// with a per-process random seed, where SipHash cost ~3 % of the CPU at
+/// 10,000 ledgers written at once.
+pub(crate) type IdMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+/// A set of ids (see `IdMap`).
+pub(crate) type IdSet<K> = std::collections::HashSet<K, foldhash::fast::RandomState>;

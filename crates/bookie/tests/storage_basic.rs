@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use vela_bookie::JournalMark;
-use vela_bookie::storage::{FailPoint, LedgerStorage, StorageConfig, StorageError};
+use vela_bookie::storage::{FailPoint, LedgerStorage, Put, StorageConfig, StorageError};
 
 /// Small budgets so tests exercise the limits quickly.
 fn config(dir: &Path) -> StorageConfig {
@@ -392,6 +392,38 @@ fn flush_threshold_wakes_the_sync_thread() {
         !s.wait_for_flush_trigger(Duration::from_millis(1)),
         "a flush answers the request"
     );
+}
+
+#[test]
+fn a_writers_put_is_refused_on_a_fenced_ledger_and_a_recovery_put_taken() {
+    let dir = tempfile::tempdir().unwrap();
+    let (s, _) = open(&config(dir.path()));
+    assert_eq!(
+        s.put_entry_unless_fenced(7, 0, payload(7, 0), true)
+            .unwrap(),
+        Put::Stored
+    );
+    s.set_fenced(7).unwrap();
+    assert_eq!(
+        s.put_entry_unless_fenced(7, 1, payload(7, 1), true)
+            .unwrap(),
+        Put::Fenced
+    );
+    assert!(
+        matches!(s.get_entry(7, 1), Err(StorageError::NoSuchEntry { .. })),
+        "a refused put stores nothing"
+    );
+    assert_eq!(
+        s.put_entry_unless_fenced(7, 1, payload(7, 1), false)
+            .unwrap(),
+        Put::Stored
+    );
+    check_range(&s, 7, 0..2);
+    s.delete_ledger(7).unwrap();
+    assert!(matches!(
+        s.put_entry_unless_fenced(7, 2, payload(7, 2), true),
+        Err(StorageError::LedgerDeleted { .. })
+    ));
 }
 
 #[test]

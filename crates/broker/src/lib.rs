@@ -34,8 +34,8 @@
 //! Write path: connection reader → `Topic::publish` (issues
 //! `ManagedLog::append`, under the dedup table's lock only when deduplication
 //! is on; `topic::publish` states why entries keep SEND order without a lock
-//! of the broker's) → the producer's receipts (a drain task while jobs
-//! wait) await the append and answer SEND_RECEIPT in order.
+//! of the broker's) → the producer's receipts: each append's completion
+//! answers its SEND_RECEIPT, in SEND order, with no task per SEND.
 //! Read path: one task per subscription keeps a bounded read-ahead of the log
 //! (one read in flight while earlier reads are delivered; all subscriptions
 //! within `BrokerConfig::read_ahead_bytes_max`) and sends MESSAGE frames

@@ -476,6 +476,12 @@ enum Event {
 /// queued after it starts a new run).
 async fn run(parking: Arc<Parking<Parked>>, mut task: Parked) {
     let mut close: Option<oneshot::Sender<Result<LedgerMetadata, LedgerError>>> = None;
+    // One idle timer for the whole run, pushed later each time the loop
+    // finds the writer idle (tokio keeps a timer whose deadline moves later
+    // in its wheel: one atomic store), not a timer registered and cancelled
+    // per add.
+    let idle_timer = tokio::time::sleep(IDLE_BEFORE_PARKING);
+    tokio::pin!(idle_timer);
     loop {
         let this = &mut task.writer;
         let commands = &mut task.commands;
@@ -503,13 +509,18 @@ async fn run(parking: Arc<Parking<Parked>>, mut task: Parked) {
             && this.pending.is_empty()
             && !in_flight
             && this.failed_indices.is_empty();
+        if idle {
+            idle_timer
+                .as_mut()
+                .reset(tokio::time::Instant::now() + IDLE_BEFORE_PARKING);
+        }
         let event = tokio::select! {
             biased;
             Some(response) = next_response(&mut this.inflight), if in_flight => {
                 Event::Response(response)
             }
             command = commands.recv(), if close.is_none() => Event::Command(command.map(|c| *c)),
-            _ = tokio::time::sleep(IDLE_BEFORE_PARKING), if idle => Event::Idle,
+            _ = &mut idle_timer, if idle => Event::Idle,
             else => Event::Stalled,
         };
         match event {

@@ -62,8 +62,9 @@ pub use cache::{
 pub use cursor::{CURSOR_PROPERTIES_MAX, Cursor, CursorStart};
 pub use error::LogError;
 pub use log::{
-    APPEND_BUDGET_BYTES_DEFAULT, AppendFuture, CacheMisses, ENTRY_CACHE_BYTES_DEFAULT, EntryHook,
-    EntryWaiter, LedgerSummary, LogConfig, LogEntry, LogEnv, LogStats, ManagedLog, Retention,
+    APPEND_BUDGET_BYTES_DEFAULT, AppendFuture, AppendResult, CacheMisses,
+    ENTRY_CACHE_BYTES_DEFAULT, EntryHook, EntryWaiter, LedgerSummary, LogConfig, LogEntry, LogEnv,
+    LogStats, ManagedLog, Retention,
 };
 pub use offload::{
     LedgerOffloader, OFFLOAD_DELETION_LAG_DEFAULT, OffloadCounters, OffloadError, OffloadPolicy,

@@ -50,6 +50,7 @@ use crate::backend::{
 };
 use crate::budget::{AppendBudget, AppendPermit};
 use crate::error::LogError;
+use crate::log::AppendScope;
 use crate::position::Position;
 
 /// Payload bytes in flight of one `LedgerAppender` (compaction writes one
@@ -203,6 +204,7 @@ impl AppendQueue {
         permit: Option<AppendPermit>,
         done: AppendDone,
     ) -> bool {
+        let _scope = AppendScope::enter();
         let payload_bytes = data.len() as u64;
         let permit = permit.or_else(|| self.budget.try_take(data.len()));
         let refused = {
@@ -253,6 +255,7 @@ impl AppendQueue {
     /// Attaches the writer of the next ledger and drains what waited for it.
     /// False (the writer is not used) when the queue stopped meanwhile.
     pub(crate) fn set_writer(self: &Arc<Self>, writer: Arc<dyn OpenLedger>) -> bool {
+        let _scope = AppendScope::enter();
         let start = {
             let mut state = self.state.lock();
             match state.writer {
@@ -288,6 +291,7 @@ impl AppendQueue {
     /// the caller to close); `None` when there was none or the queue had
     /// stopped already.
     pub(crate) fn stop(&self, error: LogError) -> Option<Arc<dyn OpenLedger>> {
+        let _scope = AppendScope::enter();
         let (items, previous) = {
             let mut state = self.state.lock();
             if matches!(state.writer, Writer::Stopped(_)) {

@@ -29,10 +29,9 @@ use tokio::sync::Notify;
 use vela_bookie_protocol::entry::parse_header;
 use vela_bookie_protocol::{AddMode, Status};
 
-use super::engine::Engine;
 use super::{Core, WriteKind};
 use crate::journal::{AppendRefused, JournalRecord};
-use crate::storage::StorageError;
+use crate::storage::{Put, StorageError};
 
 /// Longest an ADD waits, once its turn came, for room in a full write cache
 /// before it is answered TOO_MANY_REQUESTS. A flush frees the cache in tens of
@@ -270,19 +269,6 @@ impl super::Bookie {
 }
 
 impl Core {
-    /// Refuses a normal add to a fenced ledger (a recovery add is taken).
-    fn check_fence(&self, engine: &Engine, ledger_id: u64, mode: AddMode) -> Result<(), Status> {
-        if mode == AddMode::Normal
-            && engine
-                .storage
-                .is_fenced(ledger_id)
-                .map_err(|error| self.storage_status(engine, &error))?
-        {
-            return Err(Status::Fenced);
-        }
-        Ok(())
-    }
-
     /// Takes an add now: header check, mode check, and under the ledger's
     /// stripe lock the fence check, the write-cache put and the journal
     /// append. A full write cache hands the add back (`NoRoom`); every other
@@ -325,33 +311,39 @@ impl Core {
         }
         let taken = {
             let mut stripe = self.stripe(ledger_id);
-            match self.check_fence(&engine, ledger_id, mode) {
-                Err(status) => Taken::Refused(done, status),
-                Ok(()) => match engine.storage.put_entry(ledger_id, entry_id, entry.clone()) {
-                    Err(StorageError::WriteCacheFull { .. }) => {
-                        return Err(NoRoom { entry, done });
-                    }
-                    Err(error) => Taken::Refused(done, self.storage_status(&engine, &error)),
-                    Ok(()) => {
-                        stripe.note_lac(ledger_id, header.last_add_confirmed);
-                        let record = JournalRecord::Entry {
-                            ledger_id,
-                            entry_id,
-                            payload: entry,
-                        };
-                        let add_latency = Arc::clone(&self.add_latency);
-                        let durable = move |result: Result<(), Status>| {
-                            if result.is_ok() {
-                                add_latency.record(started.elapsed());
-                            }
-                            done(result.map(|()| (ledger_id, entry_id)));
-                        };
-                        match self.append(&engine, record, durable) {
-                            Ok(()) => Taken::Yes,
-                            Err(refused) => Taken::JournalRefused(refused),
+            // A normal add to a fenced ledger is refused (a recovery add is
+            // taken), checked under the put's own lock.
+            let refuse_fenced = mode == AddMode::Normal;
+            match engine.storage.put_entry_unless_fenced(
+                ledger_id,
+                entry_id,
+                entry.clone(),
+                refuse_fenced,
+            ) {
+                Err(StorageError::WriteCacheFull { .. }) => {
+                    return Err(NoRoom { entry, done });
+                }
+                Err(error) => Taken::Refused(done, self.storage_status(&engine, &error)),
+                Ok(Put::Fenced) => Taken::Refused(done, Status::Fenced),
+                Ok(Put::Stored) => {
+                    stripe.note_lac(ledger_id, header.last_add_confirmed);
+                    let record = JournalRecord::Entry {
+                        ledger_id,
+                        entry_id,
+                        payload: entry,
+                    };
+                    let add_latency = Arc::clone(&self.add_latency);
+                    let durable = move |result: Result<(), Status>| {
+                        if result.is_ok() {
+                            add_latency.record(started.elapsed());
                         }
+                        done(result.map(|()| (ledger_id, entry_id)));
+                    };
+                    match self.append(&engine, record, durable) {
+                        Ok(()) => Taken::Yes,
+                        Err(refused) => Taken::JournalRefused(refused),
                     }
-                },
+                }
             }
         };
         // Refusals are answered after the stripe lock is released: `done` may

@@ -48,7 +48,6 @@ mod monitor;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -234,7 +233,7 @@ struct Monitor {
 
 #[derive(Debug, Default)]
 struct Stripe {
-    lacs: HashMap<u64, KnownLac>,
+    lacs: crate::IdMap<u64, KnownLac>,
 }
 
 /// What the bookie knows of a ledger's LAC.

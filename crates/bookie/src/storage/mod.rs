@@ -125,6 +125,15 @@ pub struct LedgerStorage {
     gc_slice_hook: Mutex<Option<gc::GcSliceHook>>,
 }
 
+/// What `LedgerStorage::put_entry_unless_fenced` did with an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Put {
+    /// In the write cache (or there already).
+    Stored,
+    /// Not stored: the ledger is fenced.
+    Fenced,
+}
+
 /// See `LedgerStorage::flush_pace`.
 const FLUSH_CATCH_UP_FRACTION_INVERSE: u64 = 8;
 
@@ -133,9 +142,9 @@ const FLUSH_CATCH_UP_FRACTION_INVERSE: u64 = 8;
 struct State {
     cache: WriteCache,
     /// Every ledger known here (present = exists), deleted ones as tombstones.
-    ledgers: HashMap<u64, LedgerState>,
+    ledgers: crate::IdMap<u64, LedgerState>,
     /// Ledgers whose state changed since the last swap.
-    dirty: HashSet<u64>,
+    dirty: crate::IdSet<u64>,
     flush_requested: bool,
     /// Set by a failed flush: the first failure, refusing all writes after it.
     broken: Option<String>,
@@ -213,7 +222,7 @@ impl LedgerStorage {
             state: Mutex::new(State {
                 cache: WriteCache::default(),
                 ledgers: loaded.ledgers.into_iter().collect(),
-                dirty: HashSet::new(),
+                dirty: crate::IdSet::default(),
                 flush_requested: false,
                 broken: None,
             }),
@@ -274,6 +283,22 @@ impl LedgerStorage {
         entry_id: u64,
         payload: Bytes,
     ) -> Result<(), StorageError> {
+        match self.put_entry_unless_fenced(ledger_id, entry_id, payload, false)? {
+            Put::Stored => Ok(()),
+            Put::Fenced => unreachable!("a put that ignores the fence is never refused for it"),
+        }
+    }
+
+    /// As `put_entry`; with `refuse_fenced` (a writer's add), a fenced
+    /// ledger's entry is not stored (`Put::Fenced`), checked under the same
+    /// lock as the put (one lock per add, not two).
+    pub fn put_entry_unless_fenced(
+        &self,
+        ledger_id: u64,
+        entry_id: u64,
+        payload: Bytes,
+        refuse_fenced: bool,
+    ) -> Result<Put, StorageError> {
         if payload.len() > ENTRY_PAYLOAD_BYTES_MAX as usize {
             return Err(StorageError::EntryTooLarge {
                 ledger_id,
@@ -289,6 +314,7 @@ impl LedgerStorage {
         }
         match st.ledgers.get(&ledger_id) {
             Some(l) if l.deleted => return Err(StorageError::LedgerDeleted { ledger_id }),
+            Some(l) if refuse_fenced && l.fenced => return Ok(Put::Fenced),
             Some(_) => {}
             None => {
                 st.ledgers.insert(ledger_id, LedgerState::default());
@@ -296,7 +322,7 @@ impl LedgerStorage {
             }
         }
         if st.cache.contains(ledger_id, entry_id) {
-            return Ok(());
+            return Ok(Put::Stored);
         }
         let used = st.cache.bytes();
         if used + needed > self.config.write_cache_bytes_max {
@@ -318,7 +344,7 @@ impl LedgerStorage {
         if st.cache.active.bytes() >= self.config.flush_threshold_bytes {
             self.request_flush(&mut st);
         }
-        Ok(())
+        Ok(Put::Stored)
     }
 
     /// Whether the write cache has room now for an entry of `payload_bytes`

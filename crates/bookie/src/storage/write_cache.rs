@@ -17,7 +17,7 @@
 //! Never: copies a payload (values are the caller's `Bytes`), does I/O, blocks
 //! beyond its caller's short mutex hold.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::iter::Peekable;
 use std::sync::Arc;
 
@@ -145,7 +145,7 @@ where
 /// One half of the write cache.
 #[derive(Debug, Default)]
 pub(crate) struct CacheHalf {
-    ledgers: HashMap<u64, LedgerRun>,
+    ledgers: crate::IdMap<u64, LedgerRun>,
     bytes: u64,
     entry_count: usize,
 }

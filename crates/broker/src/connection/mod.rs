@@ -30,9 +30,9 @@
 //! never waits for a topic to open; `DEFERRED_LOADS_MAX` loads run, more
 //! commands wait their turn, and past `DEFERRED_WAITING_MAX` one is answered
 //! ServiceNotReady), the writer (`writer::write_loop`: one vectored write per wake-up
-//! of up to `frames_per_wakeup_max` frames) and, per producer, its receipts'
-//! drain task while SENDs wait for their receipt (answers SENDs strictly in
-//! SEND order; `receipts`).
+//! of up to `frames_per_wakeup_max` frames) and, per producer, its receipts
+//! (answered by the appends' completions strictly in SEND order, a task of
+//! their own only while the writer's queue is full; `receipts`).
 //!
 //! Bounds: producers and consumers per connection; topic loads off the
 //! reader per connection (`DEFERRED_LOADS_MAX` running, `DEFERRED_WAITING_MAX`

@@ -6,9 +6,9 @@
 //! client through TCP) and issued to `Topic::publish` (checked against the
 //! dedup table and appended before the next frame is read, so entries keep
 //! SEND order: `topic::publish` states the invariant); a receipt job then
-//! goes to the producer's `receipts::Receipts`, whose drain task (running
-//! only while jobs wait) awaits the appends strictly in SEND order, asserts
-//! their positions increase, and answers SEND_RECEIPT or SEND_ERROR.
+//! goes to the producer's `receipts::Receipts`: each append's completion
+//! answers SEND_RECEIPT or SEND_ERROR itself (no task per SEND), strictly
+//! in SEND order, asserting that positions increase.
 //! CLOSE_PRODUCER is answered the same way, after every receipt in flight.
 //! Owns: [`Producers`] (this connection's producers and the pending-send
 //! bounds).
@@ -76,8 +76,8 @@ impl Producers {
         }
     }
 
-    /// The broker closed this producer (a newer epoch replaced it):
-    /// its receipts' drain task (if one runs) finishes what is in flight.
+    /// The broker closed this producer (a newer epoch replaced it): its
+    /// appends in flight still answer their receipts as they complete.
     pub(super) fn closed(&mut self, producer_id: u64) {
         self.map.remove(&producer_id);
         self.np.remove(&producer_id);

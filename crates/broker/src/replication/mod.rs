@@ -242,7 +242,12 @@ impl Reconciler {
         // Start what is wanted and not running.
         let mut records: HashMap<String, Option<ClusterData>> = HashMap::new();
         for topic in &topics {
-            let Some(remotes) = self.wanted.get(&*topic.full_name).cloned() else {
+            let Some(remotes) = self
+                .wanted
+                .get(&*topic.full_name)
+                .filter(|remotes| !remotes.is_empty())
+                .cloned()
+            else {
                 continue;
             };
             for remote in remotes {

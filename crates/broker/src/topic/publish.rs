@@ -7,8 +7,9 @@
 //! broker adds no lock of its own:
 //! - a producer lives on one connection, whose reader task issues the
 //!   appends of its SENDs one at a time in the order it read them, so a
-//!   producer's entries are in SEND order; its receipts' drain task awaits them in
-//!   that order, and asserts (debug) that their positions increase;
+//!   producer's entries are in SEND order; its receipts are answered in
+//!   that order as the appends complete, asserting (debug) that their
+//!   positions increase;
 //! - producers are not ordered among themselves (Pulsar promises nothing
 //!   across producers either);
 //! - deduplication is the one thing that needs atomicity: checking a

@@ -981,16 +981,23 @@ async fn pump_when_room(core: Arc<ProducerCore>, connection: Connection) {
 
 /// Flushes due batches and fails timed-out sends until the producer is gone.
 async fn background(core: Weak<ProducerCore>, wake: Arc<Notify>) {
+    // One timer, moved to each next deadline (a deadline moved later is one
+    // atomic store in tokio's timer), not one registered per wake-up.
+    let timer = tokio::time::sleep_until(tokio::time::Instant::now());
+    tokio::pin!(timer);
     loop {
         let next = match core.upgrade() {
             Some(core) => core.tick(),
             None => return,
         };
         match next {
-            Some(next) => tokio::select! {
-                _ = tokio::time::sleep_until(next) => {}
-                _ = wake.notified() => {}
-            },
+            Some(next) => {
+                timer.as_mut().reset(next);
+                tokio::select! {
+                    _ = &mut timer => {}
+                    _ = wake.notified() => {}
+                }
+            }
             None => wake.notified().await,
         }
     }

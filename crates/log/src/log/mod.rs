@@ -35,9 +35,10 @@ use std::sync::{Arc, Weak};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::Notify;
 
-pub use append_future::AppendFuture;
+pub(crate) use append_future::AppendScope;
+pub use append_future::{AppendFuture, AppendResult};
 pub use config::{APPEND_BUDGET_BYTES_DEFAULT, ENTRY_CACHE_BYTES_DEFAULT};
 pub use config::{LogConfig, LogEnv, Retention};
 pub use entry_hooks::{EntryHook, EntryWaiter};
@@ -369,17 +370,15 @@ impl ManagedLog {
     }
 
     fn append_holding(&self, data: Bytes, permit: Option<AppendPermit>) -> AppendFuture {
-        let (done, receiver) = oneshot::channel();
+        let (done, mut future) = append_future::append_slot();
         let max_bytes = self.shared.env.ledgers.entry_bytes_max();
         if data.len() > max_bytes {
-            let _ = done.send(Err(LogError::EntryTooLarge {
+            done.complete(Err(LogError::EntryTooLarge {
                 len_bytes: data.len(),
                 max_bytes,
             }));
-            return AppendFuture {
-                receiver,
-                refused: true,
-            };
+            future.set_refused(true);
+            return future;
         }
         let shared: Weak<Shared> = Arc::downgrade(&self.shared);
         let cached = data.clone();
@@ -395,13 +394,11 @@ impl ManagedLog {
                     (Ok(_), None) => Err(LogError::Closed("log dropped".to_string())),
                     (Err(error), _) => Err(error),
                 };
-                let _ = done.send(result);
+                done.complete(result);
             }),
         );
-        AppendFuture {
-            receiver,
-            refused: !queued,
-        }
+        future.set_refused(!queued);
+        future
     }
 
     /// Entries at positions `>= from`, up to the last confirmed one, at most
