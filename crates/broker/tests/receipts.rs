@@ -8,159 +8,42 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use common::{Client, Frame, expect_nothing_but_pong};
-use parking_lot::Mutex;
 use vela_broker::{Broker, BrokerConfig, BrokerHandle};
 use vela_log::LogEnv;
-use vela_log::backend::{
-    AddCallback, BoxFuture, LedgerBackend, LedgerBackendError, OpenLedger, Persistence,
-    RecoveredLedger, Reserve,
-};
-use vela_log::memory::{MemoryBackend, MemoryLedgers};
+use vela_log::memory::HoldingBackend;
 use vela_wire::proto;
 
-/// Adds held (not durable) while `hold` is set, in the order they came.
-type Held = Arc<Mutex<Vec<(u64, Bytes, Arc<dyn OpenLedger>, AddCallback)>>>;
-
-/// In-memory ledgers whose adds are held while `hold` is set, until the
-/// test releases them.
-struct Holding {
-    inner: MemoryBackend,
-    hold: Arc<AtomicBool>,
-    held: Held,
-}
-
-impl std::fmt::Debug for Holding {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Holding")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-struct HoldingLedger {
-    inner: Arc<dyn OpenLedger>,
-    hold: Arc<AtomicBool>,
-    held: Held,
-}
-
-impl std::fmt::Debug for HoldingLedger {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HoldingLedger")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl LedgerBackend for Holding {
-    fn create_ledger(
-        &self,
-        persistence: Persistence,
-        log_name: &str,
-    ) -> BoxFuture<'_, Result<Arc<dyn OpenLedger>, LedgerBackendError>> {
-        let created = self.inner.create_ledger(persistence, log_name);
-        let (hold, held) = (Arc::clone(&self.hold), Arc::clone(&self.held));
-        Box::pin(async move {
-            let inner = created.await?;
-            Ok(Arc::new(HoldingLedger { inner, hold, held }) as Arc<dyn OpenLedger>)
-        })
-    }
-
-    fn recover(
-        &self,
-        ledger_id: u64,
-    ) -> BoxFuture<'_, Result<RecoveredLedger, LedgerBackendError>> {
-        self.inner.recover(ledger_id)
-    }
-
-    fn read(
-        &self,
-        ledger_id: u64,
-        first_entry_id: u64,
-        last_entry_id: u64,
-    ) -> BoxFuture<'_, Result<Vec<Bytes>, LedgerBackendError>> {
-        self.inner.read(ledger_id, first_entry_id, last_entry_id)
-    }
-
-    fn delete(&self, ledger_id: u64) -> BoxFuture<'_, Result<(), LedgerBackendError>> {
-        self.inner.delete(ledger_id)
-    }
-}
-
-impl OpenLedger for HoldingLedger {
-    fn ledger_id(&self) -> u64 {
-        self.inner.ledger_id()
-    }
-
-    fn reserve(&self, payload_bytes: usize) -> Reserve {
-        self.inner.reserve(payload_bytes)
-    }
-
-    fn add(&self, data: Bytes, done: AddCallback) {
-        if self.hold.load(Ordering::SeqCst) {
-            let ledger_id = self.inner.ledger_id();
-            self.held
-                .lock()
-                .push((ledger_id, data, Arc::clone(&self.inner), done));
-        } else {
-            self.inner.add(data, done);
-        }
-    }
-
-    fn close(&self) -> BoxFuture<'static, Result<(), LedgerBackendError>> {
-        self.inner.close()
-    }
-}
-
+/// A broker on in-memory ledgers whose adds the test holds and releases.
 struct Setup {
     broker: BrokerHandle,
-    hold: Arc<AtomicBool>,
-    held: Held,
+    ledgers: HoldingBackend,
 }
 
 impl Setup {
     async fn start(tweak: impl FnOnce(&mut BrokerConfig)) -> Setup {
-        let hold = Arc::new(AtomicBool::new(false));
-        let held: Held = Arc::default();
-        let ledgers = Holding {
-            inner: MemoryBackend(MemoryLedgers::new()),
-            hold: Arc::clone(&hold),
-            held: Arc::clone(&held),
-        };
+        let ledgers = HoldingBackend::new();
         let meta: Arc<dyn vela_meta::MetadataStore> = Arc::new(vela_meta::MemoryStore::new());
-        let env = LogEnv::new(Arc::clone(&meta), Arc::new(ledgers));
+        let env = LogEnv::new(Arc::clone(&meta), Arc::new(ledgers.clone()));
         let mut config = BrokerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)));
         tweak(&mut config);
         let broker = Broker::start(config, meta, env).await.unwrap();
-        Setup { broker, hold, held }
+        Setup { broker, ledgers }
     }
 
     /// Makes the held adds of `ledger_id` (all with `None`) durable, in the
     /// order they came, on this thread; how many.
     fn release(&self, ledger_id: Option<u64>) -> usize {
-        let released: Vec<_> = {
-            let mut held = self.held.lock();
-            let (released, kept) = held
-                .drain(..)
-                .partition(|(ledger, ..)| ledger_id.is_none_or(|id| id == *ledger));
-            *held = kept;
-            released
-        };
+        let released = self
+            .ledgers
+            .take_held(|add| ledger_id.is_none_or(|id| id == add.ledger_id));
         let count = released.len();
-        for (_, data, ledger, done) in released {
-            ledger.add(data, done);
+        for add in released {
+            add.release();
         }
         count
-    }
-
-    fn held_ledgers(&self) -> Vec<u64> {
-        let mut ids: Vec<u64> = self.held.lock().iter().map(|(id, ..)| *id).collect();
-        ids.sort_unstable();
-        ids.dedup();
-        ids
     }
 }
 
@@ -184,7 +67,7 @@ async fn no_receipt_before_its_add_is_durable_and_each_producer_keeps_send_order
     let mut client = Client::connect(setup.broker.pulsar_addr()).await;
     client.create_producer("receipts-a", 1).await;
     client.create_producer("receipts-b", 2).await;
-    setup.hold.store(true, Ordering::SeqCst);
+    setup.ledgers.set_holding(true);
     let mut frames = BytesMut::new();
     for seq in 0..20 {
         frames.extend_from_slice(&Client::send_frame(1, seq, b"a"));
@@ -194,9 +77,9 @@ async fn no_receipt_before_its_add_is_durable_and_each_producer_keeps_send_order
     // Every SEND was read before the PING: a receipt sent without its add
     // being durable would come first.
     expect_nothing_but_pong(&mut client).await;
-    let ledgers = setup.held_ledgers();
+    let ledgers = setup.ledgers.held_ledgers();
     assert_eq!(ledgers.len(), 2, "both topics' adds are held: {ledgers:?}");
-    assert_eq!(setup.held.lock().len(), 40);
+    assert_eq!(setup.ledgers.held_count(), 40);
 
     // Producer 2's topic becomes durable first: its receipts, in order,
     // and nothing of producer 1's.
@@ -233,7 +116,7 @@ async fn a_full_writer_queue_keeps_receipts_in_order_and_close_after_them() {
     let mut client = Client::connect(setup.broker.pulsar_addr()).await;
     client.create_producer("full-a", 1).await;
     client.create_producer("full-b", 2).await;
-    setup.hold.store(true, Ordering::SeqCst);
+    setup.ledgers.set_holding(true);
     let sends = 300u64;
     let mut frames = BytesMut::new();
     for seq in 0..sends {
@@ -269,7 +152,7 @@ async fn a_full_writer_queue_keeps_receipts_in_order_and_close_after_them() {
         *expected += 1;
     }
     // Still serving: a new SEND is answered at once.
-    setup.hold.store(false, Ordering::SeqCst);
+    setup.ledgers.set_holding(false);
     client.produce(2, sends, b"b").await;
     let (producer, sequence_id, _) = receipt_of(&client.recv().await);
     assert_eq!((producer, sequence_id), (2, sends));

@@ -4,8 +4,7 @@
 #![allow(clippy::unwrap_used)]
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -14,104 +13,14 @@ use vela_client::{
     BatchingOptions, Client, ClientConfig, ClientError, OutgoingMessage, ProducerOptions,
 };
 use vela_log::LogEnv;
-use vela_log::backend::{
-    AddCallback, BoxFuture, LedgerBackend, LedgerBackendError, OpenLedger, Persistence,
-    RecoveredLedger, Reserve,
-};
-use vela_log::memory::{MemoryBackend, MemoryLedgers};
-
-/// In-memory ledgers whose adds are never answered while `hold` is set.
-#[derive(Debug)]
-struct Holding {
-    inner: MemoryBackend,
-    hold: Arc<AtomicBool>,
-}
-
-struct HoldingLedger {
-    inner: Arc<dyn OpenLedger>,
-    hold: Arc<AtomicBool>,
-    /// Callbacks of held adds: kept, never called.
-    held: Mutex<Vec<AddCallback>>,
-}
-
-impl std::fmt::Debug for HoldingLedger {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HoldingLedger")
-            .field("inner", &self.inner)
-            .finish_non_exhaustive()
-    }
-}
-
-impl LedgerBackend for Holding {
-    fn create_ledger(
-        &self,
-        persistence: Persistence,
-        log_name: &str,
-    ) -> BoxFuture<'_, Result<Arc<dyn OpenLedger>, LedgerBackendError>> {
-        let created = self.inner.create_ledger(persistence, log_name);
-        let hold = Arc::clone(&self.hold);
-        Box::pin(async move {
-            let inner = created.await?;
-            Ok(Arc::new(HoldingLedger {
-                inner,
-                hold,
-                held: Mutex::new(Vec::new()),
-            }) as Arc<dyn OpenLedger>)
-        })
-    }
-
-    fn recover(
-        &self,
-        ledger_id: u64,
-    ) -> BoxFuture<'_, Result<RecoveredLedger, LedgerBackendError>> {
-        self.inner.recover(ledger_id)
-    }
-
-    fn read(
-        &self,
-        ledger_id: u64,
-        first_entry_id: u64,
-        last_entry_id: u64,
-    ) -> BoxFuture<'_, Result<Vec<Bytes>, LedgerBackendError>> {
-        self.inner.read(ledger_id, first_entry_id, last_entry_id)
-    }
-
-    fn delete(&self, ledger_id: u64) -> BoxFuture<'_, Result<(), LedgerBackendError>> {
-        self.inner.delete(ledger_id)
-    }
-}
-
-impl OpenLedger for HoldingLedger {
-    fn ledger_id(&self) -> u64 {
-        self.inner.ledger_id()
-    }
-
-    fn reserve(&self, payload_bytes: usize) -> Reserve {
-        self.inner.reserve(payload_bytes)
-    }
-
-    fn add(&self, data: Bytes, done: AddCallback) {
-        if self.hold.load(Ordering::SeqCst) {
-            self.held.lock().unwrap().push(done);
-        } else {
-            self.inner.add(data, done);
-        }
-    }
-
-    fn close(&self) -> BoxFuture<'static, Result<(), LedgerBackendError>> {
-        self.inner.close()
-    }
-}
+use vela_log::memory::HoldingBackend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_send_the_broker_never_answers_times_out_after_an_idle_spell() {
-    let hold = Arc::new(AtomicBool::new(false));
-    let ledgers = Holding {
-        inner: MemoryBackend(MemoryLedgers::new()),
-        hold: Arc::clone(&hold),
-    };
+    // Held adds are never released: the broker never answers them.
+    let ledgers = HoldingBackend::new();
     let meta: Arc<dyn vela_meta::MetadataStore> = Arc::new(vela_meta::MemoryStore::new());
-    let env = LogEnv::new(Arc::clone(&meta), Arc::new(ledgers));
+    let env = LogEnv::new(Arc::clone(&meta), Arc::new(ledgers.clone()));
     let config = BrokerConfig::new(SocketAddr::from(([127, 0, 0, 1], 0)));
     let broker = Broker::start(config, meta, env).await.unwrap();
     let client = Client::new(broker.service_url(), ClientConfig::default()).unwrap();
@@ -128,12 +37,12 @@ async fn a_send_the_broker_never_answers_times_out_after_an_idle_spell() {
     for (name, options) in [("batched", batched), ("unbatched", unbatched)] {
         let topic = format!("persistent://public/default/timeout-{name}");
         let producer = client.create_producer(&topic, options).await.unwrap();
-        hold.store(false, Ordering::SeqCst);
+        ledgers.set_holding(false);
         // Answered: nothing pending afterwards, the producer goes idle.
         let first = producer.send(OutgoingMessage::new(Bytes::from_static(b"one")));
         first.await.unwrap().await.unwrap();
         tokio::time::sleep(3 * timeout).await;
-        hold.store(true, Ordering::SeqCst);
+        ledgers.set_holding(true);
         let receipt = producer
             .send(OutgoingMessage::new(Bytes::from_static(b"two")))
             .await

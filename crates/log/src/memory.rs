@@ -14,6 +14,9 @@ use crate::backend::{
     RecoveredLedger, Reserve,
 };
 
+pub mod holding;
+pub use holding::{HeldAdd, HoldingBackend};
+
 /// Bound on the entries one in-memory ledger holds: tests stay small, and a
 /// runaway test fails loudly instead of eating the machine's memory.
 const MEMORY_LEDGER_ENTRIES_MAX: usize = 10_000_000;
