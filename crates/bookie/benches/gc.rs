@@ -23,8 +23,8 @@
 //! (default: the workspace's target/).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+mod probe;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -33,11 +33,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hdrhistogram::Histogram;
+use probe::{hist, prepare_probe_file, run_probe_for, spawn_probe, summary};
 use vela_bookie::storage::{GcStats, LedgerStorage, StorageConfig};
 
 const ENTRY_BYTES: usize = 64 * 1024;
-const PROBE_FILE_BYTES: u64 = 64 * 1024 * 1024;
-const PROBE_WRITE_BYTES: usize = 4096;
 /// The ledger the pass frees, the live one left in the sparse log, the one
 /// that fills the next log (so the sparse one is closed), and the writer's.
 const DEAD_LEDGER: u64 = 1;
@@ -226,67 +225,5 @@ fn spawn_writer(s: Arc<LedgerStorage>, stop: Arc<AtomicBool>) -> JoinHandle<(u64
             std::thread::sleep(Duration::from_millis(50));
         }
         (flushes, wait_max)
-    })
-}
-
-fn hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()
-}
-
-fn summary(h: &Histogram<u64>) -> String {
-    format!(
-        "n={} p50={}us p99={}us p99.9={}us max={}us",
-        h.len(),
-        h.value_at_quantile(0.5),
-        h.value_at_quantile(0.99),
-        h.value_at_quantile(0.999),
-        h.max()
-    )
-}
-
-/// A zero-filled, synced file, so the probe's fdatasync never commits metadata.
-fn prepare_probe_file(path: &Path) {
-    let f = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(path)
-        .unwrap();
-    let zeros = vec![0u8; 1024 * 1024];
-    for i in 0..PROBE_FILE_BYTES / zeros.len() as u64 {
-        f.write_all_at(&zeros, i * zeros.len() as u64).unwrap();
-    }
-    f.sync_all().unwrap();
-}
-
-fn probe_once(f: &File, h: &mut Histogram<u64>, offset: &mut u64) {
-    let buf = [0xa5u8; PROBE_WRITE_BYTES];
-    let t = Instant::now();
-    f.write_all_at(&buf, *offset).unwrap();
-    f.sync_data().unwrap();
-    h.saturating_record((t.elapsed().as_micros() as u64).max(1));
-    *offset = (*offset + PROBE_WRITE_BYTES as u64) % PROBE_FILE_BYTES;
-}
-
-fn run_probe_for(path: &Path, d: Duration) -> Histogram<u64> {
-    let f = OpenOptions::new().write(true).open(path).unwrap();
-    let mut h = hist();
-    let mut off = 0;
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        probe_once(&f, &mut h, &mut off);
-    }
-    h
-}
-
-fn spawn_probe(path: PathBuf, stop: Arc<AtomicBool>) -> JoinHandle<Histogram<u64>> {
-    std::thread::spawn(move || {
-        let f = OpenOptions::new().write(true).open(&path).unwrap();
-        let mut h = hist();
-        let mut off = 0;
-        while !stop.load(Ordering::Acquire) {
-            probe_once(&f, &mut h, &mut off);
-        }
-        h
     })
 }

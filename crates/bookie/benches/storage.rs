@@ -12,8 +12,9 @@
 //! Env: VELA_BENCH_FLUSH_MIB (default 384), VELA_BENCH_DIR (default: temp dir).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+mod probe;
+
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,13 +22,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use hdrhistogram::Histogram;
+use probe::{hist, prepare_probe_file, record, run_probe_for, spawn_probe, summary};
 use vela_bookie::storage::{LedgerStorage, StorageConfig};
 
 const ENTRY_BYTES: usize = 4096;
 const LEDGERS: u64 = 64;
-const PROBE_FILE_BYTES: u64 = 64 * 1024 * 1024;
-const PROBE_WRITE_BYTES: usize = 4096;
 
 fn main() {
     let flush_mib: u64 = std::env::var("VELA_BENCH_FLUSH_MIB")
@@ -258,25 +257,6 @@ fn read_latencies(s: &LedgerStorage, dir: &Path, entries: u64) {
     );
 }
 
-fn hist() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 60_000_000, 3).unwrap()
-}
-
-fn record(h: &mut Histogram<u64>, t: Instant) {
-    h.saturating_record((t.elapsed().as_nanos() as u64 / 1000).max(1));
-}
-
-fn summary(h: &Histogram<u64>) -> String {
-    format!(
-        "n={} p50={}us p99={}us p99.9={}us max={}us",
-        h.len(),
-        h.value_at_quantile(0.5),
-        h.value_at_quantile(0.99),
-        h.value_at_quantile(0.999),
-        h.max()
-    )
-}
-
 fn read_trim(p: &str) -> String {
     std::fs::read_to_string(p)
         .map(|s| s.trim().to_string())
@@ -298,53 +278,6 @@ fn spawn_dirty_sampler(stop: Arc<AtomicBool>, max: Arc<AtomicU64>) -> JoinHandle
             max.fetch_max(meminfo_kib("Dirty:"), Ordering::Relaxed);
             std::thread::sleep(Duration::from_millis(2));
         }
-    })
-}
-
-/// A zero-filled, synced file so the probe's fdatasync never commits metadata.
-fn prepare_probe_file(path: &Path) {
-    let f = OpenOptions::new()
-        .create(true)
-        .write(true)
-        .truncate(true)
-        .open(path)
-        .unwrap();
-    let zeros = vec![0u8; 1024 * 1024];
-    for i in 0..PROBE_FILE_BYTES / zeros.len() as u64 {
-        f.write_all_at(&zeros, i * zeros.len() as u64).unwrap();
-    }
-    f.sync_all().unwrap();
-}
-
-fn probe_loop(f: &File, h: &mut Histogram<u64>, offset: &mut u64) {
-    let buf = [0xa5u8; PROBE_WRITE_BYTES];
-    let t = Instant::now();
-    f.write_all_at(&buf, *offset).unwrap();
-    f.sync_data().unwrap();
-    record(h, t);
-    *offset = (*offset + PROBE_WRITE_BYTES as u64) % PROBE_FILE_BYTES;
-}
-
-fn run_probe_for(path: &Path, d: Duration) -> Histogram<u64> {
-    let f = OpenOptions::new().write(true).open(path).unwrap();
-    let mut h = hist();
-    let mut off = 0;
-    let end = Instant::now() + d;
-    while Instant::now() < end {
-        probe_loop(&f, &mut h, &mut off);
-    }
-    h
-}
-
-fn spawn_probe(path: PathBuf, stop: Arc<AtomicBool>) -> JoinHandle<Histogram<u64>> {
-    std::thread::spawn(move || {
-        let f = OpenOptions::new().write(true).open(&path).unwrap();
-        let mut h = hist();
-        let mut off = 0;
-        while !stop.load(Ordering::Relaxed) {
-            probe_loop(&f, &mut h, &mut off);
-        }
-        h
     })
 }
 
