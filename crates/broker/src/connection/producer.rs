@@ -27,7 +27,7 @@ use vela_wire::{Command, SendCommand};
 use super::admission::Admitting;
 use super::deferred::{Deferred, TopicOpening};
 use super::non_persistent::{self, NpProducer};
-use super::receipts::{ReceiptJob, Receipts};
+use super::receipts::{Awaited, ReceiptJob, Receipts};
 use super::session::{Close, Session};
 use crate::authorization::TopicAction;
 use crate::error::ServiceError;
@@ -443,14 +443,16 @@ impl Producers {
                 message: crate::topic::DEDUP_UNKNOWN_MESSAGE.into(),
             },
             DedupCheck::Appended(append) => ReceiptJob::Send {
-                sequence_id,
-                highest_sequence_id,
-                received,
-                issued,
                 append,
-                topic_metrics: Arc::clone(&producer.topic.metrics),
-                txn,
-                _permits: (send_permit, bytes_permit),
+                awaited: Awaited {
+                    sequence_id,
+                    highest_sequence_id,
+                    received,
+                    issued,
+                    topic_metrics: Arc::clone(&producer.topic.metrics),
+                    txn,
+                    permits: (send_permit, bytes_permit),
+                },
             },
         };
         receipts.push(job).await;

@@ -38,21 +38,13 @@ use crate::topic::Topic;
 
 pub(super) enum ReceiptJob {
     Send {
-        sequence_id: u64,
-        highest_sequence_id: u64,
-        received: Instant,
-        /// When the append was issued (storage write latency starts).
-        issued: Instant,
         append: AppendFuture,
-        topic_metrics: Arc<crate::metrics::TopicMetrics>,
-        /// The SEND's transaction: its buffer learns where the entry landed.
-        txn: Option<crate::txn_buffer::TxnKey>,
-        _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+        awaited: Awaited,
     },
     Duplicate {
         sequence_id: u64,
         highest_sequence_id: u64,
-        _permits: (OwnedSemaphorePermit, OwnedSemaphorePermit),
+        _permits: Permits,
     },
     Error {
         sequence_id: u64,
@@ -64,18 +56,20 @@ pub(super) enum ReceiptJob {
     },
 }
 
-type Permits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
+pub(super) type Permits = (OwnedSemaphorePermit, OwnedSemaphorePermit);
 
 /// A SEND whose append is awaited: what its receipt needs.
-struct Awaited {
-    sequence_id: u64,
-    highest_sequence_id: u64,
-    received: Instant,
-    issued: Instant,
-    topic_metrics: Arc<crate::metrics::TopicMetrics>,
-    txn: Option<crate::txn_buffer::TxnKey>,
+pub(super) struct Awaited {
+    pub(super) sequence_id: u64,
+    pub(super) highest_sequence_id: u64,
+    pub(super) received: Instant,
+    /// When the append was issued (storage write latency starts).
+    pub(super) issued: Instant,
+    pub(super) topic_metrics: Arc<crate::metrics::TopicMetrics>,
+    /// The SEND's transaction: its buffer learns where the entry landed.
+    pub(super) txn: Option<crate::txn_buffer::TxnKey>,
     /// Held until the receipt is answered (the connection's pending bounds).
-    permits: Permits,
+    pub(super) permits: Permits,
 }
 
 /// A job's answer, once known.
@@ -162,27 +156,7 @@ impl Receipts {
     /// deduplication).
     pub(super) async fn push(self: &Arc<Self>, job: ReceiptJob) {
         let (ready, awaited) = match job {
-            ReceiptJob::Send {
-                sequence_id,
-                highest_sequence_id,
-                received,
-                issued,
-                append,
-                topic_metrics,
-                txn,
-                _permits,
-            } => {
-                let awaited = Awaited {
-                    sequence_id,
-                    highest_sequence_id,
-                    received,
-                    issued,
-                    topic_metrics,
-                    txn,
-                    permits: _permits,
-                };
-                (None, Some((append, awaited)))
-            }
+            ReceiptJob::Send { append, awaited } => (None, Some((append, awaited))),
             other => (Some(self.answer_now(other)), None),
         };
         let ticket = match self.room.acquire().await {
