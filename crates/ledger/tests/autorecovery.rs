@@ -147,26 +147,8 @@ async fn a_bookie_back_within_the_grace_period_costs_no_copying() {
     assert_eq!(report.segments_fixed, 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_pass_reads_only_new_ledgers_and_those_listing_a_missing_bookie() {
-    let h = Harness::new(24, 4).await;
-    let mut ids = Vec::new();
-    for _ in 0..6 {
-        let writer = h
-            .client()
-            .create(quorum(2, 2, 2), no_properties())
-            .await
-            .unwrap();
-        writer.add(payload(writer.ledger_id(), 0)).await.unwrap();
-        writer.close().await.unwrap();
-        ids.push(writer.ledger_id());
-    }
-    let mut recovery = AutoRecovery::new(h.client(), config());
-    // The first pass reads every ledger; the next ones nothing, while every
-    // bookie is available and no ledger is new.
-    assert_eq!(recovery.pass().await.unwrap().ledgers_checked, 6);
-    assert_eq!(recovery.pass().await.unwrap().ledgers_checked, 0);
-
+/// A ledger (E = Qw = Qa = 2) with entry 0, closed.
+async fn closed_ledger_of_one_entry(h: &Harness) -> LedgerId {
     let writer = h
         .client()
         .create(quorum(2, 2, 2), no_properties())
@@ -174,8 +156,24 @@ async fn a_pass_reads_only_new_ledgers_and_those_listing_a_missing_bookie() {
         .unwrap();
     writer.add(payload(writer.ledger_id(), 0)).await.unwrap();
     writer.close().await.unwrap();
+    writer.ledger_id()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pass_reads_only_new_ledgers_and_those_listing_a_missing_bookie() {
+    let h = Harness::new(24, 4).await;
+    let mut ids = Vec::new();
+    for _ in 0..6 {
+        ids.push(closed_ledger_of_one_entry(&h).await);
+    }
+    let mut recovery = AutoRecovery::new(h.client(), config());
+    // The first pass reads every ledger; the next ones nothing, while every
+    // bookie is available and no ledger is new.
+    assert_eq!(recovery.pass().await.unwrap().ledgers_checked, 6);
+    assert_eq!(recovery.pass().await.unwrap().ledgers_checked, 0);
+
+    ids.push(closed_ledger_of_one_entry(&h).await);
     assert_eq!(recovery.pass().await.unwrap().ledgers_checked, 1);
-    ids.push(writer.ledger_id());
 
     // A lost bookie: exactly the ledgers that list it are read and fixed.
     let victim = h.client().metadata(ids[0]).await.unwrap().last_ensemble().1[0].clone();
