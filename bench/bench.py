@@ -170,6 +170,10 @@ SCENARIOS = {
                  rate=20_000, pulsar_clients=("vela-perf",)),
         Scenario("topics-1k", "1,000 topics, 20k msg/s in all, batched 1 KiB", "async", 1024,
                  rate=20_000, topics=1_000, pulsar_clients=("vela-perf",)),
+        # 2,000 topics at 40k msg/s: the point of the first trial
+        # (Pulsar p99 744 ms there; Vela's tail cache then had no budget).
+        Scenario("topics-2k", "2,000 topics, 40k msg/s in all, batched 1 KiB", "async", 1024,
+                 rate=40_000, topics=2_000, pulsar_clients=("vela-perf",)),
         Scenario("topics-10k", "10,000 topics, 20k msg/s in all, batched 1 KiB", "async",
                  1024, rate=20_000, topics=10_000, pulsar_clients=("vela-perf",)),
         # Topic loading at scale: 100,000 topics, each auto-created by its
