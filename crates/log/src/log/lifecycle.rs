@@ -26,6 +26,7 @@
 //! the metadata record without it is stored.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::backend::OpenLedger;
 use crate::error::LogError;
@@ -60,16 +61,20 @@ fn retention_lets_go(
 impl Shared {
     /// Starts a rollover in the background (boxed: a rollover may start the
     /// next one, through the queue's `ledger_full` hook).
-    pub(super) fn spawn_roll_over(shared: &Arc<Shared>, full: Arc<dyn OpenLedger>) {
+    pub(super) fn spawn_roll_over(
+        shared: &Arc<Shared>,
+        full: Arc<dyn OpenLedger>,
+        detached_at: Instant,
+    ) {
         let future: crate::backend::BoxFuture<'static, ()> =
-            Box::pin(Arc::clone(shared).roll_over(full));
+            Box::pin(Arc::clone(shared).roll_over(full, detached_at));
         tokio::spawn(future);
     }
 
     /// Closes the full ledger, creates the next one, records it in the log's
     /// metadata and attaches it to the append queue (which then drains what
     /// waited meanwhile). Any failure stops the log.
-    async fn roll_over(self: Arc<Self>, old: Arc<dyn OpenLedger>) {
+    async fn roll_over(self: Arc<Self>, old: Arc<dyn OpenLedger>, detached_at: Instant) {
         let meta_guard = self.meta_lock.lock().await;
         if self.terminated.load(std::sync::atomic::Ordering::Acquire) {
             let _ = old.close().await; // no next ledger for a terminated log
@@ -152,13 +157,19 @@ impl Shared {
             state.info_version = new_version;
             state.ledgers = info.ledgers;
         }
+        let new_ledger_id = created.ledger_id();
+        self.queue.set_writer(created);
+        // Appends waited from the detach to here (ARCHITECTURE.md
+        // "Periodic work").
         tracing::debug!(
+            target: "vela::periodic",
+            kind = "rollover",
+            elapsed_us = detached_at.elapsed().as_micros() as u64,
             log = %self.name,
             old = old.ledger_id(),
-            new = created.ledger_id(),
+            new = new_ledger_id,
             "rolled over"
         );
-        self.queue.set_writer(created);
         drop(meta_guard);
         self.trim().await;
         // A ledger closed: the offload thresholds may select it.
@@ -195,6 +206,7 @@ impl Shared {
             return;
         };
         let age_min = self.config.ledger_age_min;
+        let started = Instant::now();
         let _meta = self.meta_lock.lock().await;
         let writing = !self.queue.is_stopped();
         let (info, version, trimmed) = {
@@ -255,6 +267,14 @@ impl Shared {
         for ledger in &trimmed {
             self.delete_ledger_everywhere(ledger).await;
         }
+        tracing::debug!(
+            target: "vela::periodic",
+            kind = "trim",
+            elapsed_us = started.elapsed().as_micros() as u64,
+            log = %self.name,
+            ledgers = trimmed.len(),
+            "trimmed consumed ledgers"
+        );
     }
 }
 

@@ -267,7 +267,7 @@ impl ManagedLog {
             let hooks = QueueHooks {
                 ledger_full: Box::new(move |full| {
                     if let Some(shared) = on_full.upgrade() {
-                        Shared::spawn_roll_over(&shared, full);
+                        Shared::spawn_roll_over(&shared, full, std::time::Instant::now());
                     }
                 }),
                 stopped: Box::new(move |error| {
