@@ -6,9 +6,20 @@
 //! `Shared::meta_lock`, a CAS on the record's version: a conflict means
 //! another owner took the log, `Fenced`), and the order check of new ledger
 //! ids.
-//! Guarantees: a rollover closes the full ledger (every add on it completed)
-//! before it attaches the next one to the append queue, so appends complete
-//! in queue order across ledgers; the ledger being written is never trimmed.
+//! Guarantees: a rollover attaches the next ledger to the append queue only
+//! once every add on the full one was answered (so appends complete in
+//! queue order across ledgers) and the log's record names the next ledger
+//! with the full one's final size (so a reopen recovers the right ledger);
+//! the ledger being written is never trimmed.
+//!
+//! What appends wait for at a rollover (the queue holds them from the full
+//! ledger's detach to the next one's attach): the full ledger's last adds
+//! and one CAS of the log's record. Not for the next ledger's creation
+//! (made ahead: `next_ledger`) nor for the full ledger's close (its
+//! metadata CAS runs beside them; the record, not the ledger's metadata,
+//! is what a reopen trusts for every ledger but the last, which it
+//! recovers). Each rollover logs `kind = "rollover"` on target
+//! `vela::periodic` with how long appends were held (`elapsed_us`).
 //!
 //! When a ledger is full is the append queue's `LedgerLimits` (Pulsar's
 //! rule: an entry or size cap, or the maximum age, and never before the
@@ -22,15 +33,17 @@
 //! position always finds what was written in that last span, also right
 //! after a rollover or a restart (which closes the recovered ledger). Pulsar
 //! drops such a ledger at once.
-//! Never: holds the state lock across an `.await`, or deletes a ledger before
-//! the metadata record without it is stored.
+//! Never: holds the state lock across an `.await`, deletes a ledger before
+//! the metadata record without it is stored, or holds `meta_lock` while it
+//! deletes trimmed ledgers.
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::backend::OpenLedger;
+use crate::backend::LedgerBackendError;
 use crate::error::LogError;
 use crate::format::{self, LedgerInfo, LogInfo};
+use crate::queue::Detached;
 
 use super::ledger_order::{check_ledger_order, unix_ms};
 use super::{Retention, Shared};
@@ -61,39 +74,36 @@ fn retention_lets_go(
 impl Shared {
     /// Starts a rollover in the background (boxed: a rollover may start the
     /// next one, through the queue's `ledger_full` hook).
-    pub(super) fn spawn_roll_over(
-        shared: &Arc<Shared>,
-        full: Arc<dyn OpenLedger>,
-        detached_at: Instant,
-    ) {
+    pub(super) fn spawn_roll_over(shared: &Arc<Shared>, full: Detached, detached_at: Instant) {
         let future: crate::backend::BoxFuture<'static, ()> =
             Box::pin(Arc::clone(shared).roll_over(full, detached_at));
         tokio::spawn(future);
     }
 
-    /// Closes the full ledger, creates the next one, records it in the log's
-    /// metadata and attaches it to the append queue (which then drains what
-    /// waited meanwhile). Any failure stops the log.
-    async fn roll_over(self: Arc<Self>, old: Arc<dyn OpenLedger>, detached_at: Instant) {
+    /// Waits for the full ledger's adds, takes the next ledger (created
+    /// ahead), records it in the log's metadata and attaches it to the
+    /// append queue (which then drains what waited meanwhile); the full
+    /// ledger's close runs beside. Any failure stops the log.
+    async fn roll_over(self: Arc<Self>, old: Detached, detached_at: Instant) {
+        // Held throughout: a terminate or trim waits for the rollover, so
+        // the record it writes has the full ledger's final size.
         let meta_guard = self.meta_lock.lock().await;
-        if self.terminated.load(std::sync::atomic::Ordering::Acquire) {
-            let _ = old.close().await; // no next ledger for a terminated log
+        let old_ledger_id = old.writer().ledger_id();
+        // Waits for the ledger's adds in flight (also those at bookies past
+        // Qa), then records it closed in its metadata.
+        let closing = tokio::spawn(old.writer().close());
+        let answered = old.answered().await;
+        if !answered || self.terminated.load(std::sync::atomic::Ordering::Acquire) {
+            // An add failed (the queue stopped: the log fails and is
+            // reloaded), or the log was terminated: no next ledger.
+            let _ = closing.await;
             return;
         }
-        if let Err(error) = old.close().await {
-            self.fail(error.into());
-            return;
-        }
-        let persistence = *self.persistence.lock();
-        let created = match self
-            .env
-            .ledgers
-            .create_ledger(persistence, &self.name)
-            .await
-        {
+        let created = match self.take_next_ledger().await {
             Ok(created) => created,
             Err(error) => {
                 self.fail(error.into());
+                let _ = closing.await;
                 return;
             }
         };
@@ -102,13 +112,14 @@ impl Shared {
             check_ledger_order(&self.env, &self.name, &known, created.ledger_id()).await
         {
             self.fail(error);
+            let _ = closing.await;
             return;
         }
         let (info, version) = {
             let state = self.state.lock();
             let mut ledgers = state.ledgers.clone();
             let closed_at = unix_ms();
-            if let Some(previous) = ledgers.iter_mut().find(|l| l.ledger_id == old.ledger_id()) {
+            if let Some(previous) = ledgers.iter_mut().find(|l| l.ledger_id == old_ledger_id) {
                 previous.closed_unix_ms = Some(closed_at);
             }
             ledgers.push(LedgerInfo {
@@ -138,12 +149,14 @@ impl Shared {
                 };
                 self.fail(error);
                 let _ = self.env.ledgers.delete(created.ledger_id()).await;
+                let _ = closing.await;
                 return;
             }
         };
         if self.queue.is_stopped() {
             // Closed or failed meanwhile: the new ledger stays empty (the
             // next open drops it).
+            let _ = closing.await;
             return;
         }
         {
@@ -166,10 +179,22 @@ impl Shared {
             kind = "rollover",
             elapsed_us = detached_at.elapsed().as_micros() as u64,
             log = %self.name,
-            old = old.ledger_id(),
+            old = old_ledger_id,
             new = new_ledger_id,
             "rolled over"
         );
+        let closed = match closing.await {
+            Ok(closed) => closed,
+            Err(error) => Err(LedgerBackendError::Other(format!(
+                "closing ledger {old_ledger_id}: {error}"
+            ))),
+        };
+        if let Err(error) = closed {
+            // The record already names the next ledger: the log stops and
+            // is reloaded (recovery finds what was durable), as before.
+            self.fail(error.into());
+            return;
+        }
         drop(meta_guard);
         self.trim().await;
         // A ledger closed: the offload thresholds may select it.
@@ -207,7 +232,7 @@ impl Shared {
         };
         let age_min = self.config.ledger_age_min;
         let started = Instant::now();
-        let _meta = self.meta_lock.lock().await;
+        let meta = self.meta_lock.lock().await;
         let writing = !self.queue.is_stopped();
         let (info, version, trimmed) = {
             let state = self.state.lock();
@@ -264,6 +289,9 @@ impl Shared {
                 return;
             }
         }
+        // No record names them any more: deleted without the lock, so a
+        // rollover (which appends wait for) never waits for the deletes.
+        drop(meta);
         for ledger in &trimmed {
             self.delete_ledger_everywhere(ledger).await;
         }
