@@ -43,7 +43,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -58,6 +58,10 @@ use crate::budget::{AppendBudget, AppendPermit};
 use crate::error::LogError;
 use crate::log::AppendScope;
 use crate::position::Position;
+
+mod tally;
+use tally::Tally;
+pub(crate) use tally::{Detached, Recording};
 
 /// Payload bytes in flight of one `LedgerAppender` (compaction writes one
 /// ledger per topic, one compaction at a time per topic, and waits for its
@@ -140,62 +144,6 @@ enum Issued {
     NearlyFull,
     /// Full and detached (its tally, for `Detached::answered`).
     Full(Arc<Tally>),
-}
-
-/// Entries of one ledger handed to its writer and completed, for the order
-/// assertion and for `Detached::answered`.
-#[derive(Debug, Default)]
-struct Tally {
-    issued: AtomicU64,
-    completed: AtomicU64,
-    /// Completed appends whose `done` returned (their confirmation is
-    /// recorded by the log).
-    told: AtomicU64,
-    /// An add failed (the queue stopped).
-    failed: AtomicBool,
-    /// The ledger was detached: completions wake `answered`.
-    detached: AtomicBool,
-    answered: Notify,
-}
-
-/// A full ledger the queue detached: no append goes to it any more.
-pub(crate) struct Detached {
-    writer: Arc<dyn OpenLedger>,
-    tally: Arc<Tally>,
-}
-
-impl fmt::Debug for Detached {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Detached")
-            .field("ledger_id", &self.writer.ledger_id())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Detached {
-    /// The detached ledger's writer (to close it).
-    pub(crate) fn writer(&self) -> &Arc<dyn OpenLedger> {
-        &self.writer
-    }
-
-    /// Resolves once every add handed to the ledger was answered and told
-    /// to its append (their confirmations are in order, done): true, or
-    /// once one failed: false. The ledger need not be closed for it.
-    pub(crate) async fn answered(&self) -> bool {
-        let tally = &self.tally;
-        loop {
-            let answered = tally.answered.notified();
-            tokio::pin!(answered);
-            answered.as_mut().enable();
-            if tally.failed.load(Ordering::Acquire) {
-                return false;
-            }
-            if tally.told.load(Ordering::Acquire) == tally.issued.load(Ordering::Acquire) {
-                return true;
-            }
-            answered.await;
-        }
-    }
 }
 
 /// The ledger appends go to, and how full it is.
@@ -336,16 +284,33 @@ impl AppendQueue {
     /// Attaches the writer of the next ledger and drains what waited for it.
     /// False (the writer is not used) when the queue stopped meanwhile.
     pub(crate) fn set_writer(self: &Arc<Self>, writer: Arc<dyn OpenLedger>) -> bool {
+        self.attach(writer, Tally::default()).is_some()
+    }
+
+    /// As `set_writer`, for a ledger the log's record does not name yet:
+    /// appends go to it at once, their outcomes wait for
+    /// `Recording::recorded` (or turn into `Recording::failed`'s error).
+    /// `None` (the writer is not used) when the queue stopped meanwhile.
+    pub(crate) fn set_writer_unrecorded(
+        self: &Arc<Self>,
+        writer: Arc<dyn OpenLedger>,
+    ) -> Option<Recording> {
+        let tally = self.attach(writer, Tally::unrecorded())?;
+        Some(Recording { tally })
+    }
+
+    fn attach(self: &Arc<Self>, writer: Arc<dyn OpenLedger>, tally: Tally) -> Option<Arc<Tally>> {
         let _scope = AppendScope::enter();
+        let tally = Arc::new(tally);
         let start = {
             let mut state = self.state.lock();
             match state.writer {
                 Writer::Between => {}
-                Writer::Stopped(_) => return false,
+                Writer::Stopped(_) => return None,
                 Writer::Open(_) => {
                     // Only a detached (full) ledger is followed by another.
                     debug_assert!(false, "a writer attached over an open one");
-                    return false;
+                    return None;
                 }
             }
             state.writer = Writer::Open(Current {
@@ -353,7 +318,7 @@ impl AppendQueue {
                 entries: 0,
                 bytes: 0,
                 opened_at: Instant::now(),
-                tally: Arc::default(),
+                tally: Arc::clone(&tally),
                 next_wanted: false,
             });
             let start = !state.draining && !state.items.is_empty();
@@ -365,7 +330,7 @@ impl AppendQueue {
         if start {
             self.drain(None);
         }
-        true
+        Some(tally)
     }
 
     /// Ends the queue with `error`: appends still queued fail with it, later
@@ -536,7 +501,7 @@ impl AppendQueue {
                     // Set under the lock that detaches: every add on this
                     // writer was issued before, and its completions from
                     // now on wake `Detached::answered`.
-                    tally.detached.store(true, Ordering::Release);
+                    tally.detach();
                     *attached = Writer::Between;
                     return Issued::Full(tally);
                 }
@@ -613,17 +578,11 @@ impl AppendQueue {
                     "ledger {ledger_id} completed entry {entry_id} after {completed} others"
                 );
                 debug_assert!(completed < tally.issued.load(Ordering::Relaxed));
-                done(Ok(Position::new(ledger_id, entry_id)));
-                tally.told.fetch_add(1, Ordering::AcqRel);
-                if tally.detached.load(Ordering::Acquire) {
-                    tally.answered.notify_waiters();
-                }
+                tally.tell(Ok(Position::new(ledger_id, entry_id)), done);
             }
             Err(error) => {
                 let error = LogError::from(error);
-                done(Err(error.clone()));
-                tally.failed.store(true, Ordering::Release);
-                tally.answered.notify_waiters();
+                tally.tell(Err(error.clone()), done);
                 if let Some(queue) = queue.upgrade() {
                     queue.stop(error);
                 }

@@ -8,18 +8,21 @@
 //! ids.
 //! Guarantees: a rollover attaches the next ledger to the append queue only
 //! once every add on the full one was answered (so appends complete in
-//! queue order across ledgers) and the log's record names the next ledger
-//! with the full one's final size (so a reopen recovers the right ledger);
-//! the ledger being written is never trimmed.
+//! queue order across ledgers), and tells no append on it a success before
+//! the log's record names it with the full one's final size (so a reopen
+//! recovers the right ledger); the ledger being written is never trimmed.
 //!
-//! What appends wait for at a rollover (the queue holds them from the full
-//! ledger's detach to the next one's attach): the full ledger's last adds
-//! and one CAS of the log's record. Not for the next ledger's creation
-//! (made ahead: `next_ledger`) nor for the full ledger's close (its
-//! metadata CAS runs beside them; the record, not the ledger's metadata,
-//! is what a reopen trusts for every ledger but the last, which it
-//! recovers). Each rollover logs `kind = "rollover"` on target
-//! `vela::periodic` with how long appends were held (`elapsed_us`).
+//! What appends wait for at a rollover: the queue holds them from the full
+//! ledger's detach until its last adds are answered, then issues them to
+//! the next ledger while the log's record is written (one CAS); their
+//! outcomes are told once the record is durable (`queue::Recording`), so
+//! no receipt names an entry a reopen would not find. Not for the next
+//! ledger's creation (made ahead: `next_ledger`) nor for the full ledger's
+//! close (its metadata CAS runs beside; the record, not the ledger's
+//! metadata, is what a reopen trusts for every ledger but the last, which
+//! it recovers). Each rollover logs `kind = "rollover"` on target
+//! `vela::periodic`: `elapsed_us` from the detach to the record,
+//! `attached_us` to the next ledger's attach.
 //!
 //! When a ledger is full is the append queue's `LedgerLimits` (Pulsar's
 //! rule: an entry or size cap, or the maximum age, and never before the
@@ -81,12 +84,14 @@ impl Shared {
     }
 
     /// Waits for the full ledger's adds, takes the next ledger (created
-    /// ahead), records it in the log's metadata and attaches it to the
-    /// append queue (which then drains what waited meanwhile); the full
-    /// ledger's close runs beside. Any failure stops the log.
+    /// ahead), attaches it to the append queue (which then drains what
+    /// waited meanwhile) with its outcomes held, records it in the log's
+    /// metadata and lets them through; the full ledger's close runs
+    /// beside. Any failure stops the log.
     async fn roll_over(self: Arc<Self>, old: Detached, detached_at: Instant) {
-        // Held throughout: a terminate or trim waits for the rollover, so
-        // the record it writes has the full ledger's final size.
+        // Held throughout: a terminate, close or trim waits for the
+        // rollover, so the record it writes has the full ledger's final
+        // size and names the next ledger.
         let meta_guard = self.meta_lock.lock().await;
         let old_ledger_id = old.writer().ledger_id();
         // Waits for the ledger's adds in flight (also those at bookies past
@@ -139,6 +144,18 @@ impl Shared {
                 state.info_version,
             )
         };
+        let new_ledger_id = created.ledger_id();
+        // Appends go to the next ledger from here; their outcomes wait for
+        // the record below (no success is told for a ledger a reopen would
+        // not find).
+        let Some(recording) = self.queue.set_writer_unrecorded(created) else {
+            // Closed or failed meanwhile: the next ledger is not recorded
+            // (the full one stays last: a reopen recovers it).
+            self.delete_unrecorded_ledger(new_ledger_id).await;
+            let _ = closing.await;
+            return;
+        };
+        let attached_us = detached_at.elapsed().as_micros() as u64;
         let key = format::log_key(&self.name);
         let new_version = match self.env.store.update_json(&key, &info, version).await {
             Ok(new_version) => new_version,
@@ -147,18 +164,18 @@ impl Shared {
                     LogError::Fenced(_) => LogError::Fenced(self.name.to_string()),
                     other => other,
                 };
+                recording.failed(error.clone());
+                // A lost CAS surely wrote nothing: no record names the
+                // ledger. Another error may have written it: kept.
+                let lost = matches!(error, LogError::Fenced(_));
                 self.fail(error);
-                let _ = self.env.ledgers.delete(created.ledger_id()).await;
+                if lost {
+                    self.delete_unrecorded_ledger(new_ledger_id).await;
+                }
                 let _ = closing.await;
                 return;
             }
         };
-        if self.queue.is_stopped() {
-            // Closed or failed meanwhile: the new ledger stays empty (the
-            // next open drops it).
-            let _ = closing.await;
-            return;
-        }
         {
             let mut state = self.state.lock();
             debug_assert!(
@@ -170,14 +187,15 @@ impl Shared {
             state.info_version = new_version;
             state.ledgers = info.ledgers;
         }
-        let new_ledger_id = created.ledger_id();
-        self.queue.set_writer(created);
-        // Appends waited from the detach to here (ARCHITECTURE.md
-        // "Periodic work").
+        // After the state names the ledger: confirmations find it there.
+        recording.recorded();
+        // Appends waited from the detach to here at most (ARCHITECTURE.md
+        // "Periodic work"); issued to the next ledger from `attached_us`.
         tracing::debug!(
             target: "vela::periodic",
             kind = "rollover",
             elapsed_us = detached_at.elapsed().as_micros() as u64,
+            attached_us,
             log = %self.name,
             old = old_ledger_id,
             new = new_ledger_id,
@@ -199,6 +217,13 @@ impl Shared {
         self.trim().await;
         // A ledger closed: the offload thresholds may select it.
         Shared::offload_by_policy(&self);
+    }
+
+    /// Deletes a ledger a rollover made and no record names.
+    async fn delete_unrecorded_ledger(&self, ledger_id: u64) {
+        if let Err(error) = self.env.ledgers.delete(ledger_id).await {
+            tracing::warn!(log = %self.name, ledger_id, %error, "could not delete an unrecorded ledger");
+        }
     }
 
     /// Oldest mark-delete position over all cursors, and whether there is

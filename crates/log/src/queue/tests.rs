@@ -375,6 +375,63 @@ async fn a_detached_ledger_is_answered_once_every_add_on_it_was_told() {
 }
 
 #[tokio::test]
+async fn outcomes_on_an_unrecorded_ledger_wait_for_its_record_in_order() {
+    let limits = LedgerLimits {
+        entries_max: 2,
+        ..LedgerLimits::NONE
+    };
+    let (q, _, _) = recording_queue(limits);
+    let first = FakeLedger::new(1, 100);
+    assert!(q.set_writer(Arc::new(Arc::clone(&first))));
+    let outcomes: Outcomes = Arc::default();
+    for id in 0..5 {
+        push(&q, &outcomes, id, 10);
+    }
+    first.complete(None).unwrap();
+    first.complete(None).unwrap();
+    let second = FakeLedger::new(2, 100);
+    let recording = q
+        .set_writer_unrecorded(Arc::new(Arc::clone(&second)))
+        .unwrap();
+    assert_eq!(second.in_flight(), 2, "issued before the record");
+    second.complete(None).unwrap();
+    second.complete(None).unwrap();
+    let told: Vec<u32> = outcomes.lock().iter().map(|(id, _)| *id).collect();
+    assert_eq!(told, vec![0, 1], "the second ledger's outcomes are held");
+    recording.recorded();
+    let positions: Vec<(u32, Position)> = outcomes
+        .lock()
+        .iter()
+        .map(|(id, r)| (*id, *r.as_ref().unwrap()))
+        .collect();
+    assert_eq!(
+        positions,
+        vec![
+            (0, Position::new(1, 0)),
+            (1, Position::new(1, 1)),
+            (2, Position::new(2, 0)),
+            (3, Position::new(2, 1)),
+        ]
+    );
+    // A record that was not written: what the ledger answered fails.
+    let third = FakeLedger::new(3, 100);
+    let recording = q
+        .set_writer_unrecorded(Arc::new(Arc::clone(&third)))
+        .unwrap();
+    third.complete(None).unwrap();
+    assert_eq!(outcomes.lock().len(), 4);
+    recording.failed(LogError::Fenced("t".into()));
+    assert!(
+        matches!(outcomes.lock().as_slice(), [.., (4, Err(LogError::Fenced(_)))]),
+        "{:?}",
+        outcomes.lock()
+    );
+    // A stopped queue takes no unrecorded ledger.
+    q.stop(LogError::Closed("t".into()));
+    assert!(q.set_writer_unrecorded(Arc::new(FakeLedger::new(4, 1))).is_none());
+}
+
+#[tokio::test]
 async fn an_appender_closes_once_every_add_was_handed_over() {
     let ledger = FakeLedger::new(4, 1);
     let appender = LedgerAppender::new(Arc::new(Arc::clone(&ledger)));
