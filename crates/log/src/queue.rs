@@ -365,6 +365,14 @@ impl AppendQueue {
         matches!(self.state.lock().writer, Writer::Stopped(_))
     }
 
+    /// The error the queue stopped with, if it stopped.
+    pub(crate) fn stop_error(&self) -> Option<LogError> {
+        match &self.state.lock().writer {
+            Writer::Stopped(error) => Some(error.clone()),
+            Writer::Open(_) | Writer::Between => None,
+        }
+    }
+
     /// Resolves once every append pushed so far was handed to a writer (or
     /// the queue stopped).
     pub(crate) async fn until_drained(&self) {

@@ -6,23 +6,26 @@
 //! `Shared::meta_lock`, a CAS on the record's version: a conflict means
 //! another owner took the log, `Fenced`), and the order check of new ledger
 //! ids.
-//! Guarantees: a rollover attaches the next ledger to the append queue only
-//! once every add on the full one was answered (so appends complete in
-//! queue order across ledgers), and tells no append on it a success before
-//! the log's record names it with the full one's final size (so a reopen
-//! recovers the right ledger); the ledger being written is never trimmed.
+//! Guarantees: no append on the next ledger is told a success before every
+//! add on the full one was answered (so appends complete in queue order
+//! across ledgers) and the log's record names it with the full one's final
+//! size (so a reopen recovers the right ledger); the ledger being written
+//! is never trimmed.
 //!
-//! What appends wait for at a rollover: the queue holds them from the full
-//! ledger's detach until its last adds are answered, then issues them to
-//! the next ledger while the log's record is written (one CAS); their
-//! outcomes are told once the record is durable (`queue::Recording`), so
-//! no receipt names an entry a reopen would not find. Not for the next
-//! ledger's creation (made ahead: `next_ledger`) nor for the full ledger's
-//! close (its metadata CAS runs beside; the record, not the ledger's
-//! metadata, is what a reopen trusts for every ledger but the last, which
-//! it recovers). Each rollover logs `kind = "rollover"` on target
-//! `vela::periodic`: `elapsed_us` from the detach to the record,
-//! `attached_us` to the next ledger's attach.
+//! What appends wait for at a rollover: nothing but `meta_lock` and the
+//! next ledger, created ahead (`next_ledger`): they are issued to it at
+//! once, and their outcomes are held (`queue::Recording`) until every add
+//! of the full ledger was answered and the log's record names the next
+//! one with the full one's final size (one CAS). So they complete in queue
+//! order, none succeeds after an earlier one failed (the next ledger is
+//! then recorded nowhere and deleted), and no receipt names an entry a
+//! reopen would not find. The full ledger's close (its metadata CAS) runs
+//! beside: the record, not the ledger's metadata, is what a reopen trusts
+//! for every ledger but the last, which it recovers. Each rollover logs `kind = "rollover"` on target
+//! `vela::periodic`: `elapsed_us` from the detach to the record; on the
+//! way, `locked_us` (`meta_lock` taken), `answered_us` (the full ledger's
+//! adds answered), `next_us` (the next ledger in hand) and `attached_us`
+//! (appends go to it).
 //!
 //! When a ledger is full is the append queue's `LedgerLimits` (Pulsar's
 //! rule: an entry or size cap, or the maximum age, and never before the
@@ -83,24 +86,23 @@ impl Shared {
         tokio::spawn(future);
     }
 
-    /// Waits for the full ledger's adds, takes the next ledger (created
-    /// ahead), attaches it to the append queue (which then drains what
-    /// waited meanwhile) with its outcomes held, records it in the log's
-    /// metadata and lets them through; the full ledger's close runs
-    /// beside. Any failure stops the log.
+    /// Takes the next ledger (created ahead) and attaches it to the append
+    /// queue at once (which then drains what waited meanwhile) with its
+    /// outcomes held; once every add of the full ledger was answered,
+    /// records the next one in the log's metadata and lets them through.
+    /// The full ledger's close runs beside. Any failure stops the log.
     async fn roll_over(self: Arc<Self>, old: Detached, detached_at: Instant) {
         // Held throughout: a terminate, close or trim waits for the
         // rollover, so the record it writes has the full ledger's final
         // size and names the next ledger.
         let meta_guard = self.meta_lock.lock().await;
+        let locked_us = detached_at.elapsed().as_micros() as u64;
         let old_ledger_id = old.writer().ledger_id();
         // Waits for the ledger's adds in flight (also those at bookies past
         // Qa), then records it closed in its metadata.
         let closing = tokio::spawn(old.writer().close());
-        let answered = old.answered().await;
-        if !answered || self.terminated.load(std::sync::atomic::Ordering::Acquire) {
-            // An add failed (the queue stopped: the log fails and is
-            // reloaded), or the log was terminated: no next ledger.
+        if self.terminated.load(std::sync::atomic::Ordering::Acquire) {
+            // No next ledger for a terminated log.
             let _ = closing.await;
             return;
         }
@@ -112,11 +114,40 @@ impl Shared {
                 return;
             }
         };
+        let next_us = detached_at.elapsed().as_micros() as u64;
         let known = self.state.lock().ledgers.clone();
         if let Err(error) =
             check_ledger_order(&self.env, &self.name, &known, created.ledger_id()).await
         {
             self.fail(error);
+            let _ = closing.await;
+            return;
+        }
+        let new_ledger_id = created.ledger_id();
+        // Appends go to the next ledger from here; their outcomes wait for
+        // the full ledger's last adds and the record below: no success is
+        // told before every append of the full ledger succeeded, nor for a
+        // ledger a reopen would not find.
+        let Some(recording) = self.queue.set_writer_unrecorded(created) else {
+            // Closed or failed meanwhile: the next ledger is not recorded
+            // (the full one stays last: a reopen recovers it).
+            self.delete_unrecorded_ledger(new_ledger_id).await;
+            let _ = closing.await;
+            return;
+        };
+        let attached_us = detached_at.elapsed().as_micros() as u64;
+        let answered = old.answered().await;
+        let answered_us = detached_at.elapsed().as_micros() as u64;
+        if !answered {
+            // An add of the full ledger failed: the queue stopped (the log
+            // fails and is reloaded). The next ledger is recorded nowhere:
+            // what it holds is unreachable, and none of it was told.
+            let error = self
+                .queue
+                .stop_error()
+                .unwrap_or_else(|| LogError::Closed(self.name.to_string()));
+            recording.failed(error);
+            self.delete_unrecorded_ledger(new_ledger_id).await;
             let _ = closing.await;
             return;
         }
@@ -128,7 +159,7 @@ impl Shared {
                 previous.closed_unix_ms = Some(closed_at);
             }
             ledgers.push(LedgerInfo {
-                ledger_id: created.ledger_id(),
+                ledger_id: new_ledger_id,
                 entries: 0,
                 size_bytes: 0,
                 created_unix_ms: closed_at,
@@ -144,18 +175,6 @@ impl Shared {
                 state.info_version,
             )
         };
-        let new_ledger_id = created.ledger_id();
-        // Appends go to the next ledger from here; their outcomes wait for
-        // the record below (no success is told for a ledger a reopen would
-        // not find).
-        let Some(recording) = self.queue.set_writer_unrecorded(created) else {
-            // Closed or failed meanwhile: the next ledger is not recorded
-            // (the full one stays last: a reopen recovers it).
-            self.delete_unrecorded_ledger(new_ledger_id).await;
-            let _ = closing.await;
-            return;
-        };
-        let attached_us = detached_at.elapsed().as_micros() as u64;
         let key = format::log_key(&self.name);
         let new_version = match self.env.store.update_json(&key, &info, version).await {
             Ok(new_version) => new_version,
@@ -189,12 +208,16 @@ impl Shared {
         }
         // After the state names the ledger: confirmations find it there.
         recording.recorded();
-        // Appends waited from the detach to here at most (ARCHITECTURE.md
-        // "Periodic work"); issued to the next ledger from `attached_us`.
+        // Appends issued since the detach are told from here on
+        // (ARCHITECTURE.md "Periodic work"); they went to the next ledger
+        // from `attached_us`.
         tracing::debug!(
             target: "vela::periodic",
             kind = "rollover",
             elapsed_us = detached_at.elapsed().as_micros() as u64,
+            locked_us,
+            answered_us,
+            next_us,
             attached_us,
             log = %self.name,
             old = old_ledger_id,
