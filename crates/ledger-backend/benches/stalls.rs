@@ -11,7 +11,7 @@
 //!   `trim` every second) and the deletes it sends to the bookie;
 //! - the bookie's checkpoints (write-cache flush, entry log, index commit,
 //!   every 250 ms), journal file rolls (16 MiB files) and storage gc passes
-//!   (every 2 s, 8 MiB entry logs, so consumed logs are deleted).
+//!   (every 2 s, 32 MiB entry logs, so consumed logs are deleted).
 //!
 //! Each periodic event logs one `tracing` debug line on target
 //! `vela::periodic` with its `kind` and `elapsed_us` (ARCHITECTURE.md
@@ -65,12 +65,19 @@ struct Event {
 
 /// Collects the `vela::periodic` events.
 #[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<Event>>>);
+struct Events(Arc<Mutex<Vec<Event>>>, Arc<Mutex<Steps>>);
+
+/// The longest value of each step field, per kind.
+type Steps = BTreeMap<(String, &'static str), u64>;
 
 #[derive(Default)]
 struct Fields {
     kind: Option<String>,
     elapsed_us: Option<u64>,
+    /// A rollover's time until appends went to the next ledger.
+    attached_us: Option<u64>,
+    /// Every other `_us` field (a rollover's steps).
+    steps: Vec<(&'static str, u64)>,
 }
 
 impl Visit for Fields {
@@ -81,8 +88,11 @@ impl Visit for Fields {
     }
 
     fn record_u64(&mut self, field: &Field, value: u64) {
-        if field.name() == "elapsed_us" {
-            self.elapsed_us = Some(value);
+        match field.name() {
+            "elapsed_us" => self.elapsed_us = Some(value),
+            "attached_us" => self.attached_us = Some(value),
+            name if name.ends_with("_us") => self.steps.push((name, value)),
+            _ => {}
         }
     }
 
@@ -107,7 +117,24 @@ impl<S: tracing::Subscriber> Layer<S> for Events {
             let started = ended
                 .checked_sub(Duration::from_micros(elapsed_us))
                 .unwrap_or(ended);
-            self.0.lock().push(Event {
+            {
+                let mut steps = self.1.lock();
+                for (name, value) in fields.steps {
+                    let longest = steps.entry((kind.clone(), name)).or_default();
+                    *longest = (*longest).max(value);
+                }
+            }
+            let mut events = self.0.lock();
+            if let Some(attached_us) = fields.attached_us {
+                // The part of a rollover before appends went on.
+                let attached = started + Duration::from_micros(attached_us);
+                events.push(Event {
+                    kind: format!("{kind}:held"),
+                    started,
+                    ended: attached.min(ended),
+                });
+            }
+            events.push(Event {
                 kind,
                 started,
                 ended,
@@ -132,7 +159,7 @@ fn bookie_config(dir: &std::path::Path) -> BookieConfig {
     config.journal.file_bytes_max = 16 << 20;
     config.journal.prealloc_chunk_bytes = 1 << 20;
     config.storage.flush_interval = Duration::from_millis(250);
-    config.storage.entry_log_size_max_bytes = 8 << 20;
+    config.storage.entry_log_size_max_bytes = 32 << 20;
     config.gc_interval = Duration::from_secs(2);
     config
 }
@@ -165,8 +192,12 @@ fn main() {
         ledger_entries,
     ));
     drop(runtime);
+    let steps = events.1.lock().clone();
     let events = events.0.lock().clone();
     report(&timings, &events, secs, rate, entry_bytes, ledger_entries);
+    for ((kind, name), longest_us) in &steps {
+        println!("{kind} step {name}: longest {:.2} ms", ms(*longest_us));
+    }
 }
 
 async fn run(
@@ -182,6 +213,7 @@ async fn run(
         .unwrap()
         .expect("bookie opens");
     let bookie = Arc::new(bookie);
+    std::fs::create_dir_all(dir.join("metadata")).unwrap();
     let store: Arc<dyn MetadataStore> =
         Arc::new(FileStore::open(dir.join("metadata")).await.unwrap());
     let id = BookieId::new("bench-0");
@@ -301,8 +333,10 @@ fn report(
         ms(histogram.value_at_quantile(0.999)),
         ms(histogram.max()),
     );
-    // Per kind: count, longest event, longest append overlapping one.
-    let mut kinds: BTreeMap<&str, (u64, u64, u64)> = BTreeMap::new();
+    // Per kind: count and longest event; the appends in flight during one
+    // (their p99, how many took over 5 ms, the longest). "(none)": the
+    // appends during no event, the machine's own noise.
+    let mut kinds: BTreeMap<&str, (u64, u64, Vec<u64>)> = BTreeMap::new();
     for event in events {
         let entry = kinds.entry(event.kind.as_str()).or_default();
         entry.0 += 1;
@@ -312,24 +346,25 @@ fn report(
     }
     let mut by_start: Vec<&Event> = events.iter().collect();
     by_start.sort_by_key(|event| event.started);
-    let mut unattributed = 0u64;
+    let mut unattributed: Vec<u64> = Vec::new();
     let mut slow_unattributed: Vec<(f64, u64)> = Vec::new();
     let origin = timings.first().map(|(sent, _)| *sent);
     for (sent, done) in timings {
         let latency_us = done.duration_since(*sent).as_micros() as u64;
-        let mut any = false;
+        let mut during: Vec<&str> = Vec::new();
         for event in &by_start {
             if event.started > *done {
                 break;
             }
-            if event.ended >= *sent {
-                any = true;
-                let entry = kinds.entry(event.kind.as_str()).or_default();
-                entry.2 = entry.2.max(latency_us);
+            if event.ended >= *sent && !during.contains(&event.kind.as_str()) {
+                during.push(event.kind.as_str());
             }
         }
-        if !any {
-            unattributed = unattributed.max(latency_us);
+        for kind in &during {
+            kinds.entry(kind).or_default().2.push(latency_us);
+        }
+        if during.is_empty() {
+            unattributed.push(latency_us);
             if latency_us > 5_000
                 && let Some(origin) = origin
             {
@@ -338,26 +373,38 @@ fn report(
         }
     }
     println!(
-        "{:<16} {:>7} {:>14} {:>26}",
-        "event", "count", "longest (ms)", "longest append during (ms)"
+        "{:<16} {:>7} {:>12} | {:>8} {:>9} {:>8} {:>9}",
+        "event", "count", "longest ms", "appends", "p99 ms", ">5 ms", "max ms"
     );
-    for (kind, (count, longest_us, worst_us)) in &kinds {
+    let row = |name: &str, count: String, longest: String, latencies: &mut Vec<u64>| {
+        latencies.sort_unstable();
+        let n = latencies.len();
+        let p99 = if n == 0 { 0 } else { latencies[(n - 1) * 99 / 100] };
+        let over = latencies.iter().filter(|&&l| l > 5_000).count();
         println!(
-            "{kind:<16} {count:>7} {:>14.2} {:>26.2}",
-            ms(*longest_us),
-            ms(*worst_us)
+            "{name:<16} {count:>7} {longest:>12} | {n:>8} {:>9.2} {over:>8} {:>9.2}",
+            ms(p99),
+            ms(latencies.last().copied().unwrap_or(0))
+        );
+    };
+    for (kind, (count, longest_us, latencies)) in kinds.iter_mut() {
+        row(
+            kind,
+            count.to_string(),
+            format!("{:.2}", ms(*longest_us)),
+            latencies,
         );
     }
-    println!(
-        "{:<16} {:>7} {:>14} {:>26.2}",
-        "(none)",
-        "-",
-        "-",
-        ms(unattributed)
-    );
-    for (at_s, latency_us) in slow_unattributed.iter().take(10) {
+    row("(none)", "-".into(), "-".into(), &mut unattributed);
+    // One line per 100 ms window (its longest), at most 10.
+    let mut windows: BTreeMap<u64, (f64, u64)> = BTreeMap::new();
+    for &(at_s, latency_us) in &slow_unattributed {
+        let window = windows.entry((at_s * 10.0) as u64).or_insert((at_s, 0));
+        window.1 = window.1.max(latency_us);
+    }
+    for (at_s, latency_us) in windows.values().take(10) {
         println!(
-            "  unattributed append over 5 ms at {at_s:.3} s: {:.2} ms",
+            "  unattributed appends over 5 ms at {at_s:.1} s: up to {:.2} ms",
             ms(*latency_us)
         );
     }
