@@ -169,10 +169,12 @@ type Timing = (Instant, Instant);
 
 fn main() {
     let events = Events::default();
-    let subscriber = Registry::default().with(events.clone().with_filter(
-        tracing_subscriber::filter::Targets::new()
-            .with_target(PERIODIC_TARGET, tracing::Level::DEBUG),
-    ));
+    let subscriber = Registry::default().with(
+        events.clone().with_filter(
+            tracing_subscriber::filter::Targets::new()
+                .with_target(PERIODIC_TARGET, tracing::Level::DEBUG),
+        ),
+    );
     tracing::subscriber::set_global_default(subscriber).unwrap();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -277,13 +279,14 @@ async fn run(
             issued += 1;
             let sent = Instant::now();
             let (timings, failures) = (Arc::clone(&timings), Arc::clone(&failures));
-            log.append(payload.clone())
-                .then(move |result: Result<Position, vela_log::LogError>| match result {
+            log.append(payload.clone()).then(
+                move |result: Result<Position, vela_log::LogError>| match result {
                     Ok(_) => timings.lock().push((sent, Instant::now())),
                     Err(_) => {
                         failures.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     }
-                });
+                },
+            );
         }
     }
     // Let the last appends complete.
@@ -300,8 +303,7 @@ async fn run(
         println!("FAILED appends: {failed}");
     }
     println!("appends issued: {issued}");
-    let timings = timings.lock().clone();
-    timings
+    timings.lock().clone()
 }
 
 fn ms(us: u64) -> f64 {
@@ -379,7 +381,11 @@ fn report(
     let row = |name: &str, count: String, longest: String, latencies: &mut Vec<u64>| {
         latencies.sort_unstable();
         let n = latencies.len();
-        let p99 = if n == 0 { 0 } else { latencies[(n - 1) * 99 / 100] };
+        let p99 = if n == 0 {
+            0
+        } else {
+            latencies[(n - 1) * 99 / 100]
+        };
         let over = latencies.iter().filter(|&&l| l > 5_000).count();
         println!(
             "{name:<16} {count:>7} {longest:>12} | {n:>8} {:>9.2} {over:>8} {:>9.2}",

@@ -110,9 +110,7 @@ impl Shared {
 
     /// The ledger a rollover attaches: the one created ahead (waiting for
     /// a creation under way), else one created now.
-    pub(super) async fn take_next_ledger(
-        &self,
-    ) -> Result<Arc<dyn OpenLedger>, LedgerBackendError> {
+    pub(super) async fn take_next_ledger(&self) -> Result<Arc<dyn OpenLedger>, LedgerBackendError> {
         let persistence = *self.persistence.lock();
         loop {
             let changed = self.next_ledger.changed.notified();
@@ -141,7 +139,10 @@ impl Shared {
                 }
             }
         }
-        self.env.ledgers.create_ledger(persistence, &self.name).await
+        self.env
+            .ledgers
+            .create_ledger(persistence, &self.name)
+            .await
     }
 
     /// Deletes the ledger created ahead, if it is there (the log stopped:

@@ -276,13 +276,20 @@ async fn a_full_ledger_is_detached_and_the_next_one_takes_what_waited() {
 
 /// Records the queue's calls: `W` for a nearly full ledger, `F` for a
 /// full one (whose `Detached` is kept).
-type Recorded = (Arc<AppendQueue>, Arc<Mutex<String>>, Arc<Mutex<Vec<Detached>>>);
+type Recorded = (
+    Arc<AppendQueue>,
+    Arc<Mutex<String>>,
+    Arc<Mutex<Vec<Detached>>>,
+);
 
 fn recording_queue(limits: LedgerLimits) -> Recorded {
     let calls: Arc<Mutex<String>> = Arc::default();
     let detached: Arc<Mutex<Vec<Detached>>> = Arc::default();
-    let (on_full, on_wanted, kept) =
-        (Arc::clone(&calls), Arc::clone(&calls), Arc::clone(&detached));
+    let (on_full, on_wanted, kept) = (
+        Arc::clone(&calls),
+        Arc::clone(&calls),
+        Arc::clone(&detached),
+    );
     let hooks = QueueHooks {
         ledger_full: Box::new(move |full| {
             on_full.lock().push('F');
@@ -422,13 +429,19 @@ async fn outcomes_on_an_unrecorded_ledger_wait_for_its_record_in_order() {
     assert_eq!(outcomes.lock().len(), 4);
     recording.failed(LogError::Fenced("t".into()));
     assert!(
-        matches!(outcomes.lock().as_slice(), [.., (4, Err(LogError::Fenced(_)))]),
+        matches!(
+            outcomes.lock().as_slice(),
+            [.., (4, Err(LogError::Fenced(_)))]
+        ),
         "{:?}",
         outcomes.lock()
     );
     // A stopped queue takes no unrecorded ledger.
     q.stop(LogError::Closed("t".into()));
-    assert!(q.set_writer_unrecorded(Arc::new(FakeLedger::new(4, 1))).is_none());
+    assert!(
+        q.set_writer_unrecorded(Arc::new(FakeLedger::new(4, 1)))
+            .is_none()
+    );
 }
 
 #[tokio::test]
