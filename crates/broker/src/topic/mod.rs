@@ -67,7 +67,7 @@ use vela_wire::proto::ProducerAccessMode;
 
 use crate::admin::TopicRecord;
 use crate::codec::Outbound;
-use crate::compaction::Compaction;
+use crate::compaction::{Compaction, TopicCompaction};
 use crate::config::TopicLimits;
 use crate::error::ServiceError;
 use crate::metrics::TopicMetrics;
@@ -122,8 +122,9 @@ pub(crate) struct Topic {
     pub(crate) metrics: Arc<TopicMetrics>,
     /// msg_in, bytes_in, msg_out, bytes_out → rates.
     rates: Mutex<RateMeter<4>>,
-    /// Compacted view and compaction status.
-    pub(crate) compaction: Arc<Compaction>,
+    /// Compacted view and compaction status, made when first needed
+    /// (`Topic::compaction`).
+    pub(crate) compaction: TopicCompaction,
     /// A publish rate set by topic or namespace policy, replacing the
     /// broker's (`policy_rate_set` keeps SENDs off the lock when none is).
     /// Boxed: most topics have none (~100 bytes inline otherwise).
@@ -161,7 +162,7 @@ impl Topic {
         (name, full_name): (TopicName, Arc<str>),
         log: Arc<ManagedLog>,
         dedup_enabled: bool,
-        compaction: Compaction,
+        compaction: TopicCompaction,
         limits: TopicLimits,
         reads: crate::subscription::SubscriptionReads,
         held: Arc<HeldEntries>,
@@ -191,7 +192,7 @@ impl Topic {
             policies: PolicyState::default(),
             metrics: Arc::default(),
             rates: Mutex::new(RateMeter::new([0; 4])),
-            compaction: Arc::new(compaction),
+            compaction,
             policy_rate: Mutex::new(None),
             policy_rate_set: AtomicBool::new(false),
             dispatch_policy: Arc::default(),
@@ -651,7 +652,7 @@ impl Topic {
             .subscribe(
                 (&self.full_name, self.name.partition_index()),
                 &self.log,
-                &self.compaction,
+                (&self.compaction, &self.name),
                 request,
                 info,
                 &self.dispatch_policy,
@@ -834,17 +835,22 @@ impl Topic {
                 tracing::warn!(topic = %self.full_name, %error, "pending acknowledgement records not deleted");
             }
         }
-        if let Err(error) = self.compaction.delete().await {
+        if let Err(error) = self.compaction().delete().await {
             tracing::warn!(topic = %self.full_name, %error, "compacted data not deleted");
         }
         self.log.delete().await
     }
 
+    /// Its compaction state (made at the first call).
+    pub(crate) fn compaction(&self) -> &Arc<Compaction> {
+        self.compaction.get(&self.name)
+    }
+
     /// Compacts the topic in the background (admin trigger, size threshold).
     /// Fails at once when a compaction is already running.
     pub(crate) fn start_compaction(&self) -> Result<(), crate::compaction::CompactionError> {
-        self.compaction.begin()?;
-        let compaction = Arc::clone(&self.compaction);
+        let compaction = Arc::clone(self.compaction());
+        compaction.begin()?;
         let log = Arc::clone(&self.log);
         let name = self.full_name.clone();
         tokio::spawn(async move {

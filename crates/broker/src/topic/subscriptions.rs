@@ -21,7 +21,8 @@ use tokio::sync::oneshot;
 use vela_log::{CursorStart, ManagedLog, Position};
 use vela_wire::proto::{ServerError, command_subscribe::SubType};
 
-use crate::compaction::Compaction;
+use crate::compaction::TopicCompaction;
+use crate::topic_name::TopicName;
 use crate::error::ServiceError;
 use crate::stats::SubscriptionStats;
 use crate::subscription::{
@@ -166,7 +167,8 @@ impl SubscriptionTable {
         &self,
         (full_name, partition): (&Arc<str>, i32),
         log: &Arc<ManagedLog>,
-        compaction: &Arc<Compaction>,
+        // The topic's compaction (made when a compacted reader comes).
+        (compaction, topic): (&TopicCompaction, &TopicName),
         request: &SubscribeRequest,
         info: ConsumerInfo,
         policy: &Arc<crate::subscription::DispatchPolicy>,
@@ -229,7 +231,9 @@ impl SubscriptionTable {
                         reader_start: request.reader_start,
                         sub_type: request.sub_type,
                         sticky: request.sticky,
-                        compaction: request.read_compacted.then(|| Arc::clone(compaction)),
+                        compaction: request
+                            .read_compacted
+                            .then(|| Arc::clone(compaction.get(topic))),
                         consumers_max: self.consumers_per_subscription_max,
                         policy: Arc::clone(policy),
                         reads: self.reads.clone(),
