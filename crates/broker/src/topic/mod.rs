@@ -78,7 +78,7 @@ use crate::subscription::{
 };
 use crate::topic_name::TopicName;
 use crate::txn_buffer::{BufferError, TxnBuffer, TxnKey};
-use dedup::DedupTable;
+use dedup::{DedupTable, ReplDedup};
 use publish::Publisher;
 use quota::PolicyState;
 use subscriptions::SubscriptionTable;
@@ -109,9 +109,10 @@ pub(crate) struct Topic {
     dedup: DedupTable,
     /// The same for replicators' producers (`pulsar.repl.` names): always
     /// on, so a replicator's re-sends after a restart are dropped; rebuilt
-    /// from the log when the first one attaches (`repl_dedup_ready`).
-    repl_dedup: DedupTable,
-    repl_dedup_ready: tokio::sync::OnceCell<()>,
+    /// from the log when the first one attaches. Made when a replicator's
+    /// producer first comes (most topics never see one: ~100 bytes a topic
+    /// otherwise).
+    repl_dedup: std::sync::OnceLock<Box<ReplDedup>>,
     /// Registered and waiting producers.
     producers: ProducerTable,
     /// Running subscription tasks and the consumer count.
@@ -179,8 +180,7 @@ impl Topic {
             log,
             publisher: Publisher::new(limits.publish_rate),
             dedup: DedupTable::new(dedup_enabled),
-            repl_dedup: DedupTable::new(true),
-            repl_dedup_ready: tokio::sync::OnceCell::new(),
+            repl_dedup: std::sync::OnceLock::new(),
             subscriptions: SubscriptionTable::new(
                 limits.consumers_max,
                 limits.consumers_per_subscription_max,
@@ -238,7 +238,7 @@ impl Topic {
     /// The table deduplicating `producer`'s SENDs.
     fn dedup_of(&self, producer: &str) -> &DedupTable {
         if is_replicator(producer) {
-            &self.repl_dedup
+            &self.repl_dedup().table
         } else {
             &self.dedup
         }
@@ -461,7 +461,9 @@ impl Topic {
     /// An append failed: deduplication forgets what is not durable.
     pub(crate) fn dedup_append_failed(&self) {
         self.dedup.append_failed();
-        self.repl_dedup.append_failed();
+        if let Some(repl) = self.repl_dedup.get() {
+            repl.table.append_failed();
+        }
     }
 
     /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).
@@ -476,10 +478,16 @@ impl Topic {
         &self,
         local_cluster: &str,
     ) -> Result<(), vela_log::LogError> {
-        self.repl_dedup_ready
-            .get_or_try_init(|| self.repl_dedup.rebuild_replicated(&self.log, local_cluster))
+        let repl = self.repl_dedup();
+        repl.ready
+            .get_or_try_init(|| repl.table.rebuild_replicated(&self.log, local_cluster))
             .await
             .map(|_| ())
+    }
+
+    /// The replicators' deduplication (made at the first call).
+    fn repl_dedup(&self) -> &ReplDedup {
+        self.repl_dedup.get_or_init(Box::default)
     }
 
     /// Deduplication after a (re)open: rebuilds the table from the log's
@@ -959,9 +967,10 @@ mod size_tests {
                 std::mem::size_of::<Mutex<Option<Box<PublishThrottle>>>>(),
             ),
             (
-                "OnceCell<()>",
-                std::mem::size_of::<tokio::sync::OnceCell<()>>(),
+                "repl_dedup",
+                std::mem::size_of::<std::sync::OnceLock<Box<ReplDedup>>>(),
             ),
+            ("compaction", std::mem::size_of::<TopicCompaction>()),
             (
                 "txn",
                 std::mem::size_of::<Option<Box<(Arc<TxnBuffer>, PendingAcks)>>>(),
