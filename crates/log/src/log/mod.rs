@@ -107,11 +107,22 @@ struct State {
     info_version: Version,
 }
 
+/// The part of a `LogConfig` a log reads after it opened: ~50 bytes a log
+/// where the whole config is ~170 (issue 19's per-topic cost).
+pub(crate) struct KeptConfig {
+    pub(crate) cursor_acked_entries_max: usize,
+    pub(crate) cursor_persisted_ranges_max: usize,
+    pub(crate) cursor_persist_interval: std::time::Duration,
+    pub(crate) ledger_age_min: std::time::Duration,
+}
+
 pub(crate) struct Shared {
     /// The log's name, one copy shared with its queue and cursors.
     pub(crate) name: Arc<str>,
     pub(crate) env: LogEnv,
-    pub(crate) config: LogConfig,
+    /// What it keeps of its `LogConfig` (the rest went to the queue's
+    /// limits and the fields below).
+    pub(crate) config: KeptConfig,
     /// Replication of the next ledger created (starts as `config.persistence`;
     /// `ManagedLog::set_persistence` changes it, the open ledger keeps its own).
     persistence: Mutex<Persistence>,
@@ -137,7 +148,30 @@ pub(crate) struct Shared {
     /// as `config.offload`).
     offload_policy: Mutex<OffloadPolicy>,
     /// The last offload's status; `running` keeps offloads one at a time.
-    offload_status: Mutex<OffloadStatus>,
+    offload_status: OffloadStatusCell,
+}
+
+/// A log's last offload status, allocated by the first offload (most logs
+/// never offload: ~50 bytes a log otherwise).
+#[derive(Default)]
+struct OffloadStatusCell(Mutex<Option<Box<OffloadStatus>>>);
+
+impl OffloadStatusCell {
+    /// The status to read or change (`NOT_RUN` until the first offload).
+    fn lock(&self) -> parking_lot::MappedMutexGuard<'_, OffloadStatus> {
+        parking_lot::MutexGuard::map(self.0.lock(), |status| {
+            &mut **status.get_or_insert_with(|| Box::new(OffloadStatus::NOT_RUN))
+        })
+    }
+
+    /// A copy of the status, allocating nothing.
+    fn get(&self) -> OffloadStatus {
+        self.0
+            .lock()
+            .as_deref()
+            .cloned()
+            .unwrap_or(OffloadStatus::NOT_RUN)
+    }
 }
 
 /// A topic's managed log. Cheap to share behind an `Arc`.
@@ -282,7 +316,12 @@ impl ManagedLog {
                 persistence: Mutex::new(config.persistence),
                 retention: Mutex::new(config.retention),
                 offload_policy: Mutex::new(config.offload),
-                config,
+                config: KeptConfig {
+                    cursor_acked_entries_max: config.cursor_acked_entries_max,
+                    cursor_persisted_ranges_max: config.cursor_persisted_ranges_max,
+                    cursor_persist_interval: config.cursor_persist_interval,
+                    ledger_age_min: config.ledger_age_min,
+                },
                 state: Mutex::new(State {
                     ledgers: info.ledgers,
                     last_confirmed,
@@ -300,7 +339,7 @@ impl ManagedLog {
                 entry_hooks: entry_hooks::EntryHooks::default(),
                 cursors: Mutex::new(HashMap::new()),
                 terminated: AtomicBool::new(info.terminated),
-                offload_status: Mutex::new(OffloadStatus::NOT_RUN),
+                offload_status: OffloadStatusCell::default(),
             }
         });
         match appender {

@@ -98,7 +98,7 @@ impl ManagedLog {
 
     /// Status of the last offload.
     pub fn offload_status(&self) -> OffloadStatus {
-        self.shared.offload_status.lock().clone()
+        self.shared.offload_status.get()
     }
 
     /// Sets when ledgers are offloaded and their bookie copies deleted;
