@@ -82,6 +82,7 @@ impl Shared {
         let persistence = *self.persistence.lock();
         let created = match self
             .env
+            .parts
             .ledgers
             .create_ledger(persistence, &self.name)
             .await
@@ -124,7 +125,7 @@ impl Shared {
             )
         };
         let key = format::log_key(&self.name);
-        let new_version = match self.env.store.update_json(&key, &info, version).await {
+        let new_version = match self.env.parts.store.update_json(&key, &info, version).await {
             Ok(new_version) => new_version,
             Err(error) => {
                 let error = match error {
@@ -132,7 +133,7 @@ impl Shared {
                     other => other,
                 };
                 self.fail(error);
-                let _ = self.env.ledgers.delete(created.ledger_id()).await;
+                let _ = self.env.parts.ledgers.delete(created.ledger_id()).await;
                 return;
             }
         };
@@ -235,7 +236,7 @@ impl Shared {
             )
         };
         let key = format::log_key(&self.name);
-        match self.env.store.update_json(&key, &info, version).await {
+        match self.env.parts.store.update_json(&key, &info, version).await {
             Ok(new_version) => {
                 let first = {
                     let mut state = self.state.lock();

@@ -200,7 +200,7 @@ impl ManagedLog {
         let key = format::log_key(name);
         // `None`: a new log, whose record is first written below, with its
         // first ledger already in it (one write, not a create and an update).
-        let (mut info, stored_version) = match env.store.get_json::<LogInfo>(&key).await? {
+        let (mut info, stored_version) = match env.parts.store.get_json::<LogInfo>(&key).await? {
             Some((info, version)) => (info, Some(version)),
             None => (
                 LogInfo {
@@ -222,7 +222,7 @@ impl ManagedLog {
         // The last ledger may still be open by a previous owner: recovery fences
         // it and fixes its size. Earlier ledgers were closed by their rollover.
         if let Some(last) = info.ledgers.last_mut() {
-            let recovered = env.ledgers.recover(last.ledger_id).await?;
+            let recovered = env.parts.ledgers.recover(last.ledger_id).await?;
             last.entries = recovered.last_entry_id.map_or(0, |id| id + 1);
             last.size_bytes = recovered.size_bytes;
             last.closed_unix_ms.get_or_insert_with(unix_ms);
@@ -237,7 +237,7 @@ impl ManagedLog {
 
         let appender = match info.terminated {
             true => None, // no appends ever again: no ledger for them
-            false => Some(env.ledgers.create_ledger(config.persistence, name).await?),
+            false => Some(env.parts.ledgers.create_ledger(config.persistence, name).await?),
         };
         if let Some(appender) = &appender {
             check_ledger_order(env, name, &info.ledgers, appender.ledger_id()).await?;
@@ -254,9 +254,9 @@ impl ManagedLog {
             });
         }
         let written = match stored_version {
-            Some(version) => env.store.update_json(&key, &info, version).await,
+            Some(version) => env.parts.store.update_json(&key, &info, version).await,
             // Another broker created the log meanwhile: Fenced, as a lost update.
-            None => env.store.create_json(&key, &info).await,
+            None => env.parts.store.create_json(&key, &info).await,
         };
         let version = match written {
             Ok(version) => version,
@@ -265,7 +265,7 @@ impl ManagedLog {
                     // The write surely failed (a CAS lost, not an unknown
                     // outcome): no record names the ledger made above.
                     let ledger_id = appender.ledger_id();
-                    if let Err(error) = env.ledgers.delete(ledger_id).await {
+                    if let Err(error) = env.parts.ledgers.delete(ledger_id).await {
                         tracing::warn!(log = name, ledger_id, %error, "could not delete an unused ledger");
                     }
                 }
@@ -276,7 +276,7 @@ impl ManagedLog {
             }
         };
         for ledger_id in empty {
-            if let Err(error) = env.ledgers.delete(ledger_id).await {
+            if let Err(error) = env.parts.ledgers.delete(ledger_id).await {
                 tracing::warn!(log = name, ledger_id, %error, "could not delete an empty ledger");
             }
         }
@@ -293,8 +293,8 @@ impl ManagedLog {
             age_max: config.ledger_age_max,
             age_min: config.ledger_age_min,
         };
-        let budget = env.append_budget.clone();
-        let cache = env.cache.register_log();
+        let budget = env.parts.append_budget.clone();
+        let cache = env.parts.cache.register_log();
         let shared_name: Arc<str> = Arc::from(name);
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
             let (on_full, on_stop) = (weak.clone(), weak.clone());
@@ -351,7 +351,7 @@ impl ManagedLog {
         }
 
         let log = Arc::new(ManagedLog { shared });
-        for cursor_name in env.store.children(&format::cursors_key(name)).await? {
+        for cursor_name in env.parts.store.children(&format::cursors_key(name)).await? {
             let Some(decoded) = format::decode_name(&cursor_name) else {
                 tracing::warn!(
                     log = name,
@@ -399,7 +399,7 @@ impl ManagedLog {
     /// `append_reserved`. Callers that can wait (the broker, before it reads
     /// a connection's next frame) never see `Overloaded`.
     pub async fn reserve_append(&self, payload_bytes: usize) -> AppendPermit {
-        self.shared.env.append_budget.take(payload_bytes).await
+        self.shared.env.parts.append_budget.take(payload_bytes).await
     }
 
     /// As [`ManagedLog::append`], with room taken before (`reserve_append`):
@@ -410,7 +410,7 @@ impl ManagedLog {
 
     fn append_holding(&self, data: Bytes, permit: Option<AppendPermit>) -> AppendFuture {
         let (done, mut future) = append_future::append_slot();
-        let max_bytes = self.shared.env.ledgers.entry_bytes_max();
+        let max_bytes = self.shared.env.parts.ledgers.entry_bytes_max();
         if data.len() > max_bytes {
             done.complete(Err(LogError::EntryTooLarge {
                 len_bytes: data.len(),
@@ -542,7 +542,7 @@ impl ManagedLog {
                         .read_offloaded(target, bookie_deleted, first, last, bytes_left)
                         .await?
                 }
-                None => self.shared.env.ledgers.read(ledger_id, first, last).await?,
+                None => self.shared.env.parts.ledgers.read(ledger_id, first, last).await?,
             };
             if entries.is_empty() {
                 break;
@@ -727,6 +727,7 @@ impl ManagedLog {
         let new_version = self
             .shared
             .env
+            .parts
             .store
             .update_json(&key, &info, version)
             .await?;
@@ -795,7 +796,7 @@ impl ManagedLog {
         if only_offloaded {
             return Ok(None); // only in object storage: no bookie metadata
         }
-        Ok(self.shared.env.ledgers.describe(ledger_id).await?)
+        Ok(self.shared.env.parts.ledgers.describe(ledger_id).await?)
     }
 
     /// The `count`-th confirmed entry after `after` (`after = None`: from the
@@ -896,6 +897,7 @@ impl ManagedLog {
         let ledgers = self.shared.state.lock().ledgers.clone();
         self.shared
             .env
+            .parts
             .store
             .delete(&format::log_key(&self.shared.name))
             .await?;
@@ -904,7 +906,7 @@ impl ManagedLog {
                 self.shared.delete_ledger_everywhere(ledger).await;
                 continue;
             }
-            match self.shared.env.ledgers.delete(ledger.ledger_id).await {
+            match self.shared.env.parts.ledgers.delete(ledger.ledger_id).await {
                 Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {}
                 Err(error) => return Err(error.into()),
             }
@@ -980,7 +982,7 @@ impl Shared {
     fn cursor_settings(&self) -> CursorSettings {
         CursorSettings {
             log_name: self.name.clone(),
-            store: self.env.store.clone(),
+            store: self.env.parts.store.clone(),
             acked_entries_max: self.config.cursor_acked_entries_max,
             persisted_ranges_max: self.config.cursor_persisted_ranges_max,
             persist_interval: self.config.cursor_persist_interval,
