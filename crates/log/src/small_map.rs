@@ -251,7 +251,10 @@ mod tests {
             }
             assert!(matches!(map, SmallMap::Many(_)));
             for key in (0..(2 * FEW_MAX as u64)).step_by(2) {
-                assert_eq!(map.remove(key.to_string().as_str()), model.remove(&key.to_string()));
+                assert_eq!(
+                    map.remove(key.to_string().as_str()),
+                    model.remove(&key.to_string())
+                );
             }
             let mut entries: Vec<_> = map.iter().map(|(k, v)| (k.clone(), *v)).collect();
             let mut expected: Vec<_> = model.iter().map(|(k, v)| (k.clone(), *v)).collect();
@@ -259,7 +262,10 @@ mod tests {
             expected.sort();
             assert_eq!(entries, expected);
             for key in 0..(2 * FEW_MAX as u64) {
-                assert_eq!(map.get(key.to_string().as_str()), model.get(&key.to_string()));
+                assert_eq!(
+                    map.get(key.to_string().as_str()),
+                    model.get(&key.to_string())
+                );
             }
             let drained: HashMap<_, _> = map.drain().collect();
             assert_eq!(drained, std::mem::take(&mut model));

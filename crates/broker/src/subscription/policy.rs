@@ -73,7 +73,8 @@ impl DispatchPolicy {
     /// Replaces the dispatch rates (a policy changed them): subscriptions
     /// keep to the new ones from their next dispatch pass.
     pub(crate) fn set_rates(&self, rates: DispatchRates) {
-        let none = rates.topic.is_none() && rates.subscription.is_none() && rates.replicator.is_none();
+        let none =
+            rates.topic.is_none() && rates.subscription.is_none() && rates.replicator.is_none();
         *self.rates.lock() = (!none).then(|| Box::new(rates));
         self.rates_version.fetch_add(1, Ordering::Release);
         self.rates_changed.notify_waiters();
@@ -166,12 +167,7 @@ impl Rates {
         if version == self.version {
             return;
         }
-        let rates = policy
-            .rates
-            .lock()
-            .as_deref()
-            .cloned()
-            .unwrap_or_default();
+        let rates = policy.rates.lock().as_deref().cloned().unwrap_or_default();
         self.version = version;
         self.topic = rates.topic;
         self.own = rates

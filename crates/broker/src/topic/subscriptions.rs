@@ -22,13 +22,13 @@ use vela_log::{CursorStart, ManagedLog, Position};
 use vela_wire::proto::{ServerError, command_subscribe::SubType};
 
 use crate::compaction::TopicCompaction;
-use crate::topic_name::TopicName;
 use crate::error::ServiceError;
 use crate::stats::SubscriptionStats;
 use crate::subscription::{
     self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionReads, SubscriptionSpec,
 };
 use crate::subscription::{HeldEntries, ReplicatedSubscriptions};
+use crate::topic_name::TopicName;
 
 /// Subscriptions on one topic (each is a task and a cursor). When reached:
 /// SUBSCRIBE gets NotAllowedError.

@@ -239,7 +239,12 @@ impl ManagedLog {
 
         let appender = match info.terminated {
             true => None, // no appends ever again: no ledger for them
-            false => Some(env.parts.ledgers.create_ledger(config.persistence, name).await?),
+            false => Some(
+                env.parts
+                    .ledgers
+                    .create_ledger(config.persistence, name)
+                    .await?,
+            ),
         };
         if let Some(appender) = &appender {
             check_ledger_order(env, name, &info.ledgers, appender.ledger_id()).await?;
@@ -401,7 +406,12 @@ impl ManagedLog {
     /// `append_reserved`. Callers that can wait (the broker, before it reads
     /// a connection's next frame) never see `Overloaded`.
     pub async fn reserve_append(&self, payload_bytes: usize) -> AppendPermit {
-        self.shared.env.parts.append_budget.take(payload_bytes).await
+        self.shared
+            .env
+            .parts
+            .append_budget
+            .take(payload_bytes)
+            .await
     }
 
     /// As [`ManagedLog::append`], with room taken before (`reserve_append`):
@@ -544,7 +554,14 @@ impl ManagedLog {
                         .read_offloaded(target, bookie_deleted, first, last, bytes_left)
                         .await?
                 }
-                None => self.shared.env.parts.ledgers.read(ledger_id, first, last).await?,
+                None => {
+                    self.shared
+                        .env
+                        .parts
+                        .ledgers
+                        .read(ledger_id, first, last)
+                        .await?
+                }
             };
             if entries.is_empty() {
                 break;
