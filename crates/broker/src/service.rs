@@ -92,6 +92,8 @@ pub(crate) struct Service {
     topics: Mutex<HashMap<Arc<str>, TopicCell>>,
     /// Entries held by all subscriptions (`BrokerConfig::held_entries_max`).
     pub(crate) held_entries: Arc<HeldEntries>,
+    /// What topics' compactions use, shared by them.
+    pub(crate) compaction_env: Arc<crate::compaction::CompactionEnv>,
     /// Non-persistent topics served (nothing to open: created in place).
     np_topics: Mutex<HashMap<String, Arc<NonPersistentTopic>>>,
     /// Bytes of non-persistent messages in flight, broker-wide
@@ -155,6 +157,10 @@ impl Service {
             transactions,
             txn_budget,
             held_entries: HeldEntries::new(config.held_entries_max),
+            compaction_env: Arc::new(crate::compaction::CompactionEnv {
+                meta: Arc::clone(&meta),
+                ledgers: Arc::clone(log_env.ledgers()),
+            }),
             np_budget: ByteBudget::new(config.non_persistent_limits.inflight_bytes_max),
             config,
             admin,

@@ -48,6 +48,7 @@ mod log;
 pub mod memory;
 pub mod offload;
 mod queue;
+pub mod small_map;
 mod store;
 
 pub use backend::{

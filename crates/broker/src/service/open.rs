@@ -16,7 +16,7 @@ use vela_wire::proto::ServerError;
 
 use super::{Service, ownership_error, topics_max_reached};
 use crate::admin::NamespacePolicies;
-use crate::compaction::Compaction;
+use crate::compaction::TopicCompaction;
 use crate::error::ServiceError;
 use crate::policies::TopicPolicies;
 use crate::topic::Topic;
@@ -173,11 +173,7 @@ impl Service {
                 };
                 let log = ManagedLog::open(&self.log_env, &topic.log_name(), config).await?;
                 tracing::info!(topic = %full_name, "topic opened");
-                let compaction = Compaction::new(
-                    crate::admin::compaction_key(topic),
-                    Arc::clone(&self.meta),
-                    Arc::clone(self.log_env.ledgers()),
-                );
+                let compaction = TopicCompaction::new(Arc::clone(&self.compaction_env));
                 let txn = match &self.txn_budget {
                     Some(budget) => Some(crate::topic::TopicTxn {
                         buffer: crate::txn_buffer::TxnBuffer::open(

@@ -67,7 +67,8 @@ pub(crate) struct Consumers {
     max: usize,
     sub_type: SubType,
     /// Key_Shared: slot → consumer.
-    selector: Option<KeySharedSelector>,
+    /// Boxed: ~30 bytes inline in every parked subscription otherwise.
+    selector: Option<Box<KeySharedSelector>>,
     /// Exclusive and Failover: the consumer entries go to.
     active: Option<ConsumerKey>,
     /// Shared: where the next round robin search starts.
@@ -80,8 +81,8 @@ pub(crate) struct Consumers {
 impl Consumers {
     pub(crate) fn new(sub_type: SubType, sticky: bool, max: usize) -> Consumers {
         let selector = match sub_type {
-            SubType::KeyShared if sticky => Some(KeySharedSelector::sticky()),
-            SubType::KeyShared => Some(KeySharedSelector::auto_split()),
+            SubType::KeyShared if sticky => Some(Box::new(KeySharedSelector::sticky())),
+            SubType::KeyShared => Some(Box::new(KeySharedSelector::auto_split())),
             _ => None,
         };
         Consumers {
@@ -178,8 +179,8 @@ impl Consumers {
             self.sub_type = sub_type;
             self.active = None;
             self.selector = match (sub_type, info.sticky_ranges.is_some()) {
-                (SubType::KeyShared, true) => Some(KeySharedSelector::sticky()),
-                (SubType::KeyShared, false) => Some(KeySharedSelector::auto_split()),
+                (SubType::KeyShared, true) => Some(Box::new(KeySharedSelector::sticky())),
+                (SubType::KeyShared, false) => Some(Box::new(KeySharedSelector::auto_split())),
                 _ => None,
             };
         }

@@ -13,7 +13,7 @@
 //! without growing their total).
 //! Never: decides who gets an entry (the dispatcher does), or reads the log.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 
 use vela_log::Position;
 
@@ -44,8 +44,10 @@ pub(super) struct Outstanding {
     pending: BTreeMap<Position, PendingEntry>,
     /// Entries to send again → their Key_Shared slot (0 otherwise).
     replay: BTreeMap<Position, u32>,
-    /// Times an entry was sent again at a consumer's request.
-    redelivery: HashMap<Position, u32>,
+    /// Times an entry was sent again at a consumer's request (a
+    /// `BTreeMap`: 24 bytes inline in every parked subscription where a
+    /// `HashMap` is 48, and no allocation while empty).
+    redelivery: BTreeMap<Position, u32>,
 }
 
 impl Outstanding {
@@ -243,8 +245,7 @@ impl Outstanding {
     }
 
     /// Gives back the memory of what is empty (the subscription parks): a
-    /// `BTreeMap` keeps its emptied node (~370 bytes for `pending`), a
-    /// `HashMap` its table.
+    /// `BTreeMap` keeps its emptied node (~370 bytes for `pending`).
     pub(super) fn shrink_idle(&mut self) {
         if self.pending.is_empty() {
             self.pending = BTreeMap::new();
@@ -252,7 +253,9 @@ impl Outstanding {
         if self.replay.is_empty() {
             self.replay = BTreeMap::new();
         }
-        self.redelivery.shrink_to_fit();
+        if self.redelivery.is_empty() {
+            self.redelivery = BTreeMap::new();
+        }
     }
 }
 

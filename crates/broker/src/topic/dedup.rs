@@ -71,6 +71,24 @@ pub(crate) const DEDUP_UNKNOWN_MESSAGE: &str =
 #[derive(Debug)]
 pub(crate) struct DedupTable(Option<Box<Mutex<Names>>>);
 
+/// Deduplication of replicators' producers (`pulsar.repl.` names, always
+/// on): the table, and whether it was rebuilt from the log (once, before
+/// the first replicator is admitted).
+#[derive(Debug)]
+pub(crate) struct ReplDedup {
+    pub(crate) table: DedupTable,
+    pub(crate) ready: tokio::sync::OnceCell<()>,
+}
+
+impl Default for ReplDedup {
+    fn default() -> ReplDedup {
+        ReplDedup {
+            table: DedupTable::new(true),
+            ready: tokio::sync::OnceCell::new(),
+        }
+    }
+}
+
 /// One producer's sequence ids and when it was last updated (a counter).
 #[derive(Debug, Clone, Copy)]
 struct Sequences {

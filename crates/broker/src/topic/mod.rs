@@ -67,7 +67,7 @@ use vela_wire::proto::ProducerAccessMode;
 
 use crate::admin::TopicRecord;
 use crate::codec::Outbound;
-use crate::compaction::Compaction;
+use crate::compaction::{Compaction, TopicCompaction};
 use crate::config::TopicLimits;
 use crate::error::ServiceError;
 use crate::metrics::TopicMetrics;
@@ -78,7 +78,7 @@ use crate::subscription::{
 };
 use crate::topic_name::TopicName;
 use crate::txn_buffer::{BufferError, TxnBuffer, TxnKey};
-use dedup::DedupTable;
+use dedup::{DedupTable, ReplDedup};
 use publish::Publisher;
 use quota::PolicyState;
 use subscriptions::SubscriptionTable;
@@ -109,9 +109,10 @@ pub(crate) struct Topic {
     dedup: DedupTable,
     /// The same for replicators' producers (`pulsar.repl.` names): always
     /// on, so a replicator's re-sends after a restart are dropped; rebuilt
-    /// from the log when the first one attaches (`repl_dedup_ready`).
-    repl_dedup: DedupTable,
-    repl_dedup_ready: tokio::sync::OnceCell<()>,
+    /// from the log when the first one attaches. Made when a replicator's
+    /// producer first comes (most topics never see one: ~100 bytes a topic
+    /// otherwise).
+    repl_dedup: std::sync::OnceLock<Box<ReplDedup>>,
     /// Registered and waiting producers.
     producers: ProducerTable,
     /// Running subscription tasks and the consumer count.
@@ -122,8 +123,9 @@ pub(crate) struct Topic {
     pub(crate) metrics: Arc<TopicMetrics>,
     /// msg_in, bytes_in, msg_out, bytes_out → rates.
     rates: Mutex<RateMeter<4>>,
-    /// Compacted view and compaction status.
-    pub(crate) compaction: Arc<Compaction>,
+    /// Compacted view and compaction status, made when first needed
+    /// (`Topic::compaction`).
+    pub(crate) compaction: TopicCompaction,
     /// A publish rate set by topic or namespace policy, replacing the
     /// broker's (`policy_rate_set` keeps SENDs off the lock when none is).
     /// Boxed: most topics have none (~100 bytes inline otherwise).
@@ -161,7 +163,7 @@ impl Topic {
         (name, full_name): (TopicName, Arc<str>),
         log: Arc<ManagedLog>,
         dedup_enabled: bool,
-        compaction: Compaction,
+        compaction: TopicCompaction,
         limits: TopicLimits,
         reads: crate::subscription::SubscriptionReads,
         held: Arc<HeldEntries>,
@@ -178,8 +180,7 @@ impl Topic {
             log,
             publisher: Publisher::new(limits.publish_rate),
             dedup: DedupTable::new(dedup_enabled),
-            repl_dedup: DedupTable::new(true),
-            repl_dedup_ready: tokio::sync::OnceCell::new(),
+            repl_dedup: std::sync::OnceLock::new(),
             subscriptions: SubscriptionTable::new(
                 limits.consumers_max,
                 limits.consumers_per_subscription_max,
@@ -191,7 +192,7 @@ impl Topic {
             policies: PolicyState::default(),
             metrics: Arc::default(),
             rates: Mutex::new(RateMeter::new([0; 4])),
-            compaction: Arc::new(compaction),
+            compaction,
             policy_rate: Mutex::new(None),
             policy_rate_set: AtomicBool::new(false),
             dispatch_policy: Arc::default(),
@@ -237,7 +238,7 @@ impl Topic {
     /// The table deduplicating `producer`'s SENDs.
     fn dedup_of(&self, producer: &str) -> &DedupTable {
         if is_replicator(producer) {
-            &self.repl_dedup
+            &self.repl_dedup().table
         } else {
             &self.dedup
         }
@@ -460,7 +461,9 @@ impl Topic {
     /// An append failed: deduplication forgets what is not durable.
     pub(crate) fn dedup_append_failed(&self) {
         self.dedup.append_failed();
-        self.repl_dedup.append_failed();
+        if let Some(repl) = self.repl_dedup.get() {
+            repl.table.append_failed();
+        }
     }
 
     /// The last sequence id to report in PRODUCER_SUCCESS (−1 without dedup).
@@ -475,10 +478,16 @@ impl Topic {
         &self,
         local_cluster: &str,
     ) -> Result<(), vela_log::LogError> {
-        self.repl_dedup_ready
-            .get_or_try_init(|| self.repl_dedup.rebuild_replicated(&self.log, local_cluster))
+        let repl = self.repl_dedup();
+        repl.ready
+            .get_or_try_init(|| repl.table.rebuild_replicated(&self.log, local_cluster))
             .await
             .map(|_| ())
+    }
+
+    /// The replicators' deduplication (made at the first call).
+    fn repl_dedup(&self) -> &ReplDedup {
+        self.repl_dedup.get_or_init(Box::default)
     }
 
     /// Deduplication after a (re)open: rebuilds the table from the log's
@@ -651,7 +660,7 @@ impl Topic {
             .subscribe(
                 (&self.full_name, self.name.partition_index()),
                 &self.log,
-                &self.compaction,
+                (&self.compaction, &self.name),
                 request,
                 info,
                 &self.dispatch_policy,
@@ -834,17 +843,22 @@ impl Topic {
                 tracing::warn!(topic = %self.full_name, %error, "pending acknowledgement records not deleted");
             }
         }
-        if let Err(error) = self.compaction.delete().await {
+        if let Err(error) = self.compaction().delete().await {
             tracing::warn!(topic = %self.full_name, %error, "compacted data not deleted");
         }
         self.log.delete().await
     }
 
+    /// Its compaction state (made at the first call).
+    pub(crate) fn compaction(&self) -> &Arc<Compaction> {
+        self.compaction.get(&self.name)
+    }
+
     /// Compacts the topic in the background (admin trigger, size threshold).
     /// Fails at once when a compaction is already running.
     pub(crate) fn start_compaction(&self) -> Result<(), crate::compaction::CompactionError> {
-        self.compaction.begin()?;
-        let compaction = Arc::clone(&self.compaction);
+        let compaction = Arc::clone(self.compaction());
+        compaction.begin()?;
         let log = Arc::clone(&self.log);
         let name = self.full_name.clone();
         tokio::spawn(async move {
@@ -930,7 +944,8 @@ mod size_tests {
     /// A served topic's own struct is part of an idle topic's fixed cost
     /// (ARCHITECTURE.md, "Memory model"; 1,672 bytes before its rate and
     /// transaction parts were boxed, ~1,370 before its resolved policies
-    /// were shared and its dedup table boxed, 688 after): its parts' sizes,
+    /// were shared and its dedup table boxed, 688 after, 664 once its
+    /// compaction and replicators' dedup were made on first use): its parts' sizes,
     /// printed for the next cut. A field that grows it past the bound belongs behind a
     /// `Box` or an `Option<Box<_>>`.
     #[test]
@@ -953,15 +968,16 @@ mod size_tests {
                 std::mem::size_of::<Mutex<Option<Box<PublishThrottle>>>>(),
             ),
             (
-                "OnceCell<()>",
-                std::mem::size_of::<tokio::sync::OnceCell<()>>(),
+                "repl_dedup",
+                std::mem::size_of::<std::sync::OnceLock<Box<ReplDedup>>>(),
             ),
+            ("compaction", std::mem::size_of::<TopicCompaction>()),
             (
                 "txn",
                 std::mem::size_of::<Option<Box<(Arc<TxnBuffer>, PendingAcks)>>>(),
             ),
         ];
         eprintln!("{sizes:?}");
-        assert!(sizes[0].1 <= 720, "{sizes:?}");
+        assert!(sizes[0].1 <= 688, "{sizes:?}");
     }
 }

@@ -33,12 +33,13 @@
 //! The epoch lives as long as the topic is served (Pulsar also keeps it in
 //! the managed ledger's properties, so it survives a reload there).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
+use vela_log::small_map::SmallMap;
 use vela_wire::proto::{CommandCloseProducer, ProducerAccessMode, ServerError};
 
 use crate::codec::{self, Outbound};
@@ -136,10 +137,11 @@ fn fenced(message: impl Into<String>) -> ServiceError {
 
 #[derive(Debug, Default)]
 struct ProducerState {
-    /// Producer name → its registration, boxed: a map's first allocation
-    /// has room for 3 (4 buckets), which inline would be ~700 bytes on a
-    /// topic with one producer, ~130 boxed (plus the one registration).
-    registered: HashMap<String, Box<ProducerReg>>,
+    /// Producer name → its registration, boxed (a hash map's first
+    /// allocation, past a few producers, has room for 3). A `SmallMap`: a
+    /// topic with one producer holds one 32-byte pair, not a hash map's
+    /// ~150 bytes.
+    registered: SmallMap<String, Box<ProducerReg>>,
     /// WaitForExclusive producers, first come first served.
     waiting: VecDeque<Waiter>,
     /// The producer holding the topic exclusively (Pulsar's

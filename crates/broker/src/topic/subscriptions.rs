@@ -12,22 +12,23 @@
 //! a newer one of the same name (generations).
 //! Never: dispatches or acknowledges (the subscription tasks do).
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
+use vela_log::small_map::SmallMap;
 use vela_log::{CursorStart, ManagedLog, Position};
 use vela_wire::proto::{ServerError, command_subscribe::SubType};
 
-use crate::compaction::Compaction;
+use crate::compaction::TopicCompaction;
 use crate::error::ServiceError;
 use crate::stats::SubscriptionStats;
 use crate::subscription::{
     self, ConsumerInfo, SubCommand, SubscriptionHandle, SubscriptionReads, SubscriptionSpec,
 };
 use crate::subscription::{HeldEntries, ReplicatedSubscriptions};
+use crate::topic_name::TopicName;
 
 /// Subscriptions on one topic (each is a task and a cursor). When reached:
 /// SUBSCRIBE gets NotAllowedError.
@@ -103,9 +104,11 @@ struct SubEntry {
     generation: u64,
 }
 
-/// Entries boxed: a map's first allocation holds four slots (~90 bytes
-/// each inline, where most topics have one subscription).
-type SubscriptionMap = Mutex<HashMap<String, Box<SubEntry>>>;
+/// Entries boxed (a hash map's first allocation, past a few
+/// subscriptions, holds four slots of ~90 bytes each inline). A
+/// `SmallMap`: a topic with one subscription holds one 32-byte pair, not a
+/// hash map's ~150 bytes.
+type SubscriptionMap = Mutex<SmallMap<String, Box<SubEntry>>>;
 
 /// The running subscriptions of one topic.
 #[derive(Debug)]
@@ -166,7 +169,8 @@ impl SubscriptionTable {
         &self,
         (full_name, partition): (&Arc<str>, i32),
         log: &Arc<ManagedLog>,
-        compaction: &Arc<Compaction>,
+        // The topic's compaction (made when a compacted reader comes).
+        (compaction, topic): (&TopicCompaction, &TopicName),
         request: &SubscribeRequest,
         info: ConsumerInfo,
         policy: &Arc<crate::subscription::DispatchPolicy>,
@@ -229,7 +233,9 @@ impl SubscriptionTable {
                         reader_start: request.reader_start,
                         sub_type: request.sub_type,
                         sticky: request.sticky,
-                        compaction: request.read_compacted.then(|| Arc::clone(compaction)),
+                        compaction: request
+                            .read_compacted
+                            .then(|| Arc::clone(compaction.get(topic))),
                         consumers_max: self.consumers_per_subscription_max,
                         policy: Arc::clone(policy),
                         reads: self.reads.clone(),

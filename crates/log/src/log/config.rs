@@ -93,8 +93,16 @@ impl Default for LogConfig {
 
 /// Where logs keep their metadata and their ledgers, and the memory they
 /// share: the entry cache and the append budget (one each per broker).
+/// One allocation shared by every log opened through it (each log holds a
+/// pointer, not ~70 bytes of handles).
 #[derive(Debug, Clone)]
 pub struct LogEnv {
+    pub(crate) parts: Arc<EnvParts>,
+}
+
+/// What a [`LogEnv`] holds.
+#[derive(Debug, Clone)]
+pub(crate) struct EnvParts {
     pub(crate) store: Store,
     pub(crate) ledgers: Arc<dyn LedgerBackend>,
     pub(crate) cache: EntryCache,
@@ -109,42 +117,45 @@ impl LogEnv {
     /// `APPEND_BUDGET_BYTES_DEFAULT` (see `with_memory`).
     pub fn new(meta: Arc<dyn vela_meta::MetadataStore>, ledgers: Arc<dyn LedgerBackend>) -> LogEnv {
         LogEnv {
-            store: Store::new(meta),
-            ledgers,
-            cache: EntryCache::new(ENTRY_CACHE_BYTES_DEFAULT),
-            append_budget: AppendBudget::new(APPEND_BUDGET_BYTES_DEFAULT),
-            offloader: None,
+            parts: Arc::new(EnvParts {
+                store: Store::new(meta),
+                ledgers,
+                cache: EntryCache::new(ENTRY_CACHE_BYTES_DEFAULT),
+                append_budget: AppendBudget::new(APPEND_BUDGET_BYTES_DEFAULT),
+                offloader: None,
+            }),
         }
     }
 
     /// The same, with this entry cache and append budget (shared by every
     /// log opened through it). Set it before opening logs.
     pub fn with_memory(mut self, cache: EntryCache, append_budget: AppendBudget) -> LogEnv {
-        self.cache = cache;
-        self.append_budget = append_budget;
+        let parts = Arc::make_mut(&mut self.parts);
+        parts.cache = cache;
+        parts.append_budget = append_budget;
         self
     }
 
     /// The same, offloading closed ledgers through `offloader` (shared by
     /// every log opened through it). Set it before opening logs.
     pub fn with_offloader(mut self, offloader: Arc<dyn LedgerOffloader>) -> LogEnv {
-        self.offloader = Some(offloader);
+        Arc::make_mut(&mut self.parts).offloader = Some(offloader);
         self
     }
 
     /// The offloader, if any.
     pub fn offloader(&self) -> Option<&Arc<dyn LedgerOffloader>> {
-        self.offloader.as_ref()
+        self.parts.offloader.as_ref()
     }
 
     /// The entry cache shared by the logs.
     pub fn cache(&self) -> &EntryCache {
-        &self.cache
+        &self.parts.cache
     }
 
     /// The append budget shared by the logs.
     pub fn append_budget(&self) -> &AppendBudget {
-        &self.append_budget
+        &self.parts.append_budget
     }
 
     /// In-memory metadata and ledgers: real semantics, no durability (tests).
@@ -159,6 +170,6 @@ impl LogEnv {
 
     /// The ledger backend (for tests that inspect ledgers).
     pub fn ledgers(&self) -> &Arc<dyn LedgerBackend> {
-        &self.ledgers
+        &self.parts.ledgers
     }
 }

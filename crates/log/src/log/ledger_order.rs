@@ -23,7 +23,7 @@ pub(super) async fn check_ledger_order(
     let newest = ledgers.iter().map(|l| l.ledger_id).max();
     match newest {
         Some(newest) if new_ledger_id <= newest => {
-            let _ = env.ledgers.delete(new_ledger_id).await;
+            let _ = env.parts.ledgers.delete(new_ledger_id).await;
             tracing::error!(
                 log = name,
                 new_ledger_id,

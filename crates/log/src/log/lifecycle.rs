@@ -176,7 +176,7 @@ impl Shared {
             )
         };
         let key = format::log_key(&self.name);
-        let new_version = match self.env.store.update_json(&key, &info, version).await {
+        let new_version = match self.env.parts.store.update_json(&key, &info, version).await {
             Ok(new_version) => new_version,
             Err(error) => {
                 let error = match error {
@@ -244,7 +244,7 @@ impl Shared {
 
     /// Deletes a ledger a rollover made and no record names.
     async fn delete_unrecorded_ledger(&self, ledger_id: u64) {
-        if let Err(error) = self.env.ledgers.delete(ledger_id).await {
+        if let Err(error) = self.env.ledgers().delete(ledger_id).await {
             tracing::warn!(log = %self.name, ledger_id, %error, "could not delete an unrecorded ledger");
         }
     }
@@ -320,7 +320,7 @@ impl Shared {
             )
         };
         let key = format::log_key(&self.name);
-        match self.env.store.update_json(&key, &info, version).await {
+        match self.env.parts.store.update_json(&key, &info, version).await {
             Ok(new_version) => {
                 let first = {
                     let mut state = self.state.lock();

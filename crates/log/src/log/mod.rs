@@ -31,7 +31,6 @@ mod offload;
 mod positions;
 mod sizes;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 
@@ -54,6 +53,7 @@ use crate::format::{self, LedgerInfo, LogInfo};
 use crate::offload::{OffloadPolicy, OffloadStatus, OffloadTarget};
 use crate::position::Position;
 use crate::queue::{AppendQueue, LedgerLimits, QueueHooks};
+use crate::small_map::SmallMap;
 use crate::store::Version;
 use ledger_order::{check_ledger_order, unix_ms};
 
@@ -109,11 +109,22 @@ struct State {
     info_version: Version,
 }
 
+/// The part of a `LogConfig` a log reads after it opened: ~50 bytes a log
+/// where the whole config is ~170 (issue 19's per-topic cost).
+pub(crate) struct KeptConfig {
+    pub(crate) cursor_acked_entries_max: usize,
+    pub(crate) cursor_persisted_ranges_max: usize,
+    pub(crate) cursor_persist_interval: std::time::Duration,
+    pub(crate) ledger_age_min: std::time::Duration,
+}
+
 pub(crate) struct Shared {
     /// The log's name, one copy shared with its queue and cursors.
     pub(crate) name: Arc<str>,
     pub(crate) env: LogEnv,
-    pub(crate) config: LogConfig,
+    /// What it keeps of its `LogConfig` (the rest went to the queue's
+    /// limits and the fields below).
+    pub(crate) config: KeptConfig,
     /// Replication of the next ledger created (starts as `config.persistence`;
     /// `ManagedLog::set_persistence` changes it, the open ledger keeps its own).
     persistence: Mutex<Persistence>,
@@ -134,14 +145,39 @@ pub(crate) struct Shared {
     confirmed: Notify,
     /// Wake-on-append hooks of tasks that are not running (`EntryWaiter`).
     entry_hooks: entry_hooks::EntryHooks,
-    cursors: Mutex<HashMap<String, Arc<Cursor>>>,
+    /// By name; usually one (a `SmallMap`: ~30 bytes where a hash map's
+    /// first allocation is ~150).
+    cursors: Mutex<SmallMap<String, Arc<Cursor>>>,
     /// Terminated: its queue stopped for good, its record says so.
     terminated: AtomicBool,
     /// When ledgers are offloaded and their bookie copies deleted (starts
     /// as `config.offload`).
     offload_policy: Mutex<OffloadPolicy>,
     /// The last offload's status; `running` keeps offloads one at a time.
-    offload_status: Mutex<OffloadStatus>,
+    offload_status: OffloadStatusCell,
+}
+
+/// A log's last offload status, allocated by the first offload (most logs
+/// never offload: ~50 bytes a log otherwise).
+#[derive(Default)]
+struct OffloadStatusCell(Mutex<Option<Box<OffloadStatus>>>);
+
+impl OffloadStatusCell {
+    /// The status to read or change (`NOT_RUN` until the first offload).
+    fn lock(&self) -> parking_lot::MappedMutexGuard<'_, OffloadStatus> {
+        parking_lot::MutexGuard::map(self.0.lock(), |status| {
+            &mut **status.get_or_insert_with(|| Box::new(OffloadStatus::NOT_RUN))
+        })
+    }
+
+    /// A copy of the status, allocating nothing.
+    fn get(&self) -> OffloadStatus {
+        self.0
+            .lock()
+            .as_deref()
+            .cloned()
+            .unwrap_or(OffloadStatus::NOT_RUN)
+    }
 }
 
 /// A topic's managed log. Cheap to share behind an `Arc`.
@@ -170,7 +206,7 @@ impl ManagedLog {
         let key = format::log_key(name);
         // `None`: a new log, whose record is first written below, with its
         // first ledger already in it (one write, not a create and an update).
-        let (mut info, stored_version) = match env.store.get_json::<LogInfo>(&key).await? {
+        let (mut info, stored_version) = match env.parts.store.get_json::<LogInfo>(&key).await? {
             Some((info, version)) => (info, Some(version)),
             None => (
                 LogInfo {
@@ -192,7 +228,7 @@ impl ManagedLog {
         // The last ledger may still be open by a previous owner: recovery fences
         // it and fixes its size. Earlier ledgers were closed by their rollover.
         if let Some(last) = info.ledgers.last_mut() {
-            let recovered = env.ledgers.recover(last.ledger_id).await?;
+            let recovered = env.parts.ledgers.recover(last.ledger_id).await?;
             last.entries = recovered.last_entry_id.map_or(0, |id| id + 1);
             last.size_bytes = recovered.size_bytes;
             last.closed_unix_ms.get_or_insert_with(unix_ms);
@@ -207,7 +243,12 @@ impl ManagedLog {
 
         let appender = match info.terminated {
             true => None, // no appends ever again: no ledger for them
-            false => Some(env.ledgers.create_ledger(config.persistence, name).await?),
+            false => Some(
+                env.parts
+                    .ledgers
+                    .create_ledger(config.persistence, name)
+                    .await?,
+            ),
         };
         if let Some(appender) = &appender {
             check_ledger_order(env, name, &info.ledgers, appender.ledger_id()).await?;
@@ -224,9 +265,9 @@ impl ManagedLog {
             });
         }
         let written = match stored_version {
-            Some(version) => env.store.update_json(&key, &info, version).await,
+            Some(version) => env.parts.store.update_json(&key, &info, version).await,
             // Another broker created the log meanwhile: Fenced, as a lost update.
-            None => env.store.create_json(&key, &info).await,
+            None => env.parts.store.create_json(&key, &info).await,
         };
         let version = match written {
             Ok(version) => version,
@@ -235,7 +276,7 @@ impl ManagedLog {
                     // The write surely failed (a CAS lost, not an unknown
                     // outcome): no record names the ledger made above.
                     let ledger_id = appender.ledger_id();
-                    if let Err(error) = env.ledgers.delete(ledger_id).await {
+                    if let Err(error) = env.parts.ledgers.delete(ledger_id).await {
                         tracing::warn!(log = name, ledger_id, %error, "could not delete an unused ledger");
                     }
                 }
@@ -246,7 +287,7 @@ impl ManagedLog {
             }
         };
         for ledger_id in empty {
-            if let Err(error) = env.ledgers.delete(ledger_id).await {
+            if let Err(error) = env.parts.ledgers.delete(ledger_id).await {
                 tracing::warn!(log = name, ledger_id, %error, "could not delete an empty ledger");
             }
         }
@@ -263,8 +304,8 @@ impl ManagedLog {
             age_max: config.ledger_age_max,
             age_min: config.ledger_age_min,
         };
-        let budget = env.append_budget.clone();
-        let cache = env.cache.register_log();
+        let budget = env.parts.append_budget.clone();
+        let cache = env.parts.cache.register_log();
         let shared_name: Arc<str> = Arc::from(name);
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
             let (on_full, on_wanted, on_stop) = (weak.clone(), weak.clone(), weak.clone());
@@ -292,7 +333,12 @@ impl ManagedLog {
                 persistence: Mutex::new(config.persistence),
                 retention: Mutex::new(config.retention),
                 offload_policy: Mutex::new(config.offload),
-                config,
+                config: KeptConfig {
+                    cursor_acked_entries_max: config.cursor_acked_entries_max,
+                    cursor_persisted_ranges_max: config.cursor_persisted_ranges_max,
+                    cursor_persist_interval: config.cursor_persist_interval,
+                    ledger_age_min: config.ledger_age_min,
+                },
                 state: Mutex::new(State {
                     ledgers: info.ledgers,
                     last_confirmed,
@@ -309,9 +355,9 @@ impl ManagedLog {
                 next_ledger: next_ledger::NextLedger::default(),
                 confirmed: Notify::new(),
                 entry_hooks: entry_hooks::EntryHooks::default(),
-                cursors: Mutex::new(HashMap::new()),
+                cursors: Mutex::new(SmallMap::new()),
                 terminated: AtomicBool::new(info.terminated),
-                offload_status: Mutex::new(OffloadStatus::NOT_RUN),
+                offload_status: OffloadStatusCell::default(),
             }
         });
         match appender {
@@ -323,7 +369,7 @@ impl ManagedLog {
         }
 
         let log = Arc::new(ManagedLog { shared });
-        for cursor_name in env.store.children(&format::cursors_key(name)).await? {
+        for cursor_name in env.parts.store.children(&format::cursors_key(name)).await? {
             let Some(decoded) = format::decode_name(&cursor_name) else {
                 tracing::warn!(
                     log = name,
@@ -371,7 +417,12 @@ impl ManagedLog {
     /// `append_reserved`. Callers that can wait (the broker, before it reads
     /// a connection's next frame) never see `Overloaded`.
     pub async fn reserve_append(&self, payload_bytes: usize) -> AppendPermit {
-        self.shared.env.append_budget.take(payload_bytes).await
+        self.shared
+            .env
+            .parts
+            .append_budget
+            .take(payload_bytes)
+            .await
     }
 
     /// As [`ManagedLog::append`], with room taken before (`reserve_append`):
@@ -382,7 +433,7 @@ impl ManagedLog {
 
     fn append_holding(&self, data: Bytes, permit: Option<AppendPermit>) -> AppendFuture {
         let (done, mut future) = append_future::append_slot();
-        let max_bytes = self.shared.env.ledgers.entry_bytes_max();
+        let max_bytes = self.shared.env.parts.ledgers.entry_bytes_max();
         if data.len() > max_bytes {
             done.complete(Err(LogError::EntryTooLarge {
                 len_bytes: data.len(),
@@ -514,7 +565,14 @@ impl ManagedLog {
                         .read_offloaded(target, bookie_deleted, first, last, bytes_left)
                         .await?
                 }
-                None => self.shared.env.ledgers.read(ledger_id, first, last).await?,
+                None => {
+                    self.shared
+                        .env
+                        .parts
+                        .ledgers
+                        .read(ledger_id, first, last)
+                        .await?
+                }
             };
             if entries.is_empty() {
                 break;
@@ -700,6 +758,7 @@ impl ManagedLog {
         let new_version = self
             .shared
             .env
+            .parts
             .store
             .update_json(&key, &info, version)
             .await?;
@@ -768,7 +827,7 @@ impl ManagedLog {
         if only_offloaded {
             return Ok(None); // only in object storage: no bookie metadata
         }
-        Ok(self.shared.env.ledgers.describe(ledger_id).await?)
+        Ok(self.shared.env.parts.ledgers.describe(ledger_id).await?)
     }
 
     /// The `count`-th confirmed entry after `after` (`after = None`: from the
@@ -802,10 +861,12 @@ impl ManagedLog {
         let log: Arc<dyn CursorLog> = self.shared.clone();
         let cursor = Cursor::open(&log, &self.shared.cursor_settings(), name, start).await?;
         let mut cursors = self.shared.cursors.lock();
-        let cursor = cursors
-            .entry(name.to_string())
-            .or_insert_with(|| Arc::clone(&cursor));
-        Ok(Arc::clone(cursor))
+        // One opened meanwhile is the one kept.
+        if let Some(opened) = cursors.get(name) {
+            return Ok(Arc::clone(opened));
+        }
+        cursors.insert(name.to_string(), Arc::clone(&cursor));
+        Ok(cursor)
     }
 
     /// The cursor `name` if it is open.
@@ -870,6 +931,7 @@ impl ManagedLog {
         let ledgers = self.shared.state.lock().ledgers.clone();
         self.shared
             .env
+            .parts
             .store
             .delete(&format::log_key(&self.shared.name))
             .await?;
@@ -878,7 +940,7 @@ impl ManagedLog {
                 self.shared.delete_ledger_everywhere(ledger).await;
                 continue;
             }
-            match self.shared.env.ledgers.delete(ledger.ledger_id).await {
+            match self.shared.env.parts.ledgers.delete(ledger.ledger_id).await {
                 Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {}
                 Err(error) => return Err(error.into()),
             }
@@ -954,7 +1016,7 @@ impl Shared {
     fn cursor_settings(&self) -> CursorSettings {
         CursorSettings {
             log_name: self.name.clone(),
-            store: self.env.store.clone(),
+            store: self.env.parts.store.clone(),
             acked_entries_max: self.config.cursor_acked_entries_max,
             persisted_ranges_max: self.config.cursor_persisted_ranges_max,
             persist_interval: self.config.cursor_persist_interval,

@@ -71,7 +71,7 @@ impl Shared {
             let persistence = *shared.persistence.lock();
             let created = shared
                 .env
-                .ledgers
+                .ledgers()
                 .create_ledger(persistence, &shared.name)
                 .await;
             let unused = {
@@ -140,7 +140,7 @@ impl Shared {
             }
         }
         self.env
-            .ledgers
+            .ledgers()
             .create_ledger(persistence, &self.name)
             .await
     }
@@ -177,7 +177,7 @@ impl Shared {
     }
 
     async fn delete_unused_ledger(&self, ledger_id: u64) {
-        match self.env.ledgers.delete(ledger_id).await {
+        match self.env.ledgers().delete(ledger_id).await {
             Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {
                 tracing::debug!(log = %self.name, ledger_id, "deleted an unused next ledger");
             }

@@ -98,7 +98,7 @@ impl ManagedLog {
 
     /// Status of the last offload.
     pub fn offload_status(&self) -> OffloadStatus {
-        self.shared.offload_status.lock().clone()
+        self.shared.offload_status.get()
     }
 
     /// Sets when ledgers are offloaded and their bookie copies deleted;
@@ -132,7 +132,7 @@ impl Shared {
     /// Checks an offload of the prefix before `up_to` may start, selects
     /// its ledgers and marks the log's offload running.
     fn begin_prefix(&self, up_to: Position) -> Result<(Vec<u64>, Position), LogError> {
-        if self.env.offloader.is_none() {
+        if self.env.parts.offloader.is_none() {
             return Err(LogError::Offload(
                 "no offloader is configured (start the broker with --offload-driver)".to_string(),
             ));
@@ -181,7 +181,7 @@ impl Shared {
     /// Starts a threshold offload in the background (see
     /// `ManagedLog::offload_by_policy`).
     pub(super) fn offload_by_policy(shared: &Arc<Shared>) -> bool {
-        if shared.env.offloader.is_none() {
+        if shared.env.parts.offloader.is_none() {
             return false;
         }
         let policy = *shared.offload_policy.lock();
@@ -300,6 +300,7 @@ impl Shared {
     async fn offload_ledger(&self, ledger_id: u64) -> Result<LedgerOutcome, LogError> {
         let offloader = self
             .env
+            .parts
             .offloader
             .clone()
             .ok_or_else(|| LogError::Offload("no offloader is configured".to_string()))?;
@@ -336,7 +337,7 @@ impl Shared {
         }
         // Step 2: the copy.
         let written = match offloader
-            .offload(target, entries, size_bytes, &*self.env.ledgers)
+            .offload(target, entries, size_bytes, &*self.env.parts.ledgers)
             .await
         {
             Ok(written) => written,
@@ -416,6 +417,7 @@ impl Shared {
         let key = format::log_key(&self.name);
         let new_version = self
             .env
+            .parts
             .store
             .update_json(&key, &info, version)
             .await
@@ -443,12 +445,13 @@ impl Shared {
         last_entry_id: u64,
         bytes_max: usize,
     ) -> Result<Vec<Bytes>, LogError> {
-        match &self.env.offloader {
+        match &self.env.parts.offloader {
             Some(offloader) => Ok(offloader
                 .read(target, first_entry_id, last_entry_id, bytes_max)
                 .await?),
             None if !bookie_deleted => Ok(self
                 .env
+                .parts
                 .ledgers
                 .read(target.ledger_id, first_entry_id, last_entry_id)
                 .await?),
@@ -493,7 +496,7 @@ impl Shared {
                 })
                 .await;
             match marked {
-                Ok(Recorded::Stored) => match self.env.ledgers.delete(ledger_id).await {
+                Ok(Recorded::Stored) => match self.env.parts.ledgers.delete(ledger_id).await {
                     Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {
                         tracing::info!(
                             log = %self.name,
@@ -519,7 +522,7 @@ impl Shared {
     /// Deletes what a ledger that left the log kept: its offload objects
     /// (any attempt) and its bookie copy unless already deleted.
     pub(super) async fn delete_ledger_everywhere(&self, ledger: &LedgerInfo) {
-        if let (Some(offload), Some(offloader)) = (ledger.offload, &self.env.offloader) {
+        if let (Some(offload), Some(offloader)) = (ledger.offload, &self.env.parts.offloader) {
             let target = OffloadTarget {
                 ledger_id: ledger.ledger_id,
                 uid: offload.uid(),
@@ -531,7 +534,7 @@ impl Shared {
         if ledger.offload.is_some_and(|o| o.bookie_deleted) {
             return;
         }
-        match self.env.ledgers.delete(ledger.ledger_id).await {
+        match self.env.parts.ledgers.delete(ledger.ledger_id).await {
             Ok(()) | Err(LedgerBackendError::NoSuchLedger(_)) => {
                 tracing::debug!(
                     log = %self.name,
