@@ -14,11 +14,17 @@ const _: () =
     assert!(vela_bookie_protocol::entry::ENTRY_BYTES_MAX <= ENTRY_PAYLOAD_BYTES_MAX as usize);
 
 /// Default of `StorageConfig::log_reads_in_flight_max`. Measured on one
-/// virtio disk (bench `backlog-while-producing`, 1.5 M x 1 KiB drained while
-/// a producer writes 20k msg/s): 1 or 2 reads in flight keep the producer's
-/// p99 within 2x of its p99 without a drain, 4 double it, 64 quadruple it;
-/// the drain is as fast with 2 as with 64.
-pub const LOG_READS_IN_FLIGHT_DEFAULT: u64 = 2;
+/// virtio disk (bench `backlog-while-producing`, 5 M x 1 KiB drained while a
+/// producer writes 20k msg/s, quiet machine): with 2 reads of up to 1 MiB in
+/// flight the producer's p99 during the drain was 1.9-2.1x its p99 without
+/// one, with 1 it was 1.5-1.6x and the drain 15 % slower (1.10-1.19 vs
+/// 1.33-1.39 M msg/s); 4 double the p99, 64 quadruple it.
+pub const LOG_READS_IN_FLIGHT_DEFAULT: u64 = 1;
+
+/// Largest pread of an entry-log read while it holds its place at the read
+/// gate: a read of a 1 MiB read-ahead span (or a 5 MiB entry) goes to the
+/// disk in pieces, so a journal write waits behind one piece at most.
+pub const LOG_READ_PIECE_BYTES: u64 = 256 * 1024;
 
 /// Configuration of one ledger dir's storage.
 #[derive(Debug, Clone)]

@@ -73,7 +73,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use parking_lot::{Condvar, Mutex};
 
-pub use config::{ENTRY_PAYLOAD_BYTES_MAX, FailPoint, LOG_READS_IN_FLIGHT_DEFAULT, StorageConfig};
+pub use config::{
+    ENTRY_PAYLOAD_BYTES_MAX, FailPoint, LOG_READ_PIECE_BYTES, LOG_READS_IN_FLIGHT_DEFAULT,
+    StorageConfig,
+};
 pub use error::StorageError;
 pub use stats::{FlushStats, GcStats, GcTimings, StorageStats};
 
@@ -524,9 +527,13 @@ impl LedgerStorage {
         };
         let end = last.offset + last.len;
         debug_assert!(end - start <= read_ahead_bytes.max(spans[0].len));
-        let pass = self.log_reads.enter();
-        let buf = self.readers.read(log_id, start, end - start)?;
-        drop(pass);
+        let buf = self.readers.read_in_pieces(
+            log_id,
+            start,
+            end - start,
+            LOG_READ_PIECE_BYTES,
+            || self.log_reads.enter(),
+        )?;
         self.counters
             .entry_log_read_bytes
             .fetch_add(buf.len() as u64, Ordering::Relaxed);

@@ -4,9 +4,9 @@
 //! dispatcher's read-ahead, several entries each, each with the storage's own
 //! read-ahead). Queued at the device all at once they sit in front of the
 //! journal's writes and fdatasyncs, and a producer's add waits behind megabytes
-//! of reads. The gate keeps the device queue short: a journal write waits for
-//! at most `max` reads of at most `read_ahead_bytes_max` each. Reads served
-//! from the read cache never pass through it.
+//! of reads. The gate keeps the device queue short: a read passes it once per
+//! piece of at most `LOG_READ_PIECE_BYTES`, so a journal write waits for at
+//! most `max` pieces. Reads served from the read cache never pass through it.
 //!
 //! Blocking: callers are storage reads on blocking threads, never async tasks.
 
