@@ -48,7 +48,10 @@ impl Service {
             ),
             broker(Stage::BrokerIssue, self.metrics.issue_latency.snapshot()),
             broker(Stage::BrokerAppend, self.metrics.append_latency.snapshot()),
-            broker(Stage::BrokerReceipt, self.metrics.receipt_latency.snapshot()),
+            broker(
+                Stage::BrokerReceipt,
+                self.metrics.receipt_latency.snapshot(),
+            ),
             broker(Stage::DispatcherReadWait, reads.read_wait.snapshot()),
             broker(Stage::DispatcherRead, reads.read.snapshot()),
         ];
