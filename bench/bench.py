@@ -596,7 +596,11 @@ def client_cpu_cores(proc: subprocess.Popen, started: float) -> float | None:
     return sample[0] / (sample[1] - started)
 
 
-STAGES_SHOWN = ("broker_publish", "ledger_add", "bookie_add", "journal_fdatasync")
+# broker_issue + broker_append + broker_receipt make up broker_publish;
+# ledger_add_wait is the first part of ledger_add (the writer task's turn).
+STAGES_SHOWN = ("broker_publish", "broker_issue", "broker_append", "broker_receipt",
+                "ledger_add", "ledger_add_wait", "bookie_add", "journal_queue_wait",
+                "journal_fdatasync")
 
 
 def write_path_buckets(server: Server) -> tuple:

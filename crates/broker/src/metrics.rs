@@ -49,8 +49,22 @@ pub fn pulsar_buckets(latency: &Snapshot) -> [u64; PULSAR_LATENCY_BUCKETS.len() 
 pub enum Stage {
     /// Broker: SEND read from the socket → SEND_RECEIPT written to it.
     BrokerPublish,
+    /// Broker, first part of `BrokerPublish`: SEND arrived → its append
+    /// issued to the log (time in the socket's receive queue, the
+    /// connection reader's turn, the connection's and the broker's budgets).
+    BrokerIssue,
+    /// Broker, second part of `BrokerPublish`: append issued → durable (its
+    /// completion told the producer's receipts).
+    BrokerAppend,
+    /// Broker, last part of `BrokerPublish`: append durable → its
+    /// SEND_RECEIPT written to the socket (receipts before it in SEND order,
+    /// the connection writer's turn and write).
+    BrokerReceipt,
     /// Ledger client: add submitted → acknowledged by Qa bookies in order.
     LedgerAdd,
+    /// Ledger client, first part of `LedgerAdd`: add submitted → taken by
+    /// its ledger's writer task (the wait for that task's turn on a worker).
+    LedgerAddWait,
     /// Bookie: add received → durable completion.
     BookieAdd,
     /// Journal: queue wait of each group's oldest record.
@@ -78,9 +92,13 @@ pub enum Stage {
 
 impl Stage {
     /// Every write-path stage, outermost first.
-    pub const WRITE_PATH: [Stage; 6] = [
+    pub const WRITE_PATH: [Stage; 10] = [
         Stage::BrokerPublish,
+        Stage::BrokerIssue,
+        Stage::BrokerAppend,
+        Stage::BrokerReceipt,
         Stage::LedgerAdd,
+        Stage::LedgerAddWait,
         Stage::BookieAdd,
         Stage::JournalQueueWait,
         Stage::JournalWrite,
@@ -105,7 +123,11 @@ impl Stage {
     pub fn as_str(self) -> &'static str {
         match self {
             Stage::BrokerPublish => "broker_publish",
+            Stage::BrokerIssue => "broker_issue",
+            Stage::BrokerAppend => "broker_append",
+            Stage::BrokerReceipt => "broker_receipt",
             Stage::LedgerAdd => "ledger_add",
+            Stage::LedgerAddWait => "ledger_add_wait",
             Stage::BookieAdd => "bookie_add",
             Stage::JournalQueueWait => "journal_queue_wait",
             Stage::JournalWrite => "journal_write",
@@ -291,16 +313,21 @@ pub const WRITE_PATH_SOURCES_MAX: usize = 64;
 pub(crate) struct PublishTiming {
     /// When the bytes holding the SEND were read from the socket.
     pub(crate) received: std::time::Instant,
+    /// When its append was known durable (`Stage::BrokerReceipt` starts).
+    pub(crate) durable: std::time::Instant,
     /// The topic's histograms.
     pub(crate) topic: std::sync::Arc<TopicMetrics>,
 }
 
 impl PublishTiming {
     /// Records the publish as complete at `written`, in the topic's and the
-    /// broker-wide (`broker`) histograms.
-    pub(crate) fn record(self, written: std::time::Instant, broker: &Histogram) {
+    /// broker-wide histograms (publish and receipt stages).
+    pub(crate) fn record(self, written: std::time::Instant, broker: &BrokerMetrics) {
         let latency = written.saturating_duration_since(self.received);
-        broker.record(latency);
+        broker.publish_latency.record(latency);
+        broker
+            .receipt_latency
+            .record(written.saturating_duration_since(self.durable));
         self.topic.publish_latency.record(latency);
     }
 }
@@ -340,6 +367,12 @@ impl TopicHistogram {
 #[derive(Debug, Default)]
 pub(crate) struct BrokerMetrics {
     pub(crate) publish_latency: Histogram,
+    /// `Stage::BrokerIssue`.
+    pub(crate) issue_latency: Histogram,
+    /// `Stage::BrokerAppend`.
+    pub(crate) append_latency: Histogram,
+    /// `Stage::BrokerReceipt`.
+    pub(crate) receipt_latency: Histogram,
     pub(crate) active_connections: AtomicU64,
     pub(crate) send_errors: AtomicU64,
     /// The subscriptions' read stages (shared by every dispatcher).

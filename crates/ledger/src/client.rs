@@ -110,6 +110,12 @@ impl LedgerClient {
         self.core.stats.add_latency()
     }
 
+    /// Adds' wait from submit to their writer task taking them (the
+    /// first part of the add latency).
+    pub fn add_wait_latency(&self) -> vela_metrics::Snapshot {
+        self.core.stats.add_wait_latency()
+    }
+
     /// The whole "ledger read" latency distribution (µs, one entry read:
     /// request to verified answer) since the client started.
     pub fn read_latency(&self) -> vela_metrics::Snapshot {

@@ -38,6 +38,9 @@ pub struct LedgerStats {
 #[derive(Debug)]
 pub(crate) struct Stats {
     add_us: Histogram,
+    /// The first part of `add_us`: submit → taken by the ledger's writer
+    /// task (that task's wait for a worker).
+    add_wait_us: Histogram,
     /// Entry reads: request → verified answer (the read path's ledger stage).
     read_us: Histogram,
     /// Payload bytes of the entries read.
@@ -55,6 +58,7 @@ impl Stats {
     pub(crate) fn new() -> Stats {
         Stats {
             add_us: Histogram::default(),
+            add_wait_us: Histogram::default(),
             read_us: Histogram::default(),
             read_bytes: AtomicU64::new(0),
             ensemble_changes: AtomicU64::new(0),
@@ -74,6 +78,15 @@ impl Stats {
     /// The add-latency distribution (µs).
     pub(crate) fn add_latency(&self) -> Snapshot {
         self.add_us.snapshot()
+    }
+
+    pub(crate) fn record_add_wait(&self, latency: Duration) {
+        self.add_wait_us.record(latency);
+    }
+
+    /// Submit → taken by the writer task (µs).
+    pub(crate) fn add_wait_latency(&self) -> Snapshot {
+        self.add_wait_us.snapshot()
     }
 
     pub(crate) fn record_read(&self, latency: Duration, payload_bytes: usize) {

@@ -601,6 +601,7 @@ impl WriterTask {
             }));
             return;
         }
+        self.core.stats.record_add_wait(submitted_at.elapsed());
         let entry_id = self.next_entry;
         // Pending adds are consecutive entries right after the LAC.
         debug_assert_eq!(

@@ -40,6 +40,7 @@ impl WritePathSource for StandaloneStages {
         };
         let mut out = vec![
             client(Stage::LedgerAdd, self.ledgers.add_latency()),
+            client(Stage::LedgerAddWait, self.ledgers.add_wait_latency()),
             client(Stage::LedgerRead, self.ledgers.read_latency()),
         ];
         for (id, bookie) in &self.bookies {

@@ -394,6 +394,11 @@ impl Producers {
         let pause = producer.topic.publish_pause(messages, entry.len());
         let entry_len = entry.len();
         let issued = Instant::now();
+        session
+            .service
+            .metrics
+            .issue_latency
+            .record(issued.saturating_duration_since(received));
         let published = match txn {
             None => Ok(producer.topic.publish(
                 &producer.name,

@@ -340,10 +340,9 @@ impl Receipts {
                     (sequence_id as i64).max(awaited.highest_sequence_id as i64),
                 );
                 let durable = Instant::now();
-                awaited
-                    .topic_metrics
-                    .storage_write_latency
-                    .record(durable.saturating_duration_since(awaited.issued));
+                let appended = durable.saturating_duration_since(awaited.issued);
+                awaited.topic_metrics.storage_write_latency.record(appended);
+                self.service.metrics.append_latency.record(appended);
                 let frame = receipt(
                     self.producer_id,
                     sequence_id,
@@ -357,6 +356,7 @@ impl Receipts {
                         frame,
                         timing: crate::metrics::PublishTiming {
                             received: awaited.received,
+                            durable,
                             topic: Arc::clone(&awaited.topic_metrics),
                         },
                     },

@@ -48,7 +48,7 @@ pub(super) async fn write_loop<W: AsyncWrite + Unpin>(
         }
         let written = Instant::now();
         for timing in timings.drain(..) {
-            timing.record(written, &service.metrics.publish_latency);
+            timing.record(written, &service.metrics);
         }
         // Written: the in-flight bytes of non-persistent messages come back.
         charges.clear();

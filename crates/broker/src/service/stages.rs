@@ -46,6 +46,12 @@ impl Service {
                 Stage::BrokerPublish,
                 self.metrics.publish_latency.snapshot(),
             ),
+            broker(Stage::BrokerIssue, self.metrics.issue_latency.snapshot()),
+            broker(Stage::BrokerAppend, self.metrics.append_latency.snapshot()),
+            broker(
+                Stage::BrokerReceipt,
+                self.metrics.receipt_latency.snapshot(),
+            ),
             broker(Stage::DispatcherReadWait, reads.read_wait.snapshot()),
             broker(Stage::DispatcherRead, reads.read.snapshot()),
         ];

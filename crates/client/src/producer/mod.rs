@@ -17,6 +17,7 @@
 //! reorders frames.
 
 mod entry;
+mod flush;
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -782,19 +783,28 @@ impl ProducerCore {
 
     /// Runs the batch timer and the send timeout; returns when to run again
     /// (`None`: nothing to wait for until a send wakes the task).
-    fn tick(&self) -> Option<Instant> {
+    /// `timer_fired`: the task's timer woke it (a tick of tokio's timer
+    /// passed), not a send.
+    fn tick(&self, timer_fired: bool) -> Option<Instant> {
         let now = Instant::now();
         let mut next: Option<Instant> = None;
         let mut timed_out = None;
         {
             let mut state = self.state.lock();
             if let (Some(started), Some(batching)) = (state.batch_started, &self.options.batching) {
-                let due = started + batching.max_delay;
+                // The batch goes on the timer's tick (`flush::batch_flush_at`),
+                // or when a send finds it past its whole delay.
+                let flush_at = flush::batch_flush_at(started, batching.max_delay);
+                let due = if timer_fired {
+                    flush_at
+                } else {
+                    started + batching.max_delay
+                };
                 if due <= now {
                     self.flush_batch(&mut state);
                     self.pump(&mut state);
                 } else {
-                    next = Some(due);
+                    next = Some(flush_at);
                 }
             }
             if let (Some(front), Some(timeout)) = (state.pending.front(), self.options.send_timeout)
@@ -985,20 +995,24 @@ async fn background(core: Weak<ProducerCore>, wake: Arc<Notify>) {
     // atomic store in tokio's timer), not one registered per wake-up.
     let timer = tokio::time::sleep_until(tokio::time::Instant::now());
     tokio::pin!(timer);
+    let mut timer_fired = false;
     loop {
         let next = match core.upgrade() {
-            Some(core) => core.tick(),
+            Some(core) => core.tick(timer_fired),
             None => return,
         };
-        match next {
+        timer_fired = match next {
             Some(next) => {
                 timer.as_mut().reset(next);
                 tokio::select! {
-                    _ = &mut timer => {}
-                    _ = wake.notified() => {}
+                    _ = &mut timer => true,
+                    _ = wake.notified() => false,
                 }
             }
-            None => wake.notified().await,
-        }
+            None => {
+                wake.notified().await;
+                false
+            }
+        };
     }
 }

@@ -40,9 +40,10 @@ pub(super) fn write_path(api: &Api, topic: Option<&str>) -> anyhow::Result<()> {
     let document = api.get_json(&path)?;
     stage_table(&document)?;
     out(
-        "(stages nest: broker publish ⊃ ledger add ⊃ bookie add ⊃ journal queue wait + write + \
-         fdatasync; journal stages count per group / per fdatasync; MAX<=: the upper bound of \
-         the slowest sample's histogram bucket)",
+        "(stages nest: broker publish = broker issue + broker append + broker receipt; broker \
+         append ⊃ ledger add ⊃ ledger add wait + bookie add; bookie add ⊃ journal queue wait + \
+         write + fdatasync; journal stages count per group / per fdatasync; MAX<=: the upper \
+         bound of the slowest sample's histogram bucket)",
     )
 }
 
