@@ -383,10 +383,19 @@ impl Cursor {
                 state.changes,
             )
         };
+        let started = std::time::Instant::now();
         let new_version = match version {
             Some(version) => self.store.update_json(&self.key(), &info, version).await?,
             None => self.store.create_json(&self.key(), &info).await?,
         };
+        // ARCHITECTURE.md "Periodic work".
+        tracing::debug!(
+            target: "vela::periodic",
+            kind = "cursor_persist",
+            elapsed_us = started.elapsed().as_micros() as u64,
+            cursor = self.name,
+            "cursor persisted"
+        );
         let mut state = self.state.lock();
         state.version = Some(new_version);
         state.persisted_changes = state.persisted_changes.max(changes);

@@ -13,9 +13,15 @@
 //! 3. a writer gives entry ids in the order of its `add` calls and completes
 //!    them in entry order (the `OpenLedger` contract);
 //! 4. a full ledger is detached before any append goes past it, and its
-//!    successor is attached only once it is closed (every add completed: the
-//!    log's rollover), so completions follow the queue's order across
+//!    successor is attached only once every add handed to it was answered
+//!    (`Detached::answered`: the log's rollover waits for it, not for the
+//!    ledger's close), so completions follow the queue's order across
 //!    ledgers too.
+//!
+//! Ahead of a rollover: once the current ledger is nearly full
+//! (`LedgerLimits::is_nearly_full`) the owner is told once
+//! (`QueueHooks::next_ledger_wanted`), so it can create the next ledger
+//! while appends still go to this one.
 //!
 //! Asserted where corruption would follow: each completed entry id is the
 //! number of entries of its ledger completed before it.
@@ -37,7 +43,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -52,6 +58,10 @@ use crate::budget::{AppendBudget, AppendPermit};
 use crate::error::LogError;
 use crate::log::AppendScope;
 use crate::position::Position;
+
+mod tally;
+use tally::Tally;
+pub(crate) use tally::{Detached, Recording};
 
 /// Payload bytes in flight of one `LedgerAppender` (compaction writes one
 /// ledger per topic, one compaction at a time per topic, and waits for its
@@ -89,13 +99,29 @@ impl LedgerLimits {
         let capped = entries >= self.entries_max || bytes >= self.bytes_max;
         (capped || age >= self.age_max) && (self.age_min.is_zero() || age > self.age_min)
     }
+
+    /// Whether the ledger is nearly full: full by the same rule with a
+    /// third more entries, bytes and age (at three quarters of the way):
+    /// time to create its successor.
+    fn is_nearly_full(&self, entries: u64, bytes: u64, age: Duration) -> bool {
+        self.is_full(
+            entries.saturating_add(entries / 3),
+            bytes.saturating_add(bytes / 3),
+            age.saturating_add(age / 3),
+        )
+    }
 }
 
 /// What the owner of a queue is told, outside the queue's lock.
 pub(crate) struct QueueHooks {
-    /// The current ledger reached a limit and was detached: start the next
-    /// one (`set_writer`) after closing this one.
-    pub(crate) ledger_full: Box<dyn Fn(Arc<dyn OpenLedger>) + Send + Sync>,
+    /// The current ledger reached a limit and was detached: attach the next
+    /// one (`set_writer`) once every add on this one was answered
+    /// (`Detached::answered`), and close this one.
+    pub(crate) ledger_full: Box<dyn Fn(Detached) + Send + Sync>,
+    /// The current ledger is nearly full (told once per ledger, never
+    /// together with `ledger_full` for the same append): a good time to
+    /// create the next one.
+    pub(crate) next_ledger_wanted: Box<dyn Fn() + Send + Sync>,
     /// The queue stopped with this error (an add failed, or `stop`).
     pub(crate) stopped: Box<dyn Fn(&LogError) + Send + Sync>,
 }
@@ -111,12 +137,13 @@ struct Queued {
 /// it goes to.
 type Front = (Arc<dyn OpenLedger>, Arc<Tally>, Queued);
 
-/// Entries of one ledger handed to its writer and completed, for the order
-/// assertion.
-#[derive(Debug, Default)]
-struct Tally {
-    issued: AtomicU64,
-    completed: AtomicU64,
+/// What handing one more append to the current ledger did to it.
+enum Issued {
+    Room,
+    /// Nearly full, told for the first time: create the next ledger.
+    NearlyFull,
+    /// Full and detached (its tally, for `Detached::answered`).
+    Full(Arc<Tally>),
 }
 
 /// The ledger appends go to, and how full it is.
@@ -126,6 +153,8 @@ struct Current {
     bytes: u64,
     opened_at: Instant,
     tally: Arc<Tally>,
+    /// `next_ledger_wanted` was told for this ledger.
+    next_wanted: bool,
 }
 
 enum Writer {
@@ -255,16 +284,33 @@ impl AppendQueue {
     /// Attaches the writer of the next ledger and drains what waited for it.
     /// False (the writer is not used) when the queue stopped meanwhile.
     pub(crate) fn set_writer(self: &Arc<Self>, writer: Arc<dyn OpenLedger>) -> bool {
+        self.attach(writer, Tally::default()).is_some()
+    }
+
+    /// As `set_writer`, for a ledger the log's record does not name yet:
+    /// appends go to it at once, their outcomes wait for
+    /// `Recording::recorded` (or turn into `Recording::failed`'s error).
+    /// `None` (the writer is not used) when the queue stopped meanwhile.
+    pub(crate) fn set_writer_unrecorded(
+        self: &Arc<Self>,
+        writer: Arc<dyn OpenLedger>,
+    ) -> Option<Recording> {
+        let tally = self.attach(writer, Tally::unrecorded())?;
+        Some(Recording { tally })
+    }
+
+    fn attach(self: &Arc<Self>, writer: Arc<dyn OpenLedger>, tally: Tally) -> Option<Arc<Tally>> {
         let _scope = AppendScope::enter();
+        let tally = Arc::new(tally);
         let start = {
             let mut state = self.state.lock();
             match state.writer {
                 Writer::Between => {}
-                Writer::Stopped(_) => return false,
+                Writer::Stopped(_) => return None,
                 Writer::Open(_) => {
                     // Only a detached (full) ledger is followed by another.
                     debug_assert!(false, "a writer attached over an open one");
-                    return false;
+                    return None;
                 }
             }
             state.writer = Writer::Open(Current {
@@ -272,7 +318,8 @@ impl AppendQueue {
                 entries: 0,
                 bytes: 0,
                 opened_at: Instant::now(),
-                tally: Arc::default(),
+                tally: Arc::clone(&tally),
+                next_wanted: false,
             });
             let start = !state.draining && !state.items.is_empty();
             if start {
@@ -283,7 +330,7 @@ impl AppendQueue {
         if start {
             self.drain(None);
         }
-        true
+        Some(tally)
     }
 
     /// Ends the queue with `error`: appends still queued fail with it, later
@@ -316,6 +363,14 @@ impl AppendQueue {
     /// True once the queue stopped (closed or failed).
     pub(crate) fn is_stopped(&self) -> bool {
         matches!(self.state.lock().writer, Writer::Stopped(_))
+    }
+
+    /// The error the queue stopped with, if it stopped.
+    pub(crate) fn stop_error(&self) -> Option<LogError> {
+        match &self.state.lock().writer {
+            Writer::Stopped(error) => Some(error.clone()),
+            Writer::Open(_) | Writer::Between => None,
+        }
     }
 
     /// Resolves once every append pushed so far was handed to a writer (or
@@ -394,14 +449,16 @@ impl AppendQueue {
                 self.completion(ledger_id, tally, item.done, item.permit),
             );
             // Account for it and take the next one, under one lock.
-            let full = {
+            let issued = {
                 let mut state = self.state.lock();
-                let full = self.account_issued(&mut state, &writer, payload_bytes as u64);
+                let issued = self.account_issued(&mut state, &writer, payload_bytes as u64);
                 next = self.take_front(&mut state);
-                full
+                issued
             };
-            if full {
-                (self.hooks.ledger_full)(writer);
+            match issued {
+                Issued::Full(tally) => (self.hooks.ledger_full)(Detached { writer, tally }),
+                Issued::NearlyFull => (self.hooks.next_ledger_wanted)(),
+                Issued::Room => {}
             }
         }
     }
@@ -426,14 +483,14 @@ impl AppendQueue {
         None
     }
 
-    /// Counts an append handed to `writer`; detaches the writer (true) when
-    /// its ledger is full now.
+    /// Counts an append handed to `writer`; detaches the writer when its
+    /// ledger is full now.
     fn account_issued(
         &self,
         state: &mut State,
         writer: &Arc<dyn OpenLedger>,
         payload_bytes: u64,
-    ) -> bool {
+    ) -> Issued {
         let State {
             writer: attached,
             bytes,
@@ -446,22 +503,32 @@ impl AppendQueue {
                 *bytes -= payload_bytes;
                 current.entries += 1;
                 current.bytes += payload_bytes;
-                let full = self.limits.is_full(
-                    current.entries,
-                    current.bytes,
-                    current.opened_at.elapsed(),
-                );
-                if full {
+                let age = current.opened_at.elapsed();
+                if self.limits.is_full(current.entries, current.bytes, age) {
+                    let tally = Arc::clone(&current.tally);
+                    // Set under the lock that detaches: every add on this
+                    // writer was issued before, and its completions from
+                    // now on wake `Detached::answered`.
+                    tally.detach();
                     *attached = Writer::Between;
+                    return Issued::Full(tally);
                 }
-                full
+                if !current.next_wanted
+                    && self
+                        .limits
+                        .is_nearly_full(current.entries, current.bytes, age)
+                {
+                    current.next_wanted = true;
+                    return Issued::NearlyFull;
+                }
+                Issued::Room
             }
             // Stopped while this append was handed over (`stop` zeroed the
             // bytes): the writer answers it.
-            Writer::Stopped(_) => false,
+            Writer::Stopped(_) => Issued::Room,
             Writer::Between => {
                 debug_assert!(false, "writer detached under a running drain");
-                false
+                Issued::Room
             }
         }
     }
@@ -519,11 +586,11 @@ impl AppendQueue {
                     "ledger {ledger_id} completed entry {entry_id} after {completed} others"
                 );
                 debug_assert!(completed < tally.issued.load(Ordering::Relaxed));
-                done(Ok(Position::new(ledger_id, entry_id)));
+                tally.tell(Ok(Position::new(ledger_id, entry_id)), done);
             }
             Err(error) => {
                 let error = LogError::from(error);
-                done(Err(error.clone()));
+                tally.tell(Err(error.clone()), done);
                 if let Some(queue) = queue.upgrade() {
                     queue.stop(error);
                 }
@@ -562,6 +629,7 @@ impl LedgerAppender {
     fn new(writer: Arc<dyn OpenLedger>) -> LedgerAppender {
         let hooks = QueueHooks {
             ledger_full: Box::new(|_| debug_assert!(false, "a ledger without limits got full")),
+            next_ledger_wanted: Box::new(|| {}),
             stopped: Box::new(|_| {}),
         };
         let name = format!("ledger {}", writer.ledger_id());
@@ -632,303 +700,4 @@ impl dyn LedgerBackend {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
-mod tests {
-    use super::*;
-
-    /// A ledger with a window of `window` adds in flight, completed by the
-    /// test (`complete`), entry ids from 0.
-    #[derive(Debug)]
-    struct FakeLedger {
-        ledger_id: u64,
-        window: usize,
-        inner: Mutex<Fake>,
-        room: Notify,
-    }
-
-    #[derive(Default)]
-    struct Fake {
-        reserved: bool,
-        next_entry: u64,
-        in_flight: VecDeque<(u64, Bytes, AddCallback)>,
-        added: Vec<Bytes>,
-    }
-
-    impl std::fmt::Debug for Fake {
-        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.debug_struct("Fake").finish_non_exhaustive()
-        }
-    }
-
-    impl FakeLedger {
-        fn new(ledger_id: u64, window: usize) -> Arc<FakeLedger> {
-            Arc::new(FakeLedger {
-                ledger_id,
-                window,
-                inner: Mutex::new(Fake::default()),
-                room: Notify::new(),
-            })
-        }
-
-        /// Completes the oldest add in flight (`Ok`, or with `error`).
-        fn complete(&self, error: Option<LedgerBackendError>) -> Option<Bytes> {
-            let (entry_id, data, done) = self.inner.lock().in_flight.pop_front()?;
-            self.room.notify_waiters();
-            match error {
-                None => done(Ok(entry_id)),
-                Some(error) => done(Err(error)),
-            }
-            Some(data)
-        }
-
-        fn in_flight(&self) -> usize {
-            self.inner.lock().in_flight.len()
-        }
-    }
-
-    impl OpenLedger for Arc<FakeLedger> {
-        fn ledger_id(&self) -> u64 {
-            self.ledger_id
-        }
-
-        fn reserve(&self, _payload_bytes: usize) -> Reserve {
-            let mut fake = self.inner.lock();
-            if fake.reserved || fake.in_flight.len() < self.window {
-                fake.reserved = true;
-                return Reserve::Ready;
-            }
-            let ledger = Arc::clone(self);
-            Reserve::Wait(Box::pin(async move {
-                loop {
-                    let room = ledger.room.notified();
-                    tokio::pin!(room);
-                    room.as_mut().enable();
-                    {
-                        let mut fake = ledger.inner.lock();
-                        if fake.in_flight.len() < ledger.window {
-                            fake.reserved = true;
-                            return Ok(());
-                        }
-                    }
-                    room.await;
-                }
-            }))
-        }
-
-        fn add(&self, data: Bytes, done: AddCallback) {
-            let mut fake = self.inner.lock();
-            assert!(fake.reserved, "add without a reservation");
-            fake.reserved = false;
-            let entry_id = fake.next_entry;
-            fake.next_entry += 1;
-            fake.added.push(data.clone());
-            fake.in_flight.push_back((entry_id, data, done));
-        }
-
-        fn close(&self) -> BoxFuture<'static, Result<(), LedgerBackendError>> {
-            Box::pin(async { Ok(()) })
-        }
-    }
-
-    type Outcomes = Arc<Mutex<Vec<(u32, Result<Position, LogError>)>>>;
-
-    fn queue(bytes_max: u64, limits: LedgerLimits, full: Arc<AtomicUsize>) -> Arc<AppendQueue> {
-        let hooks = QueueHooks {
-            ledger_full: Box::new(move |_| {
-                full.fetch_add(1, Ordering::Relaxed);
-            }),
-            stopped: Box::new(|_| {}),
-        };
-        let budget = AppendBudget::new(bytes_max);
-        Arc::new(AppendQueue::new(Arc::from("t"), budget, limits, hooks))
-    }
-
-    /// Pushes an append of `bytes` bytes; true when it was queued.
-    fn push(queue: &Arc<AppendQueue>, outcomes: &Outcomes, id: u32, bytes: usize) -> bool {
-        let outcomes = Arc::clone(outcomes);
-        queue.push(
-            Bytes::from(vec![id as u8; bytes]),
-            None,
-            Box::new(move |result| outcomes.lock().push((id, result))),
-        )
-    }
-
-    async fn settle() {
-        for _ in 0..10 {
-            tokio::task::yield_now().await;
-        }
-    }
-
-    #[tokio::test]
-    async fn appends_beyond_the_window_wait_in_order_and_complete_in_order() {
-        let ledger = FakeLedger::new(7, 2);
-        let q = queue(1 << 20, LedgerLimits::NONE, Arc::default());
-        assert!(q.set_writer(Arc::new(Arc::clone(&ledger))));
-        let outcomes: Outcomes = Arc::default();
-        for id in 0..10 {
-            push(&q, &outcomes, id, 10);
-        }
-        assert_eq!(
-            ledger.in_flight(),
-            2,
-            "the window bounds what is handed over"
-        );
-        for _ in 0..10 {
-            settle().await;
-            ledger.complete(None).unwrap();
-        }
-        settle().await;
-        let outcomes = outcomes.lock().clone();
-        let expected: Vec<(u32, Result<Position, LogError>)> = (0..10)
-            .map(|id| (id, Ok(Position::new(7, u64::from(id)))))
-            .collect();
-        assert_eq!(format!("{outcomes:?}"), format!("{expected:?}"));
-        assert_eq!(
-            ledger.inner.lock().added,
-            (0..10u8)
-                .map(|id| Bytes::from(vec![id; 10]))
-                .collect::<Vec<_>>()
-        );
-    }
-
-    #[tokio::test]
-    async fn past_the_bound_an_append_is_refused_at_once_and_the_queue_goes_on() {
-        let ledger = FakeLedger::new(1, 1);
-        let q = queue(140, LedgerLimits::NONE, Arc::default());
-        assert!(q.set_writer(Arc::new(Arc::clone(&ledger))));
-        let outcomes: Outcomes = Arc::default();
-        // Appends hold their bytes until they complete (in flight or
-        // waiting alike): 40 in flight, then 60 + 40 waiting reach the
-        // bound, not pass it.
-        assert!(push(&q, &outcomes, 0, 40));
-        assert!(push(&q, &outcomes, 1, 60));
-        assert!(!push(&q, &outcomes, 2, 41), "refused, and told so at once");
-        assert!(push(&q, &outcomes, 3, 40));
-        assert!(
-            matches!(
-                outcomes.lock().as_slice(),
-                [(2, Err(LogError::Overloaded(_)))]
-            ),
-            "{:?}",
-            outcomes.lock()
-        );
-        for _ in 0..3 {
-            settle().await;
-            ledger.complete(None).unwrap();
-        }
-        let positions: Vec<(u32, u64)> = outcomes
-            .lock()
-            .iter()
-            .filter_map(|(id, r)| r.as_ref().ok().map(|p| (*id, p.entry_id)))
-            .collect();
-        assert_eq!(positions, vec![(0, 0), (1, 1), (3, 2)]);
-        assert!(!q.is_stopped());
-    }
-
-    #[tokio::test]
-    async fn a_failed_add_stops_the_queue_and_everything_after_it_fails() {
-        let ledger = FakeLedger::new(1, 2);
-        let q = queue(1 << 20, LedgerLimits::NONE, Arc::default());
-        assert!(q.set_writer(Arc::new(Arc::clone(&ledger))));
-        let outcomes: Outcomes = Arc::default();
-        for id in 0..5 {
-            push(&q, &outcomes, id, 10);
-        }
-        ledger.complete(None).unwrap();
-        settle().await;
-        ledger
-            .complete(Some(LedgerBackendError::Fenced(1)))
-            .unwrap();
-        settle().await;
-        assert!(q.is_stopped());
-        push(&q, &outcomes, 5, 10);
-        let outcomes = outcomes.lock().clone();
-        assert!(matches!(outcomes[0], (0, Ok(_))), "{outcomes:?}");
-        // The failed one first, then those still queued, then the refused one.
-        let failed: Vec<u32> = outcomes[1..].iter().map(|(id, _)| *id).collect();
-        assert_eq!(failed[0], 1);
-        assert_eq!(failed.len(), 4, "{outcomes:?}");
-        assert!(outcomes[1..].iter().all(|(_, r)| r.is_err()));
-        // Entry 2 was handed over before the failure: the ledger answers it.
-        assert_eq!(ledger.in_flight(), 1);
-    }
-
-    #[tokio::test]
-    async fn a_full_ledger_is_detached_and_the_next_one_takes_what_waited() {
-        let full = Arc::new(AtomicUsize::new(0));
-        let limits = LedgerLimits {
-            entries_max: 3,
-            ..LedgerLimits::NONE
-        };
-        // Pulsar's rule: a cap or the maximum age, never before the minimum age.
-        let ruled = LedgerLimits {
-            entries_max: 3,
-            bytes_max: 1000,
-            age_max: Duration::from_secs(240),
-            age_min: Duration::from_secs(10),
-        };
-        let young = Duration::from_secs(5);
-        let old = Duration::from_secs(11);
-        assert!(!ruled.is_full(3, 0, young));
-        assert!(ruled.is_full(3, 0, old));
-        assert!(ruled.is_full(0, 1000, old));
-        assert!(!ruled.is_full(2, 999, old));
-        assert!(ruled.is_full(0, 0, Duration::from_secs(240)));
-        assert!(limits.is_full(3, 0, Duration::ZERO));
-        let q = queue(1 << 20, limits, Arc::clone(&full));
-        let first = FakeLedger::new(1, 100);
-        assert!(q.set_writer(Arc::new(Arc::clone(&first))));
-        let outcomes: Outcomes = Arc::default();
-        for id in 0..5 {
-            push(&q, &outcomes, id, 10);
-        }
-        assert_eq!(full.load(Ordering::Relaxed), 1);
-        assert_eq!(first.in_flight(), 3);
-        while first.complete(None).is_some() {}
-        let second = FakeLedger::new(2, 100);
-        assert!(q.set_writer(Arc::new(Arc::clone(&second))));
-        while second.complete(None).is_some() {}
-        let positions: Vec<Position> = outcomes
-            .lock()
-            .iter()
-            .map(|(_, r)| *r.as_ref().unwrap())
-            .collect();
-        let expected = vec![
-            Position::new(1, 0),
-            Position::new(1, 1),
-            Position::new(1, 2),
-            Position::new(2, 0),
-            Position::new(2, 1),
-        ];
-        assert_eq!(positions, expected);
-        // Stopped queues refuse a writer.
-        q.stop(LogError::Closed("t".into()));
-        assert!(!q.set_writer(Arc::new(FakeLedger::new(3, 1))));
-    }
-
-    #[tokio::test]
-    async fn an_appender_closes_once_every_add_was_handed_over() {
-        let ledger = FakeLedger::new(4, 1);
-        let appender = LedgerAppender::new(Arc::new(Arc::clone(&ledger)));
-        let results = Arc::new(Mutex::new(Vec::new()));
-        for i in 0..3u8 {
-            let results = Arc::clone(&results);
-            appender.add(
-                Bytes::from(vec![i]),
-                Box::new(move |r| results.lock().push(r)),
-            );
-        }
-        let closing = tokio::spawn(appender.close());
-        for _ in 0..3 {
-            settle().await;
-            ledger.complete(None).unwrap();
-        }
-        closing.await.unwrap().unwrap();
-        let results: Vec<u64> = results
-            .lock()
-            .iter()
-            .map(|r| *r.as_ref().unwrap())
-            .collect();
-        assert_eq!(results, vec![0, 1, 2]);
-    }
-}
+mod tests;

@@ -256,13 +256,23 @@ fn sync_loop(
         // before it was appended, so the flush below includes it.
         let mark = journal.last_synced_mark();
         let started = Instant::now();
-        storage
+        let flushed = storage
             .checkpoint(mark)
             .map_err(|error| format!("ledger storage checkpoint failed: {error}"))?;
         checkpoint_latency.record(started.elapsed());
         if let Err(error) = journal.delete_files_before(mark) {
             tracing::warn!(%error, "cannot delete old journal files");
         }
+        // One line per periodic event, for correlating write-path stalls
+        // (ARCHITECTURE.md "Periodic work"): the checkpoint and the journal
+        // files it let go.
+        tracing::debug!(
+            target: "vela::periodic",
+            kind = "checkpoint",
+            elapsed_us = started.elapsed().as_micros() as u64,
+            bytes = flushed.bytes_written,
+            "storage checkpoint"
+        );
         last_checkpoint = Instant::now();
     }
     Ok(())
@@ -278,7 +288,15 @@ fn gc_loop(storage: &LedgerStorage, stop: &AtomicBool, gc_interval: Duration) {
         if last_gc.elapsed() < gc_interval {
             continue;
         }
-        match storage.gc_until(stop) {
+        let started = Instant::now();
+        let passed = storage.gc_until(stop);
+        tracing::debug!(
+            target: "vela::periodic",
+            kind = "gc_pass",
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "storage gc pass ended"
+        );
+        match passed {
             Ok(stats) => {
                 let t = &stats.timings;
                 let worked = stats.logs_deleted + stats.logs_compacted + stats.ledgers_purged > 0

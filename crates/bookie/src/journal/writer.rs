@@ -152,12 +152,21 @@ impl Writer {
         let total = records_len + padding;
         debug_assert!(total as u64 <= self.shared.config.group_len_max());
         // Keep one block free at the end of every file for its FileEnd record.
-        if self.offset + total as u64 + align > file_cap(&self.shared.config)
-            && let Err(e) = self.rotate()
-        {
-            self.shared.fail(&e);
-            self.fail_group(group, e);
-            return;
+        if self.offset + total as u64 + align > file_cap(&self.shared.config) {
+            let rolling = Instant::now();
+            if let Err(e) = self.rotate() {
+                self.shared.fail(&e);
+                self.fail_group(group, e);
+                return;
+            }
+            // The group waits for this (ARCHITECTURE.md "Periodic work").
+            tracing::debug!(
+                target: "vela::periodic",
+                kind = "journal_roll",
+                elapsed_us = rolling.elapsed().as_micros() as u64,
+                file_id = self.file_id,
+                "journal file rolled"
+            );
         }
         if let Err(e) = self.reserve_space(self.offset + total as u64) {
             self.fail_group(group, e);

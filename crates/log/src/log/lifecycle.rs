@@ -6,9 +6,26 @@
 //! `Shared::meta_lock`, a CAS on the record's version: a conflict means
 //! another owner took the log, `Fenced`), and the order check of new ledger
 //! ids.
-//! Guarantees: a rollover closes the full ledger (every add on it completed)
-//! before it attaches the next one to the append queue, so appends complete
-//! in queue order across ledgers; the ledger being written is never trimmed.
+//! Guarantees: no append on the next ledger is told a success before every
+//! add on the full one was answered (so appends complete in queue order
+//! across ledgers) and the log's record names it with the full one's final
+//! size (so a reopen recovers the right ledger); the ledger being written
+//! is never trimmed.
+//!
+//! What appends wait for at a rollover: nothing but `meta_lock` and the
+//! next ledger, created ahead (`next_ledger`): they are issued to it at
+//! once, and their outcomes are held (`queue::Recording`) until every add
+//! of the full ledger was answered and the log's record names the next
+//! one with the full one's final size (one CAS). So they complete in queue
+//! order, none succeeds after an earlier one failed (the next ledger is
+//! then recorded nowhere and deleted), and no receipt names an entry a
+//! reopen would not find. The full ledger's close (its metadata CAS) runs
+//! beside: the record, not the ledger's metadata, is what a reopen trusts
+//! for every ledger but the last, which it recovers. Each rollover logs `kind = "rollover"` on target
+//! `vela::periodic`: `elapsed_us` from the detach to the record; on the
+//! way, `locked_us` (`meta_lock` taken), `answered_us` (the full ledger's
+//! adds answered), `next_us` (the next ledger in hand) and `attached_us`
+//! (appends go to it).
 //!
 //! When a ledger is full is the append queue's `LedgerLimits` (Pulsar's
 //! rule: an entry or size cap, or the maximum age, and never before the
@@ -22,14 +39,17 @@
 //! position always finds what was written in that last span, also right
 //! after a rollover or a restart (which closes the recovered ledger). Pulsar
 //! drops such a ledger at once.
-//! Never: holds the state lock across an `.await`, or deletes a ledger before
-//! the metadata record without it is stored.
+//! Never: holds the state lock across an `.await`, deletes a ledger before
+//! the metadata record without it is stored, or holds `meta_lock` while it
+//! deletes trimmed ledgers.
 
 use std::sync::Arc;
+use std::time::Instant;
 
-use crate::backend::OpenLedger;
+use crate::backend::LedgerBackendError;
 use crate::error::LogError;
 use crate::format::{self, LedgerInfo, LogInfo};
+use crate::queue::Detached;
 
 use super::ledger_order::{check_ledger_order, unix_ms};
 use super::{Retention, Shared};
@@ -60,54 +80,86 @@ fn retention_lets_go(
 impl Shared {
     /// Starts a rollover in the background (boxed: a rollover may start the
     /// next one, through the queue's `ledger_full` hook).
-    pub(super) fn spawn_roll_over(shared: &Arc<Shared>, full: Arc<dyn OpenLedger>) {
+    pub(super) fn spawn_roll_over(shared: &Arc<Shared>, full: Detached, detached_at: Instant) {
         let future: crate::backend::BoxFuture<'static, ()> =
-            Box::pin(Arc::clone(shared).roll_over(full));
+            Box::pin(Arc::clone(shared).roll_over(full, detached_at));
         tokio::spawn(future);
     }
 
-    /// Closes the full ledger, creates the next one, records it in the log's
-    /// metadata and attaches it to the append queue (which then drains what
-    /// waited meanwhile). Any failure stops the log.
-    async fn roll_over(self: Arc<Self>, old: Arc<dyn OpenLedger>) {
+    /// Takes the next ledger (created ahead) and attaches it to the append
+    /// queue at once (which then drains what waited meanwhile) with its
+    /// outcomes held; once every add of the full ledger was answered,
+    /// records the next one in the log's metadata and lets them through.
+    /// The full ledger's close runs beside. Any failure stops the log.
+    async fn roll_over(self: Arc<Self>, old: Detached, detached_at: Instant) {
+        // Held throughout: a terminate, close or trim waits for the
+        // rollover, so the record it writes has the full ledger's final
+        // size and names the next ledger.
         let meta_guard = self.meta_lock.lock().await;
+        let locked_us = detached_at.elapsed().as_micros() as u64;
+        let old_ledger_id = old.writer().ledger_id();
+        // Waits for the ledger's adds in flight (also those at bookies past
+        // Qa), then records it closed in its metadata.
+        let closing = tokio::spawn(old.writer().close());
         if self.terminated.load(std::sync::atomic::Ordering::Acquire) {
-            let _ = old.close().await; // no next ledger for a terminated log
+            // No next ledger for a terminated log.
+            let _ = closing.await;
             return;
         }
-        if let Err(error) = old.close().await {
-            self.fail(error.into());
-            return;
-        }
-        let persistence = *self.persistence.lock();
-        let created = match self
-            .env
-            .ledgers
-            .create_ledger(persistence, &self.name)
-            .await
-        {
+        let created = match self.take_next_ledger().await {
             Ok(created) => created,
             Err(error) => {
                 self.fail(error.into());
+                let _ = closing.await;
                 return;
             }
         };
+        let next_us = detached_at.elapsed().as_micros() as u64;
         let known = self.state.lock().ledgers.clone();
         if let Err(error) =
             check_ledger_order(&self.env, &self.name, &known, created.ledger_id()).await
         {
             self.fail(error);
+            let _ = closing.await;
+            return;
+        }
+        let new_ledger_id = created.ledger_id();
+        // Appends go to the next ledger from here; their outcomes wait for
+        // the full ledger's last adds and the record below: no success is
+        // told before every append of the full ledger succeeded, nor for a
+        // ledger a reopen would not find.
+        let Some(recording) = self.queue.set_writer_unrecorded(created) else {
+            // Closed or failed meanwhile: the next ledger is not recorded
+            // (the full one stays last: a reopen recovers it).
+            self.delete_unrecorded_ledger(new_ledger_id).await;
+            let _ = closing.await;
+            return;
+        };
+        let attached_us = detached_at.elapsed().as_micros() as u64;
+        let answered = old.answered().await;
+        let answered_us = detached_at.elapsed().as_micros() as u64;
+        if !answered {
+            // An add of the full ledger failed: the queue stopped (the log
+            // fails and is reloaded). The next ledger is recorded nowhere:
+            // what it holds is unreachable, and none of it was told.
+            let error = self
+                .queue
+                .stop_error()
+                .unwrap_or_else(|| LogError::Closed(self.name.to_string()));
+            recording.failed(error);
+            self.delete_unrecorded_ledger(new_ledger_id).await;
+            let _ = closing.await;
             return;
         }
         let (info, version) = {
             let state = self.state.lock();
             let mut ledgers = state.ledgers.clone();
             let closed_at = unix_ms();
-            if let Some(previous) = ledgers.iter_mut().find(|l| l.ledger_id == old.ledger_id()) {
+            if let Some(previous) = ledgers.iter_mut().find(|l| l.ledger_id == old_ledger_id) {
                 previous.closed_unix_ms = Some(closed_at);
             }
             ledgers.push(LedgerInfo {
-                ledger_id: created.ledger_id(),
+                ledger_id: new_ledger_id,
                 entries: 0,
                 size_bytes: 0,
                 created_unix_ms: closed_at,
@@ -131,16 +183,18 @@ impl Shared {
                     LogError::Fenced(_) => LogError::Fenced(self.name.to_string()),
                     other => other,
                 };
+                recording.failed(error.clone());
+                // A lost CAS surely wrote nothing: no record names the
+                // ledger. Another error may have written it: kept.
+                let lost = matches!(error, LogError::Fenced(_));
                 self.fail(error);
-                let _ = self.env.ledgers.delete(created.ledger_id()).await;
+                if lost {
+                    self.delete_unrecorded_ledger(new_ledger_id).await;
+                }
+                let _ = closing.await;
                 return;
             }
         };
-        if self.queue.is_stopped() {
-            // Closed or failed meanwhile: the new ledger stays empty (the
-            // next open drops it).
-            return;
-        }
         {
             let mut state = self.state.lock();
             debug_assert!(
@@ -152,17 +206,47 @@ impl Shared {
             state.info_version = new_version;
             state.ledgers = info.ledgers;
         }
+        // After the state names the ledger: confirmations find it there.
+        recording.recorded();
+        // Appends issued since the detach are told from here on
+        // (ARCHITECTURE.md "Periodic work"); they went to the next ledger
+        // from `attached_us`.
         tracing::debug!(
+            target: "vela::periodic",
+            kind = "rollover",
+            elapsed_us = detached_at.elapsed().as_micros() as u64,
+            locked_us,
+            answered_us,
+            next_us,
+            attached_us,
             log = %self.name,
-            old = old.ledger_id(),
-            new = created.ledger_id(),
+            old = old_ledger_id,
+            new = new_ledger_id,
             "rolled over"
         );
-        self.queue.set_writer(created);
+        let closed = match closing.await {
+            Ok(closed) => closed,
+            Err(error) => Err(LedgerBackendError::Other(format!(
+                "closing ledger {old_ledger_id}: {error}"
+            ))),
+        };
+        if let Err(error) = closed {
+            // The record already names the next ledger: the log stops and
+            // is reloaded (recovery finds what was durable), as before.
+            self.fail(error.into());
+            return;
+        }
         drop(meta_guard);
         self.trim().await;
         // A ledger closed: the offload thresholds may select it.
         Shared::offload_by_policy(&self);
+    }
+
+    /// Deletes a ledger a rollover made and no record names.
+    async fn delete_unrecorded_ledger(&self, ledger_id: u64) {
+        if let Err(error) = self.env.ledgers.delete(ledger_id).await {
+            tracing::warn!(log = %self.name, ledger_id, %error, "could not delete an unrecorded ledger");
+        }
     }
 
     /// Oldest mark-delete position over all cursors, and whether there is
@@ -195,7 +279,8 @@ impl Shared {
             return;
         };
         let age_min = self.config.ledger_age_min;
-        let _meta = self.meta_lock.lock().await;
+        let started = Instant::now();
+        let meta = self.meta_lock.lock().await;
         let writing = !self.queue.is_stopped();
         let (info, version, trimmed) = {
             let state = self.state.lock();
@@ -252,9 +337,20 @@ impl Shared {
                 return;
             }
         }
+        // No record names them any more: deleted without the lock, so a
+        // rollover (which appends wait for) never waits for the deletes.
+        drop(meta);
         for ledger in &trimmed {
             self.delete_ledger_everywhere(ledger).await;
         }
+        tracing::debug!(
+            target: "vela::periodic",
+            kind = "trim",
+            elapsed_us = started.elapsed().as_micros() as u64,
+            log = %self.name,
+            ledgers = trimmed.len(),
+            "trimmed consumed ledgers"
+        );
     }
 }
 

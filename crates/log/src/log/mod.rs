@@ -9,7 +9,8 @@
 //! close).
 //! Modules: `config` (what a log is given), `positions` (position arithmetic
 //! over the ledger list), `ledger_order` (ids increase, wall-clock stamps),
-//! `lifecycle` (rollover and trimming), `offload` (tiered storage: offloads,
+//! `lifecycle` (rollover and trimming), `next_ledger` (the next ledger,
+//! created ahead of its rollover), `offload` (tiered storage: offloads,
 //! their status, deletion of bookie copies, reads of offloaded ledgers),
 //! `sizes` (backlog bytes), `append_future`.
 //!
@@ -25,6 +26,7 @@ mod config;
 mod entry_hooks;
 mod ledger_order;
 mod lifecycle;
+mod next_ledger;
 mod offload;
 mod positions;
 mod sizes;
@@ -124,6 +126,8 @@ pub(crate) struct Shared {
     /// it holds the writer and decides when a ledger is full.
     queue: Arc<AppendQueue>,
     meta_lock: tokio::sync::Mutex<()>,
+    /// The next ledger, created before the current one is full.
+    next_ledger: next_ledger::NextLedger,
     /// Told when the last confirmed position moves or the log stops
     /// (tail readers waiting in `wait_confirmed`). A `Notify`, not a
     /// `watch` channel: ~30 bytes a log where a watch is ~350.
@@ -263,16 +267,22 @@ impl ManagedLog {
         let cache = env.cache.register_log();
         let shared_name: Arc<str> = Arc::from(name);
         let shared = Arc::new_cyclic(|weak: &Weak<Shared>| {
-            let (on_full, on_stop) = (weak.clone(), weak.clone());
+            let (on_full, on_wanted, on_stop) = (weak.clone(), weak.clone(), weak.clone());
             let hooks = QueueHooks {
                 ledger_full: Box::new(move |full| {
                     if let Some(shared) = on_full.upgrade() {
-                        Shared::spawn_roll_over(&shared, full);
+                        Shared::spawn_roll_over(&shared, full, std::time::Instant::now());
+                    }
+                }),
+                next_ledger_wanted: Box::new(move || {
+                    if let Some(shared) = on_wanted.upgrade() {
+                        Shared::spawn_prepare_next_ledger(&shared);
                     }
                 }),
                 stopped: Box::new(move |error| {
                     if let Some(shared) = on_stop.upgrade() {
                         shared.stopped(error);
+                        Shared::spawn_discard_next_ledger(&shared);
                     }
                 }),
             };
@@ -296,6 +306,7 @@ impl ManagedLog {
                     hooks,
                 )),
                 meta_lock: tokio::sync::Mutex::new(()),
+                next_ledger: next_ledger::NextLedger::default(),
                 confirmed: Notify::new(),
                 entry_hooks: entry_hooks::EntryHooks::default(),
                 cursors: Mutex::new(HashMap::new()),
@@ -674,6 +685,7 @@ impl ManagedLog {
         {
             writer.close().await?;
         }
+        self.shared.discard_next_ledger().await;
         let (info, version) = {
             let state = self.shared.state.lock();
             let ledgers = state.ledgers.clone();
@@ -838,6 +850,7 @@ impl ManagedLog {
                 result = Err(LogError::from(error));
             }
         }
+        self.shared.discard_next_ledger().await;
         let cursors: Vec<Arc<Cursor>> = self.shared.cursors.lock().values().cloned().collect();
         for cursor in cursors {
             cursor.flush().await?;
