@@ -104,6 +104,13 @@ pub struct JournalConfig {
     /// writes each journal byte once (a fresh file is written twice: zeros, then
     /// records). 0 disables reuse.
     pub recycle_files_max: usize,
+    /// The writer and force-write threads ask for I/O priority class
+    /// realtime (Linux `ioprio_set`; needs `CAP_SYS_NICE` or `CAP_SYS_ADMIN`,
+    /// else they stay best effort and say so in the log), so the block
+    /// layer's scheduler dispatches journal writes before queued page-cache
+    /// writeback and bulk storage I/O (`io_priority` module). The
+    /// preallocator stays best effort. On by default.
+    pub realtime_io: bool,
     /// The region of the `Pmem` backend (ignored by the others). Its slots are
     /// the journal's files: `file_bytes_max`, `prealloc_chunk_bytes` and
     /// `recycle_files_max` do not apply (every slot is reused).
@@ -114,7 +121,8 @@ impl JournalConfig {
     /// Defaults: fdatasync, buffered backend, flush when the queue is empty,
     /// 1 ms max group wait, 512 KiB groups, 4 KiB alignment, 512 MiB files,
     /// 16 MiB preallocation chunks, `JOURNAL_QUEUE_DEPTH_MAX` queued appends,
-    /// `JOURNAL_RECYCLE_FILES_MAX` reusable files.
+    /// `JOURNAL_RECYCLE_FILES_MAX` reusable files, realtime I/O priority for
+    /// the writer and force-write threads.
     pub fn new(dir: impl Into<PathBuf>) -> JournalConfig {
         JournalConfig {
             dir: dir.into(),
@@ -129,6 +137,7 @@ impl JournalConfig {
             queue_depth_max: JOURNAL_QUEUE_DEPTH_MAX,
             payload_bytes_max: JOURNAL_PAYLOAD_BYTES_MAX,
             recycle_files_max: JOURNAL_RECYCLE_FILES_MAX,
+            realtime_io: true,
             pmem: None,
         }
     }

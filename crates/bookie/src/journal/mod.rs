@@ -50,6 +50,11 @@
 //! region, named through the same `file::Backend` calls, and "fdatasync" is a
 //! cache-line flush and fence (or msync when emulated).
 //!
+//! I/O priority: the writer and force-write threads run at class realtime
+//! where the kernel allows it (`JournalConfig::realtime_io`, `io_priority`):
+//! a journal write never waits in the block scheduler behind page-cache
+//! writeback or the storage's bulk I/O.
+//!
 //! Never: reads ledger storage; blocks a tokio worker (`append` only takes a
 //! mutex to enqueue); fsyncs per record; grows the queue past `queue_depth_max`.
 //! Only the thread completing groups (see above) advances the synced mark.
@@ -59,6 +64,7 @@ mod error;
 mod file;
 mod force;
 pub mod format;
+mod io_priority;
 pub mod pmem;
 mod prealloc;
 mod replay;
@@ -227,9 +233,13 @@ impl Journal {
                 .map_err(|e| JournalError::io("spawn thread", &dir, e))
         };
         let s = shared.clone();
+        let realtime_io = shared.config.realtime_io;
         threads.push(spawn(
             "journal-force",
-            Box::new(move || force::run_force_writer(s, from_writer)),
+            Box::new(move || {
+                io_priority::apply(realtime_io, "journal-force", &s.stats);
+                force::run_force_writer(s, from_writer)
+            }),
         )?);
         let s = shared.clone();
         threads.push(spawn(
@@ -239,7 +249,10 @@ impl Journal {
         let s = shared.clone();
         let writer = spawn(
             "journal-writer",
-            Box::new(move || writer::run_writer(s, to_force, file_id, file)),
+            Box::new(move || {
+                io_priority::apply(realtime_io, "journal-writer", &s.stats);
+                writer::run_writer(s, to_force, file_id, file)
+            }),
         );
         match writer {
             Ok(handle) => threads.push(handle),

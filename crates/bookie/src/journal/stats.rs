@@ -33,6 +33,10 @@ pub struct JournalStats {
     pub unfilled_writes: u64,
     /// Waits of the writer for a free slot of a full pmem ring.
     pub ring_full_waits: u64,
+    /// Journal threads (writer, force-write) running at I/O priority class
+    /// realtime: 2 when `JournalConfig::realtime_io` is on and the kernel
+    /// allowed it, once both threads started.
+    pub realtime_io_threads: u64,
 }
 
 /// Whole latency distributions (µs) of the journal stages since it opened,
@@ -74,6 +78,8 @@ pub(crate) struct StatsCell {
     prealloc_waits: AtomicU64,
     unfilled_writes: AtomicU64,
     ring_full_waits: AtomicU64,
+    // Recorded by the writer and force-write threads as they start.
+    realtime_io_threads: AtomicU64,
     // Recorded by the force-write thread.
     fdatasync_us: Histogram,
     append_to_done_us: Histogram,
@@ -106,6 +112,10 @@ impl StatsCell {
     pub(crate) fn record_ring_full_wait(&self) -> bool {
         let waits = self.ring_full_waits.fetch_add(1, Ordering::Relaxed) + 1;
         waits % RING_FULL_WAITS_PER_LOG == RING_FULL_WAITS_FIRST_LOG
+    }
+
+    pub(crate) fn record_realtime_io_thread(&self) {
+        self.realtime_io_threads.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn record_unfilled_write(&self) {
@@ -145,6 +155,7 @@ impl StatsCell {
             prealloc_waits: self.prealloc_waits.load(Ordering::Relaxed),
             unfilled_writes: self.unfilled_writes.load(Ordering::Relaxed),
             ring_full_waits: self.ring_full_waits.load(Ordering::Relaxed),
+            realtime_io_threads: self.realtime_io_threads.load(Ordering::Relaxed),
         }
     }
 }

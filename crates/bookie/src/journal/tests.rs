@@ -312,3 +312,72 @@ fn auto_backend_probes_o_direct_and_leaves_no_probe_file() {
     journal.shutdown().unwrap();
     assert_eq!(replayed, 10);
 }
+
+/// Whether this process may put a thread's I/O at class realtime: tried on
+/// a scratch thread, so no test thread keeps the class.
+#[cfg(target_os = "linux")]
+fn realtime_io_allowed() -> bool {
+    std::thread::spawn(|| {
+        super::io_priority::raise_current_thread_to_realtime(
+            super::io_priority::JOURNAL_REALTIME_LEVEL,
+        )
+        .is_ok()
+    })
+    .join()
+    .unwrap()
+}
+
+/// Opens a journal with `realtime_io`, appends one record durably, and
+/// returns how many journal threads run at realtime once both started.
+fn realtime_threads_after_open(realtime_io: bool) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = JournalConfig::new(dir.path());
+    cfg.realtime_io = realtime_io;
+    let journal = Journal::open(cfg, JournalMark::START, |_, _| Ok::<(), Never>(())).unwrap();
+    let (done, acked) = mpsc::channel();
+    journal
+        .append(entry(0, 100), move |result| {
+            done.send(result.is_ok()).unwrap()
+        })
+        .unwrap();
+    assert!(acked.recv_timeout(Duration::from_secs(10)).unwrap());
+    // Each thread sets its class first thing; wait for both to have started
+    // (the force-write thread may not have had a group yet).
+    let wanted = if realtime_io { 2 } else { 0 };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while journal.stats().realtime_io_threads < wanted && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let threads = journal.stats().realtime_io_threads;
+    journal.shutdown().unwrap();
+    threads
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn the_writer_and_force_write_threads_run_at_realtime_io_priority_when_allowed() {
+    // Unprivileged (no CAP_SYS_NICE): they stay best effort and work as before.
+    let expected = if realtime_io_allowed() { 2 } else { 0 };
+    assert_eq!(realtime_threads_after_open(true), expected);
+    assert_eq!(realtime_threads_after_open(false), 0);
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn realtime_io_priority_is_per_thread_and_reads_back() {
+    use super::io_priority::{IOPRIO_CLASS_RT, raise_current_thread_to_realtime, thread_class};
+    if !realtime_io_allowed() {
+        return;
+    }
+    let before = thread_class(0).unwrap();
+    assert_ne!(before, IOPRIO_CLASS_RT, "a test thread starts best effort");
+    let on_thread = std::thread::spawn(|| {
+        raise_current_thread_to_realtime(super::io_priority::JOURNAL_REALTIME_LEVEL).unwrap();
+        thread_class(0).unwrap()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(on_thread, IOPRIO_CLASS_RT);
+    // The calling thread (and so the rest of the process) is left alone.
+    assert_eq!(thread_class(0).unwrap(), before);
+}
