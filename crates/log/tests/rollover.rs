@@ -5,106 +5,26 @@
 #![allow(clippy::unwrap_used)]
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
-use tokio::sync::Semaphore;
-use vela_log::backend::{
-    AddCallback, BoxFuture, LedgerBackend, LedgerBackendError, OpenLedger, Persistence,
-    RecoveredLedger, Reserve,
-};
-use vela_log::memory::{MemoryBackend, MemoryLedgers};
+use vela_log::memory::HoldingBackend;
 use vela_log::{LogConfig, LogEnv, ManagedLog, Position};
 
-/// In-memory ledgers; each creation and each close takes a permit first
-/// (the test adds permits to let them through).
-#[derive(Debug, Clone)]
+/// In-memory ledgers whose creations and closes the test lets through
+/// (`HoldingBackend::with_gates`), and the logs' metadata, kept across
+/// reopens.
 struct Gated {
-    inner: MemoryBackend,
-    creates: Arc<Semaphore>,
-    closes: Arc<Semaphore>,
-    created: Arc<AtomicUsize>,
-    /// The logs' metadata, kept across reopens.
+    backend: HoldingBackend,
     meta: Arc<vela_meta::MemoryStore>,
 }
 
 impl Gated {
-    fn new(creates: usize, closes: usize) -> Gated {
+    fn new(creations: usize, closes: usize) -> Gated {
         Gated {
-            inner: MemoryBackend(MemoryLedgers::new()),
-            creates: Arc::new(Semaphore::new(creates)),
-            closes: Arc::new(Semaphore::new(closes)),
-            created: Arc::default(),
+            backend: HoldingBackend::with_gates(creations, closes),
             meta: Arc::new(vela_meta::MemoryStore::new()),
         }
-    }
-}
-
-#[derive(Debug)]
-struct GatedLedger {
-    inner: Arc<dyn OpenLedger>,
-    closes: Arc<Semaphore>,
-}
-
-impl OpenLedger for GatedLedger {
-    fn ledger_id(&self) -> u64 {
-        self.inner.ledger_id()
-    }
-
-    fn reserve(&self, payload_bytes: usize) -> Reserve {
-        self.inner.reserve(payload_bytes)
-    }
-
-    fn add(&self, data: Bytes, done: AddCallback) {
-        self.inner.add(data, done);
-    }
-
-    fn close(&self) -> BoxFuture<'static, Result<(), LedgerBackendError>> {
-        let (inner, closes) = (Arc::clone(&self.inner), Arc::clone(&self.closes));
-        Box::pin(async move {
-            closes.acquire().await.unwrap().forget();
-            inner.close().await
-        })
-    }
-}
-
-impl LedgerBackend for Gated {
-    fn create_ledger(
-        &self,
-        persistence: Persistence,
-        log_name: &str,
-    ) -> BoxFuture<'_, Result<Arc<dyn OpenLedger>, LedgerBackendError>> {
-        let log_name = log_name.to_string();
-        Box::pin(async move {
-            self.creates.acquire().await.unwrap().forget();
-            let inner = self.inner.create_ledger(persistence, &log_name).await?;
-            self.created.fetch_add(1, Ordering::SeqCst);
-            Ok(Arc::new(GatedLedger {
-                inner,
-                closes: Arc::clone(&self.closes),
-            }) as Arc<dyn OpenLedger>)
-        })
-    }
-
-    fn recover(
-        &self,
-        ledger_id: u64,
-    ) -> BoxFuture<'_, Result<RecoveredLedger, LedgerBackendError>> {
-        self.inner.recover(ledger_id)
-    }
-
-    fn read(
-        &self,
-        ledger_id: u64,
-        first_entry_id: u64,
-        last_entry_id: u64,
-    ) -> BoxFuture<'_, Result<Vec<Bytes>, LedgerBackendError>> {
-        self.inner.read(ledger_id, first_entry_id, last_entry_id)
-    }
-
-    fn delete(&self, ledger_id: u64) -> BoxFuture<'_, Result<(), LedgerBackendError>> {
-        self.inner.delete(ledger_id)
     }
 }
 
@@ -118,7 +38,7 @@ fn config() -> LogConfig {
 }
 
 fn env(backend: &Gated) -> LogEnv {
-    LogEnv::new(backend.meta.clone(), Arc::new(backend.clone()))
+    LogEnv::new(backend.meta.clone(), Arc::new(backend.backend.clone()))
 }
 
 /// A guard against a hang: what is awaited here must come without any
@@ -152,7 +72,7 @@ async fn the_next_ledger_is_created_before_the_current_one_is_full() {
     // Three of four entries: the next ledger is made now, before the
     // rollover (before, it was made only once the ledger was full).
     without_a_hang(async {
-        while backend.created.load(Ordering::SeqCst) < 2 {
+        while backend.backend.created_count() < 2 {
             tokio::task::yield_now().await;
         }
     })
@@ -187,7 +107,7 @@ async fn appends_after_a_rollover_do_not_wait_for_the_full_ledger_s_close() {
     assert!(positions[4].ledger_id > positions[3].ledger_id);
     assert_eq!(log.last_confirmed(), Some(positions[5]));
     // The close goes through once let: the log goes on.
-    backend.closes.add_permits(usize::MAX >> 4);
+    backend.backend.allow_closes(usize::MAX >> 4);
     let more = append_all(&log, 6..10).await;
     assert_eq!(more.last().unwrap().entry_id, 1);
     assert!(!log.is_closed());
@@ -196,13 +116,13 @@ async fn appends_after_a_rollover_do_not_wait_for_the_full_ledger_s_close() {
 #[tokio::test]
 async fn a_next_ledger_nobody_took_is_deleted_when_the_log_closes() {
     let backend = Gated::new(usize::MAX >> 4, usize::MAX >> 4);
-    let ledgers = Arc::clone(&backend.inner.0);
+    let ledgers = backend.backend.ledgers();
     let log = ManagedLog::open(&env(&backend), "t/discarded", config())
         .await
         .unwrap();
     let positions = append_all(&log, 0..3).await;
     without_a_hang(async {
-        while backend.created.load(Ordering::SeqCst) < 2 {
+        while backend.backend.created_count() < 2 {
             tokio::task::yield_now().await;
         }
     })

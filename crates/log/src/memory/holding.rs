@@ -4,7 +4,7 @@
 //! `vela standalone`.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use bytes::Bytes;
 use parking_lot::Mutex;
@@ -41,10 +41,28 @@ impl std::fmt::Debug for HeldAdd {
     }
 }
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Shared {
     hold: AtomicBool,
     held: Mutex<Vec<HeldAdd>>,
+    /// Each ledger creation takes a permit first (unlimited unless gated).
+    creations: tokio::sync::Semaphore,
+    /// Each ledger close takes a permit first (unlimited unless gated).
+    closes: tokio::sync::Semaphore,
+    /// Ledgers created so far.
+    created: AtomicUsize,
+}
+
+impl Shared {
+    fn gated(creations: usize, closes: usize) -> Shared {
+        Shared {
+            hold: AtomicBool::new(false),
+            held: Mutex::default(),
+            creations: tokio::sync::Semaphore::new(creations),
+            closes: tokio::sync::Semaphore::new(closes),
+            created: AtomicUsize::new(0),
+        }
+    }
 }
 
 /// In-memory ledgers (`MemoryBackend`) whose adds are held, in the order they
@@ -59,10 +77,32 @@ pub struct HoldingBackend {
 impl HoldingBackend {
     /// Over a fresh set of in-memory ledgers, holding nothing yet.
     pub fn new() -> HoldingBackend {
+        let unlimited = tokio::sync::Semaphore::MAX_PERMITS;
+        HoldingBackend::with_gates(unlimited, unlimited)
+    }
+
+    /// Like `new`, letting through at most `creations` ledger creations and
+    /// `closes` ledger closes until more are allowed (the others wait).
+    pub fn with_gates(creations: usize, closes: usize) -> HoldingBackend {
         HoldingBackend {
             inner: MemoryBackend(MemoryLedgers::new()),
-            shared: Arc::default(),
+            shared: Arc::new(Shared::gated(creations, closes)),
         }
+    }
+
+    /// Lets `count` more ledger closes through.
+    pub fn allow_closes(&self, count: usize) {
+        self.shared.closes.add_permits(count);
+    }
+
+    /// Ledgers created so far.
+    pub fn created_count(&self) -> usize {
+        self.shared.created.load(Ordering::SeqCst)
+    }
+
+    /// The in-memory ledgers underneath.
+    pub fn ledgers(&self) -> Arc<MemoryLedgers> {
+        Arc::clone(&self.inner.0)
     }
 
     /// Whether adds from now on are held (already held ones stay held).
@@ -124,10 +164,14 @@ impl LedgerBackend for HoldingBackend {
         persistence: Persistence,
         log_name: &str,
     ) -> BoxFuture<'_, Result<Arc<dyn OpenLedger>, LedgerBackendError>> {
-        let created = self.inner.create_ledger(persistence, log_name);
+        let log_name = log_name.to_string();
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
-            let inner = created.await?;
+            if let Ok(permit) = shared.creations.acquire().await {
+                permit.forget();
+            }
+            let inner = self.inner.create_ledger(persistence, &log_name).await?;
+            shared.created.fetch_add(1, Ordering::SeqCst);
             Ok(Arc::new(HoldingLedger { inner, shared }) as Arc<dyn OpenLedger>)
         })
     }
@@ -177,7 +221,13 @@ impl OpenLedger for HoldingLedger {
     }
 
     fn close(&self) -> BoxFuture<'static, Result<(), LedgerBackendError>> {
-        self.inner.close()
+        let (inner, shared) = (Arc::clone(&self.inner), Arc::clone(&self.shared));
+        Box::pin(async move {
+            if let Ok(permit) = shared.closes.acquire().await {
+                permit.forget();
+            }
+            inner.close().await
+        })
     }
 }
 
