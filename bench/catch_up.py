@@ -38,6 +38,7 @@ from pathlib import Path
 import bench
 import budgets
 import common
+import disturbance
 
 SCENARIOS = {
     "backlog-drain": "drain a backlog of 1 KiB messages, receiver queue 1,000 and 10,000",
@@ -132,10 +133,15 @@ def write_path_window(before: dict | None, after: dict | None) -> list:
         count = sum(delta)
         if count == 0:
             continue
+        # The slowest sample's bucket, by its upper bound: a stall of a few
+        # samples (one journal group holds many adds) moves no p99.
+        top = max(i for i, n in enumerate(delta) if n)
+        max_us = bounds[top] if top < len(bounds) else bounds[-1]
         rows.append({"stage": key[0], "scope": key[1], "count": count,
                      "mean_ms": (total_us - old_total) / count / 1000,
                      "p50_ms": bucket_quantile(delta, bounds, 0.5) / 1000,
-                     "p99_ms": bucket_quantile(delta, bounds, 0.99) / 1000})
+                     "p99_ms": bucket_quantile(delta, bounds, 0.99) / 1000,
+                     "max_ms": max_us / 1000})
     return rows
 
 
@@ -270,11 +276,17 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
             stages_before = write_path_now(server)
             cpu_before = bench.cpu_seconds(server.pid)
             started = time.monotonic()
+            drain_started_unix = time.time()
+            foreign = disturbance.ForeignActivity()
             drained = perf_json(opts, ["consume", topic, "-u", server.service_url,
                                        "-s", "catch-up", "--subscription-position", "earliest",
                                        "-q", "1000", "-m", str(messages), "-i", "5"],
                                 logs / f"{system}.bwp.drain.log", timeout=1800)
             row["drain_wall_s"] = time.monotonic() - started
+            drain_ended_unix = time.time()
+            row["drain_unix_s"] = [drain_started_unix, drain_ended_unix]
+            # Other processes during the drain: a stall then may be theirs.
+            row["foreign_during_drain"] = foreign.stop()
             row["write_path"]["during"] = write_path_window(stages_before,
                                                             write_path_now(server))
             row["server_cpu"]["during"] = cpu_share(server, cpu_before, started)
@@ -286,8 +298,13 @@ def run_while_producing(opts: bench.Options, system: str, messages: int) -> dict
             row["during_msg_s"] = during["messages_per_s"]
             row["drain_msg_s"] = drained["messages_per_s"]
             print(f"   {system}: producer p99 alone {alone['latency_ms']['p99']:.2f} ms, during the "
-                  f"drain {during['latency_ms']['p99']:.2f} ms; drain {drained['messages_per_s']:.0f} "
-                  f"msg/s ({row['drain_wall_s']:.1f} s)", flush=True)
+                  f"drain {during['latency_ms']['p99']:.2f} ms (max {alone['latency_ms']['max']:.2f} "
+                  f"-> {during['latency_ms']['max']:.2f} ms); drain "
+                  f"{drained['messages_per_s']:.0f} msg/s ({row['drain_wall_s']:.1f} s, "
+                  f"{time.strftime('%H:%M:%S', time.gmtime(drain_started_unix))}-"
+                  f"{time.strftime('%H:%M:%S', time.gmtime(drain_ended_unix))} UTC)\n"
+                  f"   {system}: other processes during the drain: "
+                  f"{disturbance.describe(row['foreign_during_drain'])}", flush=True)
         finally:
             row["memory"] = watch.stop()
     return row
@@ -309,14 +326,15 @@ def write_path_lines(row: dict) -> list:
     if not alone or not during:
         return []
     lines = [["stage", "scope", "p50 alone", "p99 alone", "p50 during", "p99 during",
-              "mean alone", "mean during"]]
+              "mean alone", "mean during", "max alone", "max during"]]
     for key, a in alone.items():
         d = during.get(key)
         if d is None:
             continue
         lines.append([key[0], key[1], f"{a['p50_ms']:.3f}", f"{a['p99_ms']:.3f}",
                       f"{d['p50_ms']:.3f}", f"{d['p99_ms']:.3f}",
-                      f"{a['mean_ms']:.3f}", f"{d['mean_ms']:.3f}"])
+                      f"{a['mean_ms']:.3f}", f"{d['mean_ms']:.3f}",
+                      f"<{a.get('max_ms', 0):.1f}", f"<{d.get('max_ms', 0):.1f}"])
     cpu = row.get("server_cpu", {})
     out = ["   " + line for line in common.plain_table(lines).splitlines()]
     if cpu.get("alone") is not None and cpu.get("during") is not None:
@@ -327,16 +345,17 @@ def write_path_lines(row: dict) -> list:
 
 def while_producing_table(rows: list) -> str:
     headers = ["system", "p50 alone", "p99 alone", "p50 during", "p99 during",
-               "p99 during / alone", "drain msg/s"]
+               "p99 during / alone", "max alone", "max during", "drain msg/s"]
     lines = [headers]
     for r in rows:
         if "failed" in r:
-            lines.append([r["system"], "failed", "", "", "", "", ""])
+            lines.append([r["system"], "failed", "", "", "", "", "", "", ""])
             continue
         a, d = r["alone_latency_ms"], r["during_latency_ms"]
         lines.append([r["system"], f"{a['p50']:.2f} ms", f"{a['p99']:.2f} ms",
                       f"{d['p50']:.2f} ms", f"{d['p99']:.2f} ms",
                       f"{d['p99'] / a['p99']:.2f}x" if a["p99"] else "-",
+                      f"{a['max']:.2f} ms", f"{d['max']:.2f} ms",
                       f"{r['drain_msg_s']:,.0f}"])
     return common.plain_table(lines)
 

@@ -46,6 +46,12 @@ pub const ADD_ROOM_WAIT_MAX: Duration = Duration::from_millis(500);
 /// TOO_MANY_REQUESTS at once.
 pub const ADD_ROOM_WAITERS_MAX: usize = 16_384;
 
+/// An add that takes longer than this from `Bookie::add` to durable is logged
+/// at debug on target `vela::bookie::slow_add` with the part before the
+/// journal (room wait, stripe lock, write-cache put); the journal logs its own
+/// slow groups (`vela::journal::slow`).
+const SLOW_ADD: Duration = Duration::from_millis(10);
+
 /// What an add's `done` is called with: its (ledger, entry) ids once durable,
 /// or why not.
 pub type AddResult = Result<(u64, u64), Status>;
@@ -256,6 +262,11 @@ impl super::Bookie {
                         .wait_for_write_room(entry.len(), deadline)
                         .await;
                 }
+                tracing::debug!(
+                    target: "vela::bookie::slow_add",
+                    waited_us = started.elapsed().as_micros() as u64,
+                    "add waited for write-cache room"
+                );
                 let Some(done) = done.take() else {
                     return;
                 };
@@ -310,7 +321,9 @@ impl Core {
             JournalRefused(AppendRefused<J>),
         }
         let taken = {
+            let locking = Instant::now();
             let mut stripe = self.stripe(ledger_id);
+            let stripe_wait = locking.elapsed();
             // A normal add to a fenced ledger is refused (a recovery add is
             // taken), checked under the put's own lock.
             let refuse_fenced = mode == AddMode::Normal;
@@ -333,13 +346,38 @@ impl Core {
                         payload: entry,
                     };
                     let add_latency = Arc::clone(&self.add_latency);
+                    let stored = started.elapsed();
                     let durable = move |result: Result<(), Status>| {
                         if result.is_ok() {
-                            add_latency.record(started.elapsed());
+                            let total = started.elapsed();
+                            add_latency.record(total);
+                            if total >= SLOW_ADD {
+                                tracing::debug!(
+                                    target: "vela::bookie::slow_add",
+                                    total_us = total.as_micros() as u64,
+                                    stored_us = stored.as_micros() as u64,
+                                    stripe_wait_us = stripe_wait.as_micros() as u64,
+                                    ledger_id,
+                                    entry_id,
+                                    "slow bookie add"
+                                );
+                            }
                         }
                         done(result.map(|()| (ledger_id, entry_id)));
                     };
-                    match self.append(&engine, record, durable) {
+                    let appending = Instant::now();
+                    let appended = self.append(&engine, record, durable);
+                    let append_time = appending.elapsed();
+                    if append_time >= SLOW_ADD / 10 {
+                        tracing::debug!(
+                            target: "vela::bookie::slow_add",
+                            append_us = append_time.as_micros() as u64,
+                            ledger_id,
+                            entry_id,
+                            "slow journal append call"
+                        );
+                    }
+                    match appended {
                         Ok(()) => Taken::Yes,
                         Err(refused) => Taken::JournalRefused(refused),
                     }

@@ -271,6 +271,9 @@ fn sync_loop(
             kind = "checkpoint",
             elapsed_us = started.elapsed().as_micros() as u64,
             bytes = flushed.bytes_written,
+            log_write_us = flushed.log_write_duration.as_micros() as u64,
+            index_commit_us = flushed.index_commit_duration.as_micros() as u64,
+            lock_wait_us = flushed.lock_wait_duration.as_micros() as u64,
             "storage checkpoint"
         );
         last_checkpoint = Instant::now();

@@ -18,7 +18,7 @@
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::AppendCallback;
 use super::config::JournalConfig;
@@ -178,6 +178,9 @@ pub(crate) enum ForceItem {
         end_mark: JournalMark,
         waiters: Vec<(AppendCallback, JournalMark)>,
         oldest_enqueued: Option<Instant>,
+        /// When the writer's steps for this group ended (`None` for a
+        /// file's end record): what a slow group's log line breaks down.
+        times: Option<GroupTimes>,
     },
     /// Appends that failed (the journal is broken): fail them in order.
     Failed {
@@ -186,4 +189,21 @@ pub(crate) enum ForceItem {
     },
     /// No more items: exit after this.
     Stop,
+}
+
+/// Where a group's time went on the writer thread, kept with the group so the
+/// thread that completes it can say where a slow one waited
+/// (`force::SLOW_GROUP`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct GroupTimes {
+    /// The writer took the group from the queue.
+    pub(crate) taken: Instant,
+    /// Spent rolling to the next file before the write (its syncs).
+    pub(crate) roll: Duration,
+    /// Spent waiting for a zero-fill step to leave the group's range.
+    pub(crate) reserve_wait: Duration,
+    /// The pwrite began.
+    pub(crate) write_started: Instant,
+    /// The pwrite returned.
+    pub(crate) written: Instant,
 }

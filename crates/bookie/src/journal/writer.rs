@@ -12,14 +12,14 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::SyncSender;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::error::JournalError;
 use super::file::{AlignedBuf, JournalFile};
 use super::force::sync_and_complete;
 use super::format::{self};
 use super::prealloc::{file_cap, install_file};
-use super::shared::{ForceItem, Pending, Shared, WriterWait};
+use super::shared::{ForceItem, GroupTimes, Pending, Shared, WriterWait};
 use crate::mark::JournalMark;
 
 /// The writer's own state.
@@ -152,6 +152,7 @@ impl Writer {
         let total = records_len + padding;
         debug_assert!(total as u64 <= self.shared.config.group_len_max());
         // Keep one block free at the end of every file for its FileEnd record.
+        let mut roll = Duration::ZERO;
         if self.offset + total as u64 + align > file_cap(&self.shared.config) {
             let rolling = Instant::now();
             if let Err(e) = self.rotate() {
@@ -159,19 +160,22 @@ impl Writer {
                 self.fail_group(group, e);
                 return;
             }
+            roll = rolling.elapsed();
             // The group waits for this (ARCHITECTURE.md "Periodic work").
             tracing::debug!(
                 target: "vela::periodic",
                 kind = "journal_roll",
-                elapsed_us = rolling.elapsed().as_micros() as u64,
+                elapsed_us = roll.as_micros() as u64,
                 file_id = self.file_id,
                 "journal file rolled"
             );
         }
+        let reserving = Instant::now();
         if let Err(e) = self.reserve_space(self.offset + total as u64) {
             self.fail_group(group, e);
             return;
         }
+        let reserve_wait = reserving.elapsed();
         // Encode.
         self.buf.reset_zeroed(total);
         let out = self.buf.as_mut_slice();
@@ -208,7 +212,8 @@ impl Writer {
             });
             return;
         }
-        let write_time = started.elapsed();
+        let written_at = Instant::now();
+        let write_time = written_at.saturating_duration_since(started);
         let entries = waiters.len();
         self.offset += total as u64;
         self.publish_offset(total as u64);
@@ -226,12 +231,19 @@ impl Writer {
             },
             waiters,
             oldest_enqueued: oldest,
+            times: Some(GroupTimes {
+                taken,
+                roll,
+                reserve_wait,
+                write_started: started,
+                written: written_at,
+            }),
         };
         if self.sync_inline() {
             // Nothing to pipeline with: handing over would only add a thread
             // wake-up (tens of µs on an idle machine) to this group's latency.
             self.inline_batch.push(written);
-            sync_and_complete(&self.shared, &mut self.inline_batch);
+            sync_and_complete(&self.shared, &mut self.inline_batch, written_at);
         } else {
             self.shared.force_pending.fetch_add(1, Ordering::SeqCst);
             self.send(written);
@@ -374,6 +386,7 @@ impl Writer {
                         end_mark: mark,
                         waiters: Vec::new(),
                         oldest_enqueued: None,
+                        times: None,
                     });
                 }
                 Err(e) => self.shared.fail(&e),
