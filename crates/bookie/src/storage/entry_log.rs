@@ -268,38 +268,16 @@ impl EntryLogWriter {
 }
 
 /// Open read handles of entry logs, shared by all readers.
-///
-/// Where the logs are written with O_DIRECT they are read with O_DIRECT too
-/// (`direct`): a catch-up read then goes from the device straight into its
-/// own buffer, instead of into freshly allocated page cache (a folio
-/// allocation, a memory-cgroup charge and an LRU insertion per 4 KiB, then a
-/// copy out, then the eviction): at ~0.8 GB/s of drain that page-cache work
-/// took ~0.3 of the benchmark machine's 2 cores, which the publish path's
-/// threads then waited for (bench/RESULTS-catch-up.md, session 9). What
-/// reads the same entries again soon is served by the bookie's read cache,
-/// not the page cache. A log that refuses an O_DIRECT open is read
-/// buffered.
 #[derive(Debug)]
 pub(crate) struct LogReaders {
     dir: PathBuf,
-    direct: bool,
-    files: Mutex<HashMap<u64, Arc<LogFile>>>,
-}
-
-/// One open entry log and how it is read.
-#[derive(Debug)]
-struct LogFile {
-    file: File,
-    /// Opened with O_DIRECT: reads are block-aligned (`read_direct`).
-    direct: bool,
+    files: Mutex<HashMap<u64, Arc<File>>>,
 }
 
 impl LogReaders {
-    /// `direct`: the logs are written with O_DIRECT, so read them so too.
-    pub(crate) fn new(dir: &Path, direct: bool) -> LogReaders {
+    pub(crate) fn new(dir: &Path) -> LogReaders {
         LogReaders {
             dir: dir.to_path_buf(),
-            direct,
             files: Mutex::new(HashMap::new()),
         }
     }
@@ -308,41 +286,17 @@ impl LogReaders {
         self.dir.join(format::entry_log_file_name(log_id))
     }
 
-    fn open(&self, path: &Path) -> Result<LogFile, StorageError> {
-        if self.direct {
-            match std::fs::OpenOptions::new()
-                .read(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(path)
-            {
-                Ok(file) => return Ok(LogFile { file, direct: true }),
-                Err(error) if error.raw_os_error() == Some(libc::EINVAL) => {
-                    tracing::debug!(path = %path.display(), "O_DIRECT refused on an entry log; reading it buffered");
-                }
-                Err(error) => return Err(StorageError::io("open O_DIRECT", path, error)),
-            }
-        }
-        let file = File::open(path).map_err(|e| StorageError::io("open", path, e))?;
-        fs::advise_no_kernel_read_ahead(&file);
-        Ok(LogFile {
-            file,
-            direct: false,
-        })
-    }
-
-    fn handle(&self, log_id: u64) -> Result<Arc<LogFile>, StorageError> {
+    fn handle(&self, log_id: u64) -> Result<Arc<File>, StorageError> {
         if let Some(f) = self.files.lock().get(&log_id) {
             return Ok(Arc::clone(f));
         }
         let path = self.path(log_id);
-        let file = self.open(&path)?;
+        let file = File::open(&path).map_err(|e| StorageError::io("open", &path, e))?;
         // Check the header once per open: a file that is not the log the index
         // names is corruption, not data.
-        let header = file
-            .read_pieces(0, format::ENTRY_LOG_HEADER_BYTES, u64::MAX, || ())
-            .map_err(|e| {
-                StorageError::corruption(&path, 0, format!("cannot read header: {e}"))
-            })?;
+        let mut header = [0u8; format::ENTRY_LOG_HEADER_BYTES as usize];
+        file.read_exact_at(&mut header, 0)
+            .map_err(|e| StorageError::corruption(&path, 0, format!("cannot read header: {e}")))?;
         let named = format::decode_entry_log_header(&header, &path)?;
         if named != log_id {
             return Err(StorageError::corruption(
@@ -351,6 +305,7 @@ impl LogReaders {
                 format!("header names log {named}"),
             ));
         }
+        fs::advise_no_kernel_read_ahead(&file);
         let f = Arc::new(file);
         let mut files = self.files.lock();
         if files.len() >= LOG_READERS_OPEN_MAX
@@ -369,22 +324,29 @@ impl LogReaders {
         self.read_in_pieces(log_id, offset, len, u64::MAX, || ())
     }
 
-    /// Like [`LogReaders::read`], in preads of at most `piece_bytes` (with
-    /// O_DIRECT: rounded up to whole blocks), each made while holding what
-    /// `enter_piece` returns (a place at the read gate): a journal write
-    /// queued at the disk behind a catch-up read waits for one piece, not
-    /// for the whole read.
+    /// Like [`LogReaders::read`], in preads of at most `piece_bytes`, each
+    /// made while holding what `enter_piece` returns (a place at the read
+    /// gate): a journal write queued at the disk behind a catch-up read waits
+    /// for one piece, not for the whole read.
     pub(crate) fn read_in_pieces<P>(
         &self,
         log_id: u64,
         offset: u64,
         len: u64,
         piece_bytes: u64,
-        enter_piece: impl FnMut() -> P,
+        mut enter_piece: impl FnMut() -> P,
     ) -> Result<Bytes, StorageError> {
+        assert!(piece_bytes > 0, "a read piece holds at least one byte");
         let f = self.handle(log_id)?;
-        f.read_pieces(offset, len, piece_bytes, enter_piece)
-            .map_err(|e| {
+        let mut buf = BytesMut::zeroed(len as usize);
+        let mut done = 0u64;
+        while done < len {
+            let piece = piece_bytes.min(len - done);
+            let range = done as usize..(done + piece) as usize;
+            let pass = enter_piece();
+            let result = f.read_exact_at(&mut buf[range], offset + done);
+            drop(pass);
+            result.map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
                     StorageError::corruption(
                         self.path(log_id),
@@ -394,89 +356,15 @@ impl LogReaders {
                 } else {
                     StorageError::io("pread", self.path(log_id), e)
                 }
-            })
-    }
-
-    /// Forgets the handle of a deleted log (readers holding it finish their read).
-    pub(crate) fn forget(&self, log_id: u64) {
-        self.files.lock().remove(&log_id);
-    }
-}
-
-impl LogFile {
-    /// `len` bytes at `offset`, in preads of at most `piece_bytes`, each
-    /// while holding what `enter_piece` returns. `UnexpectedEof` when the
-    /// file ends first.
-    fn read_pieces<P>(
-        &self,
-        offset: u64,
-        len: u64,
-        piece_bytes: u64,
-        mut enter_piece: impl FnMut() -> P,
-    ) -> std::io::Result<Bytes> {
-        assert!(piece_bytes > 0, "a read piece holds at least one byte");
-        if self.direct {
-            return self.read_direct(offset, len, piece_bytes, enter_piece);
-        }
-        let mut buf = BytesMut::zeroed(len as usize);
-        let mut done = 0u64;
-        while done < len {
-            let piece = piece_bytes.min(len - done);
-            let range = done as usize..(done + piece) as usize;
-            let pass = enter_piece();
-            let result = self.file.read_exact_at(&mut buf[range], offset + done);
-            drop(pass);
-            result?;
+            })?;
             done += piece;
         }
         Ok(buf.freeze())
     }
 
-    /// `read_pieces` on an O_DIRECT handle: the whole blocks around the
-    /// wanted range are read into an aligned buffer (pieces of whole blocks);
-    /// the result is the wanted range of it, not copied. The last block may
-    /// be cut short by the end of the file; only bytes before the end of the
-    /// wanted range must be there.
-    fn read_direct<P>(
-        &self,
-        offset: u64,
-        len: u64,
-        piece_bytes: u64,
-        mut enter_piece: impl FnMut() -> P,
-    ) -> std::io::Result<Bytes> {
-        let block = DIRECT_IO_ALIGNMENT_BYTES as u64;
-        let first = offset - offset % block;
-        let wanted_end = offset + len;
-        let last = wanted_end.next_multiple_of(block);
-        let piece_bytes = piece_bytes.max(block) / block * block;
-        let total = (last - first) as usize;
-        // Aligned start inside a Vec with one block of slack (no unsafe code:
-        // the Vec stays the owner, `Bytes` slices it).
-        let mut vec = vec![0u8; total + DIRECT_IO_ALIGNMENT_BYTES];
-        let start = vec.as_ptr().align_offset(DIRECT_IO_ALIGNMENT_BYTES);
-        let mut done = 0u64;
-        while first + done < wanted_end {
-            let piece = piece_bytes.min(last - first - done);
-            let at = start + done as usize;
-            let pass = enter_piece();
-            let result = self
-                .file
-                .read_at(&mut vec[at..at + piece as usize], first + done);
-            drop(pass);
-            let read = result? as u64;
-            if read == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            // A short read ends at the end of the file (a whole number of
-            // blocks was asked for at an aligned offset); what it brought is
-            // kept, and the next pread finds the end (0) if more is wanted.
-            done += read;
-            if read % block != 0 && first + done < wanted_end {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-        }
-        let from = start + (offset - first) as usize;
-        Ok(Bytes::from(vec).slice(from..from + len as usize))
+    /// Forgets the handle of a deleted log (readers holding it finish their read).
+    pub(crate) fn forget(&self, log_id: u64) {
+        self.files.lock().remove(&log_id);
     }
 }
 
@@ -496,7 +384,7 @@ mod tests {
             return;
         }
         let mut writer = EntryLogWriter::create(dir.path(), 1, direct, 64 * 1024, 1 << 30).unwrap();
-        let readers = LogReaders::new(dir.path(), direct);
+        let readers = LogReaders::new(dir.path());
         let mut written = Vec::new();
         for entry_id in 0..300u64 {
             let len = match entry_id % 7 {
@@ -534,23 +422,18 @@ mod tests {
             let got = format::decode_record(&record, 9, entry_id, &writer.path, offset).unwrap();
             assert_eq!(&got[..], &payload[..], "entry {entry_id} at {offset}");
             // The same record read in pieces of 1,000 bytes: the same bytes,
-            // one place at the gate per piece (with O_DIRECT a piece is a
-            // whole block: the blocks the record touches, one each).
+            // one place at the gate per piece.
             let mut pieces = 0u64;
             let in_pieces = readers
                 .read_in_pieces(1, offset, len, 1000, || pieces += 1)
                 .unwrap();
             assert_eq!(in_pieces, record, "entry {entry_id} read in pieces");
-            let block = DIRECT_IO_ALIGNMENT_BYTES as u64;
-            let expected = if direct {
-                ((offset + len).next_multiple_of(block) - offset / block * block) / block
-            } else {
-                len.div_ceil(1000)
-            };
-            assert_eq!(pieces, expected, "entry {entry_id}: one pass per piece");
+            assert_eq!(
+                pieces,
+                len.div_ceil(1000),
+                "entry {entry_id}: one pass per piece"
+            );
         }
-        // Direct logs are read with O_DIRECT (no page cache filled).
-        assert_eq!(readers.handle(1).unwrap().direct, direct);
         // Past the end in pieces: an error naming the log, not a short buffer.
         let end = writer.size_bytes();
         let err = readers

@@ -220,7 +220,7 @@ impl LedgerStorage {
         let fail_point = config.fail_point;
         let storage = LedgerStorage {
             read_cache: Mutex::new(ReadCache::new(config.read_cache_bytes_max)),
-            readers: LogReaders::new(&dir, direct),
+            readers: LogReaders::new(&dir),
             log_reads: read_gate::ReadGate::new(config.log_reads_in_flight_max),
             state: Mutex::new(State {
                 cache: WriteCache::default(),
