@@ -4,7 +4,10 @@
 //! `--max-outstanding` messages unacknowledged) and a receipt loop that
 //! awaits receipts in send order and records each latency: from the moment
 //! the message is handed to the client (after the outstanding budget let it
-//! through) to its receipt, i.e. the durable publish latency.
+//! through) to its receipt, i.e. the durable publish latency. With a rate,
+//! the producers' schedules are staggered (`send_due`): together they send
+//! evenly, one message every 1 / `--rate`, as pulsar-perf's one rate limiter
+//! over all its producers does; not every producer at the same instant.
 //! Never: counts a message as done before its receipt; lets the receipt
 //! queue grow past the outstanding bound.
 
@@ -240,7 +243,10 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
         args.num_messages.div_ceil(producers.len() as u64)
     };
     let mut workers = tokio::task::JoinSet::new();
-    for producer in &producers {
+    // One start for every schedule: each producer's phase within its
+    // interval is its place among the producers (`send_due`).
+    let schedule_start = tokio::time::Instant::now();
+    for (index, producer) in producers.iter().enumerate() {
         let (queue, receipts) = mpsc::channel::<InFlight>(outstanding.min(65_536));
         let recorder_for_receipts = recorder.clone();
         workers.spawn(async move {
@@ -252,6 +258,8 @@ pub(crate) async fn run(args: ProduceArgs) -> anyhow::Result<()> {
             queue,
             recorder: recorder.clone(),
             rate: per_producer_rate,
+            schedule_start,
+            phase: index as f64 / producers.len() as f64,
             busy_wait: args.busy_wait,
             size: args.size,
             messages_max: per_producer_messages,
@@ -288,6 +296,10 @@ struct SendLoop {
     queue: mpsc::Sender<InFlight>,
     recorder: Arc<Recorder>,
     rate: f64,
+    /// When every producer's schedule starts.
+    schedule_start: tokio::time::Instant,
+    /// This producer's offset within its interval, in intervals (0..1).
+    phase: f64,
     busy_wait: bool,
     size: usize,
     messages_max: u64,
@@ -297,11 +309,10 @@ struct SendLoop {
 
 impl SendLoop {
     async fn run(self) {
-        let started = tokio::time::Instant::now();
         let mut sent = 0u64;
         while sent < self.messages_max && !*self.stop.borrow() {
             if self.rate > 0.0 {
-                let due = started + Duration::from_secs_f64(sent as f64 / self.rate);
+                let due = self.schedule_start + send_due(sent, self.phase, self.rate);
                 if self.busy_wait {
                     while tokio::time::Instant::now() < due {
                         tokio::task::yield_now().await;
@@ -341,6 +352,16 @@ impl SendLoop {
     }
 }
 
+/// When a producer's `sent`-th message (from 0) is due, after the common
+/// start: at `(sent + phase) / rate` s. With producer i of N at phase i / N
+/// the N schedules interleave into one even schedule at N x rate (all at
+/// phase 0, every producer would send at the same instant: at 10,000 topics
+/// 10,000 messages at once every 1 / rate, a burst a broker answers in tens
+/// of ms, timed as publish latency).
+fn send_due(sent: u64, phase: f64, rate_per_s: f64) -> Duration {
+    Duration::from_secs_f64((sent as f64 + phase) / rate_per_s)
+}
+
 /// Awaits receipts in send order (they complete in that order).
 async fn record_receipts(mut receipts: mpsc::Receiver<InFlight>, recorder: Arc<Recorder>) {
     while let Some(in_flight) = receipts.recv().await {
@@ -351,5 +372,35 @@ async fn record_receipts(mut receipts: mpsc::Receiver<InFlight>, recorder: Arc<R
                 recorder.failure();
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::send_due;
+    use std::time::Duration;
+
+    #[test]
+    fn staggered_producers_send_evenly_together() {
+        // 4 producers at 2 msg/s each: together one message every 125 ms.
+        let producers = 4;
+        let mut dues: Vec<Duration> = (0..producers)
+            .flat_map(|index| {
+                let phase = index as f64 / producers as f64;
+                (0..3).map(move |sent| send_due(sent, phase, 2.0))
+            })
+            .collect();
+        dues.sort();
+        for (k, due) in dues.iter().enumerate() {
+            let expected = Duration::from_millis(125 * k as u64);
+            let off = due.abs_diff(expected);
+            assert!(off < Duration::from_micros(1), "send {k} due at {due:?}");
+        }
+    }
+
+    #[test]
+    fn one_producer_keeps_its_schedule() {
+        assert_eq!(send_due(0, 0.0, 100.0), Duration::ZERO);
+        assert_eq!(send_due(3, 0.0, 100.0), Duration::from_millis(30));
     }
 }
