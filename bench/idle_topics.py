@@ -60,6 +60,8 @@ ATTACH = {
     "producer": (True, False),
     "consumer": (False, True),
 }
+# Clients left open after a `--breakdown` kill (see `create_measure_close`).
+ABANDONED = []
 # Allocation sites printed by --breakdown.
 BREAKDOWN_SITES = 30
 
@@ -77,11 +79,21 @@ def alive_tasks(http):
 
 
 def rss_kib(pid):
+    return rss_parts_kib(pid)["VmRSS"]
+
+
+def rss_parts_kib(pid):
+    """VmRSS and its parts (RssAnon: heap and stacks; RssFile: mapped
+    files; RssShmem: mapped shared memory, e.g. files on /dev/shm), KiB."""
+    parts = {}
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS")
+            key = line.split(":")[0]
+            if key in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+                parts[key] = int(line.split()[1])
+    if "VmRSS" not in parts:
+        raise RuntimeError("no VmRSS")
+    return parts
 
 
 def java_live_heap_bytes(pid):
@@ -148,10 +160,15 @@ def start(vela, data_dir, heaptrack_out):
     raise RuntimeError("no ready line")
 
 
-async def create_measure_close(url, args, measure):
+async def create_measure_close(url, args, measure, before_close=None):
     """Creates the topics, takes `measure()` before the first and once they
-    settled, closes the client (before the broker stops: no reconnect
-    attempts). Returns the two samples and the creation time."""
+    settled, calls `before_close()` (`--breakdown`: the SIGKILL, so that
+    what is live at the kill is the idle topics' state, not what closing
+    their producers and consumers wakes), closes the client (otherwise
+    before the broker stops: no reconnect attempts). Returns the two
+    samples and the creation time. After a `before_close` the client is
+    not closed (its close would wait for the dead broker): it is kept in
+    `ABANDONED` and the process ends with `os._exit`."""
     client = pulsar.asyncio.Client(
         url, operation_timeout_seconds=120,
         logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn),
@@ -177,6 +194,10 @@ async def create_measure_close(url, args, measure):
     created_s = time.monotonic() - began
     await asyncio.sleep(SETTLE_S)
     after = measure()
+    if before_close is not None:
+        before_close()
+        ABANDONED.append(client)
+        return before, after, created_s
     await client.close()
     return before, after, created_s
 
@@ -259,19 +280,29 @@ def run_vela(args):
         pid = vela_pid(proc.pid, args.vela)
 
         def measure():
-            return rss_kib(pid), alive_tasks(http), time.monotonic() - spawned
+            return rss_parts_kib(pid), alive_tasks(http), time.monotonic() - spawned
 
-        before, after, created_s = asyncio.run(create_measure_close(url, args, measure))
-        (rss_before, tasks_before, t_before), (rss_after, tasks_after, t_after) = before, after
+        def kill():
+            os.kill(pid, signal.SIGKILL)
+
+        before, after, created_s = asyncio.run(
+            create_measure_close(url, args, measure, kill if args.breakdown else None)
+        )
+        (parts_before, tasks_before, t_before), (parts_after, tasks_after, t_after) = before, after
+        rss_before, rss_after = parts_before["VmRSS"], parts_after["VmRSS"]
         per_topic_rss = (rss_after - rss_before) * 1024 / args.topics
         print(f"vela: {args.topics} topics ({args.attach}: {describe(args.attach)}), "
               f"created in {created_s:.1f} s")
         print(f"broker RSS: {rss_before / 1024:.1f} MiB before, {rss_after / 1024:.1f} MiB after: "
               f"{per_topic_rss / 1024:.2f} KiB per topic")
+        print("  of which: " + ", ".join(
+            f"{key} {(parts_after.get(key, 0) - parts_before.get(key, 0)) / args.topics:.2f}"
+            for key in ("RssAnon", "RssFile", "RssShmem")) + " KiB per topic")
         if None not in (tasks_before, tasks_after):
             print(f"broker runtime tasks: {tasks_before:.0f} before, {tasks_after:.0f} after: "
                   f"{(tasks_after - tasks_before) / args.topics:.2f} per topic")
-        os.kill(pid, signal.SIGKILL if args.breakdown else signal.SIGTERM)
+        if not args.breakdown:
+            os.kill(pid, signal.SIGTERM)
         proc.wait(timeout=300)
         if heaptrack_out:
             files = glob.glob(heaptrack_out + "*.zst") + glob.glob(heaptrack_out + "*.gz")
@@ -368,6 +399,9 @@ def main():
         run_pulsar(args)
     else:
         run_vela(args)
+    if ABANDONED:
+        sys.stdout.flush()
+        os._exit(0)
 
 
 if __name__ == "__main__":

@@ -94,8 +94,10 @@ struct Remote {
 struct Reconciler {
     running: HashMap<(String, String), Running>,
     remotes: HashMap<String, Remote>,
-    /// Remote clusters of each served topic, as last read.
-    wanted: HashMap<String, Vec<String>>,
+    /// Remote clusters of each served topic, as last read. Keyed by the
+    /// topic's own `full_name` (one copy of the name, where a `String` key
+    /// was a copy per served topic: issue 19's per-topic cost).
+    wanted: HashMap<Arc<str>, Vec<String>>,
     /// Snapshot controllers of the topics with a running replicator.
     controllers: HashMap<String, ControllerTask>,
     budget: Arc<Semaphore>,
@@ -191,14 +193,14 @@ impl Reconciler {
         }
         let topics = service.served_topic_handles();
         let served: HashSet<&str> = topics.iter().map(|t| &*t.full_name).collect();
-        self.wanted.retain(|name, _| served.contains(name.as_str()));
+        self.wanted.retain(|name, _| served.contains(&**name));
         for topic in &topics {
             if !full && self.wanted.contains_key(&*topic.full_name) {
                 continue;
             }
             match service.replication_remotes(&topic.name).await {
                 Ok(remotes) => {
-                    self.wanted.insert(topic.full_name.to_string(), remotes);
+                    self.wanted.insert(Arc::clone(&topic.full_name), remotes);
                 }
                 Err(error) => {
                     tracing::warn!(topic = %topic.full_name, %error, "replication clusters unreadable");
@@ -218,7 +220,7 @@ impl Reconciler {
                     .is_some_and(|t| Arc::ptr_eq(t, &running.topic));
                 let wanted = self
                     .wanted
-                    .get(name)
+                    .get(name.as_str())
                     .is_some_and(|remotes| remotes.contains(remote));
                 !current || !wanted || running.replicator.is_finished()
             })
@@ -233,7 +235,7 @@ impl Reconciler {
             let still_served = by_name.contains_key(key.0.as_str());
             let unwanted = !self
                 .wanted
-                .get(&key.0)
+                .get(key.0.as_str())
                 .is_some_and(|remotes| remotes.contains(&key.1));
             if still_served && unwanted {
                 delete_cursor(&topic, &key.1).await;
