@@ -7,6 +7,9 @@ cd "$(dirname "$0")/python"
 
 missing=()
 python3 -c 'import pulsar' 2>/dev/null || missing+=(pulsar-client)
+# The schema tests' Avro schemas: pulsar-client's `avro` extra (fastavro);
+# a pulsar-client installed without that extra lacks it.
+python3 -c 'import fastavro' 2>/dev/null || missing+=(fastavro)
 python3 -c 'import pytest' 2>/dev/null || missing+=(pytest)
 python3 -c 'import pytest_timeout' 2>/dev/null || missing+=(pytest-timeout)
 python3 -c 'import prometheus_client' 2>/dev/null || missing+=(prometheus-client)
