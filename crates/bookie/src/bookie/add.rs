@@ -346,7 +346,9 @@ impl Core {
                         payload: entry,
                     };
                     let add_latency = Arc::clone(&self.add_latency);
-                    let stored = started.elapsed();
+                    // One clock read: the put's end is the append call's start.
+                    let stored_at = Instant::now();
+                    let stored = stored_at.saturating_duration_since(started);
                     let durable = move |result: Result<(), Status>| {
                         if result.is_ok() {
                             let total = started.elapsed();
@@ -365,9 +367,8 @@ impl Core {
                         }
                         done(result.map(|()| (ledger_id, entry_id)));
                     };
-                    let appending = Instant::now();
                     let appended = self.append(&engine, record, durable);
-                    let append_time = appending.elapsed();
+                    let append_time = stored_at.elapsed();
                     if append_time >= SLOW_ADD / 10 {
                         tracing::debug!(
                             target: "vela::bookie::slow_add",
