@@ -394,6 +394,7 @@ class VelaServer(Server):
         return []
 
     def start(self) -> None:
+        flush_dirty_page_cache(self.system)
         cmd = [self.opts.vela, "standalone", "--data-dir", self.data_dir,
                "--port", "0", "--http-port", "0", "--bookies", str(self.bookies)]
         cmd += self.journal_args()
@@ -466,6 +467,7 @@ class PulsarServer(Server):
     def start(self) -> None:
         if not PULSAR_LIB.is_dir():
             raise Fail("Apache Pulsar is not installed: run bench/pulsar/install.sh")
+        flush_dirty_page_cache(self.system)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         for attempt in range(3):
             broker_port, web_port = free_port(), free_port()
@@ -1389,6 +1391,33 @@ def settle_load() -> None:
                   f"({os.getloadavg()[0]:.2f}) to fall below {SETTLE_LOAD_MAX}...")
             announced = True
         time.sleep(2)
+
+
+def dirty_mib() -> float:
+    """Page cache waiting for write-back (Dirty + Writeback in /proc/meminfo)."""
+    total = 0
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(("Dirty:", "Writeback:")):
+                    total += int(line.split()[1])
+    except OSError:
+        return 0.0
+    return total / 1024
+
+
+def flush_dirty_page_cache(who: str) -> None:
+    """Writes back every dirty page (sync) before a measurement: a build or
+    benchmark that ended just before leaves hundreds of MiB dirty, and the
+    kernel writes them back ~30 s later (vm.dirty_expire_centisecs), in the
+    middle of the next run: ~400 MiB of write-back in one second held a
+    journal fdatasync 33 ms and a journal write 80-90 ms
+    (bench/RESULTS-catch-up.md, session 9)."""
+    before = dirty_mib()
+    started = time.monotonic()
+    os.sync()
+    print(f"   {who}: wrote back {before:.0f} MiB of dirty page cache first "
+          f"({time.monotonic() - started:.1f} s)", flush=True)
 
 
 def command_output(cmd: list) -> str:

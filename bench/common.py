@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import time
 import urllib.error
@@ -77,33 +76,6 @@ def recording_failure(row: dict, who: str):
         row["failed"] = str(error).splitlines()[0]
 
 
-def dirty_mib() -> float:
-    """Page cache waiting for write-back (Dirty + Writeback in /proc/meminfo)."""
-    total = 0
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith(("Dirty:", "Writeback:")):
-                    total += int(line.split()[1])
-    except OSError:
-        return 0.0
-    return total / 1024
-
-
-def flush_dirty_page_cache(who: str) -> None:
-    """Writes back every dirty page (sync) before a measurement: a build or
-    benchmark that ended just before leaves hundreds of MiB dirty, and the
-    kernel writes them back ~30 s later (vm.dirty_expire_centisecs), in the
-    middle of the next run: ~400 MiB of write-back in one second held a
-    journal fdatasync 33 ms and a journal write 80-90 ms
-    (bench/RESULTS-catch-up.md, session 9)."""
-    before = dirty_mib()
-    started = time.monotonic()
-    os.sync()
-    print(f"   {who}: wrote back {before:.0f} MiB of dirty page cache first "
-          f"({time.monotonic() - started:.1f} s)", flush=True)
-
-
 @contextmanager
 def fresh_server(opts: bench.Options, server_class, data_name: str, system: str):
     """A standalone of `server_class` (1 bookie) on the fresh data directory
@@ -111,7 +83,6 @@ def fresh_server(opts: bench.Options, server_class, data_name: str, system: str)
     unless --keep-data) however the block ends."""
     data_dir = opts.data_root / data_name
     shutil.rmtree(data_dir, ignore_errors=True)
-    flush_dirty_page_cache(system)
     server = server_class(1, data_dir, opts)
     try:
         print(f"   {system}: starting", flush=True)
