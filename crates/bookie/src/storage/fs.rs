@@ -1,7 +1,8 @@
 //! The few file-system calls storage makes durable: create a file durably,
-//! replace one atomically, sync a directory, lock the ledger dir, and the
-//! write-back hints (`sync_file_range`). All `unsafe` of the storage module is
-//! here, each with its SAFETY note.
+//! replace one atomically, sync a directory, lock the ledger dir, the
+//! write-back hints (`sync_file_range`), and the entry-log read into a
+//! buffer's spare capacity (`pread_append`). All `unsafe` of the storage
+//! module is here, each with its SAFETY note.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
