@@ -189,9 +189,6 @@ async fn a_rotten_only_copy_is_reported_in_process_and_by_the_bookies_check() {
     })
     .await
     .unwrap();
-    assert!(
-        matches!(checked, (Err(Status::IoError), 1)),
-        "{checked:?}"
-    );
+    assert!(matches!(checked, (Err(Status::IoError), 1)), "{checked:?}");
     local.close().await;
 }

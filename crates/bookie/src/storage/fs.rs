@@ -114,7 +114,10 @@ pub(crate) fn pread_append(
     offset: u64,
 ) -> std::io::Result<usize> {
     let spare = buf.spare_capacity_mut();
-    assert!(spare.len() >= want, "pread_append past the buffer's capacity");
+    assert!(
+        spare.len() >= want,
+        "pread_append past the buffer's capacity"
+    );
     let off = libc::off_t::try_from(offset).map_err(|_| {
         std::io::Error::new(std::io::ErrorKind::InvalidInput, "offset out of range")
     })?;
