@@ -20,6 +20,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::{Semaphore, oneshot};
 use vela_bookie::bookie::Bookie;
+use vela_bookie::storage::RecordCheck;
 use vela_bookie_protocol::{LAST_ENTRY, Status};
 
 use vela_ledger::transport::{AddMode, BookieError, BookieFuture, BookieTransport, ReadMode};
@@ -129,11 +130,25 @@ impl BookieTransport for LocalBookies {
         let reads = self.reads.clone();
         Box::pin(async move {
             let bookie = found?;
-            if mode == ReadMode::Fence {
-                fence(&bookie, ledger_id).await?;
-            }
-            let read =
-                blocking_read(&reads, move || bookie.read_entry(ledger_id.0, entry_id.0)).await?;
+            // A normal read is answered to the ledger client's reader, which
+            // checks the packaged entry's CRC32C (over the same payload bytes,
+            // in this same buffer) before anything of it reaches a consumer
+            // (`BookieTransport::read`): storage skips the record's own CRC
+            // for it, so a catch-up byte is checksummed once, not twice. A
+            // corrupt record is then reported by the reader (`corrupt entry`,
+            // its `corrupt_reads`, the next replica tried). A fencing read
+            // (recovery) keeps storage's full check.
+            let check = match mode {
+                ReadMode::Normal => RecordCheck::ReaderVerifies,
+                ReadMode::Fence => {
+                    fence(&bookie, ledger_id).await?;
+                    RecordCheck::Full
+                }
+            };
+            let read = blocking_read(&reads, move || {
+                bookie.read_entry_checked(ledger_id.0, entry_id.0, check)
+            })
+            .await?;
             Ok(read.entry)
         })
     }

@@ -11,7 +11,8 @@ use std::time::Duration;
 use common::real::bookie_config;
 use common::*;
 use vela_bookie::bookie::Bookie;
-use vela_ledger::{BookieId, EntryId, LedgerClient, LedgerConfig, LedgerState};
+use vela_bookie_protocol::Status;
+use vela_ledger::{BookieId, EntryId, LedgerClient, LedgerConfig, LedgerError, LedgerState};
 use vela_ledger_backend::LocalBookies;
 use vela_meta::{MemoryStore, MetadataStore};
 
@@ -104,24 +105,6 @@ async fn local_quorum_writes_recover_fence_and_survive_reopening() {
     local.close().await;
 }
 
-/// Flips a byte inside `needle` in the first entry log of `ledger_dir` that
-/// holds it; returns whether one did.
-fn rot_entry_log(ledger_dir: &std::path::Path, needle: &[u8]) -> bool {
-    for entry in std::fs::read_dir(ledger_dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_none_or(|e| e != "log") {
-            continue;
-        }
-        let mut bytes = std::fs::read(&path).unwrap();
-        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
-            bytes[at + needle.len() / 2] ^= 0x20;
-            std::fs::write(&path, &bytes).unwrap();
-            return true;
-        }
-    }
-    false
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_copy_failing_the_bookies_own_check_is_read_from_the_other_replica() {
     let store: Arc<dyn MetadataStore> = Arc::new(MemoryStore::new());
@@ -145,11 +128,67 @@ async fn a_copy_failing_the_bookies_own_check_is_read_from_the_other_replica() {
         &payload(id, 2)
     ));
     let local = Local::open(2, dirs, store).await;
-    let reader = local.client().open_for_read(id).await.unwrap();
+    let client = local.client();
+    let reader = client.open_for_read(id).await.unwrap();
     for e in 0..5 {
         assert_eq!(reader.read(EntryId(e)).await.unwrap(), payload(id, e));
     }
+    // In process, the ledger client's end-to-end check caught the rotten copy
+    // (storage skipped its own record CRC for this reader: one check, not two).
+    assert_eq!(client.stats().corrupt_reads, 1);
     let rotten = &local.bookies.iter().find(|(b, _)| *b == first).unwrap().1;
-    assert_eq!(rotten.stats().corrupt_reads, 1);
+    assert_eq!(rotten.stats().corrupt_reads, 0);
+    local.close().await;
+}
+
+/// One copy only, rotten on disk: the in-process read reports it (never hands
+/// out the bad bytes), every time it is asked; and a reader that relies on
+/// the bookie's own check (what the TCP server answers) still gets it checked
+/// although the unchecked copy now sits in the bookie's read cache.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotten_only_copy_is_reported_in_process_and_by_the_bookies_check() {
+    let store: Arc<dyn MetadataStore> = Arc::new(MemoryStore::new());
+    let local = Local::open(1, tempfile::tempdir().unwrap(), store).await;
+    let writer = local
+        .client()
+        .create(quorum(1, 1, 1), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    for e in 0..5 {
+        writer.add(payload(id, e)).await.unwrap();
+    }
+    writer.close().await.unwrap();
+    let (dirs, store) = local.close().await;
+    assert!(rot_entry_log(
+        &dirs.path().join("local-0").join("ledgers"),
+        &payload(id, 2)
+    ));
+    let local = Local::open(1, dirs, store).await;
+    let client = local.client();
+    let reader = client.open_for_read(id).await.unwrap();
+    // Sequential reads: entry 2 arrives through a read-ahead of its neighbours.
+    for round in 0..2 {
+        for e in 0..5 {
+            let read = reader.read(EntryId(e)).await;
+            if e == 2 {
+                assert!(
+                    matches!(read, Err(LedgerError::Corrupt { .. })),
+                    "round {round}: {read:?}"
+                );
+            } else {
+                assert_eq!(read.unwrap(), payload(id, e));
+            }
+        }
+    }
+    assert_eq!(client.stats().corrupt_reads, 2);
+    let bookie = Arc::clone(&local.bookies[0].1);
+    let checked = tokio::task::spawn_blocking(move || {
+        let answer = bookie.read_entry(id.0, 2);
+        (answer, bookie.stats().corrupt_reads)
+    })
+    .await
+    .unwrap();
+    assert!(matches!(checked, (Err(Status::IoError), 1)), "{checked:?}");
     local.close().await;
 }

@@ -11,7 +11,9 @@ use std::time::Duration;
 use common::real::RealBookie;
 use common::*;
 use vela_bookie_protocol::client::ClientConfig;
-use vela_ledger::{BookieClientTransport, EntryId, LedgerClient, LedgerConfig, LedgerState};
+use vela_ledger::{
+    BookieClientTransport, EntryId, LedgerClient, LedgerConfig, LedgerError, LedgerState,
+};
 use vela_meta::{MemoryStore, MetadataStore};
 
 struct Cluster {
@@ -208,5 +210,47 @@ async fn recovery_with_a_stopped_bookie_on_real_bookies_at_2_2_2() {
     for (e, got) in all.iter().enumerate() {
         assert_eq!(got, &payload(id, e as u64));
     }
+    cluster.stop().await;
+}
+
+/// Over TCP the bookie checks each stored record itself before it answers
+/// (its peer may be any client): a copy rotten on disk is answered as an I/O
+/// error, every time, and its neighbours are read as usual.
+#[tokio::test]
+async fn a_rotten_copy_is_refused_by_the_bookie_over_tcp() {
+    let mut cluster = Cluster::start(1).await;
+    let writer = cluster
+        .client()
+        .create(quorum(1, 1, 1), no_properties())
+        .await
+        .unwrap();
+    let id = writer.ledger_id();
+    for e in 0..5 {
+        writer.add(payload(id, e)).await.unwrap();
+    }
+    writer.close().await.unwrap();
+    // A clean stop flushes the entries into the entry logs.
+    let dirs = cluster.bookies.remove(0).stop().await;
+    assert!(rot_entry_log(&dirs.path().join("ledgers"), &payload(id, 2)));
+    let bookie = RealBookie::start_in("bookie-0", dirs).await;
+    register_at(&cluster.store, &bookie.id, &bookie.addr.to_string(), None).await;
+    cluster.bookies.push(bookie);
+    let client = cluster.client();
+    let reader = client.open_for_read(id).await.unwrap();
+    for round in 0..2 {
+        for e in 0..5 {
+            let read = reader.read(EntryId(e)).await;
+            if e == 2 {
+                assert!(
+                    matches!(read, Err(LedgerError::EntryUnavailable { .. })),
+                    "round {round}: {read:?}"
+                );
+            } else {
+                assert_eq!(read.unwrap(), payload(id, e));
+            }
+        }
+    }
+    // The bookie refused the bytes; the client never saw them.
+    assert_eq!(client.stats().corrupt_reads, 0);
     cluster.stop().await;
 }

@@ -37,6 +37,10 @@ pub trait BookieTransport: Send + Sync + std::fmt::Debug + 'static {
     ) -> BookieFuture<()>;
 
     /// Reads the packaged entry `entry_id`; with `ReadMode::Fence` fences first.
+    /// The bytes are unverified: every caller checks the packaged entry's
+    /// CRC32C and ids (`entry::unpackage`) before using or passing on any of
+    /// them, and a transport may rely on that (`LocalBookies` skips the
+    /// bookie's own record CRC for normal reads).
     fn read(
         &self,
         bookie: &BookieId,

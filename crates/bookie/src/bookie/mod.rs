@@ -68,7 +68,7 @@ use crate::journal::{
     AppendRefused, JournalConfig, JournalError, JournalHistograms, JournalRecord, JournalStats,
 };
 use crate::mark::JournalMark;
-use crate::storage::{ReadSource, StorageConfig, StorageError, StorageStats};
+use crate::storage::{ReadSource, RecordCheck, StorageConfig, StorageError, StorageStats};
 use engine::Engine;
 use health::Health;
 use monitor::StopSignal;
@@ -463,8 +463,22 @@ impl Bookie {
 
     /// Reads entry `entry_id` (or, with `LAST_ENTRY`, the last stored one) of
     /// `ledger_id`, with the ledger's known LAC. May read disk: call it from a
-    /// blocking-allowed thread. Served in every mode.
+    /// blocking-allowed thread. Served in every mode. Storage checks the
+    /// stored record fully (`RecordCheck::Full`): what the TCP server sends.
     pub fn read_entry(&self, ledger_id: u64, entry_id: u64) -> Result<StoredEntry, Status> {
+        self.read_entry_checked(ledger_id, entry_id, RecordCheck::Full)
+    }
+
+    /// `read_entry`, with storage's check of the stored record as `check`
+    /// says: `RecordCheck::ReaderVerifies` only for a caller that verifies the
+    /// packaged entry's CRC32C before any consumer sees it (`LocalBookies`'
+    /// normal reads, answered to the ledger client's reader).
+    pub fn read_entry_checked(
+        &self,
+        ledger_id: u64,
+        entry_id: u64,
+        check: RecordCheck,
+    ) -> Result<StoredEntry, Status> {
         let engine = self.engine_for_read()?;
         let storage = &engine.storage;
         let entry_id = if entry_id == LAST_ENTRY {
@@ -477,7 +491,7 @@ impl Bookie {
         };
         let started = std::time::Instant::now();
         let (entry, source) = storage
-            .get_entry_from(ledger_id, entry_id)
+            .get_entry_from(ledger_id, entry_id, check)
             .map_err(|error| self.core.storage_status(&engine, &error))?;
         let reads = &self.core.reads;
         let (latency, bytes) = match source {

@@ -34,7 +34,7 @@ use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use parking_lot::Mutex;
 
 use super::error::StorageError;
@@ -338,13 +338,14 @@ impl LogReaders {
     ) -> Result<Bytes, StorageError> {
         assert!(piece_bytes > 0, "a read piece holds at least one byte");
         let f = self.handle(log_id)?;
-        let mut buf = BytesMut::zeroed(len as usize);
-        let mut done = 0u64;
-        while done < len {
+        // Not zero-filled: each pread appends only what the kernel wrote, so
+        // the buffer never holds a byte the file did not give.
+        let mut buf = Vec::with_capacity(len as usize);
+        while (buf.len() as u64) < len {
+            let done = buf.len() as u64;
             let piece = piece_bytes.min(len - done);
-            let range = done as usize..(done + piece) as usize;
             let pass = enter_piece();
-            let result = f.read_exact_at(&mut buf[range], offset + done);
+            let result = read_piece(&f, &mut buf, piece as usize, offset + done);
             drop(pass);
             result.map_err(|e| {
                 if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -357,15 +358,33 @@ impl LogReaders {
                     StorageError::io("pread", self.path(log_id), e)
                 }
             })?;
-            done += piece;
         }
-        Ok(buf.freeze())
+        Ok(Bytes::from(buf))
     }
 
     /// Forgets the handle of a deleted log (readers holding it finish their read).
     pub(crate) fn forget(&self, log_id: u64) {
         self.files.lock().remove(&log_id);
     }
+}
+
+/// Appends exactly `piece` bytes read at `offset` to `buf` (capacity already
+/// there), in as many preads as the kernel needs; `UnexpectedEof` if the file
+/// ends first (what was read stays in `buf`, and the caller drops it).
+fn read_piece(f: &File, buf: &mut Vec<u8>, piece: usize, offset: u64) -> std::io::Result<()> {
+    let mut got = 0usize;
+    while got < piece {
+        match fs::pread_append(f, buf, piece - got, offset + got as u64)? {
+            0 => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "end of file",
+                ));
+            }
+            n => got += n,
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

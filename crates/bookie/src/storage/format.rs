@@ -128,15 +128,48 @@ pub(crate) fn encode_record_header(ledger_id: u64, entry_id: u64, payload: &[u8]
     h
 }
 
+/// How much of a stored record storage checks before it hands the entry out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RecordCheck {
+    /// Length, ids and the record's CRC32C: the bytes are the ones stored.
+    /// Every reader that does not verify the packaged entry itself (the TCP
+    /// server, whose peer may be any client, the LAC derivation, fencing)
+    /// uses this.
+    Full,
+    /// Length and ids only, not the record's CRC32C: for a caller that
+    /// checks the packaged entry's own CRC32C (which covers the same payload
+    /// bytes) before any of them reaches a consumer, in the same process and
+    /// the same buffer: the ledger client reading through `LocalBookies`
+    /// (`unpackage` in its reader). A flipped byte is then reported by the
+    /// ledger client (a `corrupt entry` warning, its `corrupt_reads`, the
+    /// next replica tried) instead of by storage. Checking both would
+    /// checksum every catch-up byte twice.
+    ReaderVerifies,
+}
+
 /// Decodes the record that `buf` holds exactly (header + payload), read from
-/// `path` at `offset`, and checks that it is entry (`ledger_id`, `entry_id`).
-/// Returns the payload as a slice of `buf` (no copy).
+/// `path` at `offset`, and checks that it is entry (`ledger_id`, `entry_id`)
+/// and that its CRC32C matches. Returns the payload as a slice of `buf` (no
+/// copy).
 pub(crate) fn decode_record(
     buf: &Bytes,
     ledger_id: u64,
     entry_id: u64,
     path: &std::path::Path,
     offset: u64,
+) -> Result<Bytes, StorageError> {
+    decode_record_checked(buf, ledger_id, entry_id, path, offset, RecordCheck::Full)
+}
+
+/// `decode_record`, with the CRC32C checked only under `RecordCheck::Full`
+/// (length and ids always).
+pub(crate) fn decode_record_checked(
+    buf: &Bytes,
+    ledger_id: u64,
+    entry_id: u64,
+    path: &std::path::Path,
+    offset: u64,
+    check: RecordCheck,
 ) -> Result<Bytes, StorageError> {
     let bad = |reason: String| Err(StorageError::corruption(path, offset, reason));
     if (buf.len() as u64) < RECORD_HEADER_BYTES {
@@ -155,12 +188,14 @@ pub(crate) fn decode_record(
             buf.len()
         ));
     }
-    let crc_stored = le_u32(&buf[4..8]);
-    let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[0..4]), &buf[8..]);
-    if crc != crc_stored {
-        return bad(format!(
-            "record CRC mismatch (stored {crc_stored:#010x}, computed {crc:#010x})"
-        ));
+    if check == RecordCheck::Full {
+        let crc_stored = le_u32(&buf[4..8]);
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&buf[0..4]), &buf[8..]);
+        if crc != crc_stored {
+            return bad(format!(
+                "record CRC mismatch (stored {crc_stored:#010x}, computed {crc:#010x})"
+            ));
+        }
     }
     let (l, e) = (le_u64(&buf[8..16]), le_u64(&buf[16..24]));
     if (l, e) != (ledger_id, entry_id) {
@@ -302,6 +337,20 @@ mod tests {
                 "byte {i}"
             );
         }
+        // A reader that verifies end to end: the CRC is not checked here
+        // (a payload flip passes), length and ids still are.
+        let check = RecordCheck::ReaderVerifies;
+        let mut flipped = rec.to_vec();
+        flipped[30] ^= 0x40;
+        assert_eq!(
+            &decode_record_checked(&Bytes::from(flipped), 5, 9, p, 512, check).unwrap()[..],
+            b"hello 7orld"
+        );
+        assert!(decode_record_checked(&rec, 5, 10, p, 0, check).is_err());
+        assert!(decode_record_checked(&rec.slice(..rec.len() - 1), 5, 9, p, 0, check).is_err());
+        let mut wrong_len = rec.to_vec();
+        wrong_len[0] ^= 0x01;
+        assert!(decode_record_checked(&Bytes::from(wrong_len), 5, 9, p, 0, check).is_err());
         // Right bytes, wrong ids asked for.
         assert!(decode_record(&rec, 5, 10, p, 0).is_err());
         // Truncated.

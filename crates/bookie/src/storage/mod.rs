@@ -78,6 +78,7 @@ pub use config::{
     StorageConfig,
 };
 pub use error::StorageError;
+pub use format::RecordCheck;
 pub use stats::{FlushStats, GcStats, GcTimings, StorageStats};
 
 use crate::JournalMark;
@@ -431,16 +432,18 @@ impl LedgerStorage {
     /// I/O: call from a blocking-allowed thread. `NoSuchLedger` for an unknown or
     /// deleted ledger, `NoSuchEntry` for an absent entry of a known one.
     pub fn get_entry(&self, ledger_id: u64, entry_id: u64) -> Result<Bytes, StorageError> {
-        self.get_entry_from(ledger_id, entry_id)
+        self.get_entry_from(ledger_id, entry_id, RecordCheck::Full)
             .map(|(entry, _)| entry)
     }
 
-    /// As `get_entry`, saying where the entry came from (for the read-path
-    /// stages).
+    /// As `get_entry`, with `check` saying whether storage checks the
+    /// record's CRC32C (`RecordCheck`), and saying where the entry came from
+    /// (for the read-path stages).
     pub fn get_entry_from(
         &self,
         ledger_id: u64,
         entry_id: u64,
+        check: RecordCheck,
     ) -> Result<(Bytes, ReadSource), StorageError> {
         let overlapping = {
             let st = self.state.lock();
@@ -460,13 +463,19 @@ impl LedgerStorage {
         };
         let sequential = {
             let mut rc = self.read_cache.lock();
-            if let Some(b) = rc.get(ledger_id, entry_id) {
-                self.counters
-                    .read_cache_hits
-                    .fetch_add(1, Ordering::Relaxed);
-                return Ok((b, ReadSource::Cache));
+            match rc.get(ledger_id, entry_id) {
+                Some((b, crc_checked)) if crc_checked || check == RecordCheck::ReaderVerifies => {
+                    self.counters
+                        .read_cache_hits
+                        .fetch_add(1, Ordering::Relaxed);
+                    return Ok((b, ReadSource::Cache));
+                }
+                // Read for a caller that verifies end to end, unchecked here:
+                // a `Full` caller reads the record again (no read-ahead) and
+                // checks it, caching the checked copy.
+                Some(_) => false,
+                None => rc.note_miss(ledger_id, entry_id),
             }
-            rc.note_miss(ledger_id, entry_id)
         };
         let read_ahead_bytes = if sequential {
             self.config.read_ahead_bytes_max
@@ -478,17 +487,18 @@ impl LedgerStorage {
         // finds the file cut short (gc truncates a log in steps before the
         // unlink). Look up once more: the index then names the new log. A log
         // that is really bad fails the same way twice.
-        let read = match self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes) {
-            Err(StorageError::Io { source, .. })
-                if source.kind() == std::io::ErrorKind::NotFound =>
-            {
-                self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes)
-            }
-            Err(StorageError::Corruption { .. }) => {
-                self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes)
-            }
-            r => r,
-        };
+        let read =
+            match self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes, check) {
+                Err(StorageError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes, check)
+                }
+                Err(StorageError::Corruption { .. }) => {
+                    self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes, check)
+                }
+                r => r,
+            };
         // A read-ahead that landed was marked done under the lock that cached
         // it (read_from_log); a failed one is marked done here.
         if sequential && read.is_err() {
@@ -498,13 +508,15 @@ impl LedgerStorage {
     }
 
     /// Reads the entry from its log, with up to `read_ahead_bytes` of the entries
-    /// after it (same ledger, same index record) into the read cache.
+    /// after it (same ledger, same index record) into the read cache, each
+    /// record checked as `check` says.
     fn read_from_log(
         &self,
         ledger_id: u64,
         entry_id: u64,
         overlapping: bool,
         read_ahead_bytes: u64,
+        check: RecordCheck,
     ) -> Result<Bytes, StorageError> {
         let Some((log_id, spans)) =
             self.index
@@ -543,7 +555,8 @@ impl LedgerStorage {
         for (i, s) in spans.iter().enumerate() {
             let rel = (s.offset - start) as usize;
             let rec = buf.slice(rel..rel + s.len as usize);
-            match format::decode_record(&rec, ledger_id, s.entry_id, &path, s.offset) {
+            match format::decode_record_checked(&rec, ledger_id, s.entry_id, &path, s.offset, check)
+            {
                 Ok(payload) => {
                     if i == 0 {
                         wanted = Some(payload.clone());
@@ -563,7 +576,7 @@ impl LedgerStorage {
         if let Some(&((_, last), _)) = cached.last() {
             rc.note_read_ahead_end(ledger_id, last);
         }
-        rc.insert_segment(buf.len() as u64, cached);
+        rc.insert_segment(buf.len() as u64, cached, check == RecordCheck::Full);
         drop(rc);
         wanted.ok_or(StorageError::NoSuchEntry {
             ledger_id,

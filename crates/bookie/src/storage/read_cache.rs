@@ -33,7 +33,9 @@ struct Segment {
 #[derive(Debug)]
 pub(crate) struct ReadCache {
     segments: VecDeque<Segment>,
-    map: HashMap<(u64, u64), (u64, Bytes)>,
+    /// (ledger, entry) -> (segment id, payload, whether storage checked the
+    /// record's CRC32C when it read it: `RecordCheck::Full`).
+    map: HashMap<(u64, u64), (u64, Bytes, bool)>,
     bytes: u64,
     bytes_max: u64,
     next_segment_id: u64,
@@ -98,8 +100,13 @@ impl ReadCache {
         }
     }
 
-    pub(crate) fn get(&self, ledger_id: u64, entry_id: u64) -> Option<Bytes> {
-        self.map.get(&(ledger_id, entry_id)).map(|(_, b)| b.clone())
+    /// The cached payload and whether its record's CRC32C was checked when
+    /// it was read (an entry read for a `RecordCheck::ReaderVerifies` caller
+    /// was not: a `Full` caller must not take it as checked).
+    pub(crate) fn get(&self, ledger_id: u64, entry_id: u64) -> Option<(Bytes, bool)> {
+        self.map
+            .get(&(ledger_id, entry_id))
+            .map(|(_, b, crc_checked)| (b.clone(), *crc_checked))
     }
 
     pub(crate) fn bytes(&self) -> u64 {
@@ -107,9 +114,15 @@ impl ReadCache {
     }
 
     /// Adds a segment of `buffer_bytes` holding `entries` (slices of that buffer),
-    /// dropping the oldest segments to make room. A segment larger than the whole
-    /// budget is not cached.
-    pub(crate) fn insert_segment(&mut self, buffer_bytes: u64, entries: Vec<((u64, u64), Bytes)>) {
+    /// whose records' CRC32C were checked or not (`crc_checked`), dropping the
+    /// oldest segments to make room. A segment larger than the whole budget is
+    /// not cached.
+    pub(crate) fn insert_segment(
+        &mut self,
+        buffer_bytes: u64,
+        entries: Vec<((u64, u64), Bytes)>,
+        crc_checked: bool,
+    ) {
         if buffer_bytes > self.bytes_max || entries.is_empty() {
             return;
         }
@@ -119,7 +132,7 @@ impl ReadCache {
             };
             self.bytes -= old.bytes;
             for k in old.keys {
-                if self.map.get(&k).is_some_and(|(seg, _)| *seg == old.id) {
+                if self.map.get(&k).is_some_and(|(seg, _, _)| *seg == old.id) {
                     self.map.remove(&k);
                 }
             }
@@ -129,7 +142,7 @@ impl ReadCache {
         let mut keys = Vec::with_capacity(entries.len());
         for (k, b) in entries {
             keys.push(k);
-            self.map.insert(k, (id, b));
+            self.map.insert(k, (id, b, crc_checked));
         }
         self.segments.push_back(Segment {
             id,
@@ -153,22 +166,25 @@ mod tests {
         c.insert_segment(
             40,
             vec![((1, 0), buf.slice(0..20)), ((1, 1), buf.slice(20..40))],
+            true,
         );
-        c.insert_segment(40, vec![((1, 2), buf.slice(0..40))]);
+        c.insert_segment(40, vec![((1, 2), buf.slice(0..40))], false);
         assert_eq!(c.bytes(), 80);
         c.insert_segment(
             40,
             vec![((1, 3), buf.slice(0..40)), ((1, 1), buf.slice(0..1))],
+            true,
         );
         assert!(c.bytes() <= 100);
         assert!(c.get(1, 0).is_none(), "oldest segment evicted");
         assert_eq!(
-            c.get(1, 1).unwrap().len(),
+            c.get(1, 1).unwrap().0.len(),
             1,
             "re-inserted key survives its old segment"
         );
-        assert!(c.get(1, 2).is_some());
-        c.insert_segment(1000, vec![((9, 9), buf.clone())]);
+        assert_eq!(c.get(1, 2).map(|(_, checked)| checked), Some(false));
+        assert_eq!(c.get(1, 3).map(|(_, checked)| checked), Some(true));
+        c.insert_segment(1000, vec![((9, 9), buf.clone())], true);
         assert!(c.get(9, 9).is_none(), "oversized segment not cached");
     }
 
