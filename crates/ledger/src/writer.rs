@@ -197,7 +197,6 @@ impl LedgerWriter {
             core,
             ledger_id,
             quorum,
-            metadata: crate::metadata::encode(&metadata).into_boxed_slice(),
             version: versioned.version,
             ensemble,
             next_entry: EntryId(0),
@@ -420,10 +419,11 @@ struct WriterTask {
     core: Arc<ClientCore>,
     ledger_id: LedgerId,
     quorum: Quorum,
-    /// The ledger's metadata as last stored, encoded (`metadata::encode`):
-    /// decoded only for an ensemble change or the close. ~200 bytes where
-    /// the decoded maps hold ~1 KiB of nodes, kept by every open ledger.
-    metadata: Box<[u8]>,
+    /// The version of the ledger's metadata as this writer last stored or
+    /// read it. The metadata itself is read back from the store for an
+    /// ensemble change or the close (`stored_metadata`), the only times it
+    /// is needed: kept here it was ~230 bytes encoded per open ledger
+    /// (issue 19's idle topic), for a read at each rollover.
     version: vela_meta::Version,
     /// The last segment's bookies (what new and resent adds go to).
     ensemble: Vec<BookieId>,
@@ -871,7 +871,20 @@ impl WriterTask {
         ensemble: &[BookieId],
     ) -> Result<(), LedgerError> {
         for _ in 0..METADATA_CAS_ATTEMPTS_MAX {
-            let mut metadata = self.stored_metadata()?;
+            let fresh = Self::stored_metadata(&self.core, self.ledger_id).await?;
+            if fresh.version != self.version {
+                // Changed by someone else since this writer's last write
+                // (a CAS against `self.version` would fail): go on from it
+                // while it is still OPEN.
+                match fresh.metadata.state {
+                    LedgerState::Open => self.version = fresh.version,
+                    LedgerState::InRecovery => return Err(LedgerError::Fenced(self.ledger_id)),
+                    LedgerState::Closed => {
+                        return Err(LedgerError::LedgerClosed(self.ledger_id));
+                    }
+                }
+            }
+            let mut metadata = fresh.metadata;
             let (last_first, _) = metadata.last_ensemble();
             if last_first != first_entry && metadata.ensembles.len() >= ENSEMBLES_MAX {
                 return Err(LedgerError::TooManyEnsembleChanges(self.ledger_id));
@@ -879,42 +892,25 @@ impl WriterTask {
             metadata.set_last_ensemble(first_entry, ensemble.to_vec());
             match store::cas(&self.core.store, self.ledger_id, &metadata, self.version).await {
                 Ok(version) => {
-                    self.keep_metadata(&metadata);
                     self.version = version;
                     return Ok(());
                 }
                 Err(CasError::Failed(e)) => return Err(e),
-                Err(CasError::BadVersion) => self.reread_open().await?,
+                // Read again at the loop's top.
+                Err(CasError::BadVersion) => {}
             }
         }
         Err(LedgerError::MetadataContention(self.ledger_id))
     }
 
-    /// The metadata as last stored, decoded.
-    fn stored_metadata(&self) -> Result<LedgerMetadata, LedgerError> {
-        crate::metadata::decode(&self.metadata).map_err(|error| LedgerError::MetadataFormat {
-            ledger_id: self.ledger_id,
-            error,
-        })
-    }
-
-    /// Keeps `metadata` (just stored, or read back) encoded.
-    fn keep_metadata(&mut self, metadata: &LedgerMetadata) {
-        self.metadata = crate::metadata::encode(metadata).into_boxed_slice();
-    }
-
-    /// After a CAS conflict: reload, and stop unless the ledger is still OPEN.
-    async fn reread_open(&mut self) -> Result<(), LedgerError> {
-        let fresh = store::read(&self.core.store, self.ledger_id).await?;
-        match fresh.metadata.state {
-            LedgerState::Open => {
-                self.keep_metadata(&fresh.metadata);
-                self.version = fresh.version;
-                Ok(())
-            }
-            LedgerState::InRecovery => Err(LedgerError::Fenced(self.ledger_id)),
-            LedgerState::Closed => Err(LedgerError::LedgerClosed(self.ledger_id)),
-        }
+    /// The ledger's metadata as stored now, with its version (equal to
+    /// `self.version` unless someone else changed it since). Takes its
+    /// parts, not `&self`: a `WriterTask` is `Send` but not `Sync`.
+    async fn stored_metadata(
+        core: &ClientCore,
+        ledger_id: LedgerId,
+    ) -> Result<store::Versioned, LedgerError> {
+        store::read(&core.store, ledger_id).await
     }
 
     async fn close(&mut self) -> Result<LedgerMetadata, LedgerError> {
@@ -926,31 +922,31 @@ impl WriterTask {
         }
         debug_assert!(self.pending.is_empty());
         for _ in 0..METADATA_CAS_ATTEMPTS_MAX {
-            let mut metadata = self.stored_metadata()?;
+            let fresh = Self::stored_metadata(&self.core, self.ledger_id).await?;
+            if fresh.version != self.version {
+                // Changed by someone else since this writer's last write.
+                match fresh.metadata.state {
+                    LedgerState::Open => self.version = fresh.version,
+                    // Closed by a recoverer exactly where we stand (or by an
+                    // earlier attempt of ours whose answer was lost): done.
+                    LedgerState::Closed
+                        if fresh.metadata.last_entry == self.lac
+                            && fresh.metadata.length_bytes == self.length_bytes =>
+                    {
+                        return Ok(fresh.metadata);
+                    }
+                    _ => return Err(LedgerError::Fenced(self.ledger_id)),
+                }
+            }
+            let mut metadata = fresh.metadata;
             metadata.state = LedgerState::Closed;
             metadata.last_entry = self.lac;
             metadata.length_bytes = self.length_bytes;
             match store::cas(&self.core.store, self.ledger_id, &metadata, self.version).await {
                 Ok(_) => return Ok(metadata),
                 Err(CasError::Failed(e)) => return Err(e),
-                Err(CasError::BadVersion) => {
-                    let fresh = store::read(&self.core.store, self.ledger_id).await?;
-                    match fresh.metadata.state {
-                        LedgerState::Open => {
-                            self.keep_metadata(&fresh.metadata);
-                            self.version = fresh.version;
-                        }
-                        // Closed by a recoverer exactly where we stand (or by an
-                        // earlier attempt of ours whose answer was lost): done.
-                        LedgerState::Closed
-                            if fresh.metadata.last_entry == self.lac
-                                && fresh.metadata.length_bytes == self.length_bytes =>
-                        {
-                            return Ok(fresh.metadata);
-                        }
-                        _ => return Err(LedgerError::Fenced(self.ledger_id)),
-                    }
-                }
+                // Read again at the loop's top.
+                Err(CasError::BadVersion) => {}
             }
         }
         Err(LedgerError::MetadataContention(self.ledger_id))
