@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use vela_ledger::{BookieId, EntryId, LedgerId, LedgerReader, Quorum};
+use vela_ledger::{BookieId, EntryId, LedgerError, LedgerId, LedgerReader, Quorum};
 use vela_meta::{ExpectedVersion, MetadataStore, registry};
 
 pub mod real;
@@ -54,6 +54,31 @@ pub async fn read_all(reader: &LedgerReader) -> Vec<Bytes> {
         }
     }
     out
+}
+
+/// Reads entries 0..=last of `ledger` twice in order (a sequential reader:
+/// `bad` arrives through a read-ahead of its neighbours): every entry but
+/// `bad` reads back as written, `bad` fails as `expected` says.
+pub async fn read_twice_with_one_bad(
+    reader: &LedgerReader,
+    ledger: LedgerId,
+    last: u64,
+    bad: u64,
+    expected: impl Fn(&LedgerError) -> bool,
+) {
+    for round in 0..2 {
+        for e in 0..=last {
+            let read = reader.read(EntryId(e)).await;
+            if e == bad {
+                assert!(
+                    read.as_ref().is_err_and(&expected),
+                    "round {round}, entry {e}: {read:?}"
+                );
+            } else {
+                assert_eq!(read.unwrap(), payload(ledger, e));
+            }
+        }
+    }
 }
 
 /// Flips a byte inside `needle` in the first entry log of `ledger_dir` that
