@@ -421,7 +421,7 @@ struct WriterTask {
     quorum: Quorum,
     /// The version of the ledger's metadata as this writer last stored or
     /// read it. The metadata itself is read back from the store for an
-    /// ensemble change or the close (`stored_metadata`), the only times it
+    /// ensemble change or the close (`store::read`), the only times it
     /// is needed: kept here it was ~230 bytes encoded per open ledger
     /// (issue 19's idle topic), for a read at each rollover.
     version: vela_meta::Version,
@@ -871,7 +871,7 @@ impl WriterTask {
         ensemble: &[BookieId],
     ) -> Result<(), LedgerError> {
         for _ in 0..METADATA_CAS_ATTEMPTS_MAX {
-            let fresh = Self::stored_metadata(&self.core, self.ledger_id).await?;
+            let fresh = store::read(&self.core.store, self.ledger_id).await?;
             if fresh.version != self.version {
                 // Changed by someone else since this writer's last write
                 // (a CAS against `self.version` would fail): go on from it
@@ -903,16 +903,6 @@ impl WriterTask {
         Err(LedgerError::MetadataContention(self.ledger_id))
     }
 
-    /// The ledger's metadata as stored now, with its version (equal to
-    /// `self.version` unless someone else changed it since). Takes its
-    /// parts, not `&self`: a `WriterTask` is `Send` but not `Sync`.
-    async fn stored_metadata(
-        core: &ClientCore,
-        ledger_id: LedgerId,
-    ) -> Result<store::Versioned, LedgerError> {
-        store::read(&core.store, ledger_id).await
-    }
-
     async fn close(&mut self) -> Result<LedgerMetadata, LedgerError> {
         if let Some(reason) = &self.broken {
             return Err(LedgerError::WriterFailed {
@@ -922,7 +912,7 @@ impl WriterTask {
         }
         debug_assert!(self.pending.is_empty());
         for _ in 0..METADATA_CAS_ATTEMPTS_MAX {
-            let fresh = Self::stored_metadata(&self.core, self.ledger_id).await?;
+            let fresh = store::read(&self.core.store, self.ledger_id).await?;
             if fresh.version != self.version {
                 // Changed by someone else since this writer's last write.
                 match fresh.metadata.state {
