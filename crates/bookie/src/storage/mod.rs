@@ -487,18 +487,17 @@ impl LedgerStorage {
         // finds the file cut short (gc truncates a log in steps before the
         // unlink). Look up once more: the index then names the new log. A log
         // that is really bad fails the same way twice.
-        let read =
-            match self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes, check) {
-                Err(StorageError::Io { source, .. })
-                    if source.kind() == std::io::ErrorKind::NotFound =>
-                {
-                    self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes, check)
-                }
-                Err(StorageError::Corruption { .. }) => {
-                    self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes, check)
-                }
-                r => r,
-            };
+        let read_once =
+            || self.read_from_log(ledger_id, entry_id, overlapping, read_ahead_bytes, check);
+        let read = match read_once() {
+            Err(StorageError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                read_once()
+            }
+            Err(StorageError::Corruption { .. }) => read_once(),
+            r => r,
+        };
         // A read-ahead that landed was marked done under the lock that cached
         // it (read_from_log); a failed one is marked done here.
         if sequential && read.is_err() {
