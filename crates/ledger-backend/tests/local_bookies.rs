@@ -149,16 +149,7 @@ async fn a_copy_failing_the_bookies_own_check_is_read_from_the_other_replica() {
 async fn a_rotten_only_copy_is_reported_in_process_and_by_the_bookies_check() {
     let store: Arc<dyn MetadataStore> = Arc::new(MemoryStore::new());
     let local = Local::open(1, tempfile::tempdir().unwrap(), store).await;
-    let writer = local
-        .client()
-        .create(quorum(1, 1, 1), no_properties())
-        .await
-        .unwrap();
-    let id = writer.ledger_id();
-    for e in 0..5 {
-        writer.add(payload(id, e)).await.unwrap();
-    }
-    writer.close().await.unwrap();
+    let id = write_closed_ledger(&local.client(), quorum(1, 1, 1), 5).await;
     let (dirs, store) = local.close().await;
     assert!(rot_entry_log(
         &dirs.path().join("local-0").join("ledgers"),

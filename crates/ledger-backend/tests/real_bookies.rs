@@ -219,16 +219,7 @@ async fn recovery_with_a_stopped_bookie_on_real_bookies_at_2_2_2() {
 #[tokio::test]
 async fn a_rotten_copy_is_refused_by_the_bookie_over_tcp() {
     let mut cluster = Cluster::start(1).await;
-    let writer = cluster
-        .client()
-        .create(quorum(1, 1, 1), no_properties())
-        .await
-        .unwrap();
-    let id = writer.ledger_id();
-    for e in 0..5 {
-        writer.add(payload(id, e)).await.unwrap();
-    }
-    writer.close().await.unwrap();
+    let id = write_closed_ledger(&cluster.client(), quorum(1, 1, 1), 5).await;
     // A clean stop flushes the entries into the entry logs.
     let dirs = cluster.bookies.remove(0).stop().await;
     assert!(rot_entry_log(&dirs.path().join("ledgers"), &payload(id, 2)));

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use vela_ledger::{BookieId, EntryId, LedgerError, LedgerId, LedgerReader, Quorum};
+use vela_ledger::{BookieId, EntryId, LedgerClient, LedgerError, LedgerId, LedgerReader, Quorum};
 use vela_meta::{ExpectedVersion, MetadataStore, registry};
 
 pub mod real;
@@ -54,6 +54,18 @@ pub async fn read_all(reader: &LedgerReader) -> Vec<Bytes> {
         }
     }
     out
+}
+
+/// Creates a ledger at `quorum`, adds `payload(id, 0..entries)` and closes
+/// it; returns its id.
+pub async fn write_closed_ledger(client: &LedgerClient, quorum: Quorum, entries: u64) -> LedgerId {
+    let writer = client.create(quorum, no_properties()).await.unwrap();
+    let id = writer.ledger_id();
+    for e in 0..entries {
+        writer.add(payload(id, e)).await.unwrap();
+    }
+    writer.close().await.unwrap();
+    id
 }
 
 /// Reads entries 0..=last of `ledger` twice in order (a sequential reader:
